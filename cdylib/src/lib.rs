@@ -1,0 +1,99 @@
+//! `libtllm_affinity.so`: the exported C ABI (SPEC §7) and the interposed libc functions.
+//!
+//! Every function here only translates arguments and calls the engine in
+//! `tllm_affinity_core::engine`; the rules live there. All symbols are exported unversioned.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use tllm_affinity_core::engine::{self, create, observe, real::StartRoutine};
+
+#[ctor::ctor(unsafe)]
+fn load() {
+    engine::ensure_init();
+}
+
+/// # Safety
+/// Called by the program as `pthread_create(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: Option<StartRoutine>,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { create::pthread_create(thread, attr, start, arg) }
+}
+
+/// # Safety
+/// Called by the program as `sched_setaffinity(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn sched_setaffinity(
+    pid: libc::pid_t,
+    size: libc::size_t,
+    mask: *const libc::cpu_set_t,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { observe::sched_setaffinity(pid, size, mask) }
+}
+
+/// # Safety
+/// Called by the program as `pthread_setaffinity_np(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_setaffinity_np(
+    thread: libc::pthread_t,
+    size: libc::size_t,
+    mask: *const libc::cpu_set_t,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { observe::pthread_setaffinity_np(thread, size, mask) }
+}
+
+#[no_mangle]
+pub extern "C" fn tllm_affinity_configure(device_id: i32) -> i64 {
+    engine::configure(device_id)
+}
+
+#[no_mangle]
+pub extern "C" fn tllm_affinity_release(lease: i64) -> i32 {
+    engine::release(lease)
+}
+
+#[no_mangle]
+pub extern "C" fn tllm_affinity_role(tid: i32) -> i32 {
+    engine::role(tid)
+}
+
+#[no_mangle]
+pub extern "C" fn tllm_affinity_pin_step_thread(device_id: i32) -> i32 {
+    engine::pin_step_or_result(device_id, false)
+}
+
+#[no_mangle]
+pub extern "C" fn tllm_affinity_pin_result_thread(device_id: i32) -> i32 {
+    engine::pin_step_or_result(device_id, true)
+}
+
+/// Writes the JSON report into `buf` like `snprintf`: at most `len - 1` bytes and a NUL, and
+/// returns the length the whole report needs.
+///
+/// # Safety
+/// `buf` is null or points to `len` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn tllm_affinity_report(buf: *mut c_char, len: u64) -> i64 {
+    let json = engine::report_json();
+    if !buf.is_null() && len > 0 {
+        let n = json.len().min(len as usize - 1);
+        // SAFETY: the caller promises `len` writable bytes at `buf`; we write `n + 1 <= len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf as *mut u8, n);
+            *buf.add(n) = 0;
+        }
+    }
+    json.len() as i64
+}
+
+#[no_mangle]
+pub extern "C" fn tllm_affinity_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}

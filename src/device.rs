@@ -1,0 +1,505 @@
+//! CUDA logical device → host GPU (SPEC §4).
+//!
+//! A CUDA device number is an index into the GPUs the CUDA runtime makes visible, which
+//! `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` decide. This module reproduces that mapping
+//! from the environment and the PCI-ordered GPU list of [`crate::topology`], without loading CUDA
+//! or NVML.
+
+#![forbid(unsafe_code)]
+
+use crate::topology::{normalize_pci_address, PciGpu, SysfsRoot};
+use std::fmt;
+
+/// The launcher variables holding the process's local rank, in the order they are consulted.
+pub const LOCAL_RANK_VARS: [&str; 5] = [
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "MV2_COMM_WORLD_LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "SLURM_LOCALID",
+    "LOCAL_RANK",
+];
+
+/// The variables that decide which GPU a device number means.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceEnv {
+    pub cuda_visible_devices: Option<String>,
+    pub cuda_device_order: Option<String>,
+    pub tllm_affinity_gpu: Option<String>,
+    /// The first set (non-empty) of [`LOCAL_RANK_VARS`], with its name.
+    pub local_rank: Option<(&'static str, String)>,
+}
+
+impl DeviceEnv {
+    pub fn from_env() -> Self {
+        Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// Builds the environment from `lookup(name)` (tests pass a map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        Self {
+            cuda_visible_devices: lookup("CUDA_VISIBLE_DEVICES"),
+            cuda_device_order: lookup("CUDA_DEVICE_ORDER"),
+            tllm_affinity_gpu: lookup("TLLM_AFFINITY_GPU"),
+            local_rank: LOCAL_RANK_VARS.iter().find_map(|&name| {
+                lookup(name)
+                    .filter(|v| !v.trim().is_empty())
+                    .map(|v| (name, v))
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedDevice {
+    /// Index into the PCI-ordered GPU list.
+    pub gpu_index: usize,
+    pub address: String,
+    /// How the answer was reached, for the log line.
+    pub how: String,
+}
+
+/// A device that cannot be resolved: one line naming the variable, its value and what was
+/// expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceError {
+    pub message: String,
+}
+
+impl DeviceError {
+    fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+/// [`resolve_device_in`] for GPUs read from the default sysfs root `/`.
+pub fn resolve_device(
+    device_id: i32,
+    env: &DeviceEnv,
+    gpus: &[PciGpu],
+) -> Result<ResolvedDevice, DeviceError> {
+    resolve_device_in(device_id, env, gpus, &SysfsRoot::default())
+}
+
+/// Maps `device_id` to one of `gpus` (PCI order); `root` is where they were read, only named in
+/// the error when there are none.
+///
+/// - `device_id >= 0`: a CUDA device number, an index into the visible GPUs.
+/// - `-1`: `TLLM_AFFINITY_GPU` (a CUDA device number, or a PCI address that bypasses
+///   visibility), else the local rank modulo the number of visible GPUs, else device 0.
+pub fn resolve_device_in(
+    device_id: i32,
+    env: &DeviceEnv,
+    gpus: &[PciGpu],
+    root: &SysfsRoot,
+) -> Result<ResolvedDevice, DeviceError> {
+    if device_id < -1 {
+        return Err(DeviceError::new(format!(
+            "device id {device_id} is not valid: expected a CUDA device number (0, 1, ...) or -1 \
+             (TLLM_AFFINITY_GPU, else the local rank)"
+        )));
+    }
+    if gpus.is_empty() {
+        return Err(DeviceError::new(format!(
+            "no GPU found under {}",
+            root.path("sys/bus/pci/devices").display()
+        )));
+    }
+    if let Ok(index) = usize::try_from(device_id) {
+        return by_cuda_index(index, env, gpus, String::new());
+    }
+
+    if let Some(value) = env
+        .tllm_affinity_gpu
+        .as_deref()
+        .filter(|v| !v.trim().is_empty())
+    {
+        let text = value.trim();
+        if text.contains(':') {
+            return by_address(value, gpus);
+        }
+        return match parse_index(text) {
+            Some(index) => by_cuda_index(index, env, gpus, format!("TLLM_AFFINITY_GPU={text}: ")),
+            None => Err(DeviceError::new(format!(
+                "TLLM_AFFINITY_GPU='{value}': expected a CUDA device number (0, 1, ...) or a PCI \
+                 address like 0000:3b:00.0"
+            ))),
+        };
+    }
+
+    if let Some((name, value)) = &env.local_rank {
+        let Some(rank) = parse_index(value.trim()) else {
+            return Err(DeviceError::new(format!(
+                "{name}='{value}': expected a local rank (a non-negative integer)"
+            )));
+        };
+        let visible = visible_gpus(env, gpus)?;
+        if visible.is_empty() {
+            return Err(no_visible_gpu(env));
+        }
+        let index = rank % visible.len();
+        let prefix = format!(
+            "local rank {rank} ({name}) mod {} visible GPU(s): ",
+            visible.len()
+        );
+        return by_cuda_index(index, env, gpus, prefix);
+    }
+
+    by_cuda_index(
+        0,
+        env,
+        gpus,
+        "no device given, TLLM_AFFINITY_GPU and local rank unset: ".to_string(),
+    )
+}
+
+/// The GPUs CUDA makes visible, as indices into `gpus`, in CUDA device order.
+///
+/// `CUDA_DEVICE_ORDER=FASTEST_FIRST` (CUDA's default) cannot be ranked without NVML; it is taken
+/// as PCI order, which is what CUDA gives on the identical GPUs of an inference server.
+/// `CUDA_VISIBLE_DEVICES` follows the CUDA runtime: entries are read up to the first invalid one
+/// (not an index, out of range, or repeated), and an empty value hides every GPU.
+pub fn visible_gpus(env: &DeviceEnv, gpus: &[PciGpu]) -> Result<Vec<usize>, DeviceError> {
+    match env.cuda_device_order.as_deref().map(str::trim) {
+        None | Some("") | Some("PCI_BUS_ID") | Some("FASTEST_FIRST") => {}
+        Some(_) => {
+            return Err(DeviceError::new(format!(
+                "CUDA_DEVICE_ORDER='{}': expected PCI_BUS_ID or FASTEST_FIRST",
+                env.cuda_device_order.as_deref().unwrap_or_default()
+            )))
+        }
+    }
+    let Some(value) = env.cuda_visible_devices.as_deref() else {
+        return Ok((0..gpus.len()).collect());
+    };
+    let mut visible = Vec::new();
+    for entry in value.split(',').map(str::trim) {
+        let upper = entry.to_ascii_uppercase();
+        if upper.starts_with("GPU-") || upper.starts_with("MIG-") {
+            return Err(DeviceError::new(format!(
+                "CUDA_VISIBLE_DEVICES='{value}': '{entry}' is a GPU UUID or MIG name; mapping \
+                 those to a PCI address needs NVML, which is not available; use device indices \
+                 or set TLLM_AFFINITY_GPU to the PCI address"
+            )));
+        }
+        match parse_index(entry) {
+            Some(i) if i < gpus.len() && !visible.contains(&i) => visible.push(i),
+            _ => break,
+        }
+    }
+    Ok(visible)
+}
+
+fn by_cuda_index(
+    index: usize,
+    env: &DeviceEnv,
+    gpus: &[PciGpu],
+    prefix: String,
+) -> Result<ResolvedDevice, DeviceError> {
+    let visible = visible_gpus(env, gpus)?;
+    let Some(&gpu_index) = visible.get(index) else {
+        if visible.is_empty() {
+            return Err(no_visible_gpu(env));
+        }
+        let why = match &env.cuda_visible_devices {
+            Some(v) => format!("CUDA_VISIBLE_DEVICES='{v}' makes {} visible", visible.len()),
+            None => format!("{} found, CUDA_VISIBLE_DEVICES unset", gpus.len()),
+        };
+        return Err(DeviceError::new(format!(
+            "{prefix}CUDA device {index} does not exist: expected 0..{} ({why})",
+            visible.len() - 1
+        )));
+    };
+    let address = gpus[gpu_index].address.clone();
+    let how = match &env.cuda_visible_devices {
+        Some(_) => format!(
+            "{prefix}CUDA device {index} = CUDA_VISIBLE_DEVICES[{index}] = GPU {gpu_index} ({address})"
+        ),
+        None => format!("{prefix}CUDA device {index} = GPU {gpu_index} ({address}) in PCI order"),
+    };
+    Ok(ResolvedDevice {
+        gpu_index,
+        address,
+        how,
+    })
+}
+
+fn by_address(value: &str, gpus: &[PciGpu]) -> Result<ResolvedDevice, DeviceError> {
+    let Some(wanted) = normalize_pci_address(value) else {
+        return Err(DeviceError::new(format!(
+            "TLLM_AFFINITY_GPU='{value}': expected a CUDA device number or a PCI address like \
+             0000:3b:00.0"
+        )));
+    };
+    let Some(gpu_index) = gpus.iter().position(|g| g.address == wanted) else {
+        let found: Vec<&str> = gpus.iter().map(|g| g.address.as_str()).collect();
+        return Err(DeviceError::new(format!(
+            "TLLM_AFFINITY_GPU='{value}': no GPU at that PCI address; expected one of {}",
+            found.join(", ")
+        )));
+    };
+    Ok(ResolvedDevice {
+        gpu_index,
+        how: format!(
+            "TLLM_AFFINITY_GPU={} = GPU {gpu_index} ({wanted})",
+            value.trim()
+        ),
+        address: wanted,
+    })
+}
+
+fn no_visible_gpu(env: &DeviceEnv) -> DeviceError {
+    DeviceError::new(format!(
+        "no GPU is visible: CUDA_VISIBLE_DEVICES='{}' names no GPU of this host; expected \
+         comma-separated device indices",
+        env.cuda_visible_devices.as_deref().unwrap_or_default()
+    ))
+}
+
+/// A plain non-negative decimal number (no sign, no spaces), as CUDA reads an index.
+fn parse_index(text: &str) -> Option<usize> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn gpus(addresses: &[&str]) -> Vec<PciGpu> {
+        addresses
+            .iter()
+            .map(|a| PciGpu {
+                address: a.to_string(),
+                vendor: 0x10de,
+                device: 0x2330,
+                class: 0x030200,
+                numa_node: None,
+                local_cpus: None,
+            })
+            .collect()
+    }
+
+    fn four() -> Vec<PciGpu> {
+        gpus(&[
+            "0000:18:00.0",
+            "0000:3b:00.0",
+            "0000:86:00.0",
+            "0000:b1:00.0",
+        ])
+    }
+
+    fn env(vars: &[(&str, &str)]) -> DeviceEnv {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        DeviceEnv::from_lookup(|name| map.get(name).cloned())
+    }
+
+    fn resolve(id: i32, vars: &[(&str, &str)]) -> Result<ResolvedDevice, DeviceError> {
+        resolve_device(id, &env(vars), &four())
+    }
+
+    fn addr(id: i32, vars: &[(&str, &str)]) -> String {
+        resolve(id, vars).unwrap().address
+    }
+
+    fn err(id: i32, vars: &[(&str, &str)]) -> String {
+        resolve(id, vars).unwrap_err().message
+    }
+
+    #[test]
+    fn env_lookup_takes_the_first_local_rank_variable() {
+        let e = env(&[
+            ("SLURM_LOCALID", "3"),
+            ("LOCAL_RANK", "1"),
+            ("MPI_LOCALRANKID", ""),
+        ]);
+        assert_eq!(e.local_rank, Some(("SLURM_LOCALID", "3".to_string())));
+        let e = env(&[("LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_LOCAL_RANK", "2")]);
+        assert_eq!(
+            e.local_rank,
+            Some(("OMPI_COMM_WORLD_LOCAL_RANK", "2".to_string()))
+        );
+        assert_eq!(env(&[]), DeviceEnv::default());
+        // The process environment is read without panicking whatever it holds.
+        let _ = DeviceEnv::from_env();
+    }
+
+    #[test]
+    fn unset_visibility_is_pci_order() {
+        assert_eq!(addr(0, &[]), "0000:18:00.0");
+        let r = resolve(3, &[]).unwrap();
+        assert_eq!(r.gpu_index, 3);
+        assert_eq!(r.how, "CUDA device 3 = GPU 3 (0000:b1:00.0) in PCI order");
+    }
+
+    #[test]
+    fn visible_devices_remap_indices() {
+        let r = resolve(1, &[("CUDA_VISIBLE_DEVICES", "2,3")]).unwrap();
+        assert_eq!(r.gpu_index, 3);
+        assert_eq!(
+            r.how,
+            "CUDA device 1 = CUDA_VISIBLE_DEVICES[1] = GPU 3 (0000:b1:00.0)"
+        );
+        assert_eq!(
+            addr(0, &[("CUDA_VISIBLE_DEVICES", " 2 , 0 ")]),
+            "0000:86:00.0"
+        );
+        assert_eq!(
+            addr(1, &[("CUDA_VISIBLE_DEVICES", " 2 , 0 ")]),
+            "0000:18:00.0"
+        );
+    }
+
+    #[test]
+    fn visible_devices_stop_at_the_first_invalid_entry() {
+        let vis = |v: &str| visible_gpus(&env(&[("CUDA_VISIBLE_DEVICES", v)]), &four()).unwrap();
+        assert_eq!(vis("0,2,-1,1"), vec![0, 2]);
+        assert_eq!(vis("1,7,2"), vec![1]);
+        assert_eq!(vis("1,1,2"), vec![1]);
+        assert_eq!(vis("3,x,0"), vec![3]);
+        assert_eq!(vis("-1"), Vec::<usize>::new());
+        // A UUID after the cut is never read.
+        assert_eq!(vis("0,-1,GPU-abc"), vec![0]);
+        let e = err(2, &[("CUDA_VISIBLE_DEVICES", "1,7,2")]);
+        assert!(e.contains("CUDA device 2 does not exist"), "{e}");
+        assert!(
+            e.contains("CUDA_VISIBLE_DEVICES='1,7,2' makes 1 visible"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn empty_visible_devices_hide_every_gpu() {
+        let e = err(0, &[("CUDA_VISIBLE_DEVICES", "")]);
+        assert!(
+            e.starts_with("no GPU is visible: CUDA_VISIBLE_DEVICES=''"),
+            "{e}"
+        );
+        let e = err(-1, &[("CUDA_VISIBLE_DEVICES", ""), ("LOCAL_RANK", "0")]);
+        assert!(e.starts_with("no GPU is visible"), "{e}");
+    }
+
+    #[test]
+    fn uuid_and_mig_names_need_nvml() {
+        for value in [
+            "GPU-5f3e1c2a-0000-1111-2222-333344445555",
+            "0,MIG-GPU-abc/1/0",
+        ] {
+            let e = err(0, &[("CUDA_VISIBLE_DEVICES", value)]);
+            assert!(e.contains("CUDA_VISIBLE_DEVICES"), "{e}");
+            assert!(e.contains(value), "{e}");
+            assert!(e.contains("NVML"), "{e}");
+            assert!(e.contains("not available"), "{e}");
+        }
+    }
+
+    #[test]
+    fn device_order() {
+        for order in ["PCI_BUS_ID", "FASTEST_FIRST", ""] {
+            assert_eq!(addr(1, &[("CUDA_DEVICE_ORDER", order)]), "0000:3b:00.0");
+        }
+        let e = err(0, &[("CUDA_DEVICE_ORDER", "pci")]);
+        assert_eq!(
+            e,
+            "CUDA_DEVICE_ORDER='pci': expected PCI_BUS_ID or FASTEST_FIRST"
+        );
+    }
+
+    #[test]
+    fn minus_one_uses_tllm_affinity_gpu() {
+        let vis = ("CUDA_VISIBLE_DEVICES", "3,2");
+        // An index goes through visibility.
+        let r = resolve(-1, &[("TLLM_AFFINITY_GPU", "1"), vis]).unwrap();
+        assert_eq!(r.address, "0000:86:00.0");
+        assert!(
+            r.how.starts_with("TLLM_AFFINITY_GPU=1: CUDA device 1"),
+            "{}",
+            r.how
+        );
+        // An address bypasses it, in either form, and beats the local rank.
+        for value in ["0000:3b:00.0", "3B:00.0"] {
+            let r = resolve(
+                -1,
+                &[("TLLM_AFFINITY_GPU", value), vis, ("LOCAL_RANK", "0")],
+            )
+            .unwrap();
+            assert_eq!((r.gpu_index, r.address.as_str()), (1, "0000:3b:00.0"));
+        }
+        let e = err(-1, &[("TLLM_AFFINITY_GPU", "3c:00.0")]);
+        assert!(e.contains("TLLM_AFFINITY_GPU='3c:00.0'"), "{e}");
+        assert!(e.contains("0000:18:00.0, 0000:3b:00.0"), "{e}");
+        let e = err(-1, &[("TLLM_AFFINITY_GPU", "first")]);
+        assert!(e.starts_with("TLLM_AFFINITY_GPU='first': expected"), "{e}");
+        let e = err(-1, &[("TLLM_AFFINITY_GPU", "zz:00.0")]);
+        assert!(e.contains("PCI address like 0000:3b:00.0"), "{e}");
+    }
+
+    #[test]
+    fn minus_one_uses_local_rank_modulo_visible() {
+        assert_eq!(addr(-1, &[("SLURM_LOCALID", "5")]), "0000:3b:00.0");
+        let r = resolve(
+            -1,
+            &[
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "3"),
+                ("CUDA_VISIBLE_DEVICES", "2,3"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(r.address, "0000:b1:00.0");
+        assert_eq!(
+            r.how,
+            "local rank 3 (OMPI_COMM_WORLD_LOCAL_RANK) mod 2 visible GPU(s): CUDA device 1 = \
+             CUDA_VISIBLE_DEVICES[1] = GPU 3 (0000:b1:00.0)"
+        );
+        let e = err(-1, &[("LOCAL_RANK", "-2")]);
+        assert_eq!(
+            e,
+            "LOCAL_RANK='-2': expected a local rank (a non-negative integer)"
+        );
+    }
+
+    #[test]
+    fn minus_one_defaults_to_device_zero() {
+        let r = resolve(-1, &[("CUDA_VISIBLE_DEVICES", "2")]).unwrap();
+        assert_eq!(r.address, "0000:86:00.0");
+        assert!(r.how.starts_with("no device given"), "{}", r.how);
+    }
+
+    #[test]
+    fn bad_device_ids() {
+        let e = err(-2, &[]);
+        assert!(e.starts_with("device id -2 is not valid"), "{e}");
+        let e = err(4, &[]);
+        assert_eq!(
+            e,
+            "CUDA device 4 does not exist: expected 0..3 (4 found, CUDA_VISIBLE_DEVICES unset)"
+        );
+    }
+
+    #[test]
+    fn no_gpu_names_the_directory() {
+        let e = resolve_device(0, &env(&[]), &[]).unwrap_err();
+        assert_eq!(e.message, "no GPU found under /sys/bus/pci/devices");
+        let root = SysfsRoot::new("/tmp/sim");
+        let e = resolve_device_in(-1, &env(&[]), &[], &root).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no GPU found under /tmp/sim/sys/bus/pci/devices"
+        );
+    }
+}

@@ -1,0 +1,188 @@
+//! The `pthread_create` hook and the new thread's trampoline.
+//!
+//! The creator decides the child's role (SPEC §2) and hands the plan over in a boxed start packet;
+//! the child registers itself, moves onto its mask when inheritance did not already put it there,
+//! and calls the user's routine with nothing of ours alive on its stack. The rules of the
+//! trampoline, each learned the hard way by preload libraries:
+//! - the start packet is freed by the child, or by the creator only when the real create fails;
+//! - no `dlsym`/`dladdr`/TLS-with-destructor in the child (a `dlopen` in progress holds the
+//!   loader lock while its constructors create threads); the registry lock only spins;
+//! - the user routine is never wrapped in `catch_unwind` and no `Drop` value lives across it:
+//!   `pthread_exit` and cancellation unwind through this frame. Exit bookkeeping happens in a
+//!   pthread key destructor, which runs on every way out.
+
+use std::ffi::{c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::kernel::{self, Kernel};
+use super::real::{self, StartRoutine};
+use super::{objects, process, registry, State};
+use crate::mask::CpuMask;
+use crate::registry::{ChildPlan, Slot};
+
+/// The pthread key whose value is `slot + 1` for every registered thread; 0 until created.
+static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
+
+struct StartPacket {
+    start: StartRoutine,
+    arg: *mut c_void,
+    plan: ChildPlan,
+}
+
+/// Forced unwinding (`pthread_exit`, cancellation) must be able to pass through the trampoline.
+type UnwindingStart = extern "C-unwind" fn(*mut c_void) -> *mut c_void;
+
+pub fn create_thread_key() -> bool {
+    let mut key: libc::pthread_key_t = 0;
+    // SAFETY: `key` is a valid out-pointer; the destructor has the signature pthread expects.
+    let rc = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) };
+    if rc == 0 {
+        THREAD_KEY.store(key, Ordering::Release);
+    }
+    rc == 0
+}
+
+/// The calling thread's registry slot, if the library registered it.
+pub fn current_slot() -> Option<Slot> {
+    let key = THREAD_KEY.load(Ordering::Acquire);
+    if key == u32::MAX {
+        return None;
+    }
+    // SAFETY: `key` came from pthread_key_create and is never deleted.
+    let value = unsafe { libc::pthread_getspecific(key) } as usize;
+    value.checked_sub(1).map(|s| s as Slot)
+}
+
+pub fn set_current_slot(slot: Slot) -> bool {
+    let key = THREAD_KEY.load(Ordering::Acquire);
+    // SAFETY: as in `current_slot`; the value is an integer, never dereferenced.
+    key != u32::MAX
+        && unsafe { libc::pthread_setspecific(key, (slot as usize + 1) as *const c_void) } == 0
+}
+
+extern "C" fn on_thread_exit(value: *mut c_void) {
+    if let Some(slot) = (value as usize).checked_sub(1) {
+        let _ = catch_unwind(|| registry().lock().thread_exited(slot as Slot));
+    }
+}
+
+/// The interposed `pthread_create`. Fails open: whatever happens in here, the real function
+/// runs, and its return code and `errno` reach the caller untouched.
+///
+/// # Safety
+/// The arguments are those of `pthread_create(3)`.
+pub unsafe fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: Option<StartRoutine>,
+    arg: *mut c_void,
+) -> c_int {
+    let Some(real_create) = real::pthread_create() else {
+        return libc::EAGAIN;
+    };
+    let Some(start) = start else {
+        // Let glibc meet the null routine exactly as it would without us.
+        // SAFETY: the caller's own arguments, passed on unchanged.
+        return unsafe { real_create(thread, attr, None, arg) };
+    };
+    let saved_errno = kernel::errno();
+    let plan = if super::ensure_init() == State::Active {
+        catch_unwind(AssertUnwindSafe(|| plan_child(attr, start))).ok()
+    } else {
+        None
+    };
+    let Some(plan) = plan else {
+        kernel::set_errno(saved_errno);
+        // SAFETY: the caller's own arguments, passed on unchanged.
+        return unsafe { real_create(thread, attr, Some(start), arg) };
+    };
+    let packet = Box::into_raw(Box::new(StartPacket { start, arg, plan }));
+    kernel::set_errno(saved_errno);
+    // SAFETY: the trampoline has the start-routine ABI (C-unwind only adds permission to unwind)
+    // and takes ownership of the packet, which stays alive until it does.
+    let rc = unsafe {
+        real_create(
+            thread,
+            attr,
+            Some(std::mem::transmute::<UnwindingStart, StartRoutine>(
+                trampoline,
+            )),
+            packet.cast(),
+        )
+    };
+    if rc != 0 {
+        let errno_after = kernel::errno();
+        // SAFETY: the thread was not created, so the packet is still ours alone.
+        let packet = unsafe { Box::from_raw(packet) };
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            registry().lock().cancel_child(packet.plan)
+        }));
+        kernel::set_errno(errno_after);
+    }
+    rc
+}
+
+fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPlan {
+    let settings = &process().settings;
+    let explicit = explicit_mask(attr);
+    let in_worker_lib = !settings.worker_libs.is_empty()
+        && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
+    let creator = current_slot();
+    registry()
+        .lock()
+        .plan_child(creator, in_worker_lib, explicit)
+}
+
+/// The affinity set in the attr, if any; glibc reports "none set" as all ones.
+fn explicit_mask(attr: *const libc::pthread_attr_t) -> Option<CpuMask> {
+    if attr.is_null() {
+        return None;
+    }
+    // Most hosts fit in 1024 CPUs: try a stack buffer first, so the common attr (stack size
+    // only) costs no allocation.
+    let mut small = [0u8; 128];
+    // SAFETY: `attr` is the caller's initialised attr; the buffer is `small.len()` bytes.
+    let rc =
+        unsafe { libc::pthread_attr_getaffinity_np(attr, small.len(), small.as_mut_ptr().cast()) };
+    let bytes: Vec<u8> = if rc == 0 {
+        if small.iter().all(|&b| b == 0xff) {
+            return None;
+        }
+        small.to_vec()
+    } else {
+        let mut big = vec![0u8; kernel::mask_bytes().max(256)];
+        // SAFETY: as above with a buffer of `big.len()` bytes.
+        let rc =
+            unsafe { libc::pthread_attr_getaffinity_np(attr, big.len(), big.as_mut_ptr().cast()) };
+        if rc != 0 || big.iter().all(|&b| b == 0xff) {
+            return None;
+        }
+        big
+    };
+    Some(CpuMask::from_kernel_bytes(&bytes))
+}
+
+extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
+    // SAFETY: `raw` is the packet the hook boxed for this thread and handed to no one else.
+    let packet = unsafe { Box::from_raw(raw as *mut StartPacket) };
+    let StartPacket { start, arg, plan } = *packet;
+    let _ = catch_unwind(AssertUnwindSafe(|| register_self(plan)));
+    // SAFETY: the user's routine with the user's argument, as pthread_create was asked to run.
+    // Nothing with a destructor is alive in this frame.
+    let start: UnwindingStart =
+        unsafe { std::mem::transmute::<StartRoutine, UnwindingStart>(start) };
+    start(arg)
+}
+
+fn register_self(plan: ChildPlan) {
+    let tid = kernel::gettid();
+    // SAFETY: pthread_self has no preconditions.
+    let handle = unsafe { libc::pthread_self() } as u64;
+    let mut reg = registry().lock();
+    let slot = reg.register_child(plan, tid, handle, &Kernel);
+    if !set_current_slot(slot) {
+        // Without the key its exit would go unseen: forget it now rather than leak it.
+        reg.thread_exited(slot);
+    }
+}

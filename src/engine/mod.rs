@@ -1,0 +1,465 @@
+//! The engine behind the preload shims: load-time set-up, the C ABI's behaviour, and the hooks.
+//!
+//! Initialisation is an explicit state machine (uninitialised → initialising → active, passive or
+//! disabled), run by the constructor and, lazily, by every entry point, because another library's
+//! constructor can create a thread before ours has run. Every entry point fails open.
+
+pub mod create;
+pub mod kernel;
+pub mod objects;
+pub mod observe;
+pub mod real;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use spin::mutex::SpinMutex;
+use spin::relax::Yield;
+
+use crate::cgroup;
+use crate::device::{resolve_device_in, DeviceEnv};
+use crate::mask::CpuMask;
+use crate::policy::{self, PolicyInput, Rule};
+use crate::registry::{Registry, Role, Slot};
+use crate::report::Report;
+use crate::settings::{ProcessRole, Settings};
+use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
+use crate::{log_debug, log_error, log_info, log_warn};
+use kernel::Kernel;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum State {
+    Uninitialised = 0,
+    Initialising = 1,
+    /// Tracking roles and placing worker threads.
+    Active = 2,
+    /// A setting was malformed: nothing is tracked or changed, the program runs on.
+    Passive = 3,
+    /// Secure execution, or the platform refused what the library needs.
+    Disabled = 4,
+}
+
+static STATE: AtomicU8 = AtomicU8::new(State::Uninitialised as u8);
+
+/// What the library learned about the process at load.
+#[derive(Debug)]
+pub struct Process {
+    pub settings: Settings,
+    /// The main thread's mask when the library loaded, before it changed anything.
+    pub mask_at_load: CpuMask,
+    /// What the cgroup cpuset allows (the online CPUs where no cpuset is readable).
+    pub cpuset: CpuMask,
+    pub constrained: bool,
+    /// `TLLM_AFFINITY_STEP_CORE=<cpu>` names a CPU outside the mask at load: pins return -EINVAL.
+    pub step_core_invalid: bool,
+}
+
+static PROCESS: OnceLock<Process> = OnceLock::new();
+
+/// One lock over the registry. It spins (yielding) instead of parking: parking_lot would park
+/// through a thread-local with a destructor, whose registration takes the loader lock, and a new
+/// thread in our trampoline must never wait for the loader.
+static REGISTRY: SpinMutex<Registry, Yield> = SpinMutex::new(Registry::new());
+
+pub fn registry() -> &'static SpinMutex<Registry, Yield> {
+    &REGISTRY
+}
+
+/// The load-time facts; only called after `ensure_init` returned `Active`.
+pub fn process() -> &'static Process {
+    PROCESS.get().expect("engine used before initialisation")
+}
+
+pub fn state() -> State {
+    match STATE.load(Ordering::Acquire) {
+        0 => State::Uninitialised,
+        1 => State::Initialising,
+        2 => State::Active,
+        3 => State::Passive,
+        _ => State::Disabled,
+    }
+}
+
+/// Runs initialisation once; a hook that arrives while it runs (on this thread or another)
+/// passes through untouched.
+pub fn ensure_init() -> State {
+    let now = state();
+    if now != State::Uninitialised {
+        return now;
+    }
+    if STATE
+        .compare_exchange(
+            State::Uninitialised as u8,
+            State::Initialising as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        return state();
+    }
+    let outcome = catch_unwind(initialise).unwrap_or(State::Disabled);
+    STATE.store(outcome as u8, Ordering::Release);
+    if outcome == State::Active && process().settings.process_role == ProcessRole::Worker {
+        configure_dedicated_worker();
+    }
+    outcome
+}
+
+fn initialise() -> State {
+    real::resolve_all();
+    if kernel::is_secure_execution() {
+        return State::Disabled;
+    }
+    let (settings, errors) = Settings::from_env();
+    crate::log::set_level(settings.log);
+    if !errors.is_empty() {
+        for e in &errors {
+            log_error!("{e}");
+        }
+        if settings.strict {
+            // SAFETY: _exit ends the process at once; TLLM_AFFINITY_STRICT asked for exactly this.
+            unsafe { libc::_exit(2) };
+        }
+        log_error!("staying passive: no thread mask will be changed");
+        return State::Passive;
+    }
+    let pid = kernel::getpid();
+    let mask_at_load = kernel::get_mask(pid).unwrap_or_default();
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|t| CpuMask::parse_list(&t).ok())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| mask_at_load.clone());
+    let cpuset = cgroup::read_limits()
+        .cpuset
+        .map(|c| c.intersection(&online))
+        .filter(|c| !c.is_empty())
+        .unwrap_or(online);
+    let constrained = policy::is_constrained(&mask_at_load, &cpuset);
+    let step_core_invalid = match crate::step::check_at_load(settings.step_core, &mask_at_load) {
+        Ok(()) => false,
+        Err(line) => {
+            log_error!("{line}");
+            if settings.strict {
+                // SAFETY: as above: TLLM_AFFINITY_STRICT asks to stop at a bad setting.
+                unsafe { libc::_exit(2) };
+            }
+            true
+        }
+    };
+    if !create::create_thread_key() {
+        log_error!("no pthread key available; the library stays passive");
+        return State::Disabled;
+    }
+    register_fork_handlers();
+    let role = match settings.process_role {
+        ProcessRole::Worker => Role::Worker,
+        ProcessRole::Host => Role::Host,
+    };
+    // SAFETY: pthread_self has no preconditions.
+    let handle = if kernel::gettid() == pid {
+        (unsafe { libc::pthread_self() }) as u64
+    } else {
+        0
+    };
+    let main = REGISTRY
+        .lock()
+        .register_root(pid, handle, role, mask_at_load.clone());
+    if handle != 0 {
+        create::set_current_slot(main);
+    }
+    if settings.report_path.is_some() {
+        // SAFETY: registering a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(write_report_at_exit) };
+    }
+    log_debug!(
+        "loaded: mask at load [{mask_at_load}], cpuset [{cpuset}], constrained: {constrained}"
+    );
+    let _ = PROCESS.set(Process {
+        settings,
+        mask_at_load,
+        cpuset,
+        constrained,
+        step_core_invalid,
+    });
+    State::Active
+}
+
+fn configure_dedicated_worker() {
+    let Some(main) = REGISTRY.lock().find_tid(kernel::getpid()) else {
+        return;
+    };
+    let lease = configure_for(main, -1);
+    if lease < 0 {
+        log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
+    }
+}
+
+/// `tllm_affinity_configure`: makes the caller a worker and applies the policy (SPEC §3–§5).
+pub fn configure(device_id: i32) -> i64 {
+    if ensure_init() != State::Active {
+        return -(libc::ENOTSUP as i64);
+    }
+    catch_unwind(|| {
+        let caller = current_or_register();
+        configure_for(caller, device_id)
+    })
+    .unwrap_or(-(libc::EFAULT as i64))
+}
+
+/// The calling thread's slot, registering it as a root if the library never saw it born.
+fn current_or_register() -> Slot {
+    if let Some(slot) = create::current_slot() {
+        if REGISTRY.lock().entry(slot).is_some() {
+            return slot;
+        }
+    }
+    let tid = kernel::gettid();
+    let mask = kernel::get_mask(0).unwrap_or_default();
+    // SAFETY: pthread_self has no preconditions.
+    let handle = unsafe { libc::pthread_self() } as u64;
+    let mut reg = REGISTRY.lock();
+    let slot = match reg.find_tid(tid) {
+        Some(slot) => slot,
+        None => reg.register_root(tid, handle, Role::Host, mask),
+    };
+    drop(reg);
+    create::set_current_slot(slot);
+    slot
+}
+
+/// The worker CPU set for `device_id`, with a key naming the device and words saying where the
+/// set came from.
+struct WorkerSet {
+    device: String,
+    gpu_local: CpuMask,
+    note: Option<String>,
+}
+
+fn gpu_local_set(device_id: i32) -> Result<WorkerSet, (i32, String)> {
+    let settings = &process().settings;
+    if let Some(cpus) = &settings.cpus_override {
+        return Ok(WorkerSet {
+            device: format!("TLLM_AFFINITY_CPUS={cpus}"),
+            gpu_local: cpus.clone(),
+            note: None,
+        });
+    }
+    let root = SysfsRoot::new(settings.sysfs_root.clone());
+    let topology = Topology::read(&root).map_err(|e| (libc::EIO, e.to_string()))?;
+    let resolved = resolve_device_in(device_id, &DeviceEnv::from_env(), &topology.gpus, &root)
+        .map_err(|e| (libc::ENODEV, e.to_string()))?;
+    let gpu = &topology.gpus[resolved.gpu_index];
+    let local = topology.gpu_local_cpus(gpu);
+    let note = match local.source {
+        LocalCpuSource::SingleNode => Some(
+            "this host has one NUMA node: NUMA-aware placement means every allowed CPU".to_string(),
+        ),
+        LocalCpuSource::NearestNodeWithCpus { gpu_node, used_node } => Some(format!(
+            "GPU {} sits on NUMA node {gpu_node}, which has no CPUs: using node {used_node}, the nearest with CPUs",
+            resolved.address
+        )),
+        LocalCpuSource::AllOnline => Some(format!(
+            "GPU {} has no NUMA node: using every online CPU",
+            resolved.address
+        )),
+        _ => None,
+    };
+    log_debug!("{}", resolved.how);
+    Ok(WorkerSet {
+        device: resolved.address,
+        gpu_local: local.cpus,
+        note,
+    })
+}
+
+fn configure_for(caller: Slot, device_id: i32) -> i64 {
+    let p = process();
+    let set = match gpu_local_set(device_id) {
+        Ok(set) => set,
+        Err((errno, message)) => {
+            log_error!("configure({device_id}): {message}; no mask changed");
+            return -(errno as i64);
+        }
+    };
+    let decision = policy::decide(&PolicyInput {
+        choice: p.settings.policy,
+        numa_flag: &p.settings.numa_aware,
+        constrained: p.constrained,
+        gpu_local: &set.gpu_local,
+        cpuset: &p.cpuset,
+    });
+    let outcome = REGISTRY
+        .lock()
+        .configure(caller, &set.device, decision.mask.clone(), &Kernel);
+    let pid = kernel::getpid();
+    if outcome.unchanged {
+        log_debug!(
+            "configure for {}: worker mask already in place (lease {})",
+            set.device,
+            outcome.lease
+        );
+        return outcome.lease;
+    }
+    if let Some(reason) = &decision.empty_reason {
+        log_warn!(
+            "configure for {}: {reason}; no worker mask pinned",
+            set.device
+        );
+    }
+    if let Some(note) = &set.note {
+        log_info!("{note}");
+    }
+    if let Some(from) = &outcome.retargeted_from {
+        log_info!("retargeting worker threads from {from} to {}", set.device);
+    }
+    match (decision.rule, &decision.mask) {
+        (Rule::Numa, Some(mask)) => log_info!(
+            "Worker process {pid} CPU affinity set to [{mask}] for optimal NUMA-aware scheduling ({}/{} threads).",
+            outcome.on_mask,
+            outcome.workers
+        ),
+        (Rule::Clear, Some(mask)) => {
+            if p.constrained {
+                log_warn!(
+                    "Worker process {pid} is affined to run on the following CPUs: [{}]",
+                    p.mask_at_load
+                );
+                log_warn!(
+                    "Worker process {pid} has constrained CPU affinity but `TLLM_NUMA_AWARE_WORKER_AFFINITY` is not set. Removing CPU affinity constraints."
+                );
+            }
+            log_info!(
+                "Worker process {pid} CPU affinity set to [{mask}] ({}/{} threads).",
+                outcome.on_mask,
+                outcome.workers
+            );
+        }
+        (Rule::Keep, _) => log_info!(
+            "Worker process {pid}: worker CPU affinity left unchanged by policy ({} worker threads tracked).",
+            outcome.workers
+        ),
+        _ => {}
+    }
+    if outcome.preserved > 0 {
+        log_info!(
+            "{} worker threads keep masks set by someone else",
+            outcome.preserved
+        );
+    }
+    outcome.lease
+}
+
+/// `tllm_affinity_release` (SPEC §5).
+pub fn release(lease: i64) -> i32 {
+    if ensure_init() != State::Active {
+        return -libc::ENOENT;
+    }
+    let result = catch_unwind(|| REGISTRY.lock().release(lease, &Kernel));
+    match result {
+        Ok(Ok(outcome)) => {
+            if outcome.last {
+                log_info!(
+                    "released lease {lease}: restored {} threads, preserved {} externally changed",
+                    outcome.restored,
+                    outcome.preserved
+                );
+            }
+            0
+        }
+        Ok(Err(())) => -libc::ENOENT,
+        Err(_) => -libc::EFAULT,
+    }
+}
+
+/// `tllm_affinity_role`: 0 host, 1 worker, `-ENOENT` for a thread the library does not know.
+pub fn role(tid: i32) -> i32 {
+    if ensure_init() != State::Active {
+        return -libc::ENOENT;
+    }
+    let reg = REGISTRY.lock();
+    let slot = if tid == 0 {
+        create::current_slot().filter(|&s| reg.entry(s).is_some())
+    } else {
+        reg.find_tid(tid)
+    };
+    match slot.and_then(|s| reg.entry(s)).map(|e| e.role) {
+        Some(Role::Host) => 0,
+        Some(Role::Worker) => 1,
+        None => -libc::ENOENT,
+    }
+}
+
+/// A JSON snapshot of the process as the library sees it, with the kernel's current masks.
+pub fn report_json() -> String {
+    let state = ensure_init();
+    let report = match (state, PROCESS.get()) {
+        (State::Active, Some(p)) => {
+            let reg = REGISTRY.lock();
+            Report::build(state_name(state), Some(p), &reg, |tid| {
+                kernel::get_mask(tid).ok()
+            })
+        }
+        _ => Report::build(state_name(state), None, &Registry::new(), |_| None),
+    };
+    serde_json::to_string(&report).unwrap_or_else(|_| "{}".into())
+}
+
+fn state_name(state: State) -> &'static str {
+    match state {
+        State::Active => "active",
+        State::Passive => "passive",
+        State::Disabled => "disabled",
+        State::Uninitialised | State::Initialising => "initialising",
+    }
+}
+
+extern "C" fn write_report_at_exit() {
+    let _ = catch_unwind(|| {
+        let Some(path) = PROCESS.get().and_then(|p| p.settings.report_path.clone()) else {
+            return;
+        };
+        if let Err(e) = crate::report::write_file(&path, &report_json()) {
+            log_error!("TLLM_AFFINITY_REPORT='{}': {e}", path.display());
+        }
+    });
+}
+
+/// `tllm_affinity_pin_step_thread` / `_result_thread` (SPEC §6).
+pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
+    if ensure_init() != State::Active {
+        return -libc::ENOTSUP;
+    }
+    catch_unwind(AssertUnwindSafe(|| {
+        let caller = current_or_register();
+        crate::step::pin_calling_thread(caller, device_id, result)
+    }))
+    .unwrap_or(-libc::EFAULT)
+}
+
+fn register_fork_handlers() {
+    extern "C" fn prepare() {
+        objects::lock_for_fork();
+        std::mem::forget(REGISTRY.lock());
+    }
+    extern "C" fn parent() {
+        // SAFETY: `prepare` of this same fork took both locks and forgot the guards.
+        unsafe { REGISTRY.force_unlock() };
+        objects::unlock_after_fork_in_parent();
+    }
+    extern "C" fn child() {
+        // SAFETY: in the child only this thread exists; `prepare` took the locks for it.
+        unsafe { REGISTRY.force_unlock() };
+        objects::reset_after_fork();
+        // SAFETY: pthread_self has no preconditions.
+        let handle = unsafe { libc::pthread_self() } as u64;
+        REGISTRY
+            .lock()
+            .reset_after_fork(create::current_slot(), kernel::gettid(), handle);
+    }
+    // SAFETY: three plain extern "C" functions with no arguments.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}

@@ -1,0 +1,20 @@
+//! tllm-affinity: role-aware CPU affinity for the threads of GPU inference servers.
+//!
+//! The safe core lives here: CPU masks, the host topology read from sysfs, the cgroup limits,
+//! the CUDA device mapping, the policy table, the registry model of roles and placements, and the
+//! engine that the preload shims in `cdylib/` call. The few modules that must be `unsafe` (raw
+//! syscalls, the `pthread_create` trampoline) sit under [`engine`] with a `// SAFETY:` line on
+//! every block.
+
+pub mod cgroup;
+pub mod device;
+pub mod engine;
+pub mod log;
+pub mod mask;
+pub mod policy;
+pub mod registry;
+pub mod report;
+pub mod settings;
+pub mod simulated;
+pub mod step;
+pub mod topology;

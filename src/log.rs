@@ -1,0 +1,56 @@
+//! One line per event on stderr, prefixed `[tllm-affinity]`, filtered by `TLLM_AFFINITY_LOG`.
+//!
+//! Lines go out with a single raw `write(2)`: no buffered stream, no lock that a fork or a
+//! signal could leave held.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::settings::LogLevel;
+
+static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Warn as u8);
+
+pub const PREFIX: &str = "[tllm-affinity]";
+
+pub fn set_level(level: LogLevel) {
+    LEVEL.store(level as u8, Ordering::Relaxed);
+}
+
+pub fn enabled(level: LogLevel) -> bool {
+    level != LogLevel::Off && level as u8 <= LEVEL.load(Ordering::Relaxed)
+}
+
+/// Writes `message` as one line when `level` is enabled.
+pub fn emit(level: LogLevel, message: &str) {
+    if !enabled(level) {
+        return;
+    }
+    let tag = match level {
+        LogLevel::Error => "error",
+        LogLevel::Warn => "warning",
+        LogLevel::Info => "info",
+        LogLevel::Debug | LogLevel::Off => "debug",
+    };
+    let line = format!("{PREFIX} {tag}: {}\n", message.trim_end());
+    write_stderr(line.as_bytes());
+}
+
+fn write_stderr(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe a live byte slice; fd 2 may be closed, in
+        // which case write fails and the line is dropped.
+        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        if n <= 0 {
+            return;
+        }
+        bytes = &bytes[n as usize..];
+    }
+}
+
+#[macro_export]
+macro_rules! log_error { ($($t:tt)*) => { $crate::log::emit($crate::settings::LogLevel::Error, &format!($($t)*)) } }
+#[macro_export]
+macro_rules! log_warn { ($($t:tt)*) => { $crate::log::emit($crate::settings::LogLevel::Warn, &format!($($t)*)) } }
+#[macro_export]
+macro_rules! log_info { ($($t:tt)*) => { $crate::log::emit($crate::settings::LogLevel::Info, &format!($($t)*)) } }
+#[macro_export]
+macro_rules! log_debug { ($($t:tt)*) => { if $crate::log::enabled($crate::settings::LogLevel::Debug) { $crate::log::emit($crate::settings::LogLevel::Debug, &format!($($t)*)) } } }

@@ -1,0 +1,154 @@
+//! The policy table of SPEC §3: which mask worker threads get, decided in one place.
+
+use crate::mask::CpuMask;
+use crate::settings::{NumaAwareFlag, PolicyChoice};
+
+/// What the table says to do with worker threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// The GPU-local (NUMA-aware) set.
+    Numa,
+    /// Every CPU the cpuset allows (the dist-serving fix for constrained processes).
+    Clear,
+    /// Leave worker masks as they are; roles are still tracked.
+    Keep,
+}
+
+/// Everything the table looks at.
+#[derive(Debug, Clone)]
+pub struct PolicyInput<'a> {
+    pub choice: Option<PolicyChoice>,
+    pub numa_flag: &'a NumaAwareFlag,
+    /// The mask captured at load is narrower than the cpuset (see [`is_constrained`]).
+    pub constrained: bool,
+    pub gpu_local: &'a CpuMask,
+    pub cpuset: &'a CpuMask,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub rule: Rule,
+    /// The worker mask, already intersected with the cpuset; `None` pins nothing.
+    pub mask: Option<CpuMask>,
+    /// Why nothing is pinned when `mask` is `None` under `Numa` or `Clear`.
+    pub empty_reason: Option<String>,
+}
+
+/// SPEC §3: the process is constrained when the mask captured at load, before the library
+/// changed anything, is narrower than what its cpuset allows. Judging on the load-time mask is
+/// what keeps our own placement from ever reading as an external constraint.
+pub fn is_constrained(mask_at_load: &CpuMask, cpuset: &CpuMask) -> bool {
+    mask_at_load.intersection(cpuset).is_narrower_than(cpuset)
+}
+
+/// The table: `TLLM_AFFINITY_POLICY` first, else `TLLM_NUMA_AWARE_WORKER_AFFINITY` with the
+/// inference server's meanings (unset: NUMA unless constrained, then clear; `1`: NUMA; any other
+/// value: keep).
+pub fn rule_for(choice: Option<PolicyChoice>, flag: &NumaAwareFlag, constrained: bool) -> Rule {
+    match choice {
+        Some(PolicyChoice::Numa) => Rule::Numa,
+        Some(PolicyChoice::Clear) => Rule::Clear,
+        Some(PolicyChoice::Keep) => Rule::Keep,
+        Some(PolicyChoice::Auto) | None => match flag {
+            NumaAwareFlag::Unset if constrained => Rule::Clear,
+            NumaAwareFlag::Unset | NumaAwareFlag::One => Rule::Numa,
+            NumaAwareFlag::Other(_) => Rule::Keep,
+        },
+    }
+}
+
+pub fn decide(input: &PolicyInput<'_>) -> Decision {
+    let rule = rule_for(input.choice, input.numa_flag, input.constrained);
+    let wanted = match rule {
+        Rule::Numa => input.gpu_local.intersection(input.cpuset),
+        Rule::Clear => input.cpuset.clone(),
+        Rule::Keep => {
+            return Decision {
+                rule,
+                mask: None,
+                empty_reason: None,
+            }
+        }
+    };
+    if wanted.is_empty() {
+        let reason = match rule {
+            Rule::Numa => format!(
+                "the GPU-local CPUs [{}] and the cpuset [{}] have no CPU in common",
+                input.gpu_local, input.cpuset
+            ),
+            _ => "the cpuset allows no CPU".to_string(),
+        };
+        return Decision {
+            rule,
+            mask: None,
+            empty_reason: Some(reason),
+        };
+    }
+    Decision {
+        rule,
+        mask: Some(wanted),
+        empty_reason: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(s: &str) -> CpuMask {
+        CpuMask::parse_list(s).unwrap()
+    }
+
+    #[test]
+    fn the_table_row_by_row() {
+        let unset = NumaAwareFlag::Unset;
+        let one = NumaAwareFlag::One;
+        let other = NumaAwareFlag::Other("0".into());
+        assert_eq!(rule_for(None, &unset, false), Rule::Numa);
+        assert_eq!(rule_for(None, &unset, true), Rule::Clear);
+        assert_eq!(rule_for(None, &one, false), Rule::Numa);
+        assert_eq!(rule_for(None, &one, true), Rule::Numa);
+        assert_eq!(rule_for(None, &other, false), Rule::Keep);
+        assert_eq!(rule_for(None, &other, true), Rule::Keep);
+        assert_eq!(
+            rule_for(Some(PolicyChoice::Auto), &unset, true),
+            Rule::Clear
+        );
+        assert_eq!(rule_for(Some(PolicyChoice::Keep), &one, false), Rule::Keep);
+        assert_eq!(rule_for(Some(PolicyChoice::Numa), &other, true), Rule::Numa);
+        assert_eq!(
+            rule_for(Some(PolicyChoice::Clear), &unset, false),
+            Rule::Clear
+        );
+    }
+
+    #[test]
+    fn constrained_is_judged_against_the_cpuset() {
+        assert!(is_constrained(&m("0"), &m("0-1")));
+        assert!(!is_constrained(&m("0-1"), &m("0-1")));
+        // A container limited by its cpuset is not constrained.
+        assert!(!is_constrained(&m("0-3"), &m("0-3")));
+    }
+
+    #[test]
+    fn worker_masks_are_intersected_with_the_cpuset() {
+        let flag = NumaAwareFlag::One;
+        let d = decide(&PolicyInput {
+            choice: None,
+            numa_flag: &flag,
+            constrained: false,
+            gpu_local: &m("0-7"),
+            cpuset: &m("4-11"),
+        });
+        assert_eq!(d.mask, Some(m("4-7")));
+        let d = decide(&PolicyInput {
+            choice: None,
+            numa_flag: &flag,
+            constrained: false,
+            gpu_local: &m("0-3"),
+            cpuset: &m("4-11"),
+        });
+        assert_eq!(d.mask, None);
+        assert!(d.empty_reason.unwrap().contains("no CPU in common"));
+    }
+}

@@ -1,0 +1,641 @@
+//! The registry model: every thread the library knows, its role and placement, the mask it would
+//! have had without the library, and the leases (SPEC §2, §3, §5).
+//!
+//! The model is pure: it reaches the kernel only through a [`ThreadMasks`], so the rules are
+//! unit-tested here without preloading, and the engine runs them against the real syscalls. The
+//! engine holds the model under one lock; every operation that changes masks runs inside it, which
+//! is what makes a thread being born and a `configure` sweeping the process agree.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::mask::CpuMask;
+
+pub type Tid = i32;
+pub type SharedMask = Arc<CpuMask>;
+
+/// Index of a thread's entry; the engine stores `slot + 1` in the thread's pthread key.
+pub type Slot = u32;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Host,
+    Worker,
+}
+
+/// Who chose a thread's current mask (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    Inherited,
+    Worker,
+    Step,
+    Result,
+    Explicit,
+    External,
+}
+
+impl Placement {
+    /// Masks the library chose, and so must put back.
+    pub fn set_by_library(self) -> bool {
+        matches!(
+            self,
+            Placement::Worker | Placement::Step | Placement::Result
+        )
+    }
+
+    /// Masks somebody else chose, which the library never overrides.
+    pub fn chosen_by_others(self) -> bool {
+        matches!(self, Placement::Explicit | Placement::External)
+    }
+}
+
+/// The kernel's per-thread masks, as the model needs them. Errors are positive errno values.
+pub trait ThreadMasks {
+    /// The current mask of `tid` (0 = the calling thread).
+    fn get(&self, tid: Tid) -> Result<CpuMask, i32>;
+    fn set(&self, tid: Tid, mask: &CpuMask) -> Result<(), i32>;
+}
+
+#[derive(Debug, Clone)]
+pub struct ThreadEntry {
+    pub tid: Tid,
+    /// The `pthread_t`, 0 when unknown (the main thread seen from another thread).
+    pub handle: u64,
+    pub role: Role,
+    pub placement: Placement,
+    /// The mask this thread would have without the library; restoration puts it back.
+    pub natural: SharedMask,
+    /// The mask the library believes the kernel holds (what it set, inherited or observed).
+    pub current: SharedMask,
+    /// The mask it was born with; `configure` promotes only descendants still on it.
+    pub born: SharedMask,
+    creator: Option<Slot>,
+    /// Children alive or being born; an exited thread stays as a tombstone while it has any, so
+    /// that grandchildren still count as descendants.
+    live_children: u32,
+    alive: bool,
+}
+
+/// The worker mask in force while a lease is open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub device: String,
+    pub mask: SharedMask,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseInfo {
+    pub id: i64,
+    pub device: String,
+}
+
+/// What the creator decided for a thread about to be born; travels in the start packet.
+#[derive(Debug, Clone)]
+pub struct ChildPlan {
+    creator: Option<Slot>,
+    role: Role,
+    explicit: Option<SharedMask>,
+    epoch: u64,
+}
+
+impl ChildPlan {
+    pub fn role(&self) -> Role {
+        self.role
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigureOutcome {
+    pub lease: i64,
+    /// The worker mask did not change (a repeated configure for the same device).
+    pub unchanged: bool,
+    /// Another device's mask replaced the one in force.
+    pub retargeted_from: Option<String>,
+    /// Worker threads now on the worker mask / worker threads considered.
+    pub on_mask: usize,
+    pub workers: usize,
+    /// Worker threads left alone because someone else chose their mask.
+    pub preserved: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReleaseOutcome {
+    /// This release closed the last lease, so masks were restored.
+    pub last: bool,
+    pub restored: usize,
+    pub preserved: usize,
+}
+
+/// A thread as reports show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadView {
+    pub tid: Tid,
+    pub role: Role,
+    pub placement: Placement,
+    pub mask: String,
+    pub natural: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Registry {
+    slots: Vec<Option<ThreadEntry>>,
+    free: Vec<Slot>,
+    target: Option<Target>,
+    leases: Vec<LeaseInfo>,
+    next_lease: i64,
+    /// Bumped whenever the target changes, so a thread born across a change re-decides.
+    epoch: u64,
+}
+
+impl Registry {
+    pub const fn new() -> Self {
+        Registry {
+            slots: Vec::new(),
+            free: Vec::new(),
+            target: None,
+            leases: Vec::new(),
+            next_lease: 1,
+            epoch: 0,
+        }
+    }
+
+    pub fn entry(&self, slot: Slot) -> Option<&ThreadEntry> {
+        self.slots.get(slot as usize)?.as_ref().filter(|e| e.alive)
+    }
+
+    fn entry_mut(&mut self, slot: Slot) -> Option<&mut ThreadEntry> {
+        self.slots
+            .get_mut(slot as usize)?
+            .as_mut()
+            .filter(|e| e.alive)
+    }
+
+    pub fn target(&self) -> Option<&Target> {
+        self.target.as_ref()
+    }
+
+    pub fn leases(&self) -> &[LeaseInfo] {
+        &self.leases
+    }
+
+    pub fn live_threads(&self) -> impl Iterator<Item = (Slot, &ThreadEntry)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.as_ref().filter(|e| e.alive).map(|e| (i as Slot, e)))
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live_threads().count()
+    }
+
+    pub fn find_tid(&self, tid: Tid) -> Option<Slot> {
+        self.live_threads()
+            .find(|(_, e)| e.tid == tid)
+            .map(|(s, _)| s)
+    }
+
+    pub fn find_handle(&self, handle: u64) -> Option<Slot> {
+        if handle == 0 {
+            return None;
+        }
+        self.live_threads()
+            .find(|(_, e)| e.handle == handle)
+            .map(|(s, _)| s)
+    }
+
+    fn insert(&mut self, entry: ThreadEntry) -> Slot {
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(entry);
+                slot
+            }
+            None => {
+                self.slots.push(Some(entry));
+                (self.slots.len() - 1) as Slot
+            }
+        }
+    }
+
+    /// Registers a thread the library did not see being born (the main thread at load, or a
+    /// thread that calls in before anything else knew it), with its mask as the kernel has it.
+    pub fn register_root(&mut self, tid: Tid, handle: u64, role: Role, mask: CpuMask) -> Slot {
+        let mask = Arc::new(mask);
+        self.insert(ThreadEntry {
+            tid,
+            handle,
+            role,
+            placement: Placement::Inherited,
+            natural: mask.clone(),
+            current: mask.clone(),
+            born: mask,
+            creator: None,
+            live_children: 0,
+            alive: true,
+        })
+    }
+
+    /// SPEC §2, the role rule: a new thread takes its creator's role, unless its start routine
+    /// lives in a worker library (then it is a worker); an unknown creator counts as host. An
+    /// explicit attr mask is the caller's choice and is never overridden.
+    pub fn plan_child(
+        &mut self,
+        creator: Option<Slot>,
+        start_in_worker_lib: bool,
+        explicit: Option<CpuMask>,
+    ) -> ChildPlan {
+        let creator = creator.filter(|&s| self.entry(s).is_some());
+        let creator_role = creator
+            .and_then(|s| self.entry(s))
+            .map_or(Role::Host, |e| e.role);
+        let role = if start_in_worker_lib {
+            Role::Worker
+        } else {
+            creator_role
+        };
+        if let Some(e) = creator.and_then(|s| self.entry_mut(s)) {
+            e.live_children += 1;
+        }
+        ChildPlan {
+            creator,
+            role,
+            explicit: explicit.map(Arc::new),
+            epoch: self.epoch,
+        }
+    }
+
+    /// The real `pthread_create` failed: the child will never register.
+    pub fn cancel_child(&mut self, plan: ChildPlan) {
+        if let Some(creator) = plan.creator {
+            self.drop_child_of(creator);
+        }
+    }
+
+    /// SPEC §2/§3/§6, the birth rule, in one place. Returns the mask the new thread must be on
+    /// and its placement, given the mask the kernel gave it by inheritance.
+    fn birth(
+        &self,
+        role: Role,
+        creator: Option<&ThreadEntry>,
+        inherited: &SharedMask,
+    ) -> (SharedMask, Placement) {
+        let creator_chose_by_hand = creator.is_some_and(|c| c.placement.chosen_by_others());
+        match (&self.target, creator) {
+            // A worker is born on the worker mask while a lease is open, unless its worker
+            // creator's mask was chosen by the application (children inherit that choice).
+            (Some(t), _) if role == Role::Worker && !creator_chose_by_hand => {
+                (t.mask.clone(), Placement::Worker)
+            }
+            // Children of a pinned step/result thread never stay on its single core.
+            (_, Some(c)) if matches!(c.placement, Placement::Step | Placement::Result) => {
+                (c.natural.clone(), Placement::Inherited)
+            }
+            _ => (inherited.clone(), Placement::Inherited),
+        }
+    }
+
+    /// Registers a newly born thread from inside it and puts it on its mask. `inherited` is the
+    /// mask the kernel gave it when the engine knows it without asking (the creator's current
+    /// mask); otherwise the model asks the kernel.
+    pub fn register_child(
+        &mut self,
+        plan: ChildPlan,
+        tid: Tid,
+        handle: u64,
+        kernel: &impl ThreadMasks,
+    ) -> Slot {
+        let creator = plan.creator.and_then(|s| self.entry(s).cloned());
+        let creator = creator.or_else(|| {
+            // An exited creator stays as a tombstone until its children register.
+            plan.creator
+                .and_then(|s| self.slots.get(s as usize)?.clone())
+        });
+        // The creator's current mask is what the kernel copied, unless it changed behind our
+        // back or the target moved while the thread was being born; then ask the kernel.
+        let inherited: SharedMask = match &creator {
+            Some(c) if plan.epoch == self.epoch && c.placement != Placement::External => {
+                c.current.clone()
+            }
+            _ => Arc::new(kernel.get(tid).unwrap_or_default()),
+        };
+        let natural = match &creator {
+            Some(c) if c.placement.set_by_library() => c.natural.clone(),
+            _ => inherited.clone(),
+        };
+        let (mask, placement) = if let Some(explicit) = &plan.explicit {
+            (explicit.clone(), Placement::Explicit)
+        } else {
+            let (wanted, placement) = self.birth(plan.role, creator.as_ref(), &inherited);
+            if wanted != inherited && kernel.set(tid, &wanted).is_err() {
+                (inherited.clone(), Placement::Inherited)
+            } else {
+                (wanted, placement)
+            }
+        };
+        self.insert(ThreadEntry {
+            tid,
+            handle,
+            role: plan.role,
+            placement,
+            natural: if placement == Placement::Explicit {
+                mask.clone()
+            } else {
+                natural
+            },
+            current: mask.clone(),
+            born: mask,
+            creator: plan.creator,
+            live_children: 0,
+            alive: true,
+        })
+    }
+
+    /// The thread in `slot` exited (return, `pthread_exit` or cancellation).
+    pub fn thread_exited(&mut self, slot: Slot) {
+        if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
+            e.alive = false;
+            self.reap(slot);
+        }
+    }
+
+    fn drop_child_of(&mut self, creator: Slot) {
+        if let Some(Some(e)) = self.slots.get_mut(creator as usize) {
+            e.live_children = e.live_children.saturating_sub(1);
+            self.reap(creator);
+        }
+    }
+
+    /// Frees exited entries that no child needs any more, walking up the creator chain.
+    fn reap(&mut self, mut slot: Slot) {
+        loop {
+            let Some(Some(e)) = self.slots.get(slot as usize) else {
+                return;
+            };
+            if e.alive || e.live_children > 0 {
+                return;
+            }
+            let creator = e.creator;
+            self.slots[slot as usize] = None;
+            self.free.push(slot);
+            let Some(parent) = creator else { return };
+            match self.slots.get_mut(parent as usize) {
+                Some(Some(p)) => p.live_children = p.live_children.saturating_sub(1),
+                _ => return,
+            }
+            slot = parent;
+        }
+    }
+
+    /// The application set this thread's mask itself (`sched_setaffinity`,
+    /// `pthread_setaffinity_np`): from now on it is the application's choice.
+    pub fn observe_explicit(&mut self, slot: Slot, mask: CpuMask) {
+        if let Some(e) = self.entry_mut(slot) {
+            e.placement = Placement::Explicit;
+            e.current = Arc::new(mask);
+        }
+    }
+
+    /// Sets the role of a thread (the caller of `configure`), registering nothing new.
+    pub fn set_role(&mut self, slot: Slot, role: Role) {
+        if let Some(e) = self.entry_mut(slot) {
+            e.role = role;
+        }
+    }
+
+    fn is_descendant(&self, slot: Slot, ancestor: Slot) -> bool {
+        let mut cursor = self
+            .slots
+            .get(slot as usize)
+            .and_then(|e| e.as_ref()?.creator);
+        // Creator links only point at older entries, and an entry with children is never
+        // freed, so the walk ends; the bound guards against a corrupted chain all the same.
+        for _ in 0..self.slots.len() {
+            match cursor {
+                Some(c) if c == ancestor => return true,
+                Some(c) => cursor = self.slots.get(c as usize).and_then(|e| e.as_ref()?.creator),
+                None => return false,
+            }
+        }
+        false
+    }
+
+    /// SPEC §2/§3/§5: opens a lease. The caller becomes a worker with every live descendant still
+    /// on the mask it was born with; then every worker thread whose mask the library may choose
+    /// is put on `worker_mask` (when the policy gives one). A thread whose mask changed behind the
+    /// library's back is left alone and marked `external`.
+    pub fn configure(
+        &mut self,
+        caller: Slot,
+        device: &str,
+        worker_mask: Option<CpuMask>,
+        kernel: &impl ThreadMasks,
+    ) -> ConfigureOutcome {
+        let lease = self.next_lease;
+        self.next_lease += 1;
+        self.leases.push(LeaseInfo {
+            id: lease,
+            device: device.to_string(),
+        });
+        let mut outcome = ConfigureOutcome {
+            lease,
+            ..Default::default()
+        };
+
+        self.set_role(caller, Role::Worker);
+        let promoted: Vec<Slot> = self
+            .live_threads()
+            .filter(|(s, e)| e.role == Role::Host && self.is_descendant(*s, caller))
+            .filter(|(_, e)| kernel.get(e.tid).is_ok_and(|m| m == *e.born))
+            .map(|(s, _)| s)
+            .collect();
+        for slot in promoted {
+            self.set_role(slot, Role::Worker);
+        }
+
+        let previous = self.target.clone();
+        if let Some(mask) = worker_mask {
+            let unchanged = previous.as_ref().is_some_and(|t| *t.mask == mask);
+            outcome.unchanged = unchanged;
+            if let Some(p) = previous
+                .as_ref()
+                .filter(|p| p.device != device && !unchanged)
+            {
+                outcome.retargeted_from = Some(p.device.clone());
+            }
+            if !unchanged {
+                self.epoch += 1;
+            }
+            self.target = Some(Target {
+                device: device.to_string(),
+                mask: previous
+                    .filter(|_| unchanged)
+                    .map_or_else(|| Arc::new(mask), |p| p.mask),
+            });
+        }
+        let Some(target) = self.target.clone() else {
+            outcome.workers = self
+                .live_threads()
+                .filter(|(_, e)| e.role == Role::Worker)
+                .count();
+            return outcome;
+        };
+
+        let workers: Vec<Slot> = self
+            .live_threads()
+            .filter(|(_, e)| e.role == Role::Worker)
+            .map(|(s, _)| s)
+            .collect();
+        outcome.workers = workers.len();
+        for slot in workers {
+            let Some(e) = self.entry(slot) else { continue };
+            let (tid, placement, current) = (e.tid, e.placement, e.current.clone());
+            if placement.chosen_by_others()
+                || matches!(placement, Placement::Step | Placement::Result)
+            {
+                if placement.chosen_by_others() {
+                    outcome.preserved += 1;
+                }
+                continue;
+            }
+            let Ok(actual) = kernel.get(tid) else {
+                continue;
+            };
+            if actual != *current {
+                self.mark_external(slot, actual);
+                outcome.preserved += 1;
+                continue;
+            }
+            if actual != *target.mask && kernel.set(tid, &target.mask).is_err() {
+                continue;
+            }
+            if let Some(e) = self.entry_mut(slot) {
+                e.placement = Placement::Worker;
+                e.current = target.mask.clone();
+            }
+            outcome.on_mask += 1;
+        }
+        outcome
+    }
+
+    fn mark_external(&mut self, slot: Slot, actual: CpuMask) {
+        if let Some(e) = self.entry_mut(slot) {
+            e.placement = Placement::External;
+            e.current = Arc::new(actual);
+        }
+    }
+
+    /// SPEC §5: closes a lease; the last one restores every mask the library set, except those
+    /// changed since, which are preserved and counted. `Err(())` for an unknown or closed lease.
+    pub fn release(&mut self, lease: i64, kernel: &impl ThreadMasks) -> Result<ReleaseOutcome, ()> {
+        let index = self.leases.iter().position(|l| l.id == lease).ok_or(())?;
+        self.leases.remove(index);
+        if !self.leases.is_empty() {
+            return Ok(ReleaseOutcome::default());
+        }
+        let mut outcome = ReleaseOutcome {
+            last: true,
+            ..Default::default()
+        };
+        if self.target.take().is_some() {
+            self.epoch += 1;
+        }
+        let changed: Vec<Slot> = self
+            .live_threads()
+            .filter(|(_, e)| e.placement.set_by_library())
+            .map(|(s, _)| s)
+            .collect();
+        for slot in changed {
+            outcome_restore(self, slot, kernel, &mut outcome);
+        }
+        Ok(outcome)
+    }
+
+    /// Pins one thread for SPEC §6 (`Step` or `Result`), remembering its natural mask.
+    pub fn pin(
+        &mut self,
+        slot: Slot,
+        mask: CpuMask,
+        placement: Placement,
+        kernel: &impl ThreadMasks,
+    ) -> Result<(), i32> {
+        let e = self.entry(slot).ok_or(libc::ESRCH)?;
+        kernel.set(e.tid, &mask)?;
+        let natural = if e.placement.set_by_library() {
+            e.natural.clone()
+        } else {
+            e.current.clone()
+        };
+        if let Some(e) = self.entry_mut(slot) {
+            e.natural = natural;
+            e.current = Arc::new(mask);
+            e.placement = placement;
+        }
+        Ok(())
+    }
+
+    /// After `fork`: the child holds only the forking thread, with its role (SPEC §5).
+    pub fn reset_after_fork(&mut self, keep: Option<Slot>, tid: Tid, handle: u64) {
+        let kept = keep.and_then(|s| self.entry(s).cloned());
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if Some(i as Slot) != keep {
+                *slot = None;
+            }
+        }
+        let kept_slot = keep.filter(|_| kept.is_some());
+        self.free = (0..self.slots.len() as Slot)
+            .rev()
+            .filter(|&s| Some(s) != kept_slot)
+            .collect();
+        if let (Some(slot), Some(mut e)) = (kept_slot, kept) {
+            e.tid = tid;
+            e.handle = handle;
+            e.creator = None;
+            e.live_children = 0;
+            self.slots[slot as usize] = Some(e);
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<ThreadView> {
+        self.live_threads()
+            .map(|(_, e)| ThreadView {
+                tid: e.tid,
+                role: e.role,
+                placement: e.placement,
+                mask: e.current.to_list(),
+                natural: e.natural.to_list(),
+            })
+            .collect()
+    }
+}
+
+fn outcome_restore(
+    registry: &mut Registry,
+    slot: Slot,
+    kernel: &impl ThreadMasks,
+    outcome: &mut ReleaseOutcome,
+) {
+    let Some(e) = registry.entry(slot) else {
+        return;
+    };
+    let (tid, current, natural) = (e.tid, e.current.clone(), e.natural.clone());
+    let Ok(actual) = kernel.get(tid) else { return };
+    if actual != *current {
+        registry.mark_external(slot, actual);
+        outcome.preserved += 1;
+        return;
+    }
+    if natural != current && kernel.set(tid, &natural).is_err() {
+        return;
+    }
+    if let Some(e) = registry.entry_mut(slot) {
+        e.placement = Placement::Inherited;
+        e.current = natural;
+    }
+    outcome.restored += 1;
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+//! The registry rules against an in-memory stand-in for the kernel's per-thread masks. The real
+//! kernel is exercised by the integration tests under `tests/`.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use super::*;
+
+fn m(s: &str) -> CpuMask {
+    CpuMask::parse_list(s).unwrap()
+}
+
+/// Per-thread masks with Linux's inheritance done by [`Fake::spawn`].
+#[derive(Default)]
+struct Fake {
+    masks: RefCell<HashMap<Tid, CpuMask>>,
+    sets: RefCell<usize>,
+}
+
+impl ThreadMasks for Fake {
+    fn get(&self, tid: Tid) -> Result<CpuMask, i32> {
+        self.masks.borrow().get(&tid).cloned().ok_or(libc::ESRCH)
+    }
+    fn set(&self, tid: Tid, mask: &CpuMask) -> Result<(), i32> {
+        *self.sets.borrow_mut() += 1;
+        self.masks
+            .borrow_mut()
+            .get_mut(&tid)
+            .map(|slot| *slot = mask.clone())
+            .ok_or(libc::ESRCH)
+    }
+}
+
+struct World {
+    reg: Registry,
+    kernel: Fake,
+    next_tid: Tid,
+}
+
+impl World {
+    /// A process whose main thread (tid 100) is on `mask`.
+    fn new(mask: &str) -> (World, Slot) {
+        let kernel = Fake::default();
+        kernel.masks.borrow_mut().insert(100, m(mask));
+        let mut reg = Registry::new();
+        let main = reg.register_root(100, 1, Role::Host, m(mask));
+        (
+            World {
+                reg,
+                kernel,
+                next_tid: 101,
+            },
+            main,
+        )
+    }
+
+    fn spawn_with(&mut self, creator: Slot, worker_lib: bool, explicit: Option<&str>) -> Slot {
+        let plan = self
+            .reg
+            .plan_child(Some(creator), worker_lib, explicit.map(m));
+        let tid = self.next_tid;
+        self.next_tid += 1;
+        // The kernel copies the creator's mask (or applies the attr mask).
+        let creator_tid = self.reg.entry(creator).unwrap().tid;
+        let inherited = match explicit {
+            Some(e) => m(e),
+            None => self.kernel.get(creator_tid).unwrap(),
+        };
+        self.kernel.masks.borrow_mut().insert(tid, inherited);
+        self.reg.register_child(plan, tid, tid as u64, &self.kernel)
+    }
+
+    fn spawn(&mut self, creator: Slot) -> Slot {
+        self.spawn_with(creator, false, None)
+    }
+
+    fn exit(&mut self, slot: Slot) {
+        let tid = self.reg.entry(slot).unwrap().tid;
+        self.kernel.masks.borrow_mut().remove(&tid);
+        self.reg.thread_exited(slot);
+    }
+
+    fn mask(&self, slot: Slot) -> String {
+        let tid = self.reg.entry(slot).unwrap().tid;
+        self.kernel.get(tid).unwrap().to_list()
+    }
+
+    fn role(&self, slot: Slot) -> Role {
+        self.reg.entry(slot).unwrap().role
+    }
+
+    fn placement(&self, slot: Slot) -> Placement {
+        self.reg.entry(slot).unwrap().placement
+    }
+
+    fn configure(&mut self, caller: Slot, device: &str, mask: &str) -> ConfigureOutcome {
+        self.reg
+            .configure(caller, device, Some(m(mask)), &self.kernel)
+    }
+
+    fn release(&mut self, lease: i64) -> Result<ReleaseOutcome, ()> {
+        self.reg.release(lease, &self.kernel)
+    }
+}
+
+#[test]
+fn host_threads_keep_their_mask_through_configure_and_release() {
+    let (mut w, main) = World::new("0-3");
+    let host_a = w.spawn(main);
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    assert_eq!(w.mask(main), "0-3");
+    assert_eq!(w.mask(host_a), "0-3");
+    assert_eq!(w.mask(worker), "2-3");
+    // A host thread born during the lease is still a host thread on the host mask.
+    let host_b = w.spawn(host_a);
+    assert_eq!(
+        (w.role(host_b), w.mask(host_b).as_str()),
+        (Role::Host, "0-3")
+    );
+    w.release(lease).unwrap();
+    assert_eq!(w.mask(worker), "0-3");
+    assert_eq!(w.mask(host_a), "0-3");
+}
+
+#[test]
+fn workers_children_inherit_the_worker_mask_with_no_syscall() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    w.configure(worker, "gpu0", "2-3");
+    let sets = *w.kernel.sets.borrow();
+    let child = w.spawn(worker);
+    let grandchild = w.spawn(child);
+    assert_eq!(
+        *w.kernel.sets.borrow(),
+        sets,
+        "inherited path made a syscall"
+    );
+    for t in [child, grandchild] {
+        assert_eq!(w.role(t), Role::Worker);
+        assert_eq!(w.placement(t), Placement::Worker);
+        assert_eq!(w.mask(t), "2-3");
+        assert_eq!(w.reg.entry(t).unwrap().natural.to_list(), "0-3");
+    }
+}
+
+#[test]
+fn a_worker_lib_thread_made_by_a_host_is_a_worker_on_the_worker_mask() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    w.configure(worker, "gpu0", "2-3");
+    let progress = w.spawn_with(main, true, None);
+    assert_eq!(w.role(progress), Role::Worker);
+    assert_eq!(w.mask(progress), "2-3");
+}
+
+#[test]
+fn worker_lib_threads_made_before_configure_are_swept_in() {
+    let (mut w, main) = World::new("0-3");
+    let progress = w.spawn_with(main, true, None);
+    assert_eq!(w.mask(progress), "0-3");
+    w.configure(main, "gpu0", "1");
+    assert_eq!(w.mask(progress), "1");
+}
+
+#[test]
+fn a_second_configure_keeps_everything_pinned() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let six: Vec<Slot> = (0..6).map(|_| w.spawn(worker)).collect();
+    let first = w.configure(worker, "gpu0", "2-3");
+    assert_eq!((first.on_mask, first.workers), (7, 7));
+    let between = w.spawn(worker);
+    let second = w.configure(worker, "gpu0", "2-3");
+    assert!(second.unchanged);
+    assert_eq!(second.retargeted_from, None);
+    for t in six.iter().chain([&worker, &between]) {
+        assert_eq!(w.mask(*t), "2-3");
+    }
+    let after = w.spawn(worker);
+    assert_eq!(w.mask(after), "2-3");
+}
+
+#[test]
+fn configure_for_another_device_retargets() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let child = w.spawn(worker);
+    w.configure(worker, "gpu0", "2-3");
+    let out = w.configure(worker, "gpu1", "0-1");
+    assert_eq!(out.retargeted_from.as_deref(), Some("gpu0"));
+    assert_eq!(w.mask(worker), "0-1");
+    assert_eq!(w.mask(child), "0-1");
+}
+
+#[test]
+fn only_the_last_release_restores_and_release_is_idempotent() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let a = w.configure(worker, "gpu0", "2-3").lease;
+    let b = w.configure(worker, "gpu0", "2-3").lease;
+    let first = w.release(a).unwrap();
+    assert!(!first.last);
+    assert_eq!(w.mask(worker), "2-3");
+    assert!(w.release(a).is_err());
+    let last = w.release(b).unwrap();
+    assert_eq!((last.last, last.restored, last.preserved), (true, 1, 0));
+    assert_eq!(w.mask(worker), "0-3");
+    assert!(w.release(b).is_err());
+}
+
+#[test]
+fn masks_changed_behind_the_librarys_back_are_preserved_and_counted() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let moved = w.spawn(worker);
+    let observed = w.spawn(worker);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    // `taskset -p` from outside: invisible until the library looks.
+    let moved_tid = w.reg.entry(moved).unwrap().tid;
+    w.kernel.set(moved_tid, &m("3")).unwrap();
+    // The application's own call, observed by the hook.
+    let observed_tid = w.reg.entry(observed).unwrap().tid;
+    w.kernel.set(observed_tid, &m("1")).unwrap();
+    w.reg.observe_explicit(observed, m("1"));
+    let out = w.release(lease).unwrap();
+    assert_eq!((out.restored, out.preserved), (1, 1));
+    assert_eq!(w.mask(moved), "3");
+    assert_eq!(w.placement(moved), Placement::External);
+    assert_eq!(w.mask(observed), "1");
+    assert_eq!(w.mask(worker), "0-3");
+}
+
+#[test]
+fn threads_born_after_the_last_release_get_restored_masks() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    w.release(lease).unwrap();
+    let later = w.spawn(worker);
+    assert_eq!(w.mask(later), "0-3");
+    assert_eq!(w.placement(later), Placement::Inherited);
+}
+
+#[test]
+fn configure_promotes_only_descendants_still_on_their_birth_mask() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let kept = w.spawn(worker);
+    let grandchild = w.spawn(kept);
+    let repinned = w.spawn(worker);
+    let tid = w.reg.entry(repinned).unwrap().tid;
+    w.kernel.set(tid, &m("0")).unwrap();
+    let sibling = w.spawn(main);
+    w.configure(worker, "gpu0", "2-3");
+    assert_eq!(w.role(kept), Role::Worker);
+    assert_eq!(w.role(grandchild), Role::Worker);
+    assert_eq!(w.mask(grandchild), "2-3");
+    assert_eq!(w.role(repinned), Role::Host);
+    assert_eq!(w.mask(repinned), "0");
+    assert_eq!(w.role(sibling), Role::Host);
+}
+
+#[test]
+fn a_grandchild_stays_a_descendant_after_its_parent_exits() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let parent = w.spawn(worker);
+    let grandchild = w.spawn(parent);
+    w.exit(parent);
+    w.configure(worker, "gpu0", "2-3");
+    assert_eq!(w.role(grandchild), Role::Worker);
+    w.exit(grandchild);
+    w.exit(worker);
+    // The tombstone went with its last child: only the main thread is left.
+    assert_eq!(w.reg.live_count(), 1);
+    assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 1);
+}
+
+#[test]
+fn explicit_attr_masks_are_never_overridden_nor_restored() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let pinned = w.spawn_with(worker, false, Some("0"));
+    assert_eq!(w.placement(pinned), Placement::Explicit);
+    assert_eq!(w.mask(pinned), "0");
+    // Its children inherit the application's choice.
+    let child = w.spawn(pinned);
+    assert_eq!(w.mask(child), "0");
+    w.release(lease).unwrap();
+    assert_eq!(w.mask(pinned), "0");
+}
+
+#[test]
+fn children_of_a_step_thread_are_born_on_the_worker_mask() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    w.configure(worker, "gpu0", "2-3");
+    let step = w.spawn(worker);
+    w.reg.pin(step, m("2"), Placement::Step, &w.kernel).unwrap();
+    let pool = w.spawn(step);
+    assert_eq!(w.mask(pool), "2-3");
+    assert_eq!(w.placement(pool), Placement::Worker);
+}
+
+#[test]
+fn a_thread_born_across_a_retarget_takes_the_new_mask() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    w.configure(worker, "gpu0", "2-3");
+    // The creator decides, then configure retargets before the child registers.
+    let plan = w.reg.plan_child(Some(worker), false, None);
+    w.kernel.masks.borrow_mut().insert(500, m("2-3"));
+    w.configure(worker, "gpu1", "0-1");
+    let child = w.reg.register_child(plan, 500, 500, &w.kernel);
+    assert_eq!(w.mask(child), "0-1");
+}
+
+#[test]
+fn a_failed_create_leaves_nothing_behind() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let plan = w.reg.plan_child(Some(worker), false, None);
+    w.reg.cancel_child(plan);
+    w.exit(worker);
+    assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 1);
+}
+
+#[test]
+fn fork_keeps_only_the_forking_thread_with_its_role() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    w.spawn(worker);
+    w.configure(worker, "gpu0", "2-3");
+    w.reg.reset_after_fork(Some(worker), 900, 9);
+    assert_eq!(w.reg.live_count(), 1);
+    let e = w.reg.entry(worker).unwrap();
+    assert_eq!((e.tid, e.role), (900, Role::Worker));
+    // Freed slots are reused.
+    w.kernel.masks.borrow_mut().insert(900, m("2-3"));
+    let child = w.spawn(worker);
+    assert_ne!(child, worker);
+}

@@ -1,0 +1,95 @@
+//! The JSON report (`tllm_affinity_report`, `TLLM_AFFINITY_REPORT`). Schema version 1:
+//!
+//! ```json
+//! { "schema": 1, "library": "0.1.0", "pid": 1234, "state": "active",
+//!   "mask_at_load": "0-1", "cpuset": "0-1", "constrained": false,
+//!   "worker_mask": "1", "worker_device": "0000:3b:00.0",
+//!   "leases": [{"id": 1, "device": "0000:3b:00.0"}],
+//!   "threads": [{"tid": 1234, "role": "host", "placement": "inherited",
+//!                "mask": "0-1", "natural": "0-1", "kernel_mask": "0-1"}] }
+//! ```
+//! `mask` is what the library believes the thread holds, `kernel_mask` what the kernel said when
+//! the report was made (absent if the thread was gone), `natural` what restoration puts back.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::engine::Process;
+use crate::mask::CpuMask;
+use crate::registry::{LeaseInfo, Registry, Role, ThreadView, Tid};
+
+#[derive(Debug, Serialize)]
+pub struct ThreadReport {
+    #[serde(flatten)]
+    pub view: ThreadView,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_mask: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub schema: u32,
+    pub library: &'static str,
+    pub pid: u32,
+    pub state: &'static str,
+    pub mask_at_load: Option<String>,
+    pub cpuset: Option<String>,
+    pub constrained: Option<bool>,
+    pub worker_mask: Option<String>,
+    pub worker_device: Option<String>,
+    pub leases: Vec<LeaseInfo>,
+    pub hosts: usize,
+    pub workers: usize,
+    pub threads: Vec<ThreadReport>,
+}
+
+impl Report {
+    pub fn build(
+        state: &'static str,
+        process: Option<&Process>,
+        registry: &Registry,
+        kernel_mask: impl Fn(Tid) -> Option<CpuMask>,
+    ) -> Report {
+        let threads: Vec<ThreadReport> = registry
+            .snapshot()
+            .into_iter()
+            .map(|view| ThreadReport {
+                kernel_mask: kernel_mask(view.tid).map(|m| m.to_list()),
+                view,
+            })
+            .collect();
+        let count = |role| threads.iter().filter(|t| t.view.role == role).count();
+        Report {
+            schema: 1,
+            library: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            state,
+            mask_at_load: process.map(|p| p.mask_at_load.to_list()),
+            cpuset: process.map(|p| p.cpuset.to_list()),
+            constrained: process.map(|p| p.constrained),
+            worker_mask: registry.target().map(|t| t.mask.to_list()),
+            worker_device: registry.target().map(|t| t.device.clone()),
+            leases: registry.leases().to_vec(),
+            hosts: count(Role::Host),
+            workers: count(Role::Worker),
+            threads,
+        }
+    }
+}
+
+/// Writes the report without following a symlink at `path`, mode 0644 whatever the umask.
+pub fn write_file(path: &Path, json: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o644)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    file.write_all(json.as_bytes())?;
+    file.write_all(b"\n")
+}

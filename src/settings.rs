@@ -1,0 +1,343 @@
+//! The environment variables of SPEC §3, §4, §6 and §8, parsed once at load.
+//!
+//! A malformed value never stops the parse: it yields one [`SettingError`] naming the variable,
+//! the value and what was expected, and the setting falls back to its default. The engine then
+//! decides (under `TLLM_AFFINITY_STRICT`) whether to stop the process or stay passive.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::mask::CpuMask;
+
+/// `TLLM_AFFINITY_POLICY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyChoice {
+    Auto,
+    Numa,
+    Clear,
+    Keep,
+}
+
+/// `TLLM_NUMA_AWARE_WORKER_AFFINITY`, with the inference server's three meanings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NumaAwareFlag {
+    Unset,
+    One,
+    /// Any other value: the server leaves masks alone.
+    Other(String),
+}
+
+/// `TLLM_AFFINITY_STEP_CORE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepCore {
+    Off,
+    Auto,
+    Cpu(usize),
+}
+
+/// `TLLM_AFFINITY_LOG`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Off = 0,
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+}
+
+/// `TLLM_AFFINITY_PROCESS_ROLE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessRole {
+    Host,
+    Worker,
+}
+
+/// The sonames whose threads are workers when `TLLM_AFFINITY_WORKER_LIBS` is unset: the progress
+/// threads of NCCL, UCX, MPI (Open MPI's PAL/RTE, MPICH, Intel MPI) and libfabric.
+pub const DEFAULT_WORKER_LIBS: &str = "libnccl*.so*,libucp*.so*,libuct*.so*,libucs*.so*,\
+libmpi*.so*,libopen-pal*.so*,libopen-rte*.so*,libfabric*.so*";
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub policy: Option<PolicyChoice>,
+    pub numa_aware: NumaAwareFlag,
+    pub cpus_override: Option<CpuMask>,
+    pub sysfs_root: PathBuf,
+    pub worker_libs: Vec<glob::Pattern>,
+    pub log: LogLevel,
+    pub report_path: Option<PathBuf>,
+    pub strict: bool,
+    pub process_role: ProcessRole,
+    pub step_core: StepCore,
+    pub lock_dir: PathBuf,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            policy: None,
+            numa_aware: NumaAwareFlag::Unset,
+            cpus_override: None,
+            sysfs_root: PathBuf::from("/"),
+            worker_libs: parse_worker_libs(DEFAULT_WORKER_LIBS).unwrap_or_default(),
+            log: LogLevel::Warn,
+            report_path: None,
+            strict: false,
+            process_role: ProcessRole::Host,
+            step_core: StepCore::Off,
+            lock_dir: PathBuf::from("/tmp"),
+        }
+    }
+}
+
+/// One malformed variable: rendered as the single line a user sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingError {
+    pub variable: &'static str,
+    pub value: String,
+    pub expected: String,
+}
+
+impl fmt::Display for SettingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}='{}' is not valid: expected {}",
+            self.variable,
+            self.value.escape_debug(),
+            self.expected
+        )
+    }
+}
+
+impl Settings {
+    /// Reads the process environment.
+    pub fn from_env() -> (Settings, Vec<SettingError>) {
+        Self::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// Parses every variable through `lookup`; malformed ones keep their default.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> (Settings, Vec<SettingError>) {
+        let mut s = Settings::default();
+        let mut errors = Vec::new();
+        let mut fail = |variable: &'static str, value: &str, expected: &str| {
+            errors.push(SettingError {
+                variable,
+                value: value.to_string(),
+                expected: expected.to_string(),
+            })
+        };
+
+        if let Some(v) = lookup("TLLM_AFFINITY_LOG") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "off" => s.log = LogLevel::Off,
+                "error" => s.log = LogLevel::Error,
+                "warn" | "" => s.log = LogLevel::Warn,
+                "info" => s.log = LogLevel::Info,
+                "debug" => s.log = LogLevel::Debug,
+                _ => fail(
+                    "TLLM_AFFINITY_LOG",
+                    &v,
+                    "one of off, error, warn, info, debug",
+                ),
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_STRICT") {
+            match v.trim() {
+                "1" => s.strict = true,
+                "0" | "" => s.strict = false,
+                _ => fail("TLLM_AFFINITY_STRICT", &v, "1 or 0"),
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_POLICY") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => s.policy = Some(PolicyChoice::Auto),
+                "numa" => s.policy = Some(PolicyChoice::Numa),
+                "clear" => s.policy = Some(PolicyChoice::Clear),
+                "keep" => s.policy = Some(PolicyChoice::Keep),
+                _ => fail("TLLM_AFFINITY_POLICY", &v, "one of auto, numa, clear, keep"),
+            }
+        }
+        // Every value is legal here, as in the inference server: anything but "1" means "leave
+        // the masks alone".
+        if let Some(v) = lookup("TLLM_NUMA_AWARE_WORKER_AFFINITY") {
+            s.numa_aware = if v == "1" {
+                NumaAwareFlag::One
+            } else {
+                NumaAwareFlag::Other(v)
+            };
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_CPUS") {
+            match CpuMask::parse_list(&v) {
+                Ok(m) if !m.is_empty() => s.cpus_override = Some(m),
+                Ok(_) => fail(
+                    "TLLM_AFFINITY_CPUS",
+                    &v,
+                    "a non-empty cpulist such as 0-3,8",
+                ),
+                Err(e) => fail(
+                    "TLLM_AFFINITY_CPUS",
+                    &v,
+                    &format!("a cpulist such as 0-3,8 ({})", e.reason),
+                ),
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_SYSFS_ROOT") {
+            let path = PathBuf::from(&v);
+            if v.is_empty() || !path.is_dir() {
+                fail(
+                    "TLLM_AFFINITY_SYSFS_ROOT",
+                    &v,
+                    "an existing directory holding sys/",
+                );
+            } else {
+                s.sysfs_root = path;
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_WORKER_LIBS") {
+            match parse_worker_libs(&v) {
+                Ok(p) => s.worker_libs = p,
+                Err(bad) => fail(
+                    "TLLM_AFFINITY_WORKER_LIBS",
+                    &v,
+                    &format!(
+                        "comma-separated soname globs such as libnccl*.so* ('{bad}' is not a glob)"
+                    ),
+                ),
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_REPORT") {
+            if v.is_empty() {
+                fail("TLLM_AFFINITY_REPORT", &v, "a file path");
+            } else {
+                s.report_path = Some(PathBuf::from(v));
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_PROCESS_ROLE") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "host" | "" => s.process_role = ProcessRole::Host,
+                "worker" => s.process_role = ProcessRole::Worker,
+                _ => fail("TLLM_AFFINITY_PROCESS_ROLE", &v, "host or worker"),
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_STEP_CORE") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "off" | "" => s.step_core = StepCore::Off,
+                "auto" => s.step_core = StepCore::Auto,
+                t => match t.parse::<usize>() {
+                    Ok(cpu) if cpu <= crate::mask::MAX_CPU => s.step_core = StepCore::Cpu(cpu),
+                    _ => fail("TLLM_AFFINITY_STEP_CORE", &v, "off, auto, or a CPU number"),
+                },
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_LOCK_DIR") {
+            let path = PathBuf::from(&v);
+            if v.is_empty() || !path.is_dir() {
+                fail("TLLM_AFFINITY_LOCK_DIR", &v, "an existing directory");
+            } else {
+                s.lock_dir = path;
+            }
+        }
+        (s, errors)
+    }
+
+    /// True when `soname` (a file name, no directory) matches `TLLM_AFFINITY_WORKER_LIBS`.
+    pub fn is_worker_lib(&self, soname: &str) -> bool {
+        self.worker_libs.iter().any(|p| p.matches(soname))
+    }
+}
+
+/// Splits a comma-separated glob list; returns the first bad glob on error.
+fn parse_worker_libs(text: &str) -> Result<Vec<glob::Pattern>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| glob::Pattern::new(p).map_err(|_| p.to_string()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> (Settings, Vec<SettingError>) {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let (s, errors) = parse(&[]);
+        assert!(errors.is_empty());
+        assert_eq!(s.log, LogLevel::Warn);
+        assert_eq!(s.step_core, StepCore::Off);
+        assert_eq!(s.numa_aware, NumaAwareFlag::Unset);
+        assert!(s.is_worker_lib("libnccl.so.2"));
+        assert!(s.is_worker_lib("libopen-pal.so.40"));
+        assert!(!s.is_worker_lib("libpython3.11.so.1.0"));
+    }
+
+    #[test]
+    fn numa_flag_keeps_the_servers_three_meanings() {
+        assert_eq!(
+            parse(&[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "1")])
+                .0
+                .numa_aware,
+            NumaAwareFlag::One
+        );
+        assert_eq!(
+            parse(&[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "0")])
+                .0
+                .numa_aware,
+            NumaAwareFlag::Other("0".into())
+        );
+    }
+
+    #[test]
+    fn every_malformed_variable_gives_one_line_naming_it() {
+        let cases = [
+            ("TLLM_AFFINITY_LOG", "loud"),
+            ("TLLM_AFFINITY_STRICT", "yes"),
+            ("TLLM_AFFINITY_POLICY", "fast"),
+            ("TLLM_AFFINITY_CPUS", "0-"),
+            ("TLLM_AFFINITY_CPUS", ""),
+            ("TLLM_AFFINITY_SYSFS_ROOT", "/nonexistent/root"),
+            ("TLLM_AFFINITY_WORKER_LIBS", "libnccl[.so"),
+            ("TLLM_AFFINITY_REPORT", ""),
+            ("TLLM_AFFINITY_PROCESS_ROLE", "boss"),
+            ("TLLM_AFFINITY_STEP_CORE", "-3"),
+            ("TLLM_AFFINITY_LOCK_DIR", "/nonexistent/dir"),
+        ];
+        for (var, value) in cases {
+            let (_, errors) = parse(&[(var, value)]);
+            assert_eq!(errors.len(), 1, "{var}={value}");
+            let line = errors[0].to_string();
+            assert!(line.starts_with(&format!("{var}='{value}'")), "{line}");
+            assert!(line.contains("expected"), "{line}");
+            assert!(!line.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn empty_worker_libs_disables_classification() {
+        let (s, errors) = parse(&[("TLLM_AFFINITY_WORKER_LIBS", "")]);
+        assert!(errors.is_empty());
+        assert!(!s.is_worker_lib("libnccl.so.2"));
+    }
+
+    #[test]
+    fn step_core_forms() {
+        assert_eq!(
+            parse(&[("TLLM_AFFINITY_STEP_CORE", "auto")]).0.step_core,
+            StepCore::Auto
+        );
+        assert_eq!(
+            parse(&[("TLLM_AFFINITY_STEP_CORE", "7")]).0.step_core,
+            StepCore::Cpu(7)
+        );
+    }
+}

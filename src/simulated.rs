@@ -1,0 +1,597 @@
+//! Writes sysfs trees of made-up hosts, for tests and the demo (`TLLM_AFFINITY_SYSFS_ROOT`).
+//!
+//! Values are formatted as the kernel writes them, so [`crate::topology::Topology::read`] sees a
+//! simulated host exactly as it would see a real one.
+
+#![forbid(unsafe_code)]
+
+use crate::mask::CpuMask;
+use crate::topology::NVIDIA_VENDOR;
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::Path;
+
+/// PCI class of a 3D controller (datacenter GPUs).
+const CLASS_3D: u32 = 0x030200;
+/// H100 SXM device id.
+const H100_DEVICE: u16 = 0x2330;
+/// ACPI SLIT distances: a node to itself, and the remote default.
+const LOCAL_DISTANCE: u32 = 10;
+const REMOTE_DISTANCE: u32 = 20;
+
+#[derive(Debug, Clone)]
+struct SimCpu {
+    core_id: usize,
+    package_id: usize,
+    siblings: CpuMask,
+}
+
+#[derive(Debug, Clone)]
+struct SimPci {
+    address: String,
+    vendor: u16,
+    device: u16,
+    class: u32,
+    numa_node: Option<usize>,
+    local_cpus: Option<CpuMask>,
+    write_local: bool,
+}
+
+/// A host to write as a sysfs tree. CPUs named by a node but not by [`SimulatedHost::cpu`] are
+/// each their own core on a package numbered like their node.
+#[derive(Debug, Clone, Default)]
+pub struct SimulatedHost {
+    online: Option<CpuMask>,
+    cpus: BTreeMap<usize, SimCpu>,
+    nodes: BTreeMap<usize, CpuMask>,
+    distances: Option<Vec<Vec<u32>>>,
+    pci: Vec<SimPci>,
+    idle_states: Vec<(String, u64)>,
+}
+
+impl SimulatedHost {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A NUMA node; an empty `cpus` makes a memory-only node (GB200-style).
+    #[must_use]
+    pub fn node(mut self, id: usize, cpus: &CpuMask) -> Self {
+        self.nodes.insert(id, cpus.clone());
+        self
+    }
+
+    #[must_use]
+    pub fn cpu(mut self, id: usize, core_id: usize, package_id: usize, siblings: &CpuMask) -> Self {
+        let mut siblings = siblings.clone();
+        siblings.insert(id);
+        self.cpus.insert(
+            id,
+            SimCpu {
+                core_id,
+                package_id,
+                siblings,
+            },
+        );
+        self
+    }
+
+    /// Overrides the online CPUs (default: every CPU named by a node or [`SimulatedHost::cpu`]).
+    #[must_use]
+    pub fn online(mut self, cpus: &CpuMask) -> Self {
+        self.online = Some(cpus.clone());
+        self
+    }
+
+    /// An NVIDIA 3D controller. `local_cpus: None` writes what the kernel would: the node's CPUs,
+    /// or every online CPU when the node is unknown.
+    #[must_use]
+    pub fn gpu(
+        mut self,
+        address: &str,
+        numa_node: Option<usize>,
+        local_cpus: Option<&CpuMask>,
+    ) -> Self {
+        self.pci.push(SimPci {
+            address: address.to_ascii_lowercase(),
+            vendor: NVIDIA_VENDOR,
+            device: H100_DEVICE,
+            class: CLASS_3D,
+            numa_node,
+            local_cpus: local_cpus.cloned(),
+            write_local: true,
+        });
+        self
+    }
+
+    /// Any other PCI function (no NUMA affinity), e.g. an ASPEED VGA (`0x1a03`, `0x030000`).
+    #[must_use]
+    pub fn pci_device(mut self, address: &str, vendor: u16, class: u32) -> Self {
+        self.pci.push(SimPci {
+            address: address.to_ascii_lowercase(),
+            vendor,
+            device: 0,
+            class,
+            numa_node: None,
+            local_cpus: None,
+            write_local: true,
+        });
+        self
+    }
+
+    /// A cpuidle state of CPU 0, in the order they are added.
+    #[must_use]
+    pub fn idle_state(mut self, name: &str, latency_us: u64) -> Self {
+        self.idle_states.push((name.to_string(), latency_us));
+        self
+    }
+
+    /// The distance matrix, rows and columns by ascending node id (default 10 local, 20 remote).
+    #[must_use]
+    pub fn node_distances(mut self, distances: Vec<Vec<u32>>) -> Self {
+        self.distances = Some(distances);
+        self
+    }
+
+    /// Writes neither `local_cpulist` nor `local_cpus` for the function at `address`, so readers
+    /// must fall back to its `numa_node`.
+    #[must_use]
+    pub fn without_local_cpulist(mut self, address: &str) -> Self {
+        let address = address.to_ascii_lowercase();
+        for dev in self.pci.iter_mut().filter(|d| d.address == address) {
+            dev.write_local = false;
+        }
+        self
+    }
+
+    /// The CPUs the tree will list as online.
+    pub fn online_cpus(&self) -> CpuMask {
+        self.online.clone().unwrap_or_else(|| {
+            self.nodes
+                .values()
+                .fold(CpuMask::from_cpus(self.cpus.keys().copied()), |acc, m| {
+                    acc.union(m)
+                })
+        })
+    }
+
+    /// The GPU addresses, in PCI order.
+    pub fn gpu_addresses(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .pci
+            .iter()
+            .filter(|d| d.vendor == NVIDIA_VENDOR && d.class == CLASS_3D)
+            .map(|d| d.address.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Creates the tree under `root` (which must exist or be creatable); existing files are
+    /// overwritten.
+    pub fn write(&self, root: &Path) -> io::Result<()> {
+        let online = self.online_cpus();
+        let all_cpus = self.cpus.keys().fold(online.clone(), |mut acc, &c| {
+            acc.insert(c);
+            acc
+        });
+        let nr_cpu_ids = all_cpus.last().map_or(1, |c| c + 1);
+
+        let cpu_dir = root.join("sys/devices/system/cpu");
+        let list = |m: &CpuMask| format!("{}\n", m.to_list());
+        put(&cpu_dir.join("online"), &list(&online))?;
+        put(&cpu_dir.join("possible"), &list(&all_cpus))?;
+        put(&cpu_dir.join("present"), &list(&all_cpus))?;
+        for id in all_cpus.iter() {
+            let cpu = self.cpus.get(&id).cloned().unwrap_or_else(|| SimCpu {
+                core_id: id,
+                package_id: self.node_of(id).unwrap_or(0),
+                siblings: CpuMask::from_cpus([id]),
+            });
+            let topo = cpu_dir.join(format!("cpu{id}/topology"));
+            put(&topo.join("core_id"), &format!("{}\n", cpu.core_id))?;
+            put(
+                &topo.join("physical_package_id"),
+                &format!("{}\n", cpu.package_id),
+            )?;
+            put(&topo.join("thread_siblings_list"), &list(&cpu.siblings))?;
+            put(&topo.join("core_cpus_list"), &list(&cpu.siblings))?;
+            put(
+                &topo.join("thread_siblings"),
+                &format!("{}\n", kernel_hex(&cpu.siblings, nr_cpu_ids)),
+            )?;
+        }
+        for (n, (name, latency)) in self.idle_states.iter().enumerate() {
+            let state = cpu_dir.join(format!("cpu0/cpuidle/state{n}"));
+            put(&state.join("name"), &format!("{name}\n"))?;
+            put(&state.join("desc"), &format!("{name}\n"))?;
+            put(&state.join("latency"), &format!("{latency}\n"))?;
+            put(&state.join("disable"), "0\n")?;
+        }
+
+        if !self.nodes.is_empty() {
+            self.write_nodes(root, nr_cpu_ids)?;
+        }
+
+        let pci_dir = root.join("sys/bus/pci/devices");
+        fs::create_dir_all(&pci_dir)?;
+        for dev in &self.pci {
+            let dir = pci_dir.join(&dev.address);
+            put(&dir.join("vendor"), &format!("0x{:04x}\n", dev.vendor))?;
+            put(&dir.join("device"), &format!("0x{:04x}\n", dev.device))?;
+            put(&dir.join("class"), &format!("0x{:06x}\n", dev.class))?;
+            let numa = dev.numa_node.map_or("-1".to_string(), |n| n.to_string());
+            put(&dir.join("numa_node"), &format!("{numa}\n"))?;
+            if dev.write_local {
+                let local = dev.local_cpus.clone().unwrap_or_else(|| {
+                    dev.numa_node
+                        .and_then(|n| self.nodes.get(&n).cloned())
+                        .unwrap_or_else(|| online.clone())
+                });
+                put(&dir.join("local_cpulist"), &list(&local))?;
+                put(
+                    &dir.join("local_cpus"),
+                    &format!("{}\n", kernel_hex(&local, nr_cpu_ids)),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_nodes(&self, root: &Path, nr_cpu_ids: usize) -> io::Result<()> {
+        let node_dir = root.join("sys/devices/system/node");
+        let ids: Vec<usize> = self.nodes.keys().copied().collect();
+        let n = ids.len();
+        let distances = match &self.distances {
+            Some(d) if d.len() != n || d.iter().any(|row| row.len() != n) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("node_distances must be {n}x{n}, one row and column per node"),
+                ))
+            }
+            Some(d) => d.clone(),
+            None => (0..n)
+                .map(|i| {
+                    (0..n)
+                        .map(|j| {
+                            if i == j {
+                                LOCAL_DISTANCE
+                            } else {
+                                REMOTE_DISTANCE
+                            }
+                        })
+                        .collect()
+                })
+                .collect(),
+        };
+        let id_list = format!("{}\n", CpuMask::from_cpus(ids.iter().copied()).to_list());
+        let with_cpus: CpuMask = self
+            .nodes
+            .iter()
+            .filter(|(_, cpus)| !cpus.is_empty())
+            .map(|(&id, _)| id)
+            .collect();
+        put(&node_dir.join("online"), &id_list)?;
+        put(&node_dir.join("possible"), &id_list)?;
+        put(&node_dir.join("has_memory"), &id_list)?;
+        put(&node_dir.join("has_normal_memory"), &id_list)?;
+        put(
+            &node_dir.join("has_cpu"),
+            &format!("{}\n", with_cpus.to_list()),
+        )?;
+        for (pos, (id, cpus)) in self.nodes.iter().enumerate() {
+            let dir = node_dir.join(format!("node{id}"));
+            put(&dir.join("cpulist"), &format!("{}\n", cpus.to_list()))?;
+            put(
+                &dir.join("cpumap"),
+                &format!("{}\n", kernel_hex(cpus, nr_cpu_ids)),
+            )?;
+            let row: Vec<String> = distances[pos].iter().map(u32::to_string).collect();
+            put(&dir.join("distance"), &format!("{}\n", row.join(" ")))?;
+        }
+        Ok(())
+    }
+
+    fn node_of(&self, cpu: usize) -> Option<usize> {
+        self.nodes
+            .iter()
+            .find(|(_, cpus)| cpus.contains(cpu))
+            .map(|(&id, _)| id)
+    }
+}
+
+/// Two NUMA nodes over the CPUs this process may use, so the demo runs on a small real machine:
+/// node 0 takes the lower half of `allowed`, node 1 the rest, each CPU its own core. GPU
+/// `0000:3b:00.0` (CUDA device 0) is local to node 1 and `0000:86:00.0` (device 1) to node 0.
+/// With one allowed CPU the host has a single node holding it (and both GPUs).
+pub fn two_node_one_gpu(allowed: &CpuMask) -> SimulatedHost {
+    let cpus: Vec<usize> = allowed.iter().collect();
+    let mut host = SimulatedHost::new();
+    if cpus.len() < 2 {
+        for &c in &cpus {
+            host = host.cpu(c, c, 0, &CpuMask::from_cpus([c]));
+        }
+        return host
+            .node(0, allowed)
+            .gpu("0000:3b:00.0", Some(0), None)
+            .gpu("0000:86:00.0", Some(0), None);
+    }
+    let half = cpus.len() / 2;
+    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
+    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
+    for (i, &c) in cpus.iter().enumerate() {
+        host = host.cpu(c, c, usize::from(i >= half), &CpuMask::from_cpus([c]));
+    }
+    host.node(0, &node0)
+        .node(1, &node1)
+        .node_distances(vec![vec![10, 21], vec![21, 10]])
+        .gpu("0000:3b:00.0", Some(1), None)
+        .gpu("0000:86:00.0", Some(0), None)
+}
+
+/// A DGX H100-like host: 2 sockets × 56 cores × 2 threads (224 CPUs, Linux-on-Intel numbering:
+/// CPU `c` and `c + 112` share a core), one NUMA node per socket, 4 GPUs per node, an ASPEED BMC
+/// VGA and an NVSwitch-like NVIDIA bridge (neither is a GPU), and the usual Intel idle states.
+pub fn dgx_h100_like() -> SimulatedHost {
+    const CORES: usize = 112;
+    const CORES_PER_SOCKET: usize = 56;
+    let mut host = SimulatedHost::new();
+    for core in 0..CORES {
+        let siblings = CpuMask::from_cpus([core, core + CORES]);
+        let socket = core / CORES_PER_SOCKET;
+        let core_id = core % CORES_PER_SOCKET;
+        host = host.cpu(core, core_id, socket, &siblings).cpu(
+            core + CORES,
+            core_id,
+            socket,
+            &siblings,
+        );
+    }
+    let socket_cpus = |s: usize| {
+        let cores = s * CORES_PER_SOCKET..(s + 1) * CORES_PER_SOCKET;
+        CpuMask::from_cpus(cores.clone().chain(cores.map(|c| c + CORES)))
+    };
+    host = host
+        .node(0, &socket_cpus(0))
+        .node(1, &socket_cpus(1))
+        .node_distances(vec![vec![10, 21], vec![21, 10]]);
+    for addr in [
+        "0000:18:00.0",
+        "0000:2a:00.0",
+        "0000:3a:00.0",
+        "0000:5d:00.0",
+    ] {
+        host = host.gpu(addr, Some(0), None);
+    }
+    for addr in [
+        "0000:9a:00.0",
+        "0000:ab:00.0",
+        "0000:ba:00.0",
+        "0000:db:00.0",
+    ] {
+        host = host.gpu(addr, Some(1), None);
+    }
+    host.pci_device("0000:03:00.0", 0x1a03, 0x030000)
+        .pci_device("0000:05:00.0", NVIDIA_VENDOR, 0x068000)
+        .idle_state("POLL", 0)
+        .idle_state("C1", 2)
+        .idle_state("C1E", 10)
+        .idle_state("C6", 170)
+}
+
+/// A VM without NUMA information: `cpus` CPUs (each its own core), no node directory, and `gpus`
+/// GPUs at `0000:10:00.0`, `0000:11:00.0`, ... whose `numa_node` is -1.
+pub fn single_node_vm(cpus: usize, gpus: usize) -> SimulatedHost {
+    let mut host = SimulatedHost::new();
+    for c in 0..cpus {
+        host = host.cpu(c, c, 0, &CpuMask::from_cpus([c]));
+    }
+    for g in 0..gpus {
+        host = host.gpu(&format!("0000:{:02x}:00.0", 0x10 + g), None, None);
+    }
+    host
+}
+
+fn put(path: &Path, text: &str) -> io::Result<()> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::write(path, text)
+}
+
+/// The kernel's `%*pb` bitmap format over `nbits` bits: comma-separated 32-bit groups, most
+/// significant first, the first group only as wide as the bits it holds.
+fn kernel_hex(mask: &CpuMask, nbits: usize) -> String {
+    let groups = nbits.div_ceil(32).max(1);
+    (0..groups)
+        .rev()
+        .map(|g| {
+            let value = (0..32)
+                .filter(|b| mask.contains(g * 32 + b))
+                .fold(0u32, |acc, b| acc | (1 << b));
+            let bits = if g + 1 == groups && !nbits.is_multiple_of(32) {
+                nbits % 32
+            } else {
+                32
+            };
+            format!("{value:0width$x}", width = bits.div_ceil(4))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{resolve_device, DeviceEnv};
+    use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
+
+    fn mask(list: &str) -> CpuMask {
+        CpuMask::parse_list(list).unwrap()
+    }
+
+    fn round_trip(host: &SimulatedHost) -> Topology {
+        let dir = tempfile::tempdir().unwrap();
+        host.write(dir.path()).unwrap();
+        Topology::read(&SysfsRoot::new(dir.path())).unwrap()
+    }
+
+    #[test]
+    fn formats_like_the_kernel() {
+        assert_eq!(kernel_hex(&mask("0-1"), 2), "3");
+        assert_eq!(kernel_hex(&mask("0-7"), 8), "ff");
+        assert_eq!(kernel_hex(&mask("0,32"), 40), "01,00000001");
+        assert_eq!(kernel_hex(&mask("0-55,112-167"), 224).split(',').count(), 7);
+        assert_eq!(
+            CpuMask::parse_hex(&kernel_hex(&mask("0-55,112-167"), 224)),
+            Some(mask("0-55,112-167"))
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        dgx_h100_like().write(dir.path()).unwrap();
+        let read = |rel: &str| fs::read_to_string(dir.path().join(rel)).unwrap();
+        let gpu = "sys/bus/pci/devices/0000:18:00.0";
+        assert_eq!(read(&format!("{gpu}/vendor")), "0x10de\n");
+        assert_eq!(read(&format!("{gpu}/class")), "0x030200\n");
+        assert_eq!(read(&format!("{gpu}/numa_node")), "0\n");
+        assert_eq!(read(&format!("{gpu}/local_cpulist")), "0-55,112-167\n");
+        assert_eq!(read("sys/bus/pci/devices/0000:03:00.0/numa_node"), "-1\n");
+        assert_eq!(read("sys/devices/system/cpu/online"), "0-223\n");
+        assert_eq!(read("sys/devices/system/node/node1/distance"), "21 10\n");
+        assert_eq!(
+            read("sys/devices/system/cpu/cpu0/topology/thread_siblings_list"),
+            "0,112\n"
+        );
+    }
+
+    #[test]
+    fn dgx_h100_round_trip() {
+        let host = dgx_h100_like();
+        let t = round_trip(&host);
+        assert_eq!(t.online, mask("0-223"));
+        assert_eq!(t.cpus.len(), 224);
+        assert_eq!(t.cpus[170].siblings, mask("58,170"));
+        assert_eq!(t.cpus[170].core_id, Some(2));
+        assert_eq!(t.cpus[170].package_id, Some(1));
+        assert_eq!(t.cores().len(), 112);
+        assert_eq!(t.cores()[0], mask("0,112"));
+        assert_eq!(t.nodes.len(), 2);
+        assert_eq!(t.nodes[0].cpus, mask("0-55,112-167"));
+        assert_eq!(t.nodes[1].cpus, mask("56-111,168-223"));
+        assert_eq!(t.nodes[0].distances, vec![10, 21]);
+        let addrs: Vec<_> = t.gpus.iter().map(|g| g.address.clone()).collect();
+        assert_eq!(addrs, host.gpu_addresses());
+        assert_eq!(addrs.len(), 8);
+        assert_eq!(addrs[0], "0000:18:00.0");
+        assert_eq!(addrs[7], "0000:db:00.0");
+        for (i, gpu) in t.gpus.iter().enumerate() {
+            let node = i / 4;
+            assert_eq!(gpu.numa_node, Some(node));
+            let local = t.gpu_local_cpus(gpu);
+            assert_eq!(local.cpus, t.nodes[node].cpus);
+            assert_eq!(local.source, LocalCpuSource::PciLocalCpulist);
+        }
+        let names: Vec<_> = t
+            .idle_states
+            .iter()
+            .map(|s| (s.name.as_str(), s.latency_us))
+            .collect();
+        assert_eq!(names, [("POLL", 0), ("C1", 2), ("C1E", 10), ("C6", 170)]);
+    }
+
+    #[test]
+    fn dgx_without_local_cpulist_uses_numa_node() {
+        let t = round_trip(&dgx_h100_like().without_local_cpulist("0000:DB:00.0"));
+        let gpu = t.gpu_by_address("db:00.0").unwrap();
+        assert_eq!(gpu.local_cpus, None);
+        let local = t.gpu_local_cpus(gpu);
+        assert_eq!(local.source, LocalCpuSource::NumaNode(1));
+        assert_eq!(local.cpus, mask("56-111,168-223"));
+    }
+
+    #[test]
+    fn two_node_demo_host_on_small_machines() {
+        let t = round_trip(&two_node_one_gpu(&mask("0-1")));
+        assert_eq!(t.nodes.len(), 2);
+        assert_eq!(t.nodes[0].cpus, mask("0"));
+        assert_eq!(t.nodes[1].cpus, mask("1"));
+        let env = DeviceEnv::default();
+        let dev0 = resolve_device(0, &env, &t.gpus).unwrap();
+        assert_eq!(dev0.address, "0000:3b:00.0");
+        let local0 = t.gpu_local_cpus(&t.gpus[dev0.gpu_index]);
+        assert_eq!(
+            (local0.cpus, local0.source),
+            (mask("1"), LocalCpuSource::PciLocalCpulist)
+        );
+        let dev1 = resolve_device(1, &env, &t.gpus).unwrap();
+        assert_eq!(t.gpu_local_cpus(&t.gpus[dev1.gpu_index]).cpus, mask("0"));
+
+        let t = round_trip(&two_node_one_gpu(&mask("2-4,9")));
+        assert_eq!(t.online, mask("2-4,9"));
+        assert_eq!(t.nodes[0].cpus, mask("2-3"));
+        assert_eq!(t.nodes[1].cpus, mask("4,9"));
+        assert_eq!(t.cpus.iter().map(|c| c.siblings.count()).max(), Some(1));
+        assert_eq!(t.gpu_local_cpus(&t.gpus[0]).cpus, mask("4,9"));
+
+        let t = round_trip(&two_node_one_gpu(&mask("5")));
+        assert_eq!(t.nodes.len(), 1);
+        assert_eq!(t.online, mask("5"));
+        let local = t.gpu_local_cpus(&t.gpus[0]);
+        assert_eq!(
+            (local.cpus, local.source),
+            (mask("5"), LocalCpuSource::SingleNode)
+        );
+    }
+
+    #[test]
+    fn single_node_vm_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        single_node_vm(4, 2).write(dir.path()).unwrap();
+        assert!(!dir.path().join("sys/devices/system/node").exists());
+        let t = Topology::read(&SysfsRoot::new(dir.path())).unwrap();
+        assert_eq!(t.online, mask("0-3"));
+        assert_eq!(t.nodes.len(), 1);
+        assert_eq!(t.nodes[0].cpus, mask("0-3"));
+        assert_eq!(t.gpus.len(), 2);
+        assert_eq!(t.gpus[1].address, "0000:11:00.0");
+        assert!(t.gpus.iter().all(|g| g.numa_node.is_none()));
+        let local = t.gpu_local_cpus(&t.gpus[1]);
+        assert_eq!(
+            (local.cpus, local.source),
+            (mask("0-3"), LocalCpuSource::SingleNode)
+        );
+        assert!(t.idle_states.is_empty());
+    }
+
+    #[test]
+    fn memory_only_node_round_trip() {
+        // A GB200-like pair: node 0 with CPUs, node 1 holding only the GPU's memory.
+        let host = SimulatedHost::new()
+            .node(0, &mask("0-3"))
+            .node(1, &CpuMask::new())
+            .node_distances(vec![vec![10, 40], vec![40, 10]])
+            .gpu("0008:01:00.0", Some(1), Some(&CpuMask::new()));
+        let t = round_trip(&host);
+        let local = t.gpu_local_cpus(&t.gpus[0]);
+        assert_eq!(local.cpus, mask("0-3"));
+        assert_eq!(
+            local.source,
+            LocalCpuSource::NearestNodeWithCpus {
+                gpu_node: 1,
+                used_node: 0
+            }
+        );
+    }
+
+    #[test]
+    fn bad_distance_matrix_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = SimulatedHost::new()
+            .node(0, &mask("0"))
+            .node(1, &mask("1"))
+            .node_distances(vec![vec![10]]);
+        let err = host.write(dir.path()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+}
