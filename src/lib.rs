@@ -7,14 +7,18 @@
 //! every block.
 
 pub mod cgroup;
+pub mod cli;
 pub mod device;
 pub mod engine;
 pub mod log;
 pub mod mask;
+pub mod plan;
 pub mod policy;
+pub mod probe;
 pub mod registry;
 pub mod report;
 pub mod settings;
 pub mod simulated;
 pub mod step;
+pub mod threadtable;
 pub mod topology;

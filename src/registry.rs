@@ -6,11 +6,13 @@
 //! engine holds the model under one lock; every operation that changes masks runs inside it, which
 //! is what makes a thread being born and a `configure` sweeping the process agree.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::mask::CpuMask;
+use crate::threadtable;
 
 pub type Tid = i32;
 pub type SharedMask = Arc<CpuMask>;
@@ -148,6 +150,8 @@ pub struct Registry {
     next_lease: i64,
     /// Bumped whenever the target changes, so a thread born across a change re-decides.
     epoch: u64,
+    /// The shared thread table `tllm-affinity ps` reads (see [`threadtable`]), when mapped.
+    published: Option<&'static [AtomicU64]>,
 }
 
 impl Registry {
@@ -159,6 +163,37 @@ impl Registry {
             leases: Vec::new(),
             next_lease: 1,
             epoch: 0,
+            published: None,
+        }
+    }
+
+    /// Starts publishing roles and placements into `table`, one record per slot.
+    pub fn publish_into(&mut self, table: Option<&'static [AtomicU64]>) {
+        self.published = table;
+        if let Some(t) = table {
+            for record in t.iter().take(self.slots.len()) {
+                record.store(0, Ordering::Relaxed);
+            }
+        }
+        self.publish_all();
+    }
+
+    fn publish(&self, slot: Slot) {
+        let Some(record) = self.published.and_then(|t| t.get(slot as usize)) else {
+            return;
+        };
+        let value = match self.entry(slot) {
+            Some(e) => threadtable::encode(e.tid, e.role, e.placement),
+            None => 0,
+        };
+        record.store(value, Ordering::Relaxed);
+    }
+
+    fn publish_all(&self) {
+        if self.published.is_some() {
+            for slot in 0..self.slots.len() as Slot {
+                self.publish(slot);
+            }
         }
     }
 
@@ -208,7 +243,7 @@ impl Registry {
     }
 
     fn insert(&mut self, entry: ThreadEntry) -> Slot {
-        match self.free.pop() {
+        let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(entry);
                 slot
@@ -217,7 +252,9 @@ impl Registry {
                 self.slots.push(Some(entry));
                 (self.slots.len() - 1) as Slot
             }
-        }
+        };
+        self.publish(slot);
+        slot
     }
 
     /// Registers a thread the library did not see being born (the main thread at load, or a
@@ -357,6 +394,7 @@ impl Registry {
     pub fn thread_exited(&mut self, slot: Slot) {
         if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
             e.alive = false;
+            self.publish(slot);
             self.reap(slot);
         }
     }
@@ -396,6 +434,7 @@ impl Registry {
             e.placement = Placement::Explicit;
             e.current = Arc::new(mask);
         }
+        self.publish(slot);
     }
 
     /// Sets the role of a thread (the caller of `configure`), registering nothing new.
@@ -403,6 +442,7 @@ impl Registry {
         if let Some(e) = self.entry_mut(slot) {
             e.role = role;
         }
+        self.publish(slot);
     }
 
     fn is_descendant(&self, slot: Slot, ancestor: Slot) -> bool {
@@ -515,6 +555,7 @@ impl Registry {
                 e.placement = Placement::Worker;
                 e.current = target.mask.clone();
             }
+            self.publish(slot);
             outcome.on_mask += 1;
         }
         outcome
@@ -525,6 +566,7 @@ impl Registry {
             e.placement = Placement::External;
             e.current = Arc::new(actual);
         }
+        self.publish(slot);
     }
 
     /// SPEC §5: closes a lease; the last one restores every mask the library set, except those
@@ -573,6 +615,7 @@ impl Registry {
             e.current = Arc::new(mask);
             e.placement = placement;
         }
+        self.publish(slot);
         Ok(())
     }
 
@@ -634,6 +677,7 @@ fn outcome_restore(
         e.placement = Placement::Inherited;
         e.current = natural;
     }
+    registry.publish(slot);
     outcome.restored += 1;
 }
 

@@ -8,10 +8,11 @@ pub mod create;
 pub mod kernel;
 pub mod objects;
 pub mod observe;
+pub mod publish;
 pub mod real;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use spin::mutex::SpinMutex;
@@ -171,10 +172,9 @@ fn initialise() -> State {
     if handle != 0 {
         create::set_current_slot(main);
     }
-    if settings.report_path.is_some() {
-        // SAFETY: registering a plain extern "C" function with no arguments.
-        unsafe { libc::atexit(write_report_at_exit) };
-    }
+    publish_thread_table(&settings.lock_dir);
+    // SAFETY: registering a plain extern "C" function with no arguments.
+    unsafe { libc::atexit(at_exit) };
     log_debug!(
         "loaded: mask at load [{mask_at_load}], cpuset [{cpuset}], constrained: {constrained}"
     );
@@ -204,6 +204,7 @@ pub fn configure(device_id: i32) -> i64 {
         return -(libc::ENOTSUP as i64);
     }
     catch_unwind(|| {
+        publish_if_forked();
         let caller = current_or_register();
         configure_for(caller, device_id)
     })
@@ -417,7 +418,37 @@ fn state_name(state: State) -> &'static str {
     }
 }
 
-extern "C" fn write_report_at_exit() {
+static TABLE_PATH: SpinMutex<Option<std::path::PathBuf>, Yield> = SpinMutex::new(None);
+/// A fork child maps its own table only when it first creates a thread or configures: most
+/// children exec at once, and exec would strand the file.
+static TABLE_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// Maps the thread table `tllm-affinity ps` reads; without it `ps` still shows masks.
+fn publish_thread_table(dir: &std::path::Path) {
+    let mapped = publish::map_table(dir);
+    *TABLE_PATH.lock() = mapped.as_ref().map(|(_, path)| path.clone());
+    REGISTRY
+        .lock()
+        .publish_into(mapped.map(|(records, _)| records));
+}
+
+/// Called on the paths where a fork child starts to matter (thread creation, configure).
+pub fn publish_if_forked() {
+    if TABLE_PENDING.load(Ordering::Relaxed) && TABLE_PENDING.swap(false, Ordering::AcqRel) {
+        REGISTRY.lock().publish_into(None);
+        *TABLE_PATH.lock() = None;
+        TABLE_PENDING.store(true, Ordering::Release);
+    }
+}
+
+extern "C" fn at_exit() {
+    write_report_at_exit();
+    if let Some(path) = TABLE_PATH.lock().take() {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn write_report_at_exit() {
     let _ = catch_unwind(|| {
         let Some(path) = PROCESS.get().and_then(|p| p.settings.report_path.clone()) else {
             return;
@@ -459,6 +490,9 @@ fn register_fork_handlers() {
         REGISTRY
             .lock()
             .reset_after_fork(create::current_slot(), kernel::gettid(), handle);
+        REGISTRY.lock().publish_into(None);
+        *TABLE_PATH.lock() = None;
+        TABLE_PENDING.store(true, Ordering::Release);
     }
     // SAFETY: three plain extern "C" functions with no arguments.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };

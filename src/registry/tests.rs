@@ -342,3 +342,18 @@ fn fork_keeps_only_the_forking_thread_with_its_role() {
     let child = w.spawn(worker);
     assert_ne!(child, worker);
 }
+
+#[test]
+fn the_thread_table_follows_births_roles_placements_and_exits() {
+    let table: &'static [AtomicU64] = Box::leak((0..8).map(|_| AtomicU64::new(0)).collect());
+    let (mut w, main) = World::new("0-3");
+    w.reg.publish_into(Some(table));
+    let worker = w.spawn(main);
+    let read = |slot: Slot| threadtable::decode(table[slot as usize].load(Ordering::Relaxed));
+    assert_eq!(read(worker), Some((101, Role::Host, Placement::Inherited)));
+    w.configure(worker, "gpu0", "2-3");
+    assert_eq!(read(worker), Some((101, Role::Worker, Placement::Worker)));
+    assert_eq!(read(main), Some((100, Role::Host, Placement::Inherited)));
+    w.exit(worker);
+    assert_eq!(read(worker), None);
+}

@@ -112,7 +112,11 @@ static void *worker(void *unused) {
     pthread_mutex_lock(&order_lock);
     for (;;) {
         while (order == IDLE) pthread_cond_wait(&order_cond, &order_lock);
-        if (order == DONE) break;
+        if (order == DONE) {
+            order = IDLE;
+            pthread_cond_broadcast(&order_cond);
+            break;
+        }
         if (order == CONFIGURE) {
             int64_t lease = tllm_configure ? tllm_configure(device) : -1;
             fprintf(stderr, "configure -> %lld\n", (long long)lease);

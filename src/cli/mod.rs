@@ -1,0 +1,2 @@
+pub mod plan;
+pub mod probe;
