@@ -1,2 +1,86 @@
+//! The `tllm-affinity` command line (SPEC §7): `run`, `topo`, `plan`, `ps` and `probe`.
+//!
+//! Each subcommand lives in its own module with its clap arguments and a `run` function; this
+//! module only parses and turns failures into one line on stderr and an exit status.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
 pub mod plan;
 pub mod probe;
+pub mod ps;
+pub mod run;
+pub mod topo;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tllm-affinity",
+    version,
+    about = "Role-aware CPU affinity for the threads of GPU inference servers",
+    long_about = "Role-aware CPU affinity for the threads of GPU inference servers.\n\n\
+        `run` starts a program under libtllm_affinity.so; `topo`, `plan`, `ps` and `probe` show \
+        what the library sees and does. Every subcommand takes --json."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a program with libtllm_affinity.so preloaded (execs it; waits with --simulate).
+    Run(Box<run::RunArgs>),
+    /// Show the host: NUMA nodes, cores and SMT siblings, GPUs, cgroup limits, idle states.
+    Topo(topo::TopoArgs),
+    /// Show the CPU plan for one GPU: worker set, step and result CPUs, pool sizes.
+    Plan(plan::PlanArgs),
+    /// Show every thread of a live process: role, placement and CPU mask, as a picture.
+    Ps(ps::PsArgs),
+    /// Measure thread handoff latency and read idle states; recommend TLLM_AFFINITY_STEP_CORE.
+    Probe(probe::ProbeArgs),
+}
+
+/// A subcommand that failed: the line to print and the exit status.
+#[derive(Debug)]
+pub struct Failure {
+    pub status: u8,
+    pub message: String,
+}
+
+impl Failure {
+    /// A usage or environment error: status 2, as clap uses for bad arguments.
+    pub fn usage(message: impl Into<String>) -> Self {
+        Failure {
+            status: 2,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure::usage(message)
+    }
+}
+
+/// Parses the process arguments and runs the subcommand.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (name, outcome) = match &cli.command {
+        Command::Run(args) => ("run", run::run(args)),
+        Command::Topo(args) => ("topo", topo::run(args).map(|()| 0).map_err(Failure::from)),
+        Command::Plan(args) => ("plan", plan::run(args).map(|()| 0).map_err(Failure::from)),
+        Command::Ps(args) => ("ps", ps::run(args).map(|()| 0).map_err(Failure::from)),
+        Command::Probe(args) => ("probe", probe::run(args).map(|()| 0).map_err(Failure::from)),
+    };
+    match outcome {
+        Ok(status) => ExitCode::from(status),
+        Err(failure) => {
+            // One line whatever the message holds, so scripts can grep it.
+            let line = failure.message.replace('\n', "; ");
+            eprintln!("tllm-affinity {name}: {line}");
+            ExitCode::from(failure.status)
+        }
+    }
+}

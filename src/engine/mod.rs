@@ -24,7 +24,7 @@ use crate::mask::CpuMask;
 use crate::policy::{self, PolicyInput, Rule};
 use crate::registry::{Registry, Role, Slot};
 use crate::report::Report;
-use crate::settings::{ProcessRole, Settings};
+use crate::settings::{PolicyChoice, ProcessRole, Settings};
 use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
 use crate::{log_debug, log_error, log_info, log_warn};
 use kernel::Kernel;
@@ -324,7 +324,9 @@ fn configure_for(caller: Slot, device_id: i32) -> i64 {
             outcome.workers
         ),
         (Rule::Clear, Some(mask)) => {
-            if p.constrained {
+            let cleared_by_the_table =
+                matches!(p.settings.policy, None | Some(PolicyChoice::Auto));
+            if p.constrained && cleared_by_the_table {
                 log_warn!(
                     "Worker process {pid} is affined to run on the following CPUs: [{}]",
                     p.mask_at_load

@@ -1,5 +1,5 @@
 /* Stands in for a communication library (NCCL, UCX, MPI) whose progress threads the library must
- * recognise by the object their start routine lives in. Built as libfakenccl.so.2. */
+ * recognise by the object their start routine lives in. Built as libnccl.so.2, so that the default TLLM_AFFINITY_WORKER_LIBS matches it. */
 #include <pthread.h>
 #include <unistd.h>
 

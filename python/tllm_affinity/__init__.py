@@ -1,0 +1,258 @@
+"""Python access to libtllm_affinity.so, role-aware CPU affinity for GPU inference servers.
+
+Pure Python over ctypes: nothing to build. The library itself must be preloaded into the process
+(it interposes ``pthread_create`` from the first thread on), so start the program under it::
+
+    tllm-affinity run -- python serve.py
+    LD_PRELOAD=/abs/path/libtllm_affinity.so python serve.py
+
+then::
+
+    import tllm_affinity
+
+    with tllm_affinity.worker(device_id=0):      # this thread and its threads become workers
+        engine.run()                              # masks are restored on exit
+
+    lease = tllm_affinity.configure(0)            # or keep a lease open explicitly
+    ...
+    lease.release()                               # idempotent
+
+Errors:
+
+* the library is not preloaded: ``available()`` is False and every other call raises
+  :class:`TllmAffinityUnavailable` (a ``RuntimeError``) saying how to preload it;
+* a call returns ``-errno``: :class:`OSError` with that errno — except ``configure`` answering
+  ``ENOTSUP`` (the library is passive after a bad setting, or disabled), which warns with
+  ``warnings.warn`` and returns an inert :class:`Lease` (``id`` is None, ``release`` does nothing),
+  so a server keeps running exactly as it would without the library.
+"""
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import threading
+import warnings
+
+__all__ = [
+    "Lease",
+    "TllmAffinityUnavailable",
+    "available",
+    "configure",
+    "pin_result_thread",
+    "pin_step_thread",
+    "release",
+    "report",
+    "role",
+    "version",
+    "worker",
+]
+
+__version__ = "0.1.0"
+
+LIBRARY = "libtllm_affinity.so"
+
+
+class TllmAffinityUnavailable(RuntimeError):
+    """libtllm_affinity.so is not loaded in this process."""
+
+
+_UNAVAILABLE = (
+    LIBRARY + " is not loaded in this process: start the program under it, with "
+    "`tllm-affinity run -- python ...` or LD_PRELOAD=/abs/path/" + LIBRARY + " python ... "
+    "(it must be preloaded, not loaded later, to see every thread being created)"
+)
+
+_lib_lock = threading.Lock()
+_lib = None
+_lib_checked = False
+
+
+def _load():
+    """The process's own symbol table when the library's functions are in it, else None."""
+    global _lib, _lib_checked
+    with _lib_lock:
+        if _lib_checked:
+            return _lib
+        try:
+            lib = ctypes.CDLL(None)
+            lib.tllm_affinity_configure  # raises AttributeError when not preloaded
+        except (OSError, AttributeError):
+            lib = None
+        if lib is not None:
+            lib.tllm_affinity_configure.restype = ctypes.c_int64
+            lib.tllm_affinity_configure.argtypes = [ctypes.c_int32]
+            lib.tllm_affinity_release.restype = ctypes.c_int32
+            lib.tllm_affinity_release.argtypes = [ctypes.c_int64]
+            lib.tllm_affinity_role.restype = ctypes.c_int32
+            lib.tllm_affinity_role.argtypes = [ctypes.c_int32]
+            lib.tllm_affinity_pin_step_thread.restype = ctypes.c_int32
+            lib.tllm_affinity_pin_step_thread.argtypes = [ctypes.c_int32]
+            lib.tllm_affinity_pin_result_thread.restype = ctypes.c_int32
+            lib.tllm_affinity_pin_result_thread.argtypes = [ctypes.c_int32]
+            lib.tllm_affinity_report.restype = ctypes.c_int64
+            lib.tllm_affinity_report.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+            lib.tllm_affinity_version.restype = ctypes.c_char_p
+            lib.tllm_affinity_version.argtypes = []
+        _lib = lib
+        _lib_checked = True
+        return lib
+
+
+def _require():
+    lib = _load()
+    if lib is None:
+        raise TllmAffinityUnavailable(_UNAVAILABLE)
+    return lib
+
+
+def _raise_errno(rc, call):
+    code = -int(rc)
+    raise OSError(code, "%s: %s" % (call, os.strerror(code)))
+
+
+def available():
+    """True when libtllm_affinity.so is loaded in this process (it was preloaded)."""
+    return _load() is not None
+
+
+def version():
+    """The library's version string."""
+    return _require().tllm_affinity_version().decode()
+
+
+class Lease:
+    """An open configuration of worker threads for one device (SPEC §5).
+
+    ``id`` is the library's lease id (> 0), or None for an inert lease (the library was passive).
+    ``release()`` closes it; only the last open lease restores masks. Releasing twice is fine. A
+    lease is not released when garbage-collected: close it, or use it as a context manager.
+    """
+
+    __slots__ = ("id", "device_id", "_released", "_lock")
+
+    def __init__(self, lease_id, device_id):
+        self.id = lease_id
+        self.device_id = device_id
+        self._released = lease_id is None
+        self._lock = threading.Lock()
+
+    @property
+    def inert(self):
+        """True for the lease of a passive library, which changed nothing."""
+        return self.id is None
+
+    @property
+    def released(self):
+        return self._released
+
+    def release(self):
+        """Closes the lease; a no-op when it is already closed or inert."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        rc = _require().tllm_affinity_release(self.id)
+        # ENOENT: the lease was closed through the C ABI already, which is what we want.
+        if rc < 0 and rc != -errno.ENOENT:
+            _raise_errno(rc, "tllm_affinity_release(%d)" % self.id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.release()
+        return False
+
+    def __repr__(self):
+        state = "inert" if self.inert else ("released" if self._released else "open")
+        return "Lease(id=%r, device_id=%r, %s)" % (self.id, self.device_id, state)
+
+
+def configure(device_id=-1):
+    """Makes the calling thread a worker, with its live descendants, and applies the policy.
+
+    ``device_id`` is a CUDA device number as torch.cuda counts them, or -1 for TLLM_AFFINITY_GPU,
+    else the launcher's local rank. Returns a :class:`Lease`.
+    """
+    device_id = int(device_id)
+    rc = _require().tllm_affinity_configure(device_id)
+    if rc == -errno.ENOTSUP:
+        warnings.warn(
+            LIBRARY + " is passive or disabled in this process (a bad setting was reported at "
+            "load, or secure execution): configure(%d) changed nothing" % device_id,
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return Lease(None, device_id)
+    if rc < 0:
+        _raise_errno(rc, "tllm_affinity_configure(%d)" % device_id)
+    return Lease(int(rc), device_id)
+
+
+def release(lease):
+    """Closes ``lease`` (a :class:`Lease` or a lease id); idempotent for Lease objects."""
+    if isinstance(lease, Lease):
+        lease.release()
+        return
+    rc = _require().tllm_affinity_release(int(lease))
+    if rc < 0:
+        _raise_errno(rc, "tllm_affinity_release(%d)" % int(lease))
+
+
+@contextlib.contextmanager
+def worker(device_id=-1):
+    """Configures the calling thread as a worker for ``device_id`` and releases on exit."""
+    lease = configure(device_id)
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
+def role(tid=None):
+    """``"host"`` or ``"worker"`` for a thread the library knows, else None.
+
+    ``tid`` is a kernel thread id (``threading.get_native_id()``); None means the caller.
+    """
+    rc = _require().tllm_affinity_role(0 if tid is None else int(tid))
+    if rc == 0:
+        return "host"
+    if rc == 1:
+        return "worker"
+    if rc == -errno.ENOENT:
+        return None
+    _raise_errno(rc, "tllm_affinity_role(%s)" % tid)
+
+
+def report():
+    """The library's JSON snapshot of the process (schema in docs/report.md), as a dict."""
+    lib = _require()
+    size = lib.tllm_affinity_report(None, 0)
+    while True:
+        buf = ctypes.create_string_buffer(size + 1)
+        needed = lib.tllm_affinity_report(buf, size + 1)
+        if needed <= size:
+            return json.loads(buf.value.decode())
+        size = needed  # a thread was born between the two calls: ask again
+
+
+def pin_step_thread(device_id=-1):
+    """Pins the calling thread as ``device_id``'s step thread (TLLM_AFFINITY_STEP_CORE).
+
+    Returns the number of CPUs pinned to; 0 when the setting is off or the pool is too small
+    (the library warns why).
+    """
+    rc = _require().tllm_affinity_pin_step_thread(int(device_id))
+    if rc < 0:
+        _raise_errno(rc, "tllm_affinity_pin_step_thread(%d)" % int(device_id))
+    return int(rc)
+
+
+def pin_result_thread(device_id=-1):
+    """Pins the calling thread as ``device_id``'s result thread; returns like pin_step_thread."""
+    rc = _require().tllm_affinity_pin_result_thread(int(device_id))
+    if rc < 0:
+        _raise_errno(rc, "tllm_affinity_pin_result_thread(%d)" % int(device_id))
+    return int(rc)

@@ -1,0 +1,428 @@
+//! `tllm-affinity ps PID [--json] [--no-color]`: every thread of a live process with its role and
+//! placement (from the thread table the library publishes, see [`crate::threadtable`]) and its
+//! mask exactly as the kernel reports it (`Cpus_allowed_list` of `/proc/PID/task/TID/status`),
+//! drawn as a grid: one row per thread, one column per CPU of the host.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::mask::CpuMask;
+use crate::registry::{Placement, Role, Tid};
+use crate::threadtable;
+
+#[derive(clap::Args, Debug)]
+pub struct PsArgs {
+    /// The process to show.
+    pub pid: u32,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// No colour (also when stdout is not a terminal or NO_COLOR is set).
+    #[arg(long)]
+    pub no_color: bool,
+}
+
+/// One thread as `ps` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadRow {
+    pub tid: Tid,
+    pub name: String,
+    /// `None`: the table does not list it (or there is no table).
+    pub known: Option<(Role, Placement)>,
+    /// `Cpus_allowed_list` as the kernel wrote it.
+    pub mask_text: String,
+    pub mask: CpuMask,
+}
+
+/// A process's threads, and whether its library published a table.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub pid: u32,
+    pub name: String,
+    /// Why roles are unknown, when the process has no table.
+    pub no_table: Option<String>,
+    /// The host's online CPUs: the grid's columns.
+    pub cpus: Vec<usize>,
+    pub threads: Vec<ThreadRow>,
+}
+
+pub fn run(args: &PsArgs) -> Result<(), String> {
+    let snapshot = read(args.pid)?;
+    if args.json {
+        let text = serde_json::to_string_pretty(&to_json(&snapshot)).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        let colour = !args.no_color
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+            && std::io::stdout().is_terminal();
+        print!("{}", to_text(&snapshot, colour));
+    }
+    Ok(())
+}
+
+/// Reads `/proc/<pid>/task` and joins it with the process's thread table.
+pub fn read(pid: u32) -> Result<Snapshot, String> {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let name = std::fs::read_to_string(proc_dir.join("comm"))
+        .map_err(|e| format!("no process {pid}: {e}"))?
+        .trim_end()
+        .to_string();
+    let dir = threadtable::directory(&lock_dir(pid));
+    let file = dir.join(threadtable::file_name(pid));
+    let (table, no_table) = if !file.exists() {
+        let reason = format!("no thread table at {}", file.display());
+        (BTreeMap::new(), Some(reason))
+    } else {
+        match threadtable::read(pid, &dir) {
+            Ok(t) => (t, None),
+            Err(reason) => (BTreeMap::new(), Some(reason)),
+        }
+    };
+    let mut tids: Vec<Tid> = std::fs::read_dir(proc_dir.join("task"))
+        .map_err(|e| format!("cannot list the threads of process {pid}: {e}"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    let mut threads = Vec::with_capacity(tids.len());
+    for tid in tids {
+        // A thread may exit while we read: it is simply not shown.
+        let task = proc_dir.join(format!("task/{tid}"));
+        let Ok(status) = std::fs::read_to_string(task.join("status")) else {
+            continue;
+        };
+        let Some(mask_text) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_string())
+        else {
+            continue;
+        };
+        let name = std::fs::read_to_string(task.join("comm"))
+            .map(|c| c.trim_end().to_string())
+            .unwrap_or_default();
+        threads.push(ThreadRow {
+            tid,
+            name,
+            known: table.get(&tid).copied(),
+            mask: CpuMask::parse_list(&mask_text).unwrap_or_default(),
+            mask_text,
+        });
+    }
+    let mut cpus = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|t| CpuMask::parse_list(&t).ok())
+        .unwrap_or_default();
+    for t in &threads {
+        cpus = cpus.union(&t.mask);
+    }
+    Ok(Snapshot {
+        pid,
+        name,
+        no_table,
+        cpus: cpus.iter().collect(),
+        threads,
+    })
+}
+
+/// Where the process published its table when `/dev/shm` is missing: its own
+/// `TLLM_AFFINITY_LOCK_DIR` (read from `/proc/<pid>/environ` when we may), else ours, else `/tmp`.
+fn lock_dir(pid: u32) -> PathBuf {
+    let theirs = std::fs::read(format!("/proc/{pid}/environ"))
+        .ok()
+        .and_then(|env| {
+            env.split(|&b| b == 0)
+                .find_map(|var| var.strip_prefix(b"TLLM_AFFINITY_LOCK_DIR="))
+                .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
+        });
+    theirs
+        .or_else(|| std::env::var_os("TLLM_AFFINITY_LOCK_DIR").map(PathBuf::from))
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| Path::new("/tmp").to_path_buf())
+}
+
+pub fn role_name(known: Option<(Role, Placement)>) -> &'static str {
+    match known {
+        Some((Role::Host, _)) => "host",
+        Some((Role::Worker, _)) => "worker",
+        None => "unknown",
+    }
+}
+
+pub fn placement_name(known: Option<(Role, Placement)>) -> &'static str {
+    match known.map(|(_, p)| p) {
+        Some(Placement::Inherited) => "inherited",
+        Some(Placement::Worker) => "worker",
+        Some(Placement::Step) => "step",
+        Some(Placement::Result) => "result",
+        Some(Placement::Explicit) => "explicit",
+        Some(Placement::External) => "external",
+        None => "unknown",
+    }
+}
+
+/// The grid's mark for a thread (a letter without colour) and its ANSI colour: host blue, worker
+/// green, step and result yellow, unknown grey.
+fn mark(known: Option<(Role, Placement)>) -> (char, &'static str) {
+    match known {
+        Some((_, Placement::Step)) => ('s', "\x1b[33m"),
+        Some((_, Placement::Result)) => ('r', "\x1b[33m"),
+        Some((Role::Worker, _)) => ('w', "\x1b[32m"),
+        Some((Role::Host, _)) => ('h', "\x1b[34m"),
+        None => ('?', "\x1b[90m"),
+    }
+}
+
+const RESET: &str = "\x1b[0m";
+/// Where a thread may not run.
+const NOT_ALLOWED: char = '.';
+
+/// Two header lines over the grid's columns: CPU numbers at every tenth CPU (where they fit),
+/// then each CPU's last digit.
+fn grid_header(cpus: &[usize]) -> (String, String) {
+    let mut labels = vec![' '; cpus.len()];
+    let mut free_from = 0;
+    for (col, &cpu) in cpus.iter().enumerate() {
+        if col < free_from || (cpu % 10 != 0 && col != 0) {
+            continue;
+        }
+        let text = cpu.to_string();
+        if col + text.len() > cpus.len() && col != 0 {
+            continue;
+        }
+        for (i, ch) in text.chars().enumerate() {
+            if let Some(slot) = labels.get_mut(col + i) {
+                *slot = ch;
+            }
+        }
+        free_from = col + text.len() + 1;
+    }
+    let digits = cpus
+        .iter()
+        .map(|c| char::from(b'0' + (c % 10) as u8))
+        .collect();
+    (
+        labels
+            .into_iter()
+            .collect::<String>()
+            .trim_end()
+            .to_string(),
+        digits,
+    )
+}
+
+pub fn to_text(s: &Snapshot, colour: bool) -> String {
+    let paint = |text: &str, code: &str| {
+        if colour {
+            format!("{code}{text}{RESET}")
+        } else {
+            text.to_string()
+        }
+    };
+    let mut out = String::new();
+    let source = match &s.no_table {
+        None => "roles from the library's thread table".to_string(),
+        Some(_) => "no thread table: roles unknown".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "process {} ({}): {} thread{}; {source}",
+        s.pid,
+        s.name,
+        s.threads.len(),
+        if s.threads.len() == 1 { "" } else { "s" }
+    );
+    if let Some(reason) = &s.no_table {
+        let _ = writeln!(
+            out,
+            "note: libtllm_affinity.so is not loaded in process {} ({reason})",
+            s.pid
+        );
+    }
+    let w_name = s
+        .threads
+        .iter()
+        .map(|t| t.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let w_mask = s
+        .threads
+        .iter()
+        .map(|t| t.mask_text.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    // `role` arrives padded to 7 columns: it may carry colour codes, which have no width.
+    let prefix = |tid: &str, name: &str, role: &str, placement: &str, mask: &str| {
+        format!("{tid:>8}  {name:<w_name$}  {role}  {placement:<9}  {mask:<w_mask$}  ")
+    };
+    let pad_role = |role: &str| format!("{role:<7}");
+    let (labels, digits) = grid_header(&s.cpus);
+    let blank = " ".repeat(prefix("", "", &pad_role(""), "", "").len());
+    let _ = writeln!(out, "{blank}{labels}");
+    let _ = writeln!(
+        out,
+        "{}{digits}",
+        prefix("TID", "NAME", &pad_role("ROLE"), "PLACEMENT", "MASK")
+    );
+    for t in &s.threads {
+        let (letter, code) = mark(t.known);
+        let mut grid = String::new();
+        for &cpu in &s.cpus {
+            if t.mask.contains(cpu) {
+                grid.push_str(&if colour {
+                    paint("█", code)
+                } else {
+                    letter.to_string()
+                });
+            } else {
+                grid.push(NOT_ALLOWED);
+            }
+        }
+        let role = role_name(t.known);
+        let role_cell = if colour {
+            format!("{}{}", paint(role, code), " ".repeat(7 - role.len()))
+        } else {
+            pad_role(role)
+        };
+        let row = prefix(
+            &t.tid.to_string(),
+            &t.name,
+            &role_cell,
+            placement_name(t.known),
+            &t.mask_text,
+        );
+        let _ = writeln!(out, "{row}{grid}");
+    }
+    let legend = [
+        ('h', "\x1b[34m", "host"),
+        ('w', "\x1b[32m", "worker"),
+        ('s', "\x1b[33m", "step"),
+        ('r', "\x1b[33m", "result"),
+        ('?', "\x1b[90m", "unknown"),
+    ];
+    let items: Vec<String> = legend
+        .iter()
+        .map(|(letter, code, what)| {
+            let m = if colour {
+                paint("█", code)
+            } else {
+                letter.to_string()
+            };
+            format!("{m} {what}")
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "legend: {}  {NOT_ALLOWED} not allowed",
+        items.join("  ")
+    );
+    if s.no_table.is_none() && s.threads.iter().any(|t| t.known.is_none()) {
+        let _ = writeln!(
+            out,
+            "unknown: threads the library never saw (created before it loaded, by raw clone, or \
+             inside glibc); treated as host, never touched"
+        );
+    }
+    out
+}
+
+pub fn to_json(s: &Snapshot) -> Value {
+    json!({
+        "pid": s.pid,
+        "name": s.name,
+        "table": s.no_table.is_none(),
+        "note": s.no_table.as_ref().map(|r| format!("libtllm_affinity.so is not loaded in this process ({r})")),
+        "cpus": CpuMask::from_cpus(s.cpus.iter().copied()).to_list(),
+        "threads": s.threads.iter().map(|t| json!({
+            "tid": t.tid,
+            "name": t.name,
+            "role": role_name(t.known),
+            "placement": placement_name(t.known),
+            "mask": t.mask_text,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(tid: Tid, known: Option<(Role, Placement)>, mask: &str) -> ThreadRow {
+        ThreadRow {
+            tid,
+            name: format!("t{tid}"),
+            known,
+            mask_text: mask.to_string(),
+            mask: CpuMask::parse_list(mask).unwrap(),
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            pid: 10,
+            name: "server".into(),
+            no_table: None,
+            cpus: (0..12).collect(),
+            threads: vec![
+                row(10, Some((Role::Host, Placement::Inherited)), "0-11"),
+                row(11, Some((Role::Worker, Placement::Worker)), "6-11"),
+                row(12, Some((Role::Worker, Placement::Step)), "6"),
+                row(13, None, "0-11"),
+            ],
+        }
+    }
+
+    #[test]
+    fn header_labels_every_tenth_cpu() {
+        let (labels, digits) = grid_header(&(0..23).collect::<Vec<_>>());
+        assert_eq!(labels, "0         10        20");
+        assert_eq!(digits, "01234567890123456789012");
+        let (labels, _) = grid_header(&[0, 1]);
+        assert_eq!(labels, "0");
+    }
+
+    #[test]
+    fn plain_grid_marks_roles_with_letters() {
+        let text = to_text(&snapshot(), false);
+        assert!(!text.contains('\x1b'), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[3].ends_with("hhhhhhhhhhhh"), "{text}");
+        assert!(lines[4].ends_with("......wwwwww"), "{text}");
+        assert!(lines[5].ends_with("......s....."), "{text}");
+        assert!(lines[6].ends_with("????????????"), "{text}");
+        assert!(
+            text.contains("unknown: threads the library never saw"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn colour_grid_paints_by_role() {
+        let text = to_text(&snapshot(), true);
+        assert!(text.contains("\x1b[34m█\x1b[0m"), "host blue");
+        assert!(text.contains("\x1b[32m█\x1b[0m"), "worker green");
+        assert!(text.contains("\x1b[33m█\x1b[0m"), "step yellow");
+        assert!(text.contains("\x1b[90m█\x1b[0m"), "unknown grey");
+        assert!(text.contains("\x1b[32mworker\x1b[0m"), "{text}");
+        // A thread named like a role keeps its name plain; only the role cell is painted.
+        let mut named = snapshot();
+        named.threads[1].name = "host".into();
+        let text = to_text(&named, true);
+        assert!(text.contains("host  \x1b[32mworker\x1b[0m "), "{text}");
+    }
+
+    #[test]
+    fn this_process_has_no_table() {
+        let s = read(std::process::id()).unwrap();
+        assert!(s.no_table.is_some());
+        assert!(s.threads.iter().all(|t| t.known.is_none()));
+        let v = to_json(&s);
+        assert_eq!(v["table"], false);
+        assert!(!v["threads"].as_array().unwrap().is_empty());
+    }
+}

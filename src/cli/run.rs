@@ -1,0 +1,501 @@
+//! `tllm-affinity run [options] -- CMD...`: runs a program with `libtllm_affinity.so` preloaded.
+//!
+//! The library is found with `TLLM_AFFINITY_LIB`, else beside this binary (`target/<profile>/` in
+//! the build tree), else in `../lib/` of an installed layout. It is put first in `LD_PRELOAD`,
+//! replacing any other copy of `libtllm_affinity.so` already listed there (two copies would both
+//! interpose `pthread_create`). Each option becomes the variable of SPEC §3–§8 it names, checked
+//! with the library's own parser so that a typo fails here, not in the child.
+//!
+//! Without `--simulate`, `run` execs the program: the program's exit status and signal are the
+//! process's own. With `--simulate`, `run` writes a simulated host into a fresh temporary directory
+//! (removed after the program ends), so it spawns the program and waits. It then exits with the
+//! program's status, or 128 + the signal number when the program died of a signal (the shells'
+//! convention). Signals sent to `run` by another process (`kill`) are forwarded to the program;
+//! those the kernel sends to the terminal's whole process group (Ctrl-C, hangup) already reach the
+//! program and are not sent twice.
+//!
+//! `--dry-run` prints what would be set and run instead (`--json` makes that JSON); without
+//! `--dry-run`, `--json` is accepted and ignored, since the output is the program's own.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt::Write as _;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use serde_json::{json, Map, Value};
+
+use super::Failure;
+use crate::engine::kernel;
+use crate::settings::Settings;
+use crate::simulated;
+use crate::topology::{normalize_pci_address, SysfsRoot, Topology};
+
+pub const LIBRARY_FILE: &str = "libtllm_affinity.so";
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Worker policy (TLLM_AFFINITY_POLICY): auto follows TLLM_NUMA_AWARE_WORKER_AFFINITY.
+    #[arg(long, value_parser = ["auto", "numa", "clear", "keep"])]
+    pub policy: Option<String>,
+    /// Worker CPUs instead of the GPU-local set (TLLM_AFFINITY_CPUS), e.g. 0-15,32-47.
+    #[arg(long, value_name = "CPULIST")]
+    pub cpus: Option<String>,
+    /// Soname globs whose threads are workers (TLLM_AFFINITY_WORKER_LIBS); "" disables.
+    #[arg(long, value_name = "GLOBS")]
+    pub worker_libs: Option<String>,
+    /// The main thread's role (TLLM_AFFINITY_PROCESS_ROLE); worker configures at load.
+    #[arg(long, value_parser = ["host", "worker"])]
+    pub process_role: Option<String>,
+    /// Step and result thread pinning (TLLM_AFFINITY_STEP_CORE): off, auto or a CPU number.
+    #[arg(long, value_name = "off|auto|CPU")]
+    pub step_core: Option<String>,
+    /// Log level on stderr (TLLM_AFFINITY_LOG).
+    #[arg(long, value_parser = ["off", "error", "warn", "info", "debug"])]
+    pub log: Option<String>,
+    /// Write the JSON report here at exit (TLLM_AFFINITY_REPORT).
+    #[arg(long, value_name = "PATH")]
+    pub report: Option<PathBuf>,
+    /// The GPU of configure(-1) and of a worker process (TLLM_AFFINITY_GPU): index or PCI address.
+    #[arg(long, value_name = "N|PCI")]
+    pub gpu: Option<String>,
+    /// Read sysfs under this directory (TLLM_AFFINITY_SYSFS_ROOT).
+    #[arg(long, value_name = "DIR", conflicts_with = "simulate")]
+    pub sysfs_root: Option<PathBuf>,
+    /// Directory of the per-GPU step-core locks (TLLM_AFFINITY_LOCK_DIR).
+    #[arg(long, value_name = "DIR")]
+    pub lock_dir: Option<PathBuf>,
+    /// Stop the program at load on a bad setting, with exit status 2 (TLLM_AFFINITY_STRICT=1).
+    #[arg(long)]
+    pub strict: bool,
+    /// Run on a built-in simulated host (two NUMA nodes over this process's CPUs, two GPUs),
+    /// written to a temporary directory that is removed when the program ends.
+    #[arg(long)]
+    pub simulate: bool,
+    /// Print the environment and command instead of running it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run, print JSON; otherwise ignored (the output is the program's own).
+    #[arg(long)]
+    pub json: bool,
+    /// The program and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+pub fn run(args: &RunArgs) -> Result<u8, Failure> {
+    let library = find_library()?;
+    let mut env = vec![(
+        "LD_PRELOAD".to_string(),
+        preload_value(&library, std::env::var_os("LD_PRELOAD").as_deref())?,
+    )];
+    env.extend(
+        settings_env(args)?
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v)),
+    );
+    if args.dry_run {
+        print_dry_run(args, &library, &env);
+        return Ok(0);
+    }
+    let mut command = Command::new(&args.command[0]);
+    command.args(&args.command[1..]).envs(env.iter().cloned());
+    if !args.simulate {
+        let error = command.exec();
+        return Err(cannot_run(&args.command[0], &error));
+    }
+    let dir = SimulatedTree::create()?;
+    command.env("TLLM_AFFINITY_SYSFS_ROOT", dir.path());
+    eprintln!("tllm-affinity run: --simulate: {}", dir.describe());
+    spawn_and_wait(&mut command, &args.command[0])
+}
+
+/// The library to preload: `TLLM_AFFINITY_LIB`, else beside this binary, else `../lib/`.
+pub fn find_library() -> Result<PathBuf, Failure> {
+    if let Some(value) = std::env::var_os("TLLM_AFFINITY_LIB").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(&value);
+        return match path.canonicalize() {
+            Ok(abs) if abs.is_file() => Ok(abs),
+            _ => Err(Failure::usage(format!(
+                "TLLM_AFFINITY_LIB='{}' is not valid: expected the path of {LIBRARY_FILE}",
+                path.display()
+            ))),
+        };
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::usage(format!("cannot find this binary's path: {e}")))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [
+        dir.join(LIBRARY_FILE),
+        dir.join("..").join("lib").join(LIBRARY_FILE),
+    ];
+    for candidate in &candidates {
+        if let Ok(abs) = candidate.canonicalize() {
+            if abs.is_file() {
+                return Ok(abs);
+            }
+        }
+    }
+    Err(Failure::usage(format!(
+        "{LIBRARY_FILE} not found beside {} (nor in ../lib): build it with `cargo build \
+         --release`, or set TLLM_AFFINITY_LIB=/abs/path/{LIBRARY_FILE}",
+        exe.display()
+    )))
+}
+
+/// `LD_PRELOAD` with `library` first and no other copy of the library, the other entries kept in
+/// their order. The loader splits the variable at colons and spaces, so the path may hold neither.
+pub fn preload_value(library: &Path, existing: Option<&OsStr>) -> Result<OsString, Failure> {
+    let lib_bytes = library.as_os_str().as_bytes();
+    if lib_bytes.iter().any(|&b| b == b':' || b == b' ') {
+        return Err(Failure::usage(format!(
+            "the library path '{}' holds a ':' or a space, which LD_PRELOAD cannot carry",
+            library.display()
+        )));
+    }
+    let mut value = library.as_os_str().to_os_string();
+    let entries = existing
+        .map(|e| e.as_bytes())
+        .unwrap_or_default()
+        .split(|&b| b == b':' || b == b' ')
+        .filter(|e| !e.is_empty())
+        .map(OsStr::from_bytes);
+    for entry in entries {
+        let path = Path::new(entry);
+        let same_file = path.canonicalize().is_ok_and(|p| p == library);
+        let other_copy = path.file_name() == Some(OsStr::new(LIBRARY_FILE));
+        if !same_file && !other_copy {
+            value.push(":");
+            value.push(entry);
+        }
+    }
+    Ok(value)
+}
+
+/// The library variables the options name, each checked by the library's own parser.
+fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure> {
+    let absolute = |p: &PathBuf| -> Result<OsString, Failure> {
+        // Absolute, so that a program that changes directory still finds them.
+        std::path::absolute(p)
+            .map(PathBuf::into_os_string)
+            .map_err(|e| Failure::usage(format!("'{}': {e}", p.display())))
+    };
+    let mut env: Vec<(&'static str, OsString)> = Vec::new();
+    let mut put = |name, value: Option<OsString>| {
+        if let Some(v) = value {
+            env.push((name, v));
+        }
+    };
+    put("TLLM_AFFINITY_POLICY", args.policy.clone().map(Into::into));
+    put("TLLM_AFFINITY_CPUS", args.cpus.clone().map(Into::into));
+    put(
+        "TLLM_AFFINITY_WORKER_LIBS",
+        args.worker_libs.clone().map(Into::into),
+    );
+    put(
+        "TLLM_AFFINITY_PROCESS_ROLE",
+        args.process_role.clone().map(Into::into),
+    );
+    put(
+        "TLLM_AFFINITY_STEP_CORE",
+        args.step_core.clone().map(Into::into),
+    );
+    put("TLLM_AFFINITY_LOG", args.log.clone().map(Into::into));
+    put(
+        "TLLM_AFFINITY_REPORT",
+        args.report.as_ref().map(absolute).transpose()?,
+    );
+    put(
+        "TLLM_AFFINITY_GPU",
+        args.gpu.as_deref().map(gpu_value).transpose()?,
+    );
+    put(
+        "TLLM_AFFINITY_SYSFS_ROOT",
+        args.sysfs_root.as_ref().map(absolute).transpose()?,
+    );
+    put(
+        "TLLM_AFFINITY_LOCK_DIR",
+        args.lock_dir.as_ref().map(absolute).transpose()?,
+    );
+    put("TLLM_AFFINITY_STRICT", args.strict.then(|| "1".into()));
+    let lookup = |name: &str| {
+        env.iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+    };
+    let (_, errors) = Settings::from_lookup(lookup);
+    if let Some(first) = errors.first() {
+        return Err(Failure::usage(first.to_string()));
+    }
+    Ok(env)
+}
+
+/// `--gpu`: a CUDA device number, or a PCI address (normalised to the kernel's form).
+fn gpu_value(text: &str) -> Result<OsString, Failure> {
+    let trimmed = text.trim();
+    if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(trimmed.into());
+    }
+    normalize_pci_address(trimmed)
+        .map(Into::into)
+        .ok_or_else(|| {
+            Failure::usage(format!(
+                "--gpu '{text}' is not valid: expected a CUDA device number or a PCI address such \
+                 as 0000:3b:00.0"
+            ))
+        })
+}
+
+fn print_dry_run(args: &RunArgs, library: &Path, env: &[(String, OsString)]) {
+    let lossy = |s: &OsStr| s.to_string_lossy().into_owned();
+    if args.json {
+        let vars: Map<String, Value> = env
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(lossy(v))))
+            .collect();
+        let out = json!({
+            "library": lossy(library.as_os_str()),
+            "env": vars,
+            "simulate": args.simulate,
+            "exec": !args.simulate,
+            "command": args.command.iter().map(|a| lossy(a)).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).unwrap_or_else(|_| "{}".into())
+        );
+        return;
+    }
+    let mut out = String::new();
+    for (k, v) in env {
+        let _ = writeln!(out, "{k}={}", shell_word(&lossy(v)));
+    }
+    if args.simulate {
+        let _ = writeln!(
+            out,
+            "TLLM_AFFINITY_SYSFS_ROOT=<a simulated host, written to a temporary directory when the \
+             program runs>"
+        );
+    }
+    let words: Vec<String> = args.command.iter().map(|a| shell_word(&lossy(a))).collect();
+    let how = if args.simulate { "spawn" } else { "exec" };
+    let _ = writeln!(out, "{how}: {}", words.join(" "));
+    print!("{out}");
+}
+
+/// `word` quoted for a POSIX shell when it needs to be.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,@%+".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// What a shell would answer: 127 when the program does not exist, 126 when it cannot run.
+fn cannot_run(program: &OsStr, error: &std::io::Error) -> Failure {
+    let status = if error.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    Failure {
+        status,
+        message: format!("cannot run '{}': {error}", program.to_string_lossy()),
+    }
+}
+
+/// The simulated host of `--simulate`; the directory is removed when this is dropped.
+struct SimulatedTree {
+    dir: PathBuf,
+}
+
+impl SimulatedTree {
+    /// `simulated::two_node_one_gpu` over this process's CPUs, in a fresh `mkdtemp` directory.
+    fn create() -> Result<SimulatedTree, Failure> {
+        let allowed = kernel::get_mask(0).map_err(|errno| {
+            Failure::usage(format!(
+                "cannot read this process's CPU mask: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ))
+        })?;
+        let template = std::env::temp_dir().join("tllm-affinity-simulated.XXXXXX");
+        let mut bytes = template.into_os_string().into_vec();
+        bytes.push(0);
+        // SAFETY: `bytes` is a writable NUL-terminated template ending in XXXXXX, as mkdtemp
+        // requires; it rewrites those six bytes in place and keeps the length.
+        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+        if made.is_null() {
+            return Err(Failure::usage(format!(
+                "cannot create a temporary directory in {}: {}",
+                std::env::temp_dir().display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        bytes.pop();
+        let tree = SimulatedTree {
+            dir: PathBuf::from(OsString::from_vec(bytes)),
+        };
+        simulated::two_node_one_gpu(&allowed)
+            .write(&tree.dir)
+            .map_err(|e| {
+                Failure::usage(format!(
+                    "cannot write the simulated host in {}: {e}",
+                    tree.dir.display()
+                ))
+            })?;
+        Ok(tree)
+    }
+
+    fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// One line: the made-up nodes and GPUs, so nobody mistakes the demo for the real host.
+    fn describe(&self) -> String {
+        let Ok(t) = Topology::read(&SysfsRoot::new(&self.dir)) else {
+            return format!("simulated host in {}", self.dir.display());
+        };
+        let nodes: Vec<String> = t
+            .nodes
+            .iter()
+            .map(|n| format!("node {} [{}]", n.id, n.cpus))
+            .collect();
+        let gpus: Vec<String> = t
+            .gpus
+            .iter()
+            .map(|g| match g.numa_node {
+                Some(n) => format!("{} on node {n}", g.address),
+                None => g.address.clone(),
+            })
+            .collect();
+        format!(
+            "simulated host with NUMA {} and GPUs {} (sysfs tree {})",
+            nodes.join(", "),
+            gpus.join(", "),
+            self.dir.display()
+        )
+    }
+}
+
+impl Drop for SimulatedTree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The program `run` waits for, for the forwarding handler; 0 before it exists.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+/// A signal to forward that arrived before the program existed.
+static PENDING: AtomicI32 = AtomicI32::new(0);
+
+/// Signals `run` passes on to the program while it waits.
+const FORWARDED: [libc::c_int; 6] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGHUP,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
+
+/// Sends the signal on when another process sent it (`si_code <= 0`: `kill`, `sigqueue`,
+/// `tgkill`). A signal the kernel raised for the terminal (Ctrl-C, hangup) went to the program's
+/// process group too, and forwarding it would deliver it twice.
+extern "C" fn forward(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let from_process = info.is_null() || unsafe { (*info).si_code } <= 0;
+    if !from_process {
+        return;
+    }
+    match CHILD.load(Ordering::Relaxed) {
+        0 => PENDING.store(signal, Ordering::Relaxed),
+        // SAFETY: kill is async-signal-safe and takes plain integers.
+        child => unsafe {
+            libc::kill(child, signal);
+        },
+    }
+}
+
+fn spawn_and_wait(command: &mut Command, program: &OsStr) -> Result<u8, Failure> {
+    for signal in FORWARDED {
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler is an extern "C"
+        // function of the SA_SIGINFO shape that only touches atomics and calls kill. Caught
+        // signals return to their default action in the program at exec.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = forward
+                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+                as libc::sighandler_t;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+    let mut child = command.spawn().map_err(|e| cannot_run(program, &e))?;
+    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    // `run` has one thread, so the handler ran either wholly before the store (and left the signal
+    // here) or after it (and sent it itself).
+    let pending = PENDING.swap(0, Ordering::Relaxed);
+    if pending != 0 {
+        // SAFETY: kill with the pid of the child we just spawned and a signal number we caught.
+        unsafe { libc::kill(child.id() as i32, pending) };
+    }
+    let status = child
+        .wait()
+        .map_err(|e| Failure::usage(format!("waiting for the program: {e}")))?;
+    Ok(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128u8.saturating_add(signal as u8),
+        (None, None) => 1,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preload_goes_first_once_and_replaces_other_copies() {
+        let lib = Path::new("/opt/tllm/libtllm_affinity.so");
+        assert_eq!(preload_value(lib, None).unwrap(), lib.as_os_str());
+        let v = preload_value(
+            lib,
+            Some(OsStr::new(
+                "/a/libfoo.so /old/libtllm_affinity.so:/opt/tllm/libtllm_affinity.so::/b/libbar.so",
+            )),
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            OsStr::new("/opt/tllm/libtllm_affinity.so:/a/libfoo.so:/b/libbar.so")
+        );
+        assert!(preload_value(Path::new("/with space/libtllm_affinity.so"), None).is_err());
+    }
+
+    #[test]
+    fn shell_words() {
+        assert_eq!(shell_word("python3"), "python3");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+    }
+
+    #[test]
+    fn gpu_values() {
+        assert_eq!(gpu_value("3").unwrap(), OsStr::new("3"));
+        assert_eq!(gpu_value("3B:00.0").unwrap(), OsStr::new("0000:3b:00.0"));
+        assert!(gpu_value("-1").is_err());
+        assert!(gpu_value("gpu0").is_err());
+    }
+}

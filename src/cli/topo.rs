@@ -1,0 +1,357 @@
+//! `tllm-affinity topo [--json] [--sysfs-root DIR]`: the host as the library sees it — NUMA nodes,
+//! cores with their SMT siblings, GPUs with their local CPUs, the cgroup's cpuset and CPU quota,
+//! and the cpuidle states.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::cgroup::{self, CgroupLimits, CgroupVersion};
+use crate::engine::kernel;
+use crate::mask::CpuMask;
+use crate::topology::{SysfsRoot, Topology};
+
+#[derive(clap::Args, Debug)]
+pub struct TopoArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Read sysfs under this directory (default: TLLM_AFFINITY_SYSFS_ROOT, else /).
+    #[arg(long, value_name = "DIR")]
+    pub sysfs_root: Option<PathBuf>,
+}
+
+pub fn run(args: &TopoArgs) -> Result<(), String> {
+    let root = match &args.sysfs_root {
+        Some(path) => SysfsRoot::new(path.clone()),
+        None => {
+            SysfsRoot::from_env_value(std::env::var("TLLM_AFFINITY_SYSFS_ROOT").ok().as_deref())
+        }
+    };
+    let topology = Topology::read(&root).map_err(|e| e.to_string())?;
+    let host = Host {
+        real: root.root() == Path::new("/"),
+        root: &root,
+        topology: &topology,
+        process_mask: kernel::get_mask(0).ok(),
+        limits: cgroup::read_limits(),
+    };
+    if args.json {
+        let text = serde_json::to_string_pretty(&to_json(&host)).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        print!("{}", to_text(&host));
+    }
+    Ok(())
+}
+
+/// What `topo` shows, gathered once.
+struct Host<'a> {
+    /// The sysfs root is `/`, so the cgroup (always this machine's) describes the same host.
+    real: bool,
+    root: &'a SysfsRoot,
+    topology: &'a Topology,
+    process_mask: Option<CpuMask>,
+    limits: CgroupLimits,
+}
+
+impl Host<'_> {
+    fn cgroup_note(&self) -> Option<String> {
+        (!self.real).then(|| {
+            format!(
+                "sysfs is read under {}, but the cgroup is this machine's real one",
+                self.root
+            )
+        })
+    }
+}
+
+fn version_name(v: CgroupVersion) -> &'static str {
+    match v {
+        CgroupVersion::V1 => "v1",
+        CgroupVersion::V2 => "v2",
+        CgroupVersion::Hybrid => "hybrid",
+        CgroupVersion::None => "none",
+    }
+}
+
+/// The cores of one NUMA node, described compactly: one summary when every core has the same
+/// shape (e.g. "56 cores x 2 threads: CPU c with c+112, c in 0-55"), else each core's CPUs.
+pub fn describe_cores(cores: &[CpuMask]) -> String {
+    let Some(first) = cores.first() else {
+        return "no CPUs".to_string();
+    };
+    let shape = |core: &CpuMask| -> Vec<usize> {
+        let base = core.first().unwrap_or(0);
+        core.iter().map(|c| c - base).collect()
+    };
+    let first_shape = shape(first);
+    if cores.iter().all(|c| shape(c) == first_shape) {
+        let firsts = CpuMask::from_cpus(cores.iter().filter_map(CpuMask::first));
+        let threads = first_shape.len();
+        let count = match cores.len() {
+            1 => "1 core".to_string(),
+            n => format!("{n} cores"),
+        };
+        if threads == 1 {
+            return format!("{count} x 1 thread: CPUs {firsts}");
+        }
+        let with: Vec<String> = first_shape[1..]
+            .iter()
+            .map(|off| format!("c+{off}"))
+            .collect();
+        return format!(
+            "{count} x {threads} threads: CPU c with {}, c in {firsts}",
+            with.join(", ")
+        );
+    }
+    let listed: Vec<String> = cores.iter().map(|c| format!("[{c}]")).collect();
+    format!("{} cores: {}", cores.len(), listed.join(" "))
+}
+
+/// The cores (SMT sibling sets) whose first CPU is on `node`.
+fn cores_of_node(t: &Topology, node: usize) -> Vec<CpuMask> {
+    t.cores()
+        .into_iter()
+        .filter(|c| c.first().and_then(|cpu| t.node_of_cpu(cpu)) == Some(node))
+        .collect()
+}
+
+fn to_text(h: &Host<'_>) -> String {
+    let t = h.topology;
+    let mut out = String::new();
+    let _ = writeln!(out, "host (sysfs under {}):", h.root);
+    let _ = writeln!(
+        out,
+        "  {} CPUs online [{}], {} cores, {} NUMA node(s), {} GPU(s)",
+        t.online.count(),
+        t.online,
+        t.cores().len(),
+        t.nodes.len(),
+        t.gpus.len()
+    );
+    if let Some(mask) = &h.process_mask {
+        let _ = writeln!(out, "  this process may run on [{mask}]");
+    }
+    let _ = writeln!(out, "NUMA nodes:");
+    for n in &t.nodes {
+        let distances: Vec<String> = n.distances.iter().map(u32::to_string).collect();
+        let _ = writeln!(
+            out,
+            "  node {}: CPUs [{}] ({}), memory {}, distances {}",
+            n.id,
+            n.cpus,
+            n.cpus.count(),
+            if n.has_memory { "yes" } else { "no" },
+            if distances.is_empty() {
+                "unknown".to_string()
+            } else {
+                distances.join(" ")
+            }
+        );
+    }
+    let _ = writeln!(out, "cores and SMT siblings:");
+    for n in &t.nodes {
+        let cores = cores_of_node(t, n.id);
+        if !cores.is_empty() {
+            let _ = writeln!(out, "  node {}: {}", n.id, describe_cores(&cores));
+        }
+    }
+    let orphans: Vec<CpuMask> = t
+        .cores()
+        .into_iter()
+        .filter(|c| c.first().and_then(|cpu| t.node_of_cpu(cpu)).is_none())
+        .collect();
+    if !orphans.is_empty() {
+        let _ = writeln!(out, "  no node: {}", describe_cores(&orphans));
+    }
+    let _ = writeln!(out, "GPUs (PCI order):");
+    if t.gpus.is_empty() {
+        let _ = writeln!(
+            out,
+            "  none found under {}",
+            h.root.path("sys/bus/pci/devices").display()
+        );
+    }
+    for (i, g) in t.gpus.iter().enumerate() {
+        let local = t.gpu_local_cpus(g);
+        let node = g.numa_node.map_or("unknown".to_string(), |n| n.to_string());
+        let _ = writeln!(
+            out,
+            "  {i}: {} (device {:04x}), NUMA node {node}, local CPUs [{}] from {}",
+            g.address, g.device, local.cpus, local.source
+        );
+    }
+    let limits = &h.limits;
+    let _ = writeln!(out, "cgroup ({}):", version_name(limits.version));
+    let _ = writeln!(
+        out,
+        "  cpuset: {}",
+        limits
+            .cpuset
+            .as_ref()
+            .map_or("none found (every online CPU)".to_string(), |c| format!(
+                "[{c}]"
+            ))
+    );
+    let _ = writeln!(
+        out,
+        "  CPU quota: {}",
+        limits.quota.map_or("none".to_string(), |q| format!(
+            "{:.2} CPUs ({} µs per {} µs)",
+            q.cpus(),
+            q.quota_us,
+            q.period_us
+        ))
+    );
+    if let Some(note) = h.cgroup_note() {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    let _ = writeln!(out, "cpuidle states (CPU 0):");
+    if t.idle_states.is_empty() {
+        let _ = writeln!(out, "  none (no cpuidle driver, or a VM)");
+    }
+    let w = t
+        .idle_states
+        .iter()
+        .map(|s| s.name.len())
+        .max()
+        .unwrap_or(0);
+    for s in &t.idle_states {
+        let _ = writeln!(
+            out,
+            "  {:<w$}  exit latency {:>5} µs{}",
+            s.name,
+            s.latency_us,
+            if s.disabled { " (disabled)" } else { "" }
+        );
+    }
+    out
+}
+
+fn to_json(h: &Host<'_>) -> Value {
+    let t = h.topology;
+    let cpus: Vec<Value> = t
+        .cpus
+        .iter()
+        .map(|c| {
+            json!({
+                "cpu": c.id,
+                "core_id": c.core_id,
+                "package_id": c.package_id,
+                "node": t.node_of_cpu(c.id),
+                "siblings": c.siblings.to_list(),
+            })
+        })
+        .collect();
+    let nodes: Vec<Value> = t
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "id": n.id,
+                "cpus": n.cpus.to_list(),
+                "has_memory": n.has_memory,
+                "distances": n.distances,
+                "cores": cores_of_node(t, n.id).iter().map(CpuMask::to_list).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let gpus: Vec<Value> = t
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let local = t.gpu_local_cpus(g);
+            json!({
+                "index": i,
+                "address": g.address,
+                "device": format!("{:04x}", g.device),
+                "numa_node": g.numa_node,
+                "local_cpus": local.cpus.to_list(),
+                "local_cpus_from": local.source.to_string(),
+            })
+        })
+        .collect();
+    let limits = &h.limits;
+    json!({
+        "sysfs_root": h.root.to_string(),
+        "online": t.online.to_list(),
+        "process_mask": h.process_mask.as_ref().map(CpuMask::to_list),
+        "nodes": nodes,
+        "cpus": cpus,
+        "gpus": gpus,
+        "cgroup": {
+            "version": version_name(limits.version),
+            "cpuset": limits.cpuset.as_ref().map(CpuMask::to_list),
+            "quota": limits.quota.map(|q| json!({
+                "quota_us": q.quota_us,
+                "period_us": q.period_us,
+                "cpus": q.cpus(),
+            })),
+            "note": h.cgroup_note(),
+        },
+        "idle_states": t.idle_states.iter().map(|s| json!({
+            "name": s.name,
+            "latency_us": s.latency_us,
+            "disabled": s.disabled,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulated::dgx_h100_like;
+
+    fn masks(lists: &[&str]) -> Vec<CpuMask> {
+        lists
+            .iter()
+            .map(|l| CpuMask::parse_list(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn cores_are_summarised_when_regular() {
+        assert_eq!(
+            describe_cores(&masks(&["0,4", "1,5"])),
+            "2 cores x 2 threads: CPU c with c+4, c in 0-1"
+        );
+        assert_eq!(
+            describe_cores(&masks(&["0", "1", "3"])),
+            "3 cores x 1 thread: CPUs 0-1,3"
+        );
+        assert_eq!(describe_cores(&masks(&["1"])), "1 core x 1 thread: CPUs 1");
+        assert_eq!(describe_cores(&masks(&["0,4", "1"])), "2 cores: [0,4] [1]");
+    }
+
+    #[test]
+    fn the_dgx_in_text_and_json() {
+        let dir = tempfile::tempdir().unwrap();
+        dgx_h100_like().write(dir.path()).unwrap();
+        let root = SysfsRoot::new(dir.path());
+        let t = Topology::read(&root).unwrap();
+        let host = Host {
+            real: false,
+            root: &root,
+            topology: &t,
+            process_mask: None,
+            limits: cgroup::read_limits(),
+        };
+        let text = to_text(&host);
+        assert!(
+            text.contains("node 0: 56 cores x 2 threads: CPU c with c+112, c in 0-55"),
+            "{text}"
+        );
+        assert!(text.contains("0000:18:00.0"), "{text}");
+        assert!(
+            text.contains("the cgroup is this machine's real one"),
+            "{text}"
+        );
+        let v = to_json(&host);
+        assert_eq!(v["gpus"].as_array().unwrap().len(), 8);
+        assert_eq!(v["cpus"].as_array().unwrap().len(), 224);
+        assert_eq!(v["nodes"][1]["cores"].as_array().unwrap().len(), 56);
+    }
+}

@@ -1,0 +1,475 @@
+//! The `tllm-affinity` CLI (SPEC §7) against real processes: `ps` on a live Python process with
+//! the library preloaded (roles from its thread table, masks exactly as the kernel reports them),
+//! `run` preloading for real and passing exit statuses and signals through, and every `--json`
+//! output parsing.
+
+mod tooling;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
+use tooling::{
+    clean, cli, kernel_mask_text, library, mask, my_mask, program, python, SimulatedHost,
+};
+
+fn tllm_affinity(args: &[&str]) -> Command {
+    let mut cmd = clean(cli());
+    cmd.args(args);
+    cmd
+}
+
+fn stdout_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs and parses stdout as one JSON document; the command must succeed.
+fn json_of(cmd: &mut Command) -> Value {
+    let out = cmd.output().expect("run tllm-affinity");
+    assert!(
+        out.status.success(),
+        "{:?}: {:?}\nstderr: {}",
+        cmd,
+        out.status,
+        stderr_of(&out)
+    );
+    serde_json::from_str(&stdout_of(&out))
+        .unwrap_or_else(|e| panic!("{e}: not JSON:\n{}", stdout_of(&out)))
+}
+
+/// `py_ps_target.py` under the library: a host thread and a worker thread that configured for
+/// device 0, waiting on stdin. Killed if a test fails before closing it.
+struct Target {
+    child: Child,
+    info: Value,
+    host: SimulatedHost,
+}
+
+impl Target {
+    fn start() -> Target {
+        let host = SimulatedHost::new();
+        let mut child = clean(python())
+            .arg(program("py_ps_target.py"))
+            .env("LD_PRELOAD", library())
+            .env("TLLM_AFFINITY_SYSFS_ROOT", host.path())
+            .env("TLLM_AFFINITY_LOCK_DIR", host.path())
+            .env("TLLM_AFFINITY_POLICY", "numa")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start python");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let info: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        Target { child, info, host }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn tid(&self, which: &str) -> i64 {
+        self.info[which].as_i64().unwrap()
+    }
+
+    /// Closes stdin; the program releases its lease and exits.
+    fn finish(mut self) {
+        drop(self.child.stdin.take());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn ps_shows_roles_from_the_table_and_the_kernels_masks() {
+    let target = Target::start();
+    let pid = target.pid();
+    let v = json_of(&mut tllm_affinity(&["ps", &pid.to_string(), "--json"]));
+    assert_eq!(v["pid"], pid);
+    assert_eq!(v["table"], true, "{v}");
+    assert_eq!(v["note"], Value::Null);
+    let threads = v["threads"].as_array().unwrap();
+    let row = |tid: i64| {
+        threads
+            .iter()
+            .find(|t| t["tid"] == tid)
+            .unwrap_or_else(|| panic!("tid {tid} not in {v}"))
+    };
+    let (main, host, worker) = (target.tid("main"), target.tid("host"), target.tid("worker"));
+    assert_eq!(row(main)["role"], "host");
+    assert_eq!(row(main)["placement"], "inherited");
+    assert_eq!(row(host)["role"], "host");
+    assert_eq!(row(host)["name"], "tllm-host");
+    assert_eq!(row(worker)["role"], "worker");
+    assert_eq!(row(worker)["placement"], "worker");
+    assert_eq!(row(worker)["name"], "tllm-worker");
+    // Exactly what the kernel reports, thread by thread.
+    for t in threads {
+        let tid = t["tid"].as_i64().unwrap();
+        assert_eq!(t["mask"], kernel_mask_text(pid, tid), "thread {tid}");
+    }
+    let local = target.host.gpu0_local.clone();
+    assert_eq!(mask(row(worker)["mask"].as_str().unwrap()), local);
+    assert_eq!(mask(row(host)["mask"].as_str().unwrap()), my_mask());
+
+    // The text: one grid row per thread, a mark on each CPU it may run on.
+    let out = tllm_affinity(&["ps", &pid.to_string(), "--no-color"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let text = stdout_of(&out);
+    assert!(!text.contains('\x1b'), "{text}");
+    let cpus = mask(v["cpus"].as_str().unwrap());
+    let grid = |allowed: &tllm_affinity_core::mask::CpuMask, letter: char| -> String {
+        cpus.iter()
+            .map(|c| if allowed.contains(c) { letter } else { '.' })
+            .collect()
+    };
+    let line_of = |tid: i64| {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(&tid.to_string()))
+            .unwrap_or_else(|| panic!("no row for {tid}:\n{text}"))
+    };
+    assert!(line_of(worker).ends_with(&grid(&local, 'w')), "{text}");
+    assert!(line_of(host).ends_with(&grid(&my_mask(), 'h')), "{text}");
+    assert!(line_of(worker).contains(" worker "), "{text}");
+    assert!(text.contains("legend:"), "{text}");
+    // Piped stdout gets no colour even without --no-color.
+    let plain = tllm_affinity(&["ps", &pid.to_string()]).output().unwrap();
+    assert!(!stdout_of(&plain).contains('\x1b'));
+    println!("$ tllm-affinity ps {pid}\n{text}");
+    target.finish();
+}
+
+#[test]
+fn ps_of_a_process_without_the_library_says_so() {
+    let me = std::process::id().to_string();
+    let v = json_of(&mut tllm_affinity(&["ps", &me, "--json"]));
+    assert_eq!(v["table"], false);
+    assert!(v["note"].as_str().unwrap().contains("not loaded"), "{v}");
+    for t in v["threads"].as_array().unwrap() {
+        assert_eq!(t["role"], "unknown");
+        assert_eq!(t["placement"], "unknown");
+    }
+    let out = tllm_affinity(&["ps", &me]).output().unwrap();
+    let text = stdout_of(&out);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("note:")).count(),
+        1,
+        "{text}"
+    );
+    let out = tllm_affinity(&["ps", "999999999"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).starts_with("tllm-affinity ps: no process 999999999"));
+    assert_eq!(stderr_of(&out).lines().count(), 1);
+}
+
+#[test]
+fn run_passes_the_exit_status_through() {
+    let out = tllm_affinity(&["run", "--", "sh", "-c", "exit 7"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let out = tllm_affinity(&["run", "--simulate", "--", "sh", "-c", "exit 7"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let out = tllm_affinity(&["run", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("cannot run '/nonexistent/program'"));
+}
+
+#[test]
+fn run_passes_a_signal_through() {
+    // exec: the program is the process, so the process dies of the signal itself.
+    let out = tllm_affinity(&["run", "--", "sh", "-c", "kill -TERM $$"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?}", out.status);
+    // --simulate waits for the program: 128 + the signal, as shells report it.
+    let out = tllm_affinity(&["run", "--simulate", "--", "sh", "-c", "kill -TERM $$"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{:?}",
+        out.status
+    );
+}
+
+#[test]
+fn run_forwards_a_signal_sent_to_it_under_simulate() {
+    let mut child = tllm_affinity(&[
+        "run",
+        "--simulate",
+        "--",
+        "sh",
+        "-c",
+        "echo ready; exec sleep 30",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    // SAFETY: kill with a pid we own and a valid signal number.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+}
+
+const SHOW_ENV: &str = "import json, os, tllm_affinity; print(json.dumps({\
+    'available': tllm_affinity.available(), \
+    'role': tllm_affinity.role() if tllm_affinity.available() else None, \
+    'env': {k: v for k, v in os.environ.items() if k.startswith('TLLM_') or k == 'LD_PRELOAD'}}))";
+
+#[test]
+fn run_preloads_the_library_and_sets_the_variables() {
+    let python = python().to_str().unwrap().to_string();
+    let reports = tempfile::tempdir().unwrap();
+    let report = reports.path().join("r.json");
+    let v = json_of(&mut tllm_affinity(&[
+        "run",
+        "--policy",
+        "numa",
+        "--cpus",
+        "0",
+        "--log",
+        "error",
+        "--step-core",
+        "off",
+        "--process-role",
+        "host",
+        "--worker-libs",
+        "libnccl*.so*",
+        "--gpu",
+        "3b:00.0",
+        "--report",
+        report.to_str().unwrap(),
+        "--strict",
+        "--",
+        &python,
+        "-c",
+        SHOW_ENV,
+    ]));
+    assert_eq!(v["available"], true, "{v}");
+    assert_eq!(v["role"], "host");
+    let env = &v["env"];
+    assert_eq!(env["LD_PRELOAD"], library().to_str().unwrap());
+    assert_eq!(env["TLLM_AFFINITY_POLICY"], "numa");
+    assert_eq!(env["TLLM_AFFINITY_CPUS"], "0");
+    assert_eq!(env["TLLM_AFFINITY_LOG"], "error");
+    assert_eq!(env["TLLM_AFFINITY_STEP_CORE"], "off");
+    assert_eq!(env["TLLM_AFFINITY_PROCESS_ROLE"], "host");
+    assert_eq!(env["TLLM_AFFINITY_WORKER_LIBS"], "libnccl*.so*");
+    assert_eq!(env["TLLM_AFFINITY_GPU"], "0000:3b:00.0");
+    assert_eq!(env["TLLM_AFFINITY_REPORT"], report.to_str().unwrap());
+    assert_eq!(env["TLLM_AFFINITY_STRICT"], "1");
+    // The library wrote its report at exit: it really ran in the child.
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(written["state"], "active");
+
+    // Already preloaded: not listed twice; other preloads are kept after it.
+    let lib = library();
+    let v = json_of(tllm_affinity(&["run", "--", &python, "-c", SHOW_ENV]).env("LD_PRELOAD", &lib));
+    assert_eq!(v["env"]["LD_PRELOAD"], lib.to_str().unwrap());
+    let v = json_of(
+        tllm_affinity(&["run", "--dry-run", "--json", "--", "true"])
+            .env("LD_PRELOAD", format!("/opt/other.so {}", lib.display())),
+    );
+    assert_eq!(
+        v["env"]["LD_PRELOAD"],
+        format!("{}:/opt/other.so", lib.display())
+    );
+    assert_eq!(v["exec"], true);
+    assert_eq!(v["command"], serde_json::json!(["true"]));
+}
+
+#[test]
+fn run_simulate_gives_a_worker_the_simulated_gpus_cpus_and_cleans_up() {
+    let python = python().to_str().unwrap().to_string();
+    let code = "import json, os, threading, tllm_affinity\n\
+        root = os.environ['TLLM_AFFINITY_SYSFS_ROOT']\n\
+        out = {'root': root, 'exists': os.path.isdir(root + '/sys/bus/pci/devices')}\n\
+        def w():\n    \
+            lease = tllm_affinity.configure(0)\n    \
+            out['lease'] = lease.id\n    \
+            out['mask'] = sorted(os.sched_getaffinity(0))\n\
+        t = threading.Thread(target=w); t.start(); t.join()\n\
+        out['main'] = sorted(os.sched_getaffinity(0))\n\
+        print(json.dumps(out))";
+    let out = tllm_affinity(&[
+        "run",
+        "--simulate",
+        "--policy",
+        "numa",
+        "--",
+        &python,
+        "-c",
+        code,
+    ])
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("--simulate: simulated host"),
+        "{}",
+        stderr_of(&out)
+    );
+    let v: Value = serde_json::from_str(&stdout_of(&out)).unwrap();
+    assert_eq!(v["exists"], true);
+    assert!(v["lease"].as_i64().unwrap() > 0);
+    let root = Path::new(v["root"].as_str().unwrap());
+    assert!(!root.exists(), "{} left behind", root.display());
+    // The same tree the tests write: device 0 is local to the upper half of this process's CPUs.
+    let sim = SimulatedHost::new();
+    assert_eq!(tooling::mask_of(&v["mask"]), sim.gpu0_local);
+    assert_eq!(tooling::mask_of(&v["main"]), my_mask());
+}
+
+#[test]
+fn run_refuses_bad_options_with_one_line() {
+    for (args, names) in [
+        (vec!["--cpus", "0-"], "TLLM_AFFINITY_CPUS"),
+        (vec!["--step-core", "fast"], "TLLM_AFFINITY_STEP_CORE"),
+        (vec!["--gpu", "gpu0"], "--gpu"),
+        (
+            vec!["--sysfs-root", "/nonexistent/dir"],
+            "TLLM_AFFINITY_SYSFS_ROOT",
+        ),
+    ] {
+        let mut full = vec!["run"];
+        full.extend(args.iter().copied());
+        full.extend(["--", "true"]);
+        let out = tllm_affinity(&full).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr_of(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("tllm-affinity run: ") && err.contains(names),
+            "{err}"
+        );
+    }
+    let out = tllm_affinity(&["run", "--", "true"])
+        .env("TLLM_AFFINITY_LIB", "/nonexistent/libtllm_affinity.so")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr_of(&out).contains("TLLM_AFFINITY_LIB"));
+}
+
+#[test]
+fn every_json_output_parses() {
+    let sim = SimulatedHost::new();
+    let root = sim.path().to_str().unwrap();
+
+    let topo = json_of(&mut tllm_affinity(&["topo", "--json"]));
+    assert_eq!(
+        mask(topo["online"].as_str().unwrap()).count(),
+        topo["cpus"].as_array().unwrap().len()
+    );
+    assert_eq!(topo["cgroup"]["note"], Value::Null);
+
+    let topo = json_of(&mut tllm_affinity(&[
+        "topo",
+        "--json",
+        "--sysfs-root",
+        root,
+    ]));
+    assert_eq!(topo["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(topo["gpus"][0]["address"], "0000:3b:00.0");
+    assert_eq!(topo["gpus"][0]["local_cpus"], sim.gpu0_local.to_list());
+    assert!(topo["cgroup"]["note"]
+        .as_str()
+        .unwrap()
+        .contains("real one"));
+
+    let plan = json_of(&mut tllm_affinity(&[
+        "plan",
+        "--gpu",
+        "0",
+        "--json",
+        "--sysfs-root",
+        root,
+    ]));
+    assert_eq!(plan["gpu"]["address"], "0000:3b:00.0");
+    assert_eq!(plan["worker"]["cpus"], sim.gpu0_local.to_list());
+
+    let probe = json_of(&mut tllm_affinity(&["probe", "--json", "--rounds", "5"]));
+    assert!(probe.is_object());
+
+    let ps = json_of(&mut tllm_affinity(&[
+        "ps",
+        &std::process::id().to_string(),
+        "--json",
+    ]));
+    assert!(ps["threads"].is_array());
+
+    let dry = json_of(&mut tllm_affinity(&[
+        "run",
+        "--simulate",
+        "--dry-run",
+        "--json",
+        "--",
+        "true",
+    ]));
+    assert_eq!(dry["simulate"], true);
+    assert_eq!(dry["exec"], false);
+
+    // A subcommand error: one line naming the subcommand, status 2.
+    let out = tllm_affinity(&["plan", "--gpu", "9", "--json", "--sysfs-root", root])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr_of(&out);
+    assert!(err.starts_with("tllm-affinity plan: "), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn topo_text_shows_nodes_cores_gpus_cgroup_and_idle_states() {
+    let sim = SimulatedHost::new();
+    let out = tllm_affinity(&["topo", "--sysfs-root", sim.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let text = stdout_of(&out);
+    for section in [
+        "NUMA nodes:",
+        "cores and SMT siblings:",
+        "GPUs (PCI order):",
+        "cgroup (",
+        "cpuidle states",
+        "0000:3b:00.0",
+        "the cgroup is this machine's real one",
+    ] {
+        assert!(text.contains(section), "{section}:\n{text}");
+    }
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(
+        stdout,
+        "$ tllm-affinity topo --sysfs-root <simulated>\n{text}"
+    );
+}

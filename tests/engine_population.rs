@@ -1,0 +1,319 @@
+//! SPEC §2–§5 on real processes: a compiled C population and real Python threads, the real
+//! library preloaded, every mask read from `/proc/<pid>/task/<tid>/status`.
+//!
+//! The simulated host has two NUMA nodes made of this machine's CPUs; device 0's GPU is local to
+//! node 1. With two CPUs: node0 = {0}, node1 = {1}.
+
+mod common;
+
+use common::*;
+
+const ALL_THREADS_BEFORE: [&str; 11] = [
+    "main", "H1", "W", "C1", "G1", "C2", "C3", "C4", "C5", "C6", "P1",
+];
+const WORKERS: [&str; 9] = ["W", "C1", "G1", "C2", "C3", "C4", "C5", "C6", "P1"];
+
+fn population(sysfs: &Sysfs) -> std::process::Command {
+    let program = compile_c("population", false);
+    let nccl = compile_c("nccl", true);
+    let mut cmd = preloaded(program, sysfs);
+    cmd.env("FAKE_NCCL", nccl).arg("0");
+    cmd
+}
+
+#[test]
+fn c_population_roles_placement_idempotency_and_restoration() {
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let (phases, end) = Population::spawn(population(&sysfs)).all_phases(5);
+    assert!(end.status.success(), "{}", end.stderr);
+    let [before, configured, twice, released, after] = &phases[..] else {
+        unreachable!()
+    };
+
+    // Before configure: nobody has been moved; the worker-libs thread is already a worker.
+    for t in ALL_THREADS_BEFORE {
+        assert_eq!(before.mask(t), all, "{t} before configure");
+    }
+    assert_eq!(
+        before.role("P1"),
+        1,
+        "a thread started in libnccl is a worker"
+    );
+    assert_eq!(before.role("W"), 0);
+
+    // configure on W: W, its children, its grandchild and the worker-libs thread get the
+    // GPU-local set; the main thread and the host thread started before keep their mask.
+    for t in WORKERS {
+        assert_eq!(configured.mask(t), local, "{t} after configure");
+        assert_eq!(configured.role(t), 1, "{t} is a worker");
+    }
+    for t in ["main", "H1"] {
+        assert_eq!(configured.mask(t), all, "host thread {t}");
+        assert_eq!(configured.role(t), 0);
+    }
+
+    // A second configure changes nothing; threads born in between stay pinned; host threads
+    // born during the lease stay on the host mask.
+    for t in WORKERS.iter().chain(&["C7", "P2"]) {
+        assert_eq!(twice.mask(t), local, "{t} after the second configure");
+    }
+    assert_eq!((twice.mask("H2"), twice.role("H2")), (all.clone(), 0));
+    assert!(
+        !end.stderr.contains("constrained"),
+        "false constrained warning:\n{}",
+        end.stderr
+    );
+    assert!(
+        end.stderr.contains(&format!(
+            "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (9/9 threads)"
+        )),
+        "{}",
+        end.stderr
+    );
+    assert_eq!(
+        end.stderr
+            .matches("for optimal NUMA-aware scheduling")
+            .count(),
+        1,
+        "the second configure must log nothing new:\n{}",
+        end.stderr
+    );
+
+    // The last release restores every mask; releasing again says ENOENT.
+    for (t, seen) in &released.threads {
+        assert_eq!(seen.mask.to_list(), all, "{t} after release");
+    }
+    assert!(end.stderr.contains("release 1 -> 0"));
+    assert!(end.stderr.contains("release 2 -> 0"));
+    assert!(end.stderr.contains("release again -> -2"));
+    assert!(
+        end.stderr.contains("restored 11 threads, preserved 0"),
+        "{}",
+        end.stderr
+    );
+
+    // A worker thread born after the last release is born on the restored mask.
+    assert_eq!((after.mask("C8"), after.role("C8")), (all, 1));
+}
+
+/// The policy table of SPEC §3, row by row, unconstrained and under `taskset`.
+#[test]
+fn policy_table_with_and_without_taskset() {
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus();
+    if all.count() < 2 {
+        println!("skipped: the policy table needs two allowed CPUs, this process has [{all}]");
+        return;
+    }
+    let local = sysfs.node1.to_list();
+    let all = all.to_list();
+    let narrow = sysfs.node0.to_list();
+    // (variables, worker mask unconstrained, worker mask under `taskset -c <node0>`, whether the
+    // inference server's "constrained ... Removing CPU affinity constraints" warning is due)
+    let rows: [(&[(&str, &str)], &str, &str, bool); 8] = [
+        (&[], &local, &all, true),
+        (
+            &[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "1")],
+            &local,
+            &local,
+            false,
+        ),
+        (
+            &[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "0")],
+            &all,
+            &narrow,
+            false,
+        ),
+        (
+            &[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "yes")],
+            &all,
+            &narrow,
+            false,
+        ),
+        (&[("TLLM_AFFINITY_POLICY", "auto")], &local, &all, true),
+        (
+            &[
+                ("TLLM_AFFINITY_POLICY", "numa"),
+                ("TLLM_NUMA_AWARE_WORKER_AFFINITY", "0"),
+            ],
+            &local,
+            &local,
+            false,
+        ),
+        (
+            &[
+                ("TLLM_AFFINITY_POLICY", "clear"),
+                ("TLLM_NUMA_AWARE_WORKER_AFFINITY", "1"),
+            ],
+            &all,
+            &all,
+            false,
+        ),
+        (&[("TLLM_AFFINITY_POLICY", "keep")], &all, &narrow, false),
+    ];
+    for (vars, unconstrained, constrained, warns_when_constrained) in rows {
+        for (taskset, expected_worker, expected_host) in
+            [(false, unconstrained, &all), (true, constrained, &narrow)]
+        {
+            let mut cmd = if taskset {
+                let mut c = preloaded("taskset", &sysfs);
+                c.arg("-c").arg(&narrow).arg(compile_c("population", false));
+                c.env("FAKE_NCCL", compile_c("nccl", true)).arg("0");
+                c
+            } else {
+                population(&sysfs)
+            };
+            cmd.envs(vars.iter().copied());
+            let mut run = Population::spawn(cmd);
+            run.phase();
+            run.proceed();
+            let configured = run.phase();
+            let end = run.finish();
+            let case = format!("{vars:?} taskset={taskset}");
+            for t in WORKERS {
+                assert_eq!(configured.mask(t), expected_worker, "{t} in {case}");
+            }
+            for t in ["main", "H1"] {
+                assert_eq!(&configured.mask(t), expected_host, "host {t} in {case}");
+            }
+            let warned = end.stderr.contains("has constrained CPU affinity");
+            assert_eq!(
+                warned,
+                taskset && warns_when_constrained,
+                "constrained warning in {case}:\n{}",
+                end.stderr
+            );
+        }
+    }
+}
+
+/// A cgroup cpuset is not an external constraint: a process inside one is judged against it,
+/// and every worker mask is intersected with it.
+#[test]
+fn policy_under_a_cgroup_cpuset() {
+    let sysfs = Sysfs::two_nodes();
+    let local = sysfs.node1.to_list();
+    let group = match CpusetCgroup::create(&local) {
+        Ok(g) => g,
+        Err(why) => {
+            println!("skipped: cannot create a cpuset cgroup here ({why})");
+            return;
+        }
+    };
+    let program = compile_c("population", false);
+    let nccl = compile_c("nccl", true);
+    let run_in_group = |device: &str, extra: &[(&str, &str)]| {
+        let mut cmd = group.wrap(&program, &[device]);
+        cmd.env("LD_PRELOAD", library())
+            .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+            .env("TLLM_AFFINITY_LOG", "info")
+            .env("FAKE_NCCL", &nccl)
+            .env_remove("TLLM_NUMA_AWARE_WORKER_AFFINITY")
+            .env_remove("TLLM_AFFINITY_POLICY")
+            .envs(extra.iter().copied());
+        let mut run = Population::spawn(cmd);
+        let before = run.phase();
+        run.proceed();
+        let configured = run.phase();
+        (before, configured, run.finish())
+    };
+
+    // Unset policy, device 0 (local to the cpuset's CPUs): NUMA placement, not "clear", and no
+    // constrained warning although the mask is narrower than the host.
+    let (before, configured, end) = run_in_group("0", &[]);
+    assert_eq!(
+        before.mask("main"),
+        local,
+        "the cgroup confines the process"
+    );
+    for t in WORKERS {
+        assert_eq!(configured.mask(t), local);
+    }
+    assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
+    assert!(
+        end.stderr.contains("NUMA-aware scheduling"),
+        "{}",
+        end.stderr
+    );
+
+    // Device 1's CPUs lie outside the cpuset: nothing is pinned, and the log says why.
+    let (_, configured, end) = run_in_group("1", &[]);
+    for t in WORKERS {
+        assert_eq!(configured.mask(t), local);
+    }
+    assert!(end.stderr.contains("no CPU in common"), "{}", end.stderr);
+
+    // "clear" means the cpuset, never the whole host.
+    let (_, configured, _) = run_in_group("0", &[("TLLM_AFFINITY_POLICY", "clear")]);
+    assert_eq!(configured.mask("W"), local);
+}
+
+/// The reproduction of seeds/configure-not-idempotent.txt with real Python threads: six worker
+/// threads alive, policy unset, configure twice.
+#[test]
+fn python_configure_twice_keeps_six_workers_pinned() {
+    let sysfs = Sysfs::two_nodes();
+    let local = sysfs.node1.to_list();
+    let mut cmd = preloaded(python(), &sysfs);
+    cmd.arg(programs_dir().join("configure_twice.py"));
+    let (phases, end) = Population::spawn(cmd).all_phases(4);
+    assert!(end.status.success(), "{}", end.stderr);
+    let [start, first, second, created_after] = &phases[..] else {
+        unreachable!()
+    };
+    let all = allowed_cpus().to_list();
+    let workers: Vec<String> = (0..6).map(|i| format!("w{i}")).collect();
+    for w in &workers {
+        assert_eq!(start.mask(w), all);
+        assert_eq!(first.mask(w), local, "{w} after the first configure");
+        assert_eq!(second.mask(w), local, "{w} after the second configure");
+    }
+    assert_eq!(first.mask("engine"), local);
+    assert_eq!(second.mask("engine"), local);
+    assert_eq!(second.mask("between"), local, "born between the calls");
+    assert_eq!(created_after.mask("later"), local);
+    assert_eq!(second.mask("main"), all);
+    assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
+    assert!(!end.stderr.contains("Removing CPU affinity constraints"));
+    assert!(
+        end.stderr.contains(&format!(
+            "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (7/7 threads)"
+        )),
+        "{}",
+        end.stderr
+    );
+}
+
+/// A Python process shaped like an HTTP server hosting a worker: host threads started before
+/// the worker keep their mask through configure and release; the worker's threads and
+/// grandchildren get the GPU-local set; release puts everything back.
+#[test]
+fn python_host_and_worker_threads() {
+    let sysfs = Sysfs::two_nodes();
+    let local = sysfs.node1.to_list();
+    let all = allowed_cpus().to_list();
+    let mut cmd = preloaded(python(), &sysfs);
+    cmd.arg(programs_dir().join("host_and_worker.py"));
+    let (phases, end) = Population::spawn(cmd).all_phases(3);
+    assert!(end.status.success(), "{}", end.stderr);
+    let [configured, released, after] = &phases[..] else {
+        unreachable!()
+    };
+    for t in ["main", "http", "request", "loop"] {
+        assert_eq!(configured.mask(t), all, "host {t}");
+        assert_eq!(configured.role(t), 0, "host {t}");
+    }
+    for t in ["main", "http", "loop"] {
+        assert_eq!(released.mask(t), all, "host {t} after release");
+    }
+    for t in ["worker", "pool0", "pool1", "grandchild"] {
+        assert_eq!(configured.mask(t), local, "worker {t}");
+        assert_eq!(configured.role(t), 1, "worker {t}");
+        assert_eq!(released.mask(t), all, "worker {t} after release");
+    }
+    assert_eq!(after.mask("late_request"), all);
+    assert_eq!(after.role("late_request"), 0);
+    assert_eq!(after.mask("late_worker_child"), all);
+}
