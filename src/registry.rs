@@ -123,6 +123,10 @@ pub struct ConfigureOutcome {
     pub preserved: usize,
 }
 
+/// `release` of a lease that was never opened or is already closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownLease;
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReleaseOutcome {
     /// This release closed the last lease, so masks were restored.
@@ -570,9 +574,17 @@ impl Registry {
     }
 
     /// SPEC §5: closes a lease; the last one restores every mask the library set, except those
-    /// changed since, which are preserved and counted. `Err(())` for an unknown or closed lease.
-    pub fn release(&mut self, lease: i64, kernel: &impl ThreadMasks) -> Result<ReleaseOutcome, ()> {
-        let index = self.leases.iter().position(|l| l.id == lease).ok_or(())?;
+    /// changed since, which are preserved and counted.
+    pub fn release(
+        &mut self,
+        lease: i64,
+        kernel: &impl ThreadMasks,
+    ) -> Result<ReleaseOutcome, UnknownLease> {
+        let index = self
+            .leases
+            .iter()
+            .position(|l| l.id == lease)
+            .ok_or(UnknownLease)?;
         self.leases.remove(index);
         if !self.leases.is_empty() {
             return Ok(ReleaseOutcome::default());

@@ -98,6 +98,10 @@ fn c_population_roles_placement_idempotency_and_restoration() {
     assert_eq!((after.mask("C8"), after.role("C8")), (all, 1));
 }
 
+/// Variables, worker mask unconstrained, worker mask under `taskset`, whether the server's
+/// "constrained" warning is due under `taskset`.
+type PolicyRow<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str, bool);
+
 /// The policy table of SPEC §3, row by row, unconstrained and under `taskset`.
 #[test]
 fn policy_table_with_and_without_taskset() {
@@ -112,7 +116,7 @@ fn policy_table_with_and_without_taskset() {
     let narrow = sysfs.node0.to_list();
     // (variables, worker mask unconstrained, worker mask under `taskset -c <node0>`, whether the
     // inference server's "constrained ... Removing CPU affinity constraints" warning is due)
-    let rows: [(&[(&str, &str)], &str, &str, bool); 8] = [
+    let rows: [PolicyRow; 8] = [
         (&[], &local, &all, true),
         (
             &[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "1")],

@@ -111,7 +111,7 @@ mod tests {
     fn reads_and_sets_this_threads_real_mask() {
         let before = get_mask(0).unwrap();
         assert!(!before.is_empty());
-        assert!(mask_bytes() >= 8 && mask_bytes() % 8 == 0);
+        assert!(mask_bytes() >= 8 && mask_bytes().is_multiple_of(8));
         let one = CpuMask::from_cpus([before.first().unwrap()]);
         let tid = gettid();
         std::thread::scope(|s| {

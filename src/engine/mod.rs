@@ -373,7 +373,7 @@ pub fn release(lease: i64) -> i32 {
             }
             0
         }
-        Ok(Err(())) => -libc::ENOENT,
+        Ok(Err(_unknown)) => -libc::ENOENT,
         Err(_) => -libc::EFAULT,
     }
 }

@@ -131,8 +131,8 @@ mod tests {
 
     #[test]
     fn finds_the_object_that_holds_a_function() {
-        let in_libc = libc::getpid as usize;
-        let here = finds_the_object_that_holds_a_function as usize;
+        let in_libc = libc::getpid as *const () as usize;
+        let here = finds_the_object_that_holds_a_function as *const () as usize;
         assert!(in_worker_object(in_libc, &|f| f.starts_with("libc.so")));
         assert!(!in_worker_object(here, &|f| f.starts_with("libc.so")));
         assert!(!in_worker_object(1, &|_| true));

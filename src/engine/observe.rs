@@ -60,7 +60,7 @@ pub unsafe fn pthread_setaffinity_np(
             }
             let found = {
                 let reg = registry().lock();
-                reg.find_handle(thread as u64)
+                reg.find_handle(thread)
                     .and_then(|s| reg.entry(s).map(|e| (s, e.tid)))
             };
             if let Some((slot, tid)) = found {

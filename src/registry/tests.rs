@@ -98,7 +98,7 @@ impl World {
             .configure(caller, device, Some(m(mask)), &self.kernel)
     }
 
-    fn release(&mut self, lease: i64) -> Result<ReleaseOutcome, ()> {
+    fn release(&mut self, lease: i64) -> Result<ReleaseOutcome, UnknownLease> {
         self.reg.release(lease, &self.kernel)
     }
 }
