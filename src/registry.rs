@@ -6,6 +6,7 @@
 //! engine holds the model under one lock; every operation that changes masks runs inside it, which
 //! is what makes a thread being born and a `configure` sweeping the process agree.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -376,6 +377,19 @@ impl Registry {
                 (wanted, placement)
             }
         };
+        // A worker born on the mask the application chose for its creator carries that choice:
+        // a later configure (even a repeated one for the same device) must not override it,
+        // nor a release "restore" it.
+        let placement = match &creator {
+            Some(c)
+                if plan.role == Role::Worker
+                    && placement == Placement::Inherited
+                    && c.placement.chosen_by_others() =>
+            {
+                c.placement
+            }
+            _ => placement,
+        };
         self.insert(ThreadEntry {
             tid,
             handle,
@@ -489,14 +503,21 @@ impl Registry {
         };
 
         self.set_role(caller, Role::Worker);
-        let promoted: Vec<Slot> = self
+        // The masks read to judge descendants are kept for the sweep below: one read a thread.
+        let mut read: HashMap<Slot, CpuMask> = HashMap::new();
+        let descendants: Vec<(Slot, Tid)> = self
             .live_threads()
             .filter(|(s, e)| e.role == Role::Host && self.is_descendant(*s, caller))
-            .filter(|(_, e)| kernel.get(e.tid).is_ok_and(|m| m == *e.born))
-            .map(|(s, _)| s)
+            .map(|(s, e)| (s, e.tid))
             .collect();
-        for slot in promoted {
-            self.set_role(slot, Role::Worker);
+        for (slot, tid) in descendants {
+            let Ok(actual) = kernel.get(tid) else {
+                continue;
+            };
+            if self.entry(slot).is_some_and(|e| *e.born == actual) {
+                self.set_role(slot, Role::Worker);
+            }
+            read.insert(slot, actual);
         }
 
         let previous = self.target.clone();
@@ -544,8 +565,17 @@ impl Registry {
                 }
                 continue;
             }
-            let Ok(actual) = kernel.get(tid) else {
+            // Already placed by an earlier configure: nothing to read or write.
+            if placement == Placement::Worker && current == target.mask {
+                outcome.on_mask += 1;
                 continue;
+            }
+            let actual = match read.remove(&slot) {
+                Some(mask) => mask,
+                None => match kernel.get(tid) {
+                    Ok(mask) => mask,
+                    Err(_) => continue,
+                },
             };
             if actual != *current {
                 self.mark_external(slot, actual);
@@ -644,12 +674,22 @@ impl Registry {
             .rev()
             .filter(|&s| Some(s) != kept_slot)
             .collect();
+        let forked_by_worker = kept.as_ref().is_some_and(|e| e.role == Role::Worker);
         if let (Some(slot), Some(mut e)) = (kept_slot, kept) {
             e.tid = tid;
             e.handle = handle;
             e.creator = None;
             e.live_children = 0;
             self.slots[slot as usize] = Some(e);
+        }
+        // The parent's leases stay open in the child only when a worker forked: it may hold them
+        // and release them there. Nothing in a child forked by a host thread can release them,
+        // so they would keep every later lease of the child from ever restoring.
+        if !forked_by_worker {
+            self.leases.clear();
+            if self.target.take().is_some() {
+                self.epoch += 1;
+            }
         }
     }
 

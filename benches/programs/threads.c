@@ -1,0 +1,239 @@
+/* Thread-cost measurements for scripts/bench, run under different preloads.
+ *
+ *   threads create N [apply]     N pthread_create+join round trips; prints the median and the
+ *                                mean in ns. Under the library a lease is open and the creator
+ *                                is a worker (inherited path), or with "apply" the creator is a
+ *                                host thread and the routine lives in a worker library, so every
+ *                                new thread moves onto the worker mask itself.
+ *   threads nolease N            N round trips with the library loaded but no lease open.
+ *   threads selfpin N            N round trips whose new thread moves itself onto the last
+ *                                allowed CPU with one sched_setaffinity: the floor of "apply".
+ *   threads sweep N K            N parked threads made by the worker; K configure+release cycles
+ *                                against K rounds of 2N raw sched_setaffinity (the floor);
+ *                                prints both medians in ns.
+ *   threads churn N              N create+join cycles; prints VmRSS (kB) every N/10.
+ *   threads parallel C N         C creator threads each making N threads; prints elapsed ns.
+ *   threads registry N           RSS growth per parked thread: N threads parked, prints kB.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int64_t (*configure_fn)(int32_t);
+typedef int32_t (*release_fn)(int64_t);
+static configure_fn configure;
+static release_fn release_lease;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static uint64_t median(uint64_t *v, int n) {
+    qsort(v, n, sizeof *v, cmp_u64);
+    return v[n / 2];
+}
+
+static void *nothing(void *arg) { return arg; }
+
+static cpu_set_t last_cpu;
+static void *pin_self(void *arg) {
+    syscall(SYS_sched_setaffinity, 0, sizeof last_cpu, &last_cpu);
+    return arg;
+}
+
+static long rss_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+/* Runs `fn(arg)` on a worker thread that opened a lease, so that the call is made by a worker. */
+static int64_t lease = -1;
+static void *open_lease(void *unused) {
+    (void)unused;
+    if (configure) lease = configure(0);
+    return NULL;
+}
+
+static void round_trips(int n, void *(*routine)(void *)) {
+    uint64_t *t = malloc(sizeof *t * n);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_t th;
+        uint64_t t0 = now_ns();
+        if (pthread_create(&th, NULL, routine, NULL) != 0) { perror("pthread_create"); exit(1); }
+        pthread_join(th, NULL);
+        t[i] = now_ns() - t0;
+        total += t[i];
+    }
+    printf("median_ns %llu mean_ns %llu\n", (unsigned long long)median(t, n),
+           (unsigned long long)(total / n));
+    free(t);
+}
+
+struct create_args { int n; void *(*routine)(void *); };
+static void *create_on_worker(void *p) {
+    struct create_args *a = p;
+    if (configure) lease = configure(0);
+    round_trips(a->n, a->routine);
+    return NULL;
+}
+
+/* sweep: parked threads made by the worker thread. */
+static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t park_cond = PTHREAD_COND_INITIALIZER;
+static int parked, unpark;
+static pid_t *tids;
+static void *park(void *idx) {
+    pthread_mutex_lock(&park_lock);
+    tids[(intptr_t)idx] = (pid_t)syscall(SYS_gettid);
+    parked++;
+    pthread_cond_broadcast(&park_cond);
+    while (!unpark) pthread_cond_wait(&park_cond, &park_lock);
+    pthread_mutex_unlock(&park_lock);
+    return NULL;
+}
+
+static pthread_t *spawn_parked(int n) {
+    pthread_t *ths = malloc(sizeof *ths * n);
+    tids = calloc(n, sizeof *tids);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    for (int i = 0; i < n; i++)
+        if (pthread_create(&ths[i], &attr, park, (void *)(intptr_t)i) != 0) { perror("create"); exit(1); }
+    pthread_mutex_lock(&park_lock);
+    while (parked < n) pthread_cond_wait(&park_cond, &park_lock);
+    pthread_mutex_unlock(&park_lock);
+    return ths;
+}
+
+static void join_parked(pthread_t *ths, int n) {
+    pthread_mutex_lock(&park_lock);
+    unpark = 1;
+    pthread_cond_broadcast(&park_cond);
+    pthread_mutex_unlock(&park_lock);
+    for (int i = 0; i < n; i++) pthread_join(ths[i], NULL);
+    free(ths);
+}
+
+struct sweep_args { int n, k; };
+static void *sweep(void *p) {
+    struct sweep_args *a = p;
+    pthread_t *ths = spawn_parked(a->n);
+    uint64_t *lib = malloc(sizeof *lib * a->k), *raw = malloc(sizeof *raw * a->k);
+    cpu_set_t all, one;
+    sched_getaffinity(0, sizeof all, &all);
+    CPU_ZERO(&one);
+    for (int c = CPU_SETSIZE - 1; c >= 0; c--)
+        if (CPU_ISSET(c, &all)) { CPU_SET(c, &one); break; }
+    for (int r = 0; r < a->k; r++) {
+        uint64_t t0 = now_ns();
+        int64_t l = configure(0);
+        release_lease(l);
+        lib[r] = now_ns() - t0;
+        t0 = now_ns();
+        for (int i = 0; i < a->n; i++) syscall(SYS_sched_setaffinity, tids[i], sizeof one, &one);
+        for (int i = 0; i < a->n; i++) syscall(SYS_sched_setaffinity, tids[i], sizeof all, &all);
+        raw[r] = now_ns() - t0;
+    }
+    printf("library_ns %llu floor_ns %llu\n", (unsigned long long)median(lib, a->k),
+           (unsigned long long)median(raw, a->k));
+    join_parked(ths, a->n);
+    return NULL;
+}
+
+struct par_args { int n; };
+static void *creator(void *p) {
+    struct par_args *a = p;
+    for (int i = 0; i < a->n; i++) {
+        pthread_t th;
+        pthread_create(&th, NULL, nothing, NULL);
+        pthread_join(th, NULL);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) { fprintf(stderr, "usage: see the comment at the top\n"); return 2; }
+    configure = (configure_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
+    release_lease = (release_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_release");
+    int n = atoi(argv[2]);
+    const char *mode = argv[1];
+    if (!strcmp(mode, "create")) {
+        int apply = argc > 3 && !strcmp(argv[3], "apply");
+        if (apply) {
+            void *work = dlopen(getenv("BENCH_WORK_LIB"), RTLD_NOW);
+            if (!work) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+            void *(*routine)(void *) = (void *(*)(void *))dlsym(work, "bench_work_routine");
+            pthread_t w;
+            pthread_create(&w, NULL, open_lease, NULL);
+            pthread_join(w, NULL);
+            round_trips(n, routine); /* the main thread is a host */
+        } else {
+            struct create_args a = {n, nothing};
+            pthread_t w;
+            pthread_create(&w, NULL, create_on_worker, &a);
+            pthread_join(w, NULL);
+        }
+    } else if (!strcmp(mode, "nolease")) {
+        round_trips(n, nothing);
+    } else if (!strcmp(mode, "selfpin")) {
+        cpu_set_t all;
+        sched_getaffinity(0, sizeof all, &all);
+        CPU_ZERO(&last_cpu);
+        for (int c = CPU_SETSIZE - 1; c >= 0; c--)
+            if (CPU_ISSET(c, &all)) { CPU_SET(c, &last_cpu); break; }
+        round_trips(n, pin_self);
+    } else if (!strcmp(mode, "sweep")) {
+        if (!configure) { fprintf(stderr, "sweep needs the library\n"); return 1; }
+        struct sweep_args a = {n, argc > 3 ? atoi(argv[3]) : 9};
+        pthread_t w;
+        pthread_create(&w, NULL, sweep, &a);
+        pthread_join(w, NULL);
+    } else if (!strcmp(mode, "churn")) {
+        printf("rss_kb 0 %ld\n", rss_kb());
+        for (int i = 1; i <= n; i++) {
+            pthread_t th;
+            pthread_create(&th, NULL, nothing, NULL);
+            pthread_join(th, NULL);
+            if (i % (n / 10) == 0) printf("rss_kb %d %ld\n", i, rss_kb());
+        }
+    } else if (!strcmp(mode, "parallel")) {
+        int c = n, per = atoi(argv[3]);
+        pthread_t ths[64];
+        struct par_args a = {per};
+        uint64_t t0 = now_ns();
+        for (int i = 0; i < c; i++) pthread_create(&ths[i], NULL, creator, &a);
+        for (int i = 0; i < c; i++) pthread_join(ths[i], NULL);
+        printf("elapsed_ns %llu\n", (unsigned long long)(now_ns() - t0));
+    } else if (!strcmp(mode, "registry")) {
+        long before = rss_kb();
+        pthread_t *ths = spawn_parked(n);
+        long after = rss_kb();
+        printf("rss_kb_before %ld rss_kb_after %ld\n", before, after);
+        join_parked(ths, n);
+    }
+    fflush(stdout);
+    if (lease > 0 && release_lease) release_lease(lease);
+    return 0;
+}
