@@ -367,10 +367,17 @@ impl Registry {
             Some(c) if c.placement.set_by_library() => c.natural.clone(),
             _ => inherited.clone(),
         };
+        // A configure that promoted the creator after it planned this thread, but before the
+        // thread could register, did not see it: it is a live descendant on its birth mask, so
+        // it is promoted here, as configure would have (SPEC §2).
+        let role = match &creator {
+            Some(c) if plan.role == Role::Host && c.role == Role::Worker => Role::Worker,
+            _ => plan.role,
+        };
         let (mask, placement) = if let Some(explicit) = &plan.explicit {
             (explicit.clone(), Placement::Explicit)
         } else {
-            let (wanted, placement) = self.birth(plan.role, creator.as_ref(), &inherited);
+            let (wanted, placement) = self.birth(role, creator.as_ref(), &inherited);
             if wanted != inherited && kernel.set(tid, &wanted).is_err() {
                 (inherited.clone(), Placement::Inherited)
             } else {
@@ -382,7 +389,7 @@ impl Registry {
         // nor a release "restore" it.
         let placement = match &creator {
             Some(c)
-                if plan.role == Role::Worker
+                if role == Role::Worker
                     && placement == Placement::Inherited
                     && c.placement.chosen_by_others() =>
             {
@@ -393,7 +400,7 @@ impl Registry {
         self.insert(ThreadEntry {
             tid,
             handle,
-            role: plan.role,
+            role,
             placement,
             natural: if placement == Placement::Explicit {
                 mask.clone()

@@ -79,16 +79,32 @@ impl Report {
     }
 }
 
-/// Writes the report without following a symlink at `path`, mode 0644 whatever the umask.
+/// Writes the report without following a symlink at `path`, mode 0644 whatever the umask. What
+/// is planted at the path cannot redirect or stop the write: a FIFO does not block the open
+/// (`O_NONBLOCK`), and anything but a regular file with a single link (a FIFO, a device, a hard
+/// link to another file) is refused before a byte of it changes.
 pub fn write_file(path: &Path, json: &str) -> std::io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .mode(0o644)
-        .open(path)?;
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENXIO) => std::io::Error::other("a FIFO; nothing written"),
+            _ => e,
+        })?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file; nothing written"));
+    }
+    if meta.nlink() != 1 {
+        return Err(std::io::Error::other(
+            "a file with other hard links; nothing written",
+        ));
+    }
+    file.set_len(0)?;
     file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
     file.write_all(json.as_bytes())?;
     file.write_all(b"\n")

@@ -184,7 +184,7 @@ impl Settings {
         }
         if let Some(v) = lookup("TLLM_AFFINITY_SYSFS_ROOT") {
             let path = PathBuf::from(&v);
-            if v.is_empty() || !path.is_dir() {
+            if v.is_empty() || !path.join("sys").is_dir() {
                 fail(
                     "TLLM_AFFINITY_SYSFS_ROOT",
                     &v,
@@ -207,10 +207,20 @@ impl Settings {
             }
         }
         if let Some(v) = lookup("TLLM_AFFINITY_REPORT") {
-            if v.is_empty() {
-                fail("TLLM_AFFINITY_REPORT", &v, "a file path");
+            let path = PathBuf::from(&v);
+            // Checked now rather than at exit, where nothing can be done about it any more.
+            let dir_exists = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.is_dir(),
+                _ => true,
+            };
+            if v.is_empty() || path.is_dir() || !dir_exists {
+                fail(
+                    "TLLM_AFFINITY_REPORT",
+                    &v,
+                    "a file path in an existing directory",
+                );
             } else {
-                s.report_path = Some(PathBuf::from(v));
+                s.report_path = Some(path);
             }
         }
         if let Some(v) = lookup("TLLM_AFFINITY_PROCESS_ROLE") {

@@ -534,8 +534,12 @@ fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<usize>, TopologyErro
             continue;
         };
         if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) {
-            if let Ok(id) = rest.parse() {
-                ids.push(id);
+            // No kernel numbers CPUs, nodes or idle states past MAX_CPU; a stray `cpu<huge>`
+            // entry must not make a mask allocate gigabytes.
+            if let Ok(id) = rest.parse::<usize>() {
+                if id <= crate::mask::MAX_CPU {
+                    ids.push(id);
+                }
             }
         }
     }

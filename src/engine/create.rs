@@ -166,8 +166,10 @@ fn explicit_mask(attr: *const libc::pthread_attr_t) -> Option<CpuMask> {
 
 extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     // SAFETY: `raw` is the packet the hook boxed for this thread and handed to no one else.
-    let packet = unsafe { Box::from_raw(raw as *mut StartPacket) };
-    let StartPacket { start, arg, plan } = *packet;
+    // Moved out of a temporary box, freed at the end of this statement: a box bound to a name
+    // would stay allocated (a pending drop in this frame) until the user routine returned, which
+    // `pthread_exit` and cancellation unwind through, and which a fork child never sees end.
+    let StartPacket { start, arg, plan } = unsafe { *Box::from_raw(raw as *mut StartPacket) };
     let _ = catch_unwind(AssertUnwindSafe(|| register_self(plan)));
     // SAFETY: the user's routine with the user's argument, as pthread_create was asked to run.
     // Nothing with a destructor is alive in this frame.

@@ -117,14 +117,18 @@ fn initialise() -> State {
     let (settings, errors) = Settings::from_env();
     crate::log::set_level(settings.log);
     if !errors.is_empty() {
+        // One line per malformed variable (SPEC §8, §9), saying what follows from it.
         for e in &errors {
-            log_error!("{e}");
+            if settings.strict {
+                log_error!("{e}; stopping with status 2 (TLLM_AFFINITY_STRICT=1)");
+            } else {
+                log_error!("{e}; staying passive: no thread mask will be changed");
+            }
         }
         if settings.strict {
             // SAFETY: _exit ends the process at once; TLLM_AFFINITY_STRICT asked for exactly this.
             unsafe { libc::_exit(2) };
         }
-        log_error!("staying passive: no thread mask will be changed");
         return State::Passive;
     }
     let pid = kernel::getpid();

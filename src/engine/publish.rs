@@ -10,7 +10,9 @@ use std::sync::atomic::AtomicU64;
 use crate::threadtable::{self, CAPACITY, HEADER_BYTES};
 
 /// Creates (or takes over, if this uid left it) the table file for this pid and maps its
-/// records. `None` when the directory refuses: `ps` then shows masks without roles.
+/// records. `None` when the directory refuses, or something else holds the path (a symbolic
+/// link, a FIFO, a directory, a hard link, another user's file): `ps` then shows masks without
+/// roles.
 pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)> {
     let pid = std::process::id();
     let path = threadtable::directory(fallback_dir).join(threadtable::file_name(pid));
@@ -18,13 +20,15 @@ pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)>
         .read(true)
         .write(true)
         .create(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .mode(0o644)
         .open(&path)
         .ok()?;
     let meta = file.metadata().ok()?;
+    // Only a regular file of ours with no other name: never truncate and map a file that a
+    // hard link planted at the predictable path shares with something else.
     // SAFETY: geteuid has no preconditions.
-    if !meta.is_file() || meta.uid() != unsafe { libc::geteuid() } {
+    if !meta.is_file() || meta.nlink() != 1 || meta.uid() != unsafe { libc::geteuid() } {
         return None;
     }
     file.set_permissions(std::fs::Permissions::from_mode(0o644))

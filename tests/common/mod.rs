@@ -293,6 +293,8 @@ impl Population {
 
     /// Runs the program to its end, answering every phase, and collects what it printed.
     pub fn finish(mut self) -> Finished {
+        // Answer a phase the program may still be waiting at, then close its stdin.
+        self.proceed();
         drop(self.stdin.take());
         let mut rest = String::new();
         std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
@@ -377,4 +379,419 @@ fn rand_suffix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos() as u64)
         .unwrap_or(0)
+}
+
+// ---- Helpers of the runtime, MPI, constraint and deployment tests (tests/runtimes.rs, ...) ----
+
+/// As [`compile_c`], with another compiler driver (`mpicc`) and extra flags (`-fopenmp`).
+/// `shared` builds `lib<name>.so.2`.
+pub fn compile_with(name: &str, shared: bool, compiler: &str, flags: &[&str]) -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = target_dir().join("test-programs");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = if shared {
+        out_dir.join(format!("lib{name}.so.2"))
+    } else {
+        out_dir.join(name)
+    };
+    let src = programs_dir().join(format!("{name}.c"));
+    let fresh = out.metadata().and_then(|m| m.modified()).ok()
+        >= src.metadata().and_then(|m| m.modified()).ok()
+        && out.exists();
+    if !fresh {
+        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+        let mut cmd = Command::new(compiler);
+        cmd.args(["-O1", "-g", "-Wall", "-pthread"]).args(flags);
+        if shared {
+            cmd.args(["-fPIC", "-shared"]);
+        }
+        cmd.arg("-o").arg(&tmp).arg(&src).arg("-ldl");
+        let status = cmd.status().unwrap_or_else(|e| panic!("{compiler}: {e}"));
+        assert!(status.success(), "compiling {} failed", src.display());
+        std::fs::rename(&tmp, &out).unwrap();
+    }
+    out
+}
+
+/// `librt_omp.so.2`: tests/programs/rt_omp.c built with `-fopenmp` (a real libgomp pool).
+pub fn rt_omp() -> PathBuf {
+    compile_with("rt_omp", true, "cc", &["-fopenmp"])
+}
+
+impl Population {
+    /// Waits for a line starting with `prefix` (before the next phase) and returns the rest.
+    pub fn line(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(
+                n > 0,
+                "program ended before printing {prefix:?}; stderr:\n{}",
+                self.stderr()
+            );
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+}
+
+/// `GET <path>` on 127.0.0.1:`port` from a new thread; the handle gives the whole response.
+/// Bounded: a server that never answers fails the request after 30 s.
+pub fn http_get(port: u16, path: &str) -> std::thread::JoinHandle<String> {
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("response");
+        response
+    })
+}
+
+// ---- Lifecycle, fault, stress and security tests (tests/lifecycle.rs and its siblings) ----
+
+/// Compiles `tests/programs/<src>.c` (which may include `lc_common.h`) into `out_name` under
+/// target/<profile>/test-programs, with `extra` cc arguments (link flags, `-shared -fPIC`);
+/// rebuilt when the source, the shared header or the cc arguments changed.
+pub fn compile_lc(src: &str, out_name: &str, extra: &[&str]) -> PathBuf {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let out_dir = target_dir().join("test-programs");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join(out_name);
+    let src_path = programs_dir().join(format!("{src}.c"));
+    let header = programs_dir().join("lc_common.h");
+    let stamp = out.with_extension("args");
+    let args = extra.join(" ");
+    let newest_input = [&src_path, &header]
+        .iter()
+        .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .max();
+    let fresh = out.exists()
+        && out.metadata().and_then(|m| m.modified()).ok() >= newest_input
+        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(args.as_str());
+    if !fresh {
+        let tmp = out_dir.join(format!("{out_name}.tmp{}", std::process::id()));
+        let status = Command::new("cc")
+            .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
+            .arg("-o")
+            .arg(&tmp)
+            .arg(&src_path)
+            .args(extra)
+            .arg("-ldl")
+            .status()
+            .expect("cc");
+        assert!(status.success(), "compiling {} failed", src_path.display());
+        std::fs::rename(&tmp, &out).unwrap();
+        std::fs::write(&stamp, &args).unwrap();
+    }
+    out
+}
+
+/// The thread ids the kernel lists for a live process.
+pub fn task_tids(pid: u32) -> std::collections::BTreeSet<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The thread ids a JSON report lists.
+pub fn report_tids(report: &serde_json::Value) -> std::collections::BTreeSet<i32> {
+    report["threads"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t["tid"].as_i64())
+                .map(|t| t as i32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One thread of a JSON report, by tid.
+pub fn report_thread(report: &serde_json::Value, tid: i32) -> &serde_json::Value {
+    report["threads"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["tid"].as_i64() == Some(tid as i64)))
+        .unwrap_or_else(|| panic!("thread {tid} is not in the report {report}"))
+}
+
+/// `key=value` from a result line such as `CHILD main threads=1 role=0`.
+pub fn field(line: &str, key: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+        .to_string()
+}
+
+/// What each thread of a live process is blocked in, for a watchdog's message.
+pub fn thread_states(pid: u32) -> String {
+    task_tids(pid)
+        .iter()
+        .map(|tid| {
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
+                .unwrap_or_default();
+            let stat =
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).unwrap_or_default();
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next())
+                .unwrap_or("?")
+                .to_string();
+            format!("{tid}:{state}:{wchan}")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A program driven line by line with a deadline: every wait for output fails the test (and
+/// kills the process) when the deadline passes, so a hang is a failure, never a stuck test.
+pub struct Driver {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+    stderr_path: PathBuf,
+    _dir: tempfile::TempDir,
+    deadline: std::time::Instant,
+    /// Every stdout line read so far.
+    pub out: Vec<String>,
+}
+
+impl Driver {
+    pub fn spawn(mut cmd: Command, limit: std::time::Duration) -> Driver {
+        let dir = tempfile::tempdir().unwrap();
+        let stderr_path = dir.path().join("stderr");
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Driver {
+            child,
+            stdin,
+            lines: rx,
+            stderr_path,
+            _dir: dir,
+            deadline: std::time::Instant::now() + limit,
+            out: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    fn fail(&mut self, why: &str) -> ! {
+        let states = thread_states(self.pid());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        panic!(
+            "{why}\nthreads (tid:state:wchan): {states}\nstdout so far:\n{}\nstderr:\n{}",
+            self.out.join("\n"),
+            self.stderr()
+        );
+    }
+
+    /// The next stdout line that starts with `prefix` (lines before it are kept in `out`).
+    pub fn line(&mut self, prefix: &str) -> String {
+        loop {
+            let left = self
+                .deadline
+                .saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.out.push(line.clone());
+                    if line.starts_with(prefix) {
+                        return line;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    self.fail(&format!("deadline passed waiting for {prefix:?}: killed"))
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait().ok();
+                    self.fail(&format!(
+                        "the program ended ({status:?}) before printing {prefix:?}"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// The next PHASE line, with every named thread's mask read from `/proc`.
+    pub fn phase(&mut self) -> Phase {
+        let line = self.line("PHASE ");
+        let pid = self.pid();
+        let mut words = line.split_whitespace().skip(1);
+        let name = words.next().unwrap().to_string();
+        let threads = words
+            .filter_map(|w| {
+                let (thread, rest) = w.split_once('=')?;
+                let (tid, role) = rest.split_once(':')?;
+                let tid: i32 = tid.parse().ok()?;
+                let mask = try_kernel_mask(pid, tid)?;
+                Some((
+                    thread.to_string(),
+                    ThreadSeen {
+                        tid,
+                        role: role.parse().ok()?,
+                        mask,
+                    },
+                ))
+            })
+            .collect();
+        Phase { name, threads }
+    }
+
+    /// The next `REPORT <tag> <json>` line, parsed.
+    pub fn report(&mut self, tag: &str) -> serde_json::Value {
+        let line = self.line(&format!("REPORT {tag} "));
+        let json = &line[format!("REPORT {tag} ").len()..];
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"))
+    }
+
+    /// Lets the program go on past its current phase.
+    pub fn proceed(&mut self) {
+        if let Some(stdin) = self.stdin.as_mut() {
+            let _ = stdin.write_all(b"\n").and_then(|_| stdin.flush());
+        }
+    }
+
+    /// Answers the current phase, closes stdin, reads the rest of stdout and waits for the end,
+    /// all before the deadline;
+    /// `stdout` is everything the program printed.
+    pub fn finish(mut self) -> Finished {
+        // Answer a phase the program may still be waiting at, then close its stdin.
+        self.proceed();
+        drop(self.stdin.take());
+        let mut rest = Vec::new();
+        loop {
+            let left = self
+                .deadline
+                .saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => rest.push(line),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    self.out.append(&mut rest);
+                    self.fail("deadline passed waiting for the end: killed")
+                }
+            }
+        }
+        self.out.extend(rest);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Finished {
+                    status,
+                    stdout: self.out.join("\n"),
+                    stderr: self.stderr(),
+                };
+            }
+            if std::time::Instant::now() > self.deadline {
+                self.fail("deadline passed waiting for the exit: killed");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+impl Driver {
+    /// Runs the program to its end, answering every PHASE line as it comes; `stdout` is
+    /// everything it printed.
+    pub fn answer_all(mut self) -> Finished {
+        loop {
+            let left = self
+                .deadline
+                .saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let phase = line.starts_with("PHASE ");
+                    self.out.push(line);
+                    if phase {
+                        self.proceed();
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return self.finish(),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    self.fail("deadline passed: killed")
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs a command to its end with stdin closed, failing (and killing it) past `limit`.
+pub fn run_bounded(cmd: Command, limit: std::time::Duration) -> Finished {
+    Driver::spawn(cmd, limit).finish()
+}
+
+/// One line per phase, `phase: thread=mask(role) ...`, for the tests' printed record (seen with
+/// `--nocapture`, and on failure).
+pub fn describe(phase: &Phase) -> String {
+    let role = |r: i32| match r {
+        0 => "host".to_string(),
+        1 => "worker".to_string(),
+        other => other.to_string(),
+    };
+    let threads: Vec<String> = phase
+        .threads
+        .iter()
+        .map(|(n, t)| format!("{n}=[{}]({})", t.mask.to_list(), role(t.role)))
+        .collect();
+    format!("{}: {}", phase.name, threads.join(" "))
+}
+
+impl Population {
+    /// Answers the phase the program waits at (if it is still there), closes its stdin, and
+    /// collects what it printed until it ends.
+    pub fn conclude(mut self) -> Finished {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"\n");
+            let _ = stdin.flush();
+        }
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        Finished {
+            status,
+            stdout: rest,
+            stderr: self.stderr(),
+        }
+    }
 }

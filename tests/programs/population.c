@@ -153,8 +153,9 @@ int main(int argc, char **argv) {
     note("main");
     spawn("H1");
     pthread_t w;
+    int before_w = n_threads;
     pthread_create(&w, NULL, worker, NULL);
-    wait_for_count(n_threads + 1);
+    wait_for_count(before_w + 1);
     for (int i = 1; i <= 6; i++) {
         static const char *names[] = {"", "C1", "C2", "C3", "C4", "C5", "C6"};
         ask_worker(SPAWN, names[i]);

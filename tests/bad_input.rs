@@ -1,0 +1,372 @@
+//! Issue #7, bad input, table-driven: every variable of SPEC §3–§8 with malformed values, under
+//! the real library, in a compiled C program (`lc_life exit 3`, which also makes a thread and
+//! reports) and in `sh -c 'exit 3'`.
+//!
+//! Load-time variables: exactly one `[tllm-affinity]` line, naming the variable, the value (as
+//! the line escapes it) and what was expected; the program runs on, with its own exit status;
+//! the library is passive. With TLLM_AFFINITY_STRICT=1: the same line and exit status 2.
+//! Configure-time variables (TLLM_AFFINITY_GPU, the local rank, CUDA_VISIBLE_DEVICES,
+//! CUDA_DEVICE_ORDER; a TLLM_AFFINITY_CPUS outside the cpuset): one line at configure naming the
+//! variable and the value, configure returns -errno (or pins nothing), no mask changes, the exit
+//! status is the program's own, STRICT or not (SPEC §8: STRICT is about settings read at load).
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn life() -> std::path::PathBuf {
+    compile_lc("lc_life", "lc_life", &[])
+}
+
+/// The `[tllm-affinity]` lines of a run's stderr.
+fn library_lines(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("[tllm-affinity]"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// How the line shows a value: as `str::escape_debug` does (one line whatever the value holds).
+fn shown(value: &str) -> String {
+    value.escape_debug().to_string()
+}
+
+fn run(program: Command, vars: &[(&str, &str)], strict: bool) -> Finished {
+    let mut cmd = program;
+    cmd.envs(vars.iter().copied());
+    if strict {
+        cmd.env("TLLM_AFFINITY_STRICT", "1");
+    }
+    run_bounded(cmd, LIMIT)
+}
+
+fn c_program(sysfs: &Sysfs, args: &[&str]) -> Command {
+    let mut cmd = preloaded(life(), sysfs);
+    cmd.env("TLLM_AFFINITY_LOG", "warn").args(args);
+    cmd
+}
+
+fn shell(sysfs: &Sysfs) -> Command {
+    let mut cmd = preloaded("sh", sysfs);
+    cmd.env("TLLM_AFFINITY_LOG", "warn").args(["-c", "exit 3"]);
+    cmd
+}
+
+#[test]
+fn malformed_load_time_variables_give_one_line_and_the_program_runs_on() {
+    let sysfs = Sysfs::two_nodes();
+    let long = "x".repeat(100_000);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let file = file.path().to_str().unwrap().to_string();
+    let empty_dir = tempfile::tempdir().unwrap();
+    let empty_dir = empty_dir.path().to_str().unwrap().to_string();
+    // (variable, malformed value, a fragment of what the line says was expected)
+    let cases: Vec<(&str, &str, &str)> = vec![
+        ("TLLM_AFFINITY_POLICY", "fast", "auto, numa, clear, keep"),
+        ("TLLM_AFFINITY_POLICY", "", "auto, numa, clear, keep"),
+        (
+            "TLLM_AFFINITY_POLICY",
+            "numa,clear",
+            "auto, numa, clear, keep",
+        ),
+        ("TLLM_AFFINITY_POLICY", "nu\nma", "auto, numa, clear, keep"),
+        (
+            "TLLM_AFFINITY_POLICY",
+            "\u{1b}[31mred",
+            "auto, numa, clear, keep",
+        ),
+        ("TLLM_AFFINITY_POLICY", &long, "auto, numa, clear, keep"),
+        ("TLLM_AFFINITY_CPUS", "0-", "cpulist"),
+        ("TLLM_AFFINITY_CPUS", "", "non-empty cpulist"),
+        ("TLLM_AFFINITY_CPUS", "a", "cpulist"),
+        ("TLLM_AFFINITY_CPUS", "3-1", "cpulist"),
+        ("TLLM_AFFINITY_CPUS", "1,,2", "cpulist"),
+        ("TLLM_AFFINITY_CPUS", "0-7:0", "cpulist"),
+        ("TLLM_AFFINITY_CPUS", "-1", "cpulist"),
+        ("TLLM_AFFINITY_CPUS", "0x3", "cpulist"),
+        ("TLLM_AFFINITY_CPUS", "0-99999999", "cpulist"),
+        ("TLLM_AFFINITY_CPUS", "18446744073709551616", "cpulist"),
+        (
+            "TLLM_AFFINITY_SYSFS_ROOT",
+            "/nonexistent/root",
+            "directory holding sys/",
+        ),
+        ("TLLM_AFFINITY_SYSFS_ROOT", "", "directory holding sys/"),
+        ("TLLM_AFFINITY_SYSFS_ROOT", &file, "directory holding sys/"),
+        (
+            "TLLM_AFFINITY_SYSFS_ROOT",
+            &empty_dir,
+            "directory holding sys/",
+        ),
+        ("TLLM_AFFINITY_PROCESS_ROLE", "boss", "host or worker"),
+        ("TLLM_AFFINITY_PROCESS_ROLE", "1", "host or worker"),
+        ("TLLM_AFFINITY_WORKER_LIBS", "libnccl[.so", "soname globs"),
+        ("TLLM_AFFINITY_WORKER_LIBS", "libucp*.so*,[", "soname globs"),
+        ("TLLM_AFFINITY_LOG", "loud", "off, error, warn, info, debug"),
+        ("TLLM_AFFINITY_LOG", "3", "off, error, warn, info, debug"),
+        ("TLLM_AFFINITY_REPORT", "", "file path"),
+        (
+            "TLLM_AFFINITY_REPORT",
+            "/nonexistent/dir/report.json",
+            "existing directory",
+        ),
+        ("TLLM_AFFINITY_REPORT", "/tmp", "file path"),
+        (
+            "TLLM_AFFINITY_STEP_CORE",
+            "-3",
+            "off, auto, or a CPU number",
+        ),
+        (
+            "TLLM_AFFINITY_STEP_CORE",
+            "fast",
+            "off, auto, or a CPU number",
+        ),
+        (
+            "TLLM_AFFINITY_STEP_CORE",
+            "1.5",
+            "off, auto, or a CPU number",
+        ),
+        (
+            "TLLM_AFFINITY_STEP_CORE",
+            "99999999999",
+            "off, auto, or a CPU number",
+        ),
+        (
+            "TLLM_AFFINITY_LOCK_DIR",
+            "/nonexistent/dir",
+            "existing directory",
+        ),
+        ("TLLM_AFFINITY_LOCK_DIR", "", "existing directory"),
+        ("TLLM_AFFINITY_LOCK_DIR", &file, "existing directory"),
+    ];
+    let mut tried = 0;
+    for (var, value, expected) in &cases {
+        let vars = [(*var, *value)];
+        let case = format!(
+            "{var}={:?}",
+            shown(value).chars().take(40).collect::<String>()
+        );
+        let relaxed = run(c_program(&sysfs, &["exit", "3"]), &vars, false);
+        assert_eq!(relaxed.status.code(), Some(3), "{case}: {}", relaxed.stderr);
+        let lines = library_lines(&relaxed.stderr);
+        assert_eq!(
+            lines.len(),
+            1,
+            "{case}: exactly one line:\n{}",
+            relaxed.stderr
+        );
+        let line = &lines[0];
+        let head = format!("{var}='{}' is not valid: expected ", shown(value));
+        assert!(line.contains(&head), "{case}: {line}");
+        assert!(line.contains(expected), "{case}: {line}");
+        assert!(line.contains("passive"), "{case}: {line}");
+        assert!(
+            relaxed.stdout.contains("\"state\":\"passive\""),
+            "{case}: the program ran on, the library passive:\n{}",
+            relaxed.stdout
+        );
+
+        let strict = run(c_program(&sysfs, &["exit", "3"]), &vars, true);
+        assert_eq!(
+            strict.status.code(),
+            Some(2),
+            "{case} strict: {}",
+            strict.stderr
+        );
+        let strict_lines = library_lines(&strict.stderr);
+        assert_eq!(strict_lines.len(), 1, "{case} strict:\n{}", strict.stderr);
+        assert!(
+            strict_lines[0].contains(&head),
+            "{case}: {}",
+            strict_lines[0]
+        );
+        assert!(strict_lines[0].contains(expected));
+        assert!(!strict.stdout.contains("REPORT"), "stopped at load");
+
+        let sh = run(shell(&sysfs), &vars, false);
+        assert_eq!(sh.status.code(), Some(3), "{case} in sh");
+        assert_eq!(
+            library_lines(&sh.stderr).len(),
+            1,
+            "{case} in sh: {}",
+            sh.stderr
+        );
+        let sh = run(shell(&sysfs), &vars, true);
+        assert_eq!(sh.status.code(), Some(2), "{case} in sh, strict");
+        tried += 1;
+    }
+
+    // TLLM_AFFINITY_STRICT itself: malformed means "not strict", so the status is the program's.
+    for value in ["yes", "2", "true", " 1x"] {
+        let end = run(
+            c_program(&sysfs, &["exit", "3"]),
+            &[("TLLM_AFFINITY_STRICT", value)],
+            false,
+        );
+        assert_eq!(end.status.code(), Some(3));
+        let lines = library_lines(&end.stderr);
+        assert_eq!(lines.len(), 1, "{}", end.stderr);
+        assert!(lines[0].contains(&format!("TLLM_AFFINITY_STRICT='{}'", shown(value))));
+        assert!(lines[0].contains("1 or 0"), "{}", lines[0]);
+        tried += 1;
+    }
+
+    // A step core outside the process mask: one line naming the CPU and the mask; the library
+    // stays active (the pin calls answer -EINVAL); STRICT stops with status 2.
+    for strict in [false, true] {
+        let end = run(
+            c_program(&sysfs, &["exit", "3"]),
+            &[("TLLM_AFFINITY_STEP_CORE", "1000")],
+            strict,
+        );
+        assert_eq!(end.status.code(), Some(if strict { 2 } else { 3 }));
+        let lines = library_lines(&end.stderr);
+        assert_eq!(lines.len(), 1, "{}", end.stderr);
+        assert!(
+            lines[0].contains("TLLM_AFFINITY_STEP_CORE=1000"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains(&allowed_cpus().to_list()), "{}", lines[0]);
+        tried += 1;
+    }
+    println!("bad input: {tried} malformed load-time values, each in C and sh, strict and not");
+}
+
+/// (variables, configure's device, configure's answer (0: a lease that pins nothing), the
+/// variable the line must name, the value it must show)
+type ConfigureCase<'a> = (Vec<(&'a str, &'a str)>, &'a str, i64, &'a str, &'a str);
+
+#[test]
+fn malformed_configure_time_variables_give_one_line_and_an_errno() {
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let cases: Vec<ConfigureCase> = vec![
+        (
+            vec![("TLLM_AFFINITY_GPU", "banana")],
+            "-1",
+            -19,
+            "TLLM_AFFINITY_GPU",
+            "banana",
+        ),
+        (
+            vec![("TLLM_AFFINITY_GPU", "7")],
+            "-1",
+            -19,
+            "TLLM_AFFINITY_GPU",
+            "7",
+        ),
+        (
+            vec![("TLLM_AFFINITY_GPU", "0000:99:00.0")],
+            "-1",
+            -19,
+            "TLLM_AFFINITY_GPU",
+            "0000:99:00.0",
+        ),
+        (
+            vec![("TLLM_AFFINITY_GPU", "zz:zz")],
+            "-1",
+            -19,
+            "TLLM_AFFINITY_GPU",
+            "zz:zz",
+        ),
+        (vec![("LOCAL_RANK", "x")], "-1", -19, "LOCAL_RANK", "x"),
+        (vec![("LOCAL_RANK", "-1")], "-1", -19, "LOCAL_RANK", "-1"),
+        (
+            vec![("CUDA_VISIBLE_DEVICES", "abc")],
+            "0",
+            -19,
+            "CUDA_VISIBLE_DEVICES",
+            "abc",
+        ),
+        (
+            vec![("CUDA_VISIBLE_DEVICES", "")],
+            "0",
+            -19,
+            "CUDA_VISIBLE_DEVICES",
+            "''",
+        ),
+        (
+            vec![("CUDA_VISIBLE_DEVICES", "5")],
+            "0",
+            -19,
+            "CUDA_VISIBLE_DEVICES",
+            "5",
+        ),
+        (
+            vec![("CUDA_VISIBLE_DEVICES", "1")],
+            "1",
+            -19,
+            "CUDA_VISIBLE_DEVICES",
+            "1",
+        ),
+        (
+            vec![("CUDA_VISIBLE_DEVICES", "GPU-0f1e2d3c")],
+            "0",
+            -19,
+            "CUDA_VISIBLE_DEVICES",
+            "GPU-0f1e2d3c",
+        ),
+        (
+            vec![("CUDA_VISIBLE_DEVICES", "MIG-1/2/3")],
+            "0",
+            -19,
+            "CUDA_VISIBLE_DEVICES",
+            "MIG-1/2/3",
+        ),
+        (
+            vec![("CUDA_DEVICE_ORDER", "FOO")],
+            "0",
+            -19,
+            "CUDA_DEVICE_ORDER",
+            "FOO",
+        ),
+        (
+            vec![("CUDA_DEVICE_ORDER", "pci_bus_id")],
+            "0",
+            -19,
+            "CUDA_DEVICE_ORDER",
+            "pci_bus_id",
+        ),
+        (
+            vec![("TLLM_AFFINITY_CPUS", "1000")],
+            "0",
+            0,
+            "TLLM_AFFINITY_CPUS",
+            "1000",
+        ),
+    ];
+    let mut tried = 0;
+    for (vars, device, answer, name, value) in &cases {
+        for strict in [false, true] {
+            let case = format!("{vars:?} configure({device}) strict={strict}");
+            let end = run(c_program(&sysfs, &["exit", "3", device]), vars, strict);
+            assert_eq!(end.status.code(), Some(3), "{case}: {}", end.stderr);
+            let line = end
+                .stdout
+                .lines()
+                .find(|l| l.starts_with("CONFIGURE main"))
+                .unwrap_or_else(|| panic!("{case}: {}", end.stdout));
+            let lease: i64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+            if *answer < 0 {
+                assert_eq!(lease, *answer, "{case}: {line}");
+            } else {
+                assert!(lease > 0, "{case}: {line}");
+            }
+            assert_eq!(field(line, "mask"), all, "{case}: no mask changed");
+            let lines = library_lines(&end.stderr);
+            assert_eq!(lines.len(), 1, "{case}: one line\n{}", end.stderr);
+            assert!(lines[0].contains(name), "{case}: {}", lines[0]);
+            assert!(lines[0].contains(value), "{case}: {}", lines[0]);
+            assert!(end.stdout.contains("\"state\":\"active\""), "{case}");
+            tried += 1;
+        }
+    }
+    println!("bad input: {tried} configure-time runs");
+}

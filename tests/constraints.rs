@@ -1,0 +1,325 @@
+//! External constraints for real (issue #5, item 3; SPEC §3): `numactl --physcpubind`, `taskset
+//! -c` and a cpuset cgroup the test creates, around the Python population
+//! (tests/programs/rt_population.py) and, under numactl, the C population
+//! (tests/programs/population.c). tests/engine_population.rs covers the C population under
+//! taskset and in a cgroup; this file covers the rest. Every mask is read from
+//! `/proc/<pid>/task/<tid>/status`.
+//!
+//! Simulated host (Sysfs::two_nodes): device 0's GPU is local to node 1, device 1's to node 0.
+//! The constraint binds the process to node 0's CPUs, so "GPU-local" (node 1), "keep" (node 0)
+//! and "clear" (the whole cpuset) are three different masks. With two CPUs: {1}, {0}, {0-1}.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+const HOSTS: [&str; 3] = ["main", "host", "host_late"];
+const WORKERS: [&str; 5] = ["worker", "child0", "child1", "grandchild", "child_late"];
+
+/// What runs around the program.
+#[derive(Clone, Copy)]
+enum Around<'a> {
+    Numactl(&'a str),
+    Taskset(&'a str),
+    Cgroup(&'a CpusetCgroup),
+}
+
+impl std::fmt::Debug for Around<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Around::Numactl(cpus) => write!(f, "numactl --physcpubind={cpus}"),
+            Around::Taskset(cpus) => write!(f, "taskset -c {cpus}"),
+            Around::Cgroup(group) => write!(f, "cgroup {}", group.path.display()),
+        }
+    }
+}
+
+fn wrap(around: Around, sysfs: &Sysfs, program: &std::path::Path, args: &[&str]) -> Command {
+    let mut cmd = match around {
+        Around::Numactl(cpus) => {
+            let mut c = preloaded("numactl", sysfs);
+            c.arg(format!("--physcpubind={cpus}")).arg(program);
+            c
+        }
+        Around::Taskset(cpus) => {
+            let mut c = preloaded("taskset", sysfs);
+            c.arg("-c").arg(cpus).arg(program);
+            c
+        }
+        Around::Cgroup(group) => {
+            let mut c = group.wrap(program, &[]);
+            c.env("LD_PRELOAD", library())
+                .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+                .env("TLLM_AFFINITY_LOG", "info");
+            for var in [
+                "TLLM_NUMA_AWARE_WORKER_AFFINITY",
+                "TLLM_AFFINITY_POLICY",
+                "TLLM_AFFINITY_CPUS",
+                "TLLM_AFFINITY_GPU",
+                "TLLM_AFFINITY_PROCESS_ROLE",
+                "CUDA_VISIBLE_DEVICES",
+            ] {
+                c.env_remove(var);
+            }
+            c
+        }
+    };
+    cmd.args(args);
+    cmd
+}
+
+/// The Python population under `around`: its three phases and what it printed.
+fn python_population(
+    sysfs: &Sysfs,
+    around: Around,
+    device: &str,
+    vars: &[(&str, &str)],
+) -> ([Phase; 3], Finished) {
+    let script = programs_dir().join("rt_population.py");
+    let script = script.to_str().unwrap();
+    let mut cmd = wrap(around, sysfs, &python(), &[script, device]);
+    cmd.envs(vars.iter().copied());
+    let mut run = Population::spawn(cmd);
+    let mut phases = Vec::new();
+    for i in 0..3 {
+        if i > 0 {
+            run.proceed();
+        }
+        phases.push(run.phase());
+    }
+    let end = run.conclude();
+    assert!(end.status.success(), "{around:?} {vars:?}: {}", end.stderr);
+    for phase in &phases {
+        println!("{around:?} device {device} {vars:?} {}", describe(phase));
+    }
+    (phases.try_into().unwrap(), end)
+}
+
+/// The library's own view, printed by rt_population.py after configure.
+fn report_line(end: &Finished) -> serde_json::Value {
+    let line = end
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("REPORT "))
+        .unwrap_or_else(|| panic!("no REPORT line:\n{}", end.stderr));
+    serde_json::from_str(line).unwrap()
+}
+
+/// The Python population's masks through one run: everyone on `load` before configure, workers
+/// on `worker` and hosts on `load` during the lease, everyone on `load` after release.
+fn assert_python_population(phases: &[Phase; 3], load: &str, worker: &str, case: &str) {
+    let [before, configured, released] = phases;
+    for (name, seen) in &before.threads {
+        assert_eq!(seen.mask.to_list(), load, "{case}: {name} before configure");
+    }
+    for t in WORKERS {
+        assert_eq!(
+            (configured.mask(t), configured.role(t)),
+            (worker.to_string(), 1),
+            "{case}: worker thread {t}"
+        );
+    }
+    for t in HOSTS {
+        assert_eq!(
+            (configured.mask(t), configured.role(t)),
+            (load.to_string(), 0),
+            "{case}: host thread {t} is never widened nor narrowed"
+        );
+    }
+    for (name, seen) in &released.threads {
+        assert_eq!(seen.mask.to_list(), load, "{case}: {name} after release");
+    }
+}
+
+fn two_cpus_or_skip() -> bool {
+    let all = allowed_cpus();
+    if all.count() < 2 {
+        println!("skipped: a constraint narrower than the cpuset needs two allowed CPUs, this process has [{all}]");
+        return false;
+    }
+    true
+}
+
+/// Variables set for one row of the policy table.
+type Vars = &'static [(&'static str, &'static str)];
+
+/// The policy table of SPEC §3 under a constraint: (variables, worker mask, whether the
+/// server's "constrained" warning is due). `narrow` is the constraint, `local` GPU 0's set.
+fn constrained_rows<'a>(
+    all: &'a str,
+    local: &'a str,
+    narrow: &'a str,
+) -> Vec<(Vars, &'a str, bool)> {
+    vec![
+        (&[], all, true),
+        (&[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "1")], local, false),
+        (&[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "0")], narrow, false),
+        (&[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "")], narrow, false),
+        (&[("TLLM_AFFINITY_POLICY", "auto")], all, true),
+        (
+            &[
+                ("TLLM_AFFINITY_POLICY", "numa"),
+                ("TLLM_NUMA_AWARE_WORKER_AFFINITY", "0"),
+            ],
+            local,
+            false,
+        ),
+        (
+            &[
+                ("TLLM_AFFINITY_POLICY", "clear"),
+                ("TLLM_NUMA_AWARE_WORKER_AFFINITY", "1"),
+            ],
+            all,
+            false,
+        ),
+        (&[("TLLM_AFFINITY_POLICY", "keep")], narrow, false),
+    ]
+}
+
+/// `numactl --physcpubind=<node 0>` around the Python population: the process is constrained
+/// (the library says so in its report), host threads keep numactl's binding whatever the
+/// policy, and worker threads get the policy table's answer.
+#[test]
+fn numactl_physcpubind_python_population_policy_table() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let narrow = sysfs.node0.to_list();
+    for (vars, worker, warns) in constrained_rows(&all, &local, &narrow) {
+        let case = format!("numactl --physcpubind={narrow} {vars:?}");
+        let (phases, end) = python_population(&sysfs, Around::Numactl(&narrow), "0", vars);
+        assert_python_population(&phases, &narrow, worker, &case);
+        let report = report_line(&end);
+        assert_eq!(report["mask_at_load"], narrow.as_str(), "{case}");
+        assert_eq!(report["constrained"], true, "{case}");
+        assert_eq!(
+            end.stderr.contains("has constrained CPU affinity"),
+            warns,
+            "{case}: the constrained warning:\n{}",
+            end.stderr
+        );
+    }
+}
+
+/// The same under `taskset -c`, for the Python population (the C population's is in
+/// tests/engine_population.rs): the three rows that differ.
+#[test]
+fn taskset_python_population_policy_table() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let narrow = sysfs.node0.to_list();
+    for (vars, worker, warns) in constrained_rows(&all, &local, &narrow).into_iter().take(3) {
+        let case = format!("taskset -c {narrow} {vars:?}");
+        let (phases, end) = python_population(&sysfs, Around::Taskset(&narrow), "0", vars);
+        assert_python_population(&phases, &narrow, worker, &case);
+        assert_eq!(report_line(&end)["constrained"], true, "{case}");
+        assert_eq!(
+            end.stderr.contains("has constrained CPU affinity"),
+            warns,
+            "{case}:\n{}",
+            end.stderr
+        );
+    }
+}
+
+/// `numactl --physcpubind` around the C population (its worker-libs thread included): the
+/// rows that differ, host threads on numactl's binding.
+#[test]
+fn numactl_physcpubind_c_population() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let narrow = sysfs.node0.to_list();
+    let program = compile_c("population", false);
+    let nccl = compile_c("nccl", true);
+    for (vars, worker, warns) in constrained_rows(&all, &local, &narrow).into_iter().take(3) {
+        let case = format!("C population, numactl --physcpubind={narrow} {vars:?}");
+        let mut cmd = wrap(Around::Numactl(&narrow), &sysfs, &program, &["0"]);
+        cmd.env("FAKE_NCCL", &nccl).envs(vars.iter().copied());
+        let mut run = Population::spawn(cmd);
+        let before = run.phase();
+        run.proceed();
+        let configured = run.phase();
+        let end = run.conclude();
+        println!("{case} {}", describe(&configured));
+        for (name, seen) in &before.threads {
+            assert_eq!(seen.mask.to_list(), narrow, "{case}: {name} before");
+        }
+        for t in ["W", "C1", "G1", "C2", "P1"] {
+            assert_eq!(configured.mask(t), worker, "{case}: worker {t}");
+            assert_eq!(configured.role(t), 1, "{case}: worker {t}");
+        }
+        for t in ["main", "H1"] {
+            assert_eq!(configured.mask(t), narrow, "{case}: host {t}");
+        }
+        assert_eq!(
+            end.stderr.contains("has constrained CPU affinity"),
+            warns,
+            "{case}:\n{}",
+            end.stderr
+        );
+    }
+}
+
+/// A cpuset cgroup the test creates, confining the Python population to node 1: not a
+/// constraint (the mask at load equals the cpuset), so the unset policy places workers on the
+/// GPU-local set within it, with no "constrained" warning; a GPU whose CPUs lie outside the
+/// cpuset pins nothing and says why; "clear" means the cpuset, never the host. Nothing ever
+/// leaves the cpuset.
+#[test]
+fn cgroup_cpuset_python_population() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let local = sysfs.node1.to_list();
+    let group = match CpusetCgroup::create(&local) {
+        Ok(g) => g,
+        Err(why) => {
+            println!("skipped: cannot create a cpuset cgroup here ({why})");
+            return;
+        }
+    };
+    let around = Around::Cgroup(&group);
+
+    let (phases, end) = python_population(&sysfs, around, "0", &[]);
+    assert_python_population(&phases, &local, &local, "cgroup, device 0");
+    let report = report_line(&end);
+    assert_eq!(report["cpuset"], local.as_str());
+    assert_eq!(report["mask_at_load"], local.as_str());
+    assert_eq!(report["constrained"], false);
+    assert_eq!(report["worker_mask"], local.as_str());
+    assert!(
+        !end.stderr.contains("constrained CPU affinity"),
+        "{}",
+        end.stderr
+    );
+    assert!(
+        end.stderr.contains("NUMA-aware scheduling"),
+        "{}",
+        end.stderr
+    );
+
+    // Device 1 is local to node 0, outside the cpuset: nothing is pinned, and the log says why.
+    let (phases, end) = python_population(&sysfs, around, "1", &[]);
+    assert_python_population(&phases, &local, &local, "cgroup, device 1");
+    assert!(end.stderr.contains("no CPU in common"), "{}", end.stderr);
+
+    // "clear": the cpuset.
+    let (phases, end) =
+        python_population(&sysfs, around, "1", &[("TLLM_AFFINITY_POLICY", "clear")]);
+    assert_python_population(&phases, &local, &local, "cgroup, clear");
+    assert_eq!(report_line(&end)["worker_mask"], local.as_str());
+}

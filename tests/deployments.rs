@@ -1,0 +1,436 @@
+//! The four shared-process deployments of seeds/shared-process-affinity-never-restored.txt
+//! (issue #5, item 4; docs/runtimes.md), each as a Python program shaped like the deployment
+//! (tests/programs/rt_deploy_*.py over rt_trtllm.py, a shape-alike of the server's worker
+//! plumbing, with the real `tllm_affinity` adapter in place of `configure_cpu_affinity`). For
+//! each, the mask of every thread before, during and after the worker's life (released at
+//! shutdown) is read from `/proc/<pid>/task/<tid>/status` and asserted.
+//!
+//! Simulated host (Sysfs::two_nodes): device 0's GPU is local to node 1. With two CPUs:
+//! node0 = {0}, node1 = {1}.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn deployment(sysfs: &Sysfs, program: &str) -> Command {
+    let mut cmd = preloaded(python(), sysfs);
+    cmd.arg(programs_dir().join(program))
+        .env(
+            "PYTHONPATH",
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
+        )
+        .env("RT_OMP", rt_omp())
+        .env("RT_NCCL", compile_c("nccl", true))
+        .env("RT_SPAWN", compile_c("rt_spawn", true))
+        .env("OMP_NUM_THREADS", "3")
+        .env("OMP_WAIT_POLICY", "passive")
+        .env_remove("OMP_PROC_BIND")
+        .env_remove("OMP_PLACES")
+        .env_remove("GOMP_CPU_AFFINITY")
+        .env_remove("TLLM_AFFINITY_WORKER_LIBS");
+    cmd
+}
+
+fn two_cpus_or_skip() -> bool {
+    let all = allowed_cpus();
+    if all.count() < 2 {
+        println!("skipped: a worker set narrower than the host needs two allowed CPUs, this process has [{all}]");
+        return false;
+    }
+    true
+}
+
+/// Every thread of `phase` whose name starts with one of `prefixes` has `mask` and `role`; at
+/// least one such thread exists per prefix.
+fn expect(phase: &Phase, prefixes: &[&str], mask: &str, role: i32, why: &str) {
+    for prefix in prefixes {
+        let threads: Vec<_> = phase
+            .threads
+            .iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .collect();
+        assert!(!threads.is_empty(), "{}: no thread {prefix}*", phase.name);
+        for (name, seen) in threads {
+            assert_eq!(
+                (seen.mask.to_list().as_str(), seen.role),
+                (mask, role),
+                "{} {name} (tid {}): {why}",
+                phase.name,
+                seen.tid
+            );
+        }
+    }
+}
+
+/// Every thread of `phase` is on `mask` (whatever its role).
+fn everyone_on(phase: &Phase, mask: &str, why: &str) {
+    for (name, seen) in &phase.threads {
+        assert_eq!(seen.mask.to_list(), mask, "{} {name}: {why}", phase.name);
+    }
+}
+
+/// Runs a program through `count` phases with no action in between.
+fn run_phases(cmd: Command, count: usize) -> (Vec<Phase>, Finished) {
+    let mut run = Population::spawn(cmd);
+    let mut phases = Vec::new();
+    for i in 0..count {
+        if i > 0 {
+            run.proceed();
+        }
+        phases.push(run.phase());
+    }
+    (phases, run.conclude())
+}
+
+fn record(deployment: &str, phases: &[&Phase]) {
+    for phase in phases {
+        println!("{deployment} {}", describe(phase));
+    }
+}
+
+/// Deployment 1, single-process TP1 worker in the HTTP server's process: the event loop (main),
+/// the host pool (a background task's thread, the threads requests run on, made before, during
+/// and after the lease) keep the launch mask; the executor thread, the engine's threads and its
+/// OpenMP pool get the GPU-local set and serve the request; shutdown restores every mask.
+#[test]
+fn tp1_worker_inside_the_http_server() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let mut run = Population::spawn(deployment(&sysfs, "rt_deploy_tp1.py"));
+    let port: u16 = run.line("PORT ").parse().unwrap();
+    let before = run.phase();
+    run.proceed();
+    let during = run.phase();
+    let a = http_get(port, "/generate/a");
+    run.proceed();
+    let serving = run.phase();
+    run.proceed();
+    let shutdown = run.phase();
+    let b = http_get(port, "/generate/b");
+    run.proceed();
+    let after = run.phase();
+    let end = run.conclude();
+    assert!(end.status.success(), "{}", end.stderr);
+    record("tp1", &[&before, &during, &serving, &shutdown, &after]);
+
+    everyone_on(&before, &all, "nothing configured yet");
+    expect(
+        &before,
+        &["main", "host_pool0", "executor"],
+        &all,
+        0,
+        "host",
+    );
+
+    for phase in [&during, &serving] {
+        expect(
+            phase,
+            &["main", "host_pool0"],
+            &all,
+            0,
+            "the server's threads",
+        );
+        expect(
+            phase,
+            &["executor", "executor_loop", "await_response", "engine_omp"],
+            &local,
+            1,
+            "the worker's threads",
+        );
+    }
+    expect(
+        &serving,
+        &["req_a"],
+        &all,
+        0,
+        "a request thread made during the lease",
+    );
+    assert_ne!(
+        serving.thread("req_a").tid,
+        serving.thread("host_pool0").tid,
+        "the pool grew for the request: a thread the event loop made during the lease"
+    );
+
+    // Shutdown: the engine's threads were joined; the executor thread and its OpenMP pool
+    // remain, restored; the server's threads never moved.
+    everyone_on(&shutdown, &all, "restored at shutdown");
+    expect(&shutdown, &["executor", "engine_omp"], &all, 1, "restored");
+    everyone_on(&after, &all, "after the worker's life");
+    expect(&after, &["req_b"], &all, 0, "a request after shutdown");
+
+    let a = a.join().unwrap();
+    let b = b.join().unwrap();
+    assert!(a.starts_with("HTTP/1.0 200"), "{a}");
+    assert!(
+        a.contains(r#""role": 1"#),
+        "the engine (a worker) answered: {a}"
+    );
+    assert!(b.contains(r#""by": null"#), "no engine after shutdown: {b}");
+    assert!(
+        end.stderr.contains("released lease 1: restored"),
+        "{}",
+        end.stderr
+    );
+}
+
+/// Deployment 2, an externally supplied MpiCommSession, rank 0: the user's script (main, its
+/// event loop's executor, grown during the lease), the proxy's dispatch and result threads and
+/// the session's second pool thread keep the launch mask; worker_main's pool thread and the
+/// engine's threads get the GPU-local set and answer the proxied request; at shutdown the
+/// worker's pool thread, idle in the session's pool, is restored.
+#[test]
+fn mpi_comm_session_rank0_in_the_users_script() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let (phases, end) = run_phases(deployment(&sysfs, "rt_deploy_mpi_session.py"), 5);
+    assert!(end.status.success(), "{}", end.stderr);
+    let [before, during, serving, shutdown, after] = &phases[..] else {
+        unreachable!()
+    };
+    record("mpi-session", &[before, during, serving, shutdown, after]);
+
+    let script = ["main", "user_pool0", "proxy_dispatch", "proxy_result"];
+    everyone_on(before, &all, "nothing configured yet");
+    expect(before, &script, &all, 0, "the user's script");
+    for phase in [during, serving] {
+        expect(phase, &script, &all, 0, "the user's script");
+        expect(
+            phase,
+            &["session_pool1"],
+            &all,
+            0,
+            "the session's other pool thread",
+        );
+        expect(
+            phase,
+            &["session_worker", "executor_loop", "await_response"],
+            &local,
+            1,
+            "rank 0's worker",
+        );
+    }
+    expect(
+        serving,
+        &["user_pool_grown"],
+        &all,
+        0,
+        "the user's loop grew its executor during the lease",
+    );
+    // Two blocking calls ran at once on the loop's executor: two threads, one of them made
+    // (by the loop's thread) during the lease.
+    let held = serving.thread("user_pool_held").tid;
+    let grown = serving.thread("user_pool_grown").tid;
+    assert_ne!(held, grown, "{}", describe(serving));
+    assert!(
+        [held, grown]
+            .iter()
+            .any(|tid| during.threads.values().all(|t| t.tid != *tid)),
+        "the executor grew during the lease: {}",
+        describe(serving)
+    );
+    expect(
+        serving,
+        &["user_pool_held"],
+        &all,
+        0,
+        "the user's loop executor",
+    );
+
+    everyone_on(shutdown, &all, "restored at shutdown");
+    expect(
+        shutdown,
+        &["session_worker"],
+        &all,
+        1,
+        "the worker's pool thread, idle, restored",
+    );
+    expect(shutdown, &script, &all, 0, "never touched");
+    everyone_on(after, &all, "after the worker's life");
+    assert!(
+        end.stderr.contains("released lease 1: restored"),
+        "{}",
+        end.stderr
+    );
+}
+
+/// Deployment 3, external-launch VisualGen rank 0 under an HTTP server: the HTTP server (main)
+/// and its request threads, the coordinator thread started before the worker, with its own
+/// event loop and the executor threads it makes (before and during the lease), keep the launch
+/// mask; the worker thread, the engine's threads and its OpenMP denoising pool get the
+/// GPU-local set and answer the request relayed over loopback; shutdown restores them.
+#[test]
+fn visualgen_rank0_coordinator_started_before_the_worker() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let mut run = Population::spawn(deployment(&sysfs, "rt_deploy_visualgen.py"));
+    let port: u16 = run.line("PORT ").parse().unwrap();
+    let before = run.phase();
+    run.proceed();
+    let during = run.phase();
+    let a = http_get(port, "/generate/a");
+    run.proceed();
+    let serving = run.phase();
+    run.proceed();
+    let shutdown = run.phase();
+    let b = http_get(port, "/generate/b");
+    run.proceed();
+    let after = run.phase();
+    let end = run.conclude();
+    assert!(end.status.success(), "{}", end.stderr);
+    record(
+        "visualgen",
+        &[&before, &during, &serving, &shutdown, &after],
+    );
+
+    let hosts = ["main", "coordinator", "coord_pool0"];
+    everyone_on(&before, &all, "nothing configured yet");
+    expect(&before, &hosts, &all, 0, "host");
+    expect(
+        &before,
+        &["worker"],
+        &all,
+        0,
+        "not a worker until it configures",
+    );
+    for phase in [&during, &serving] {
+        expect(phase, &hosts, &all, 0, "the server and the coordinator");
+        expect(
+            phase,
+            &["worker", "executor_loop", "await_response", "engine_omp"],
+            &local,
+            1,
+            "the diffusion worker",
+        );
+    }
+    expect(
+        &serving,
+        &["req_a", "coord_pool_a"],
+        &all,
+        0,
+        "the request's threads, made during the lease",
+    );
+
+    everyone_on(&shutdown, &all, "restored at shutdown");
+    expect(&shutdown, &["worker", "engine_omp"], &all, 1, "restored");
+    expect(&shutdown, &hosts, &all, 0, "never touched");
+    everyone_on(&after, &all, "after the worker's life");
+    expect(&after, &["req_b"], &all, 0, "a request after shutdown");
+
+    let a = a.join().unwrap();
+    assert!(a.starts_with("HTTP/1.0 200"), "{a}");
+    assert!(a.contains(r#""role": 1"#), "the worker denoised: {a}");
+    let b = b.join().unwrap();
+    assert!(b.contains(r#""by": null"#), "{b}");
+    assert!(
+        end.stderr.contains("released lease 1: restored"),
+        "{}",
+        end.stderr
+    );
+}
+
+/// Deployment 4, the leader of a multi-node launch: the session server thread, main and the
+/// session's other pool thread keep the launch mask; rank 0's worker on the session pool, the
+/// engine's threads and every native progress thread started from the worker-libs object —
+/// by main before configure (MPI), by the worker (NCCL), by the session server during the
+/// lease — get the GPU-local set: NUMA pinning stays effective for the leader. Shutdown
+/// restores them all, and a progress thread started afterwards is born on the launch mask.
+#[test]
+fn multi_node_leader_session_server_and_progress_threads() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let (phases, end) = run_phases(deployment(&sysfs, "rt_deploy_leader.py"), 5);
+    assert!(end.status.success(), "{}", end.stderr);
+    let [before, during, serving, shutdown, after] = &phases[..] else {
+        unreachable!()
+    };
+    record("leader", &[before, during, serving, shutdown, after]);
+
+    let hosts = ["main", "session_server"];
+    everyone_on(before, &all, "nothing configured yet");
+    expect(before, &hosts, &all, 0, "host");
+    expect(
+        before,
+        &["mpi_progress"],
+        &all,
+        1,
+        "a worker by TLLM_AFFINITY_WORKER_LIBS, though main started it",
+    );
+    let workers = [
+        "leader_worker",
+        "executor_loop",
+        "await_response",
+        "mpi_progress",
+        "nccl_progress",
+    ];
+    for phase in [during, serving] {
+        expect(phase, &hosts, &all, 0, "the leader's host threads");
+        expect(
+            phase,
+            &["session_pool1"],
+            &all,
+            0,
+            "the session's other pool thread",
+        );
+        expect(phase, &workers, &local, 1, "rank 0's worker threads");
+    }
+    expect(
+        serving,
+        &["late_progress"],
+        &local,
+        1,
+        "started by the session server during the lease: born on the worker set",
+    );
+
+    everyone_on(shutdown, &all, "restored at shutdown");
+    expect(
+        shutdown,
+        &[
+            "leader_worker",
+            "mpi_progress",
+            "nccl_progress",
+            "late_progress",
+        ],
+        &all,
+        1,
+        "restored, still workers",
+    );
+    expect(shutdown, &hosts, &all, 0, "never touched");
+    expect(
+        after,
+        &["after_progress"],
+        &all,
+        1,
+        "born after the last release: on the restored mask",
+    );
+    everyone_on(after, &all, "after the worker's life");
+    assert!(
+        end.stderr.contains(&format!(
+            "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (2/2 threads)"
+        )),
+        "configure placed the worker and the progress thread main had started:\n{}",
+        end.stderr
+    );
+    assert!(
+        end.stderr.contains("released lease 1: restored"),
+        "{}",
+        end.stderr
+    );
+}

@@ -1,0 +1,543 @@
+//! Open MPI for real (issue #5, item 2; docs/runtimes.md): `mpirun -np 2` with the library
+//! preloaded through `-x LD_PRELOAD=...`, ranks linked with libmpi (tests/programs/rt_rank.c)
+//! so that Open MPI's own progress threads exist, every mask read from
+//! `/proc/<rank pid>/task/<tid>/status`.
+//!
+//! Simulated host (Sysfs::two_nodes): GPU 0 is local to node 1, GPU 1 to node 0; a dedicated
+//! worker rank is configured at load for its local rank modulo the two visible GPUs, so rank 0
+//! → GPU 0 → node 1 and rank 1 → GPU 1 → node 0. With two CPUs: node0 = {0}, node1 = {1}.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
+
+fn rank_program() -> PathBuf {
+    compile_with("rt_rank", false, "mpicc", &[])
+}
+
+/// One rank at one phase: what the rank said (pid, mask at load) and each named thread's role
+/// with the kernel's mask.
+struct RankPhase {
+    phase: Phase,
+    pid: u32,
+    load: CpuMask,
+    constrained: bool,
+}
+
+impl RankPhase {
+    /// The progress threads MPI_Init started (mpi1, mpi2, ...).
+    fn progress(&self) -> Vec<(&String, &ThreadSeen)> {
+        self.phase
+            .threads
+            .iter()
+            .filter(|(n, _)| n.starts_with("mpi"))
+            .collect()
+    }
+}
+
+/// A running `mpirun`: its ranks' PHASE lines arrive on stdout; a rank waits at each phase
+/// until the test creates the file of that name in the go directory.
+struct MpiRun {
+    child: Option<Child>,
+    lines: Receiver<String>,
+    pending: Vec<String>,
+    stderr: Arc<Mutex<String>>,
+    go: tempfile::TempDir,
+}
+
+/// A rank configuration: the variables of its app context and how many ranks run it.
+struct Ranks<'a> {
+    np: u32,
+    vars: &'a [(&'a str, &'a str)],
+}
+
+impl MpiRun {
+    /// `mpirun --bind-to <bind>` of rt_rank `mode`, one app context per entry of `contexts`
+    /// (several make an MPMD launch), the library and the simulated host exported to every rank
+    /// with `-x`, as docs/runtimes.md says.
+    fn start(sysfs: &Sysfs, bind: &str, mode: &str, contexts: &[Ranks]) -> MpiRun {
+        let go = tempfile::tempdir().unwrap();
+        let program = rank_program();
+        // A session directory of its own: concurrent mpiruns share the default one under
+        // /tmp, and one that ends removes it while another is creating its own inside it.
+        let session = go.path().join("tmp");
+        std::fs::create_dir(&session).unwrap();
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", bind])
+            .arg("--mca")
+            .arg("orte_tmpdir_base")
+            .arg(&session)
+            .env("TMPDIR", &session);
+        let global = [
+            format!("LD_PRELOAD={}", library().display()),
+            format!("TLLM_AFFINITY_SYSFS_ROOT={}", sysfs.path().display()),
+            "TLLM_AFFINITY_LOG=info".to_string(),
+            format!("RT_GO_DIR={}", go.path().display()),
+        ];
+        for (i, ranks) in contexts.iter().enumerate() {
+            if i > 0 {
+                cmd.arg(":");
+            }
+            cmd.args(["-np", &ranks.np.to_string()]);
+            // In an MPMD launch, `-x` applies to the app context it appears in.
+            for var in &global {
+                cmd.args(["-x", var]);
+            }
+            for (k, v) in ranks.vars {
+                cmd.args(["-x", &format!("{k}={v}")]);
+            }
+            cmd.arg(&program).arg(mode);
+        }
+        // Locally launched ranks inherit mpirun's environment: nothing of the test runner's
+        // own settings may leak into them.
+        for var in [
+            "LD_PRELOAD",
+            "TLLM_NUMA_AWARE_WORKER_AFFINITY",
+            "TLLM_AFFINITY_POLICY",
+            "TLLM_AFFINITY_CPUS",
+            "TLLM_AFFINITY_GPU",
+            "TLLM_AFFINITY_PROCESS_ROLE",
+            "TLLM_AFFINITY_WORKER_LIBS",
+            "TLLM_AFFINITY_STRICT",
+            "CUDA_VISIBLE_DEVICES",
+        ] {
+            cmd.env_remove(var);
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("mpirun");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let mut pipe = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        MpiRun {
+            child: Some(child),
+            lines,
+            pending: Vec::new(),
+            stderr,
+            go,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits (at most 30 s) for `rank` to reach `phase`, and reads its threads' masks.
+    fn expect(&mut self, phase: &str, rank: u32) -> RankPhase {
+        let prefix = format!("PHASE {phase} rank={rank} ");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let line = loop {
+            if let Some(i) = self.pending.iter().position(|l| l.starts_with(&prefix)) {
+                break self.pending.remove(i);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.pending.push(line),
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "rank {rank} never reached {phase}; output {:?}; stderr:\n{}",
+                    self.pending,
+                    self.stderr()
+                ),
+                Err(RecvTimeoutError::Disconnected) => panic!(
+                    "mpirun ended before rank {rank} reached {phase}; output {:?}; stderr:\n{}",
+                    self.pending,
+                    self.stderr()
+                ),
+            }
+        };
+        let mut fields = BTreeMap::new();
+        let mut threads = BTreeMap::new();
+        for word in line.split_whitespace().skip(2) {
+            let (key, value) = word.split_once('=').unwrap();
+            match value.split_once(':') {
+                Some((tid, role)) => {
+                    threads.insert(key.to_string(), (tid.parse::<i32>().unwrap(), role));
+                }
+                None => {
+                    fields.insert(key, value);
+                }
+            }
+        }
+        let pid: u32 = fields["pid"].parse().unwrap();
+        let threads = threads
+            .into_iter()
+            .filter_map(|(name, (tid, role))| {
+                let mask = try_kernel_mask(pid, tid)?;
+                Some((
+                    name,
+                    ThreadSeen {
+                        tid,
+                        role: role.parse().unwrap(),
+                        mask,
+                    },
+                ))
+            })
+            .collect();
+        let seen = RankPhase {
+            phase: Phase {
+                name: format!("{phase} (rank {rank})"),
+                threads,
+            },
+            pid,
+            load: CpuMask::parse_list(fields["load"])
+                .unwrap_or_else(|_| panic!("rank {rank}: mask at load {}", fields["load"])),
+            constrained: fields["constrained"] == "true",
+        };
+        println!(
+            "pid {pid} load [{}] constrained {}: {}",
+            seen.load,
+            seen.constrained,
+            describe(&seen.phase)
+        );
+        seen
+    }
+
+    /// Lets every rank waiting at `phase` go on.
+    fn go(&self, phase: &str) {
+        std::fs::write(self.go.path().join(phase), b"").unwrap();
+    }
+
+    /// Waits (at most 30 s) for mpirun to end; returns its stderr (the ranks' log lines).
+    fn finish(mut self) -> String {
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("mpirun did not end; stderr:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // Let the reader threads drain what is left.
+        std::thread::sleep(Duration::from_millis(50));
+        let stderr = self.stderr();
+        assert!(status.success(), "mpirun: {status}; stderr:\n{stderr}");
+        stderr
+    }
+}
+
+impl Drop for MpiRun {
+    /// On a failed assertion: every waiting rank exits (the quit file), then mpirun is ended.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = std::fs::write(self.go.path().join("quit"), b"");
+            for _ in 0..200 {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The GPU-local set of a rank's device on the simulated host: rank 0 → GPU 0 → node 1,
+/// rank 1 → GPU 1 → node 0.
+fn local_of(sysfs: &Sysfs, rank: u32) -> String {
+    if rank.is_multiple_of(2) {
+        sysfs.node1.to_list()
+    } else {
+        sysfs.node0.to_list()
+    }
+}
+
+fn two_cpus_or_skip() -> bool {
+    let all = allowed_cpus();
+    if all.count() < 2 {
+        println!("skipped: two ranks on two GPU-local sets need two allowed CPUs, this process has [{all}]");
+        return false;
+    }
+    true
+}
+
+const WORKER: &[(&str, &str)] = &[("TLLM_AFFINITY_PROCESS_ROLE", "worker")];
+
+/// Every thread of a dedicated worker rank — main, Open MPI's progress threads, the thread main
+/// starts after MPI_Init — is a worker on `mask`.
+fn assert_dedicated(seen: &RankPhase, mask: &str, case: &str) {
+    assert!(
+        seen.progress().len() >= 2,
+        "{case}: MPI_Init starts Open MPI's progress threads: {:?}",
+        seen.phase
+    );
+    for name in ["main", "engine"] {
+        assert!(seen.phase.threads.contains_key(name), "{case}: {name}");
+    }
+    for (name, t) in &seen.phase.threads {
+        assert_eq!(
+            (t.mask.to_list().as_str(), t.role),
+            (mask, 1),
+            "{case}: {} thread {name} (pid {} tid {})",
+            seen.phase.name,
+            seen.pid,
+            t.tid
+        );
+    }
+}
+
+/// `--bind-to none`: each dedicated worker rank is configured at load for its local rank's
+/// GPU; the progress threads MPI_Init starts are born on that set (inherited from main).
+#[test]
+fn dedicated_worker_ranks_without_binding() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let mut run = MpiRun::start(
+        &sysfs,
+        "none",
+        "dedicated",
+        &[Ranks {
+            np: 2,
+            vars: WORKER,
+        }],
+    );
+    let ranks = [run.expect("running", 0), run.expect("running", 1)];
+    run.go("running");
+    let stderr = run.finish();
+    for (rank, seen) in ranks.iter().enumerate() {
+        let local = local_of(&sysfs, rank as u32);
+        assert_eq!(seen.load.to_list(), all, "--bind-to none leaves the mask");
+        assert!(!seen.constrained);
+        assert_dedicated(seen, &local, "--bind-to none");
+        assert!(
+            stderr.contains(&format!(
+                "Worker process {} CPU affinity set to [{local}] for optimal NUMA-aware scheduling",
+                seen.pid
+            )),
+            "{stderr}"
+        );
+    }
+    assert!(!stderr.contains("constrained"), "{stderr}");
+}
+
+/// `--bind-to core`: each rank starts bound to one core, narrower than the cpuset, so it is
+/// constrained and the policy table decides: unset → every CPU of the cpuset ("clear", with the
+/// server's warning), `1` → the GPU-local set, `0` → mpirun's binding kept.
+#[test]
+fn dedicated_worker_ranks_bound_to_cores_follow_the_policy_table() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    for (numa, worker_mask, warns) in [
+        (None, "cpuset", true),
+        (Some("1"), "local", false),
+        (Some("0"), "binding", false),
+    ] {
+        let mut vars = WORKER.to_vec();
+        if let Some(v) = numa {
+            vars.push(("TLLM_NUMA_AWARE_WORKER_AFFINITY", v));
+        }
+        let case = format!("--bind-to core, TLLM_NUMA_AWARE_WORKER_AFFINITY={numa:?}");
+        let mut run = MpiRun::start(&sysfs, "core", "dedicated", &[Ranks { np: 2, vars: &vars }]);
+        let ranks = [run.expect("running", 0), run.expect("running", 1)];
+        run.go("running");
+        let stderr = run.finish();
+        assert_ne!(
+            ranks[0].load.to_list(),
+            ranks[1].load.to_list(),
+            "{case}: mpirun binds the ranks to different cores"
+        );
+        for (rank, seen) in ranks.iter().enumerate() {
+            assert!(
+                seen.load.count() < allowed_cpus().count(),
+                "{case}: rank {rank} bound at load: [{}]",
+                seen.load
+            );
+            assert!(seen.constrained, "{case}: rank {rank}");
+            let expected = match worker_mask {
+                "cpuset" => all.clone(),
+                "local" => local_of(&sysfs, rank as u32),
+                _ => seen.load.to_list(),
+            };
+            assert_dedicated(seen, &expected, &case);
+            assert_eq!(
+                stderr.contains(&format!("Worker process {}", seen.pid))
+                    && stderr.contains("has constrained CPU affinity"),
+                warns,
+                "{case}: the constrained warning; stderr:\n{stderr}"
+            );
+        }
+    }
+}
+
+/// One leader launch (MPMD): rank 0 is a host process whose worker runs on a pool thread;
+/// rank 1 is a dedicated worker. Returns rank 0 configured and released, rank 1 running.
+fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
+    let mut leader_vars = vec![];
+    let mut worker_vars = WORKER.to_vec();
+    if let Some(libs) = worker_libs {
+        leader_vars.push(("TLLM_AFFINITY_WORKER_LIBS", libs));
+        worker_vars.push(("TLLM_AFFINITY_WORKER_LIBS", libs));
+    }
+    let mut run = MpiRun::start(
+        sysfs,
+        "none",
+        "leader",
+        &[
+            Ranks {
+                np: 1,
+                vars: &leader_vars,
+            },
+            Ranks {
+                np: 1,
+                vars: &worker_vars,
+            },
+        ],
+    );
+    let rank1 = run.expect("running", 1);
+    let configured = run.expect("configured", 0);
+    run.go("configured");
+    let released = run.expect("released", 0);
+    run.go("released");
+    run.go("running");
+    let stderr = run.finish();
+    assert!(stderr.contains("rank 0: configure(-1) -> 1"), "{stderr}");
+    assert!(stderr.contains("rank 0: release -> 0"), "{stderr}");
+    [configured, released, rank1]
+}
+
+/// The multi-node leader: rank 0's main thread (MPI_Init), the session server thread and the
+/// second pool thread are host threads and keep the launch mask; rank 0's worker on pool0
+/// (configure(-1): local rank 0 → GPU 0) and its engine thread get GPU 0's set, and so do the
+/// Open MPI progress threads the host started, classified by TLLM_AFFINITY_WORKER_LIBS. With
+/// the default list, the thread from libopen-pal is covered; the PMIx client's thread (libpmix)
+/// is covered only when the list names `libpmix*.so*`. Release puts rank 0's masks back; rank 1
+/// stays a dedicated worker on GPU 1's set.
+#[test]
+fn multi_node_leader_rank0_worker_on_a_pool_thread() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = local_of(&sysfs, 0);
+    let with_pmix = format!("{DEFAULT_WORKER_LIBS},libpmix*.so*");
+    for libs in [None, Some(with_pmix.as_str())] {
+        let [configured, released, rank1] = leader_launch(&sysfs, libs);
+        let case = format!("TLLM_AFFINITY_WORKER_LIBS={libs:?}");
+        let phase = &configured.phase;
+        for host in ["main", "session", "pool1"] {
+            assert_eq!(
+                (phase.mask(host), phase.role(host)),
+                (all.clone(), 0),
+                "{case}: leader host thread {host}"
+            );
+        }
+        for worker in ["pool0", "engine"] {
+            assert_eq!(
+                (phase.mask(worker), phase.role(worker)),
+                (local.clone(), 1),
+                "{case}: leader worker thread {worker}"
+            );
+        }
+        let progress = configured.progress();
+        assert!(progress.len() >= 2, "{case}: {phase:?}");
+        let workers: Vec<_> = progress.iter().filter(|(_, t)| t.role == 1).collect();
+        for (name, t) in &progress {
+            let expected = if t.role == 1 { &local } else { &all };
+            assert_eq!(
+                &t.mask.to_list(),
+                expected,
+                "{case}: progress thread {name} {t:?}"
+            );
+        }
+        let pmix_covered = libs.is_some() || DEFAULT_WORKER_LIBS.contains("libpmix");
+        let expected_workers = if pmix_covered { progress.len() } else { 1 };
+        assert_eq!(
+            workers.len(),
+            expected_workers,
+            "{case}: progress threads classified as workers: {progress:?}"
+        );
+        for (name, t) in &released.phase.threads {
+            assert_eq!(t.mask.to_list(), all, "{case}: leader {name} after release");
+        }
+        assert_eq!(released.phase.role("pool0"), 1, "roles outlive the lease");
+        assert_dedicated(&rank1, &local_of(&sysfs, 1), &case);
+    }
+}
+
+/// Where Open MPI's progress threads start, found with the library itself: naming only
+/// libopen-pal makes exactly one of them a worker (the first MPI_Init starts), naming only
+/// libpmix exactly the other one, and an empty list none.
+#[test]
+fn open_mpi_progress_threads_start_in_open_pal_and_pmix() {
+    if !two_cpus_or_skip() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = local_of(&sysfs, 0);
+    let mut found = BTreeMap::new();
+    for libs in ["libopen-pal*.so*", "libpmix*.so*", ""] {
+        let [configured, _, _] = leader_launch(&sysfs, Some(libs));
+        let progress = configured.progress();
+        assert_eq!(
+            progress.len(),
+            2,
+            "Open MPI 4.1 starts two progress threads in MPI_Init: {progress:?}"
+        );
+        for (name, t) in &progress {
+            let expected = if t.role == 1 { &local } else { &all };
+            assert_eq!(
+                &t.mask.to_list(),
+                expected,
+                "TLLM_AFFINITY_WORKER_LIBS={libs:?}: {name}"
+            );
+        }
+        let workers: Vec<String> = progress
+            .iter()
+            .filter(|(_, t)| t.role == 1)
+            .map(|(n, _)| n.to_string())
+            .collect();
+        found.insert(libs, workers);
+    }
+    assert_eq!(found[""], Vec::<String>::new(), "{found:?}");
+    assert_eq!(found["libopen-pal*.so*"].len(), 1, "{found:?}");
+    assert_eq!(found["libpmix*.so*"].len(), 1, "{found:?}");
+    assert_ne!(
+        found["libopen-pal*.so*"], found["libpmix*.so*"],
+        "two threads, two objects: {found:?}"
+    );
+}

@@ -1,0 +1,103 @@
+"""A shape-alike of TensorRT-LLM's worker plumbing for the deployment programs
+(tests/programs/rt_deploy_*.py, tests/deployments.rs): no inference, the same threads.
+
+`Worker.setup_engine()` runs on the thread that owns the worker (base_worker.py): it calls this
+module's `configure_cpu_affinity(device_id)` and starts the engine's threads (the executor loop
+and the await-response thread), optionally a real OpenMP pool (torch's intra-op pool is
+OpenMP). `Worker.shutdown()` stops the engine threads, then calls `shutdown_hook()`.
+
+`configure_cpu_affinity` here is the server's old function: one sweep that pins every thread of
+the process and never restores (seeds/shared-process-affinity-never-restored.txt). The programs
+replace it with `tllm_affinity.adapters.trtllm.install(rt_trtllm, shutdown="shutdown_hook")`,
+which configures the calling thread's lease and releases it after the shutdown hook; should the
+adapter ever not be in place, the old sweep pins the host threads and the tests fail.
+"""
+import os
+import queue
+import threading
+
+from rt_lib import LIB, note
+
+
+def configure_cpu_affinity(device_id):
+    """The old behaviour: every tid of the process onto one CPU."""
+    cpu = max(os.sched_getaffinity(0))
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            pass
+
+
+def shutdown_hook():
+    """Where the worker's shutdown ends; the adapter releases its leases after it."""
+
+
+def whoami():
+    tid = threading.get_native_id()
+    return {"tid": tid, "role": LIB.tllm_affinity_role(tid)}
+
+
+class Worker:
+    def __init__(self, device_id, omp=None):
+        self.device_id = device_id
+        self.omp = omp
+        self.requests = queue.Queue()
+        self.responses = queue.Queue()
+        self.pending = {}
+        self.lock = threading.Lock()
+        self.threads = []
+
+    def setup_engine(self):
+        configure_cpu_affinity(self.device_id)
+        for name, target in (("executor_loop", self._loop), ("await_response", self._await)):
+            ready = threading.Event()
+
+            def run(name=name, target=target, ready=ready):
+                note(name)
+                ready.set()
+                target()
+
+            t = threading.Thread(target=run, name=name)
+            t.start()
+            ready.wait()
+            self.threads.append(t)
+        if self.omp is not None:
+            self.omp.run("engine_omp")
+
+    def _loop(self):
+        """The executor loop: runs each request (real work) and hands the answer on."""
+        while True:
+            item = self.requests.get()
+            if item is None:
+                self.responses.put(None)
+                return
+            rid, payload = item
+            total = sum(i * i for i in range(20000))
+            self.responses.put((rid, {"payload": payload, "total": total, "by": whoami()}))
+
+    def _await(self):
+        """The await-response thread: completes the caller's future."""
+        while True:
+            item = self.responses.get()
+            if item is None:
+                return
+            rid, answer = item
+            with self.lock:
+                box = self.pending.pop(rid)
+            box.put(answer)
+
+    def generate(self, payload):
+        """Blocking, from any thread: the engine's answer (who ran it included)."""
+        box = queue.Queue(1)
+        rid = id(box)
+        with self.lock:
+            self.pending[rid] = box
+        self.requests.put((rid, payload))
+        return box.get(timeout=30)
+
+    def shutdown(self):
+        self.requests.put(None)
+        for t in self.threads:
+            t.join(30)
+        shutdown_hook()
