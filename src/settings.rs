@@ -55,7 +55,7 @@ pub enum ProcessRole {
 /// The sonames whose threads are workers when `TLLM_AFFINITY_WORKER_LIBS` is unset: the progress
 /// threads of NCCL, UCX, MPI (Open MPI's PAL/RTE, MPICH, Intel MPI) and libfabric.
 pub const DEFAULT_WORKER_LIBS: &str = "libnccl*.so*,libucp*.so*,libuct*.so*,libucs*.so*,\
-libmpi*.so*,libopen-pal*.so*,libopen-rte*.so*,libfabric*.so*";
+libmpi*.so*,libopen-pal*.so*,libopen-rte*.so*,libpmix*.so*,libfabric*.so*";
 
 #[derive(Debug, Clone)]
 pub struct Settings {

@@ -3,17 +3,15 @@
 //! `run` preloading for real and passing exit statuses and signals through, and every `--json`
 //! output parsing.
 
-mod tooling;
+mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
+use common::*;
 use serde_json::Value;
-use tooling::{
-    clean, cli, kernel_mask_text, library, mask, my_mask, program, python, SimulatedHost,
-};
 
 fn tllm_affinity(args: &[&str]) -> Command {
     let mut cmd = clean(cli());
@@ -48,12 +46,12 @@ fn json_of(cmd: &mut Command) -> Value {
 struct Target {
     child: Child,
     info: Value,
-    host: SimulatedHost,
+    host: Sysfs,
 }
 
 impl Target {
     fn start() -> Target {
-        let host = SimulatedHost::new();
+        let host = Sysfs::two_nodes();
         let mut child = clean(python())
             .arg(program("py_ps_target.py"))
             .env("LD_PRELOAD", library())
@@ -121,11 +119,15 @@ fn ps_shows_roles_from_the_table_and_the_kernels_masks() {
     // Exactly what the kernel reports, thread by thread.
     for t in threads {
         let tid = t["tid"].as_i64().unwrap();
-        assert_eq!(t["mask"], kernel_mask_text(pid, tid), "thread {tid}");
+        assert_eq!(
+            t["mask"],
+            kernel_mask(pid, tid as i32).to_list(),
+            "thread {tid}"
+        );
     }
-    let local = target.host.gpu0_local.clone();
+    let local = target.host.gpu0_local().clone();
     assert_eq!(mask(row(worker)["mask"].as_str().unwrap()), local);
-    assert_eq!(mask(row(host)["mask"].as_str().unwrap()), my_mask());
+    assert_eq!(mask(row(host)["mask"].as_str().unwrap()), allowed_cpus());
 
     // The text: one grid row per thread, a mark on each CPU it may run on.
     let out = tllm_affinity(&["ps", &pid.to_string(), "--no-color"])
@@ -146,7 +148,10 @@ fn ps_shows_roles_from_the_table_and_the_kernels_masks() {
             .unwrap_or_else(|| panic!("no row for {tid}:\n{text}"))
     };
     assert!(line_of(worker).ends_with(&grid(&local, 'w')), "{text}");
-    assert!(line_of(host).ends_with(&grid(&my_mask(), 'h')), "{text}");
+    assert!(
+        line_of(host).ends_with(&grid(&allowed_cpus(), 'h')),
+        "{text}"
+    );
     assert!(line_of(worker).contains(" worker "), "{text}");
     assert!(text.contains("legend:"), "{text}");
     // Piped stdout gets no colour even without --no-color.
@@ -344,9 +349,9 @@ fn run_simulate_gives_a_worker_the_simulated_gpus_cpus_and_cleans_up() {
     let root = Path::new(v["root"].as_str().unwrap());
     assert!(!root.exists(), "{} left behind", root.display());
     // The same tree the tests write: device 0 is local to the upper half of this process's CPUs.
-    let sim = SimulatedHost::new();
-    assert_eq!(tooling::mask_of(&v["mask"]), sim.gpu0_local);
-    assert_eq!(tooling::mask_of(&v["main"]), my_mask());
+    let sim = Sysfs::two_nodes();
+    assert_eq!(mask_of(&v["mask"]), sim.gpu0_local());
+    assert_eq!(mask_of(&v["main"]), allowed_cpus());
 }
 
 #[test]
@@ -382,7 +387,7 @@ fn run_refuses_bad_options_with_one_line() {
 
 #[test]
 fn every_json_output_parses() {
-    let sim = SimulatedHost::new();
+    let sim = Sysfs::two_nodes();
     let root = sim.path().to_str().unwrap();
 
     let topo = json_of(&mut tllm_affinity(&["topo", "--json"]));
@@ -400,7 +405,7 @@ fn every_json_output_parses() {
     ]));
     assert_eq!(topo["gpus"].as_array().unwrap().len(), 2);
     assert_eq!(topo["gpus"][0]["address"], "0000:3b:00.0");
-    assert_eq!(topo["gpus"][0]["local_cpus"], sim.gpu0_local.to_list());
+    assert_eq!(topo["gpus"][0]["local_cpus"], sim.gpu0_local().to_list());
     assert!(topo["cgroup"]["note"]
         .as_str()
         .unwrap()
@@ -415,7 +420,7 @@ fn every_json_output_parses() {
         root,
     ]));
     assert_eq!(plan["gpu"]["address"], "0000:3b:00.0");
-    assert_eq!(plan["worker"]["cpus"], sim.gpu0_local.to_list());
+    assert_eq!(plan["worker"]["cpus"], sim.gpu0_local().to_list());
 
     let probe = json_of(&mut tllm_affinity(&["probe", "--json", "--rounds", "5"]));
     assert!(probe.is_object());
@@ -450,7 +455,7 @@ fn every_json_output_parses() {
 
 #[test]
 fn topo_text_shows_nodes_cores_gpus_cgroup_and_idle_states() {
-    let sim = SimulatedHost::new();
+    let sim = Sysfs::two_nodes();
     let out = tllm_affinity(&["topo", "--sysfs-root", sim.path().to_str().unwrap()])
         .output()
         .unwrap();

@@ -2,14 +2,14 @@
 //! `tllm_affinity_*` functions the `.so` exports (unversioned), with SPEC's prototypes, and a C
 //! program (and a C++ one) that includes it calls every function of the preloaded library.
 
-mod tooling;
+mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::*;
 use serde_json::Value;
-use tooling::{clean, library, repo, SimulatedHost};
 
 /// The prototypes of SPEC §7, as they must read in the header (whitespace aside).
 const SPEC_PROTOTYPES: [&str; 7] = [
@@ -228,7 +228,7 @@ fn a_c_program_calls_every_function_through_the_header() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let host = SimulatedHost::new();
+    let host = Sysfs::two_nodes();
     let out = clean(dir.path().join("check"))
         .env("LD_PRELOAD", library())
         .env("TLLM_AFFINITY_SYSFS_ROOT", host.path())

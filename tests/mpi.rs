@@ -442,9 +442,9 @@ fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
 /// second pool thread are host threads and keep the launch mask; rank 0's worker on pool0
 /// (configure(-1): local rank 0 → GPU 0) and its engine thread get GPU 0's set, and so do the
 /// Open MPI progress threads the host started, classified by TLLM_AFFINITY_WORKER_LIBS. With
-/// the default list, the thread from libopen-pal is covered; the PMIx client's thread (libpmix)
-/// is covered only when the list names `libpmix*.so*`. Release puts rank 0's masks back; rank 1
-/// stays a dedicated worker on GPU 1's set.
+/// the default list, the threads from libopen-pal and from the PMIx client (libpmix) are covered;
+/// the test also runs with `libpmix*.so*` named twice, which changes nothing. Release puts rank
+/// 0's masks back; rank 1 stays a dedicated worker on GPU 1's set.
 #[test]
 fn multi_node_leader_rank0_worker_on_a_pool_thread() {
     if !two_cpus_or_skip() {

@@ -3,15 +3,15 @@
 //! reports, step pinning, the passive and not-preloaded paths, the TensorRT-LLM adapter, the
 //! report written at exit (`TLLM_AFFINITY_REPORT`), and `pip install ./python`.
 
-mod tooling;
+mod common;
 
 use std::process::{Command, Output};
 
+use common::*;
 use serde_json::Value;
-use tooling::{clean, library, mask, mask_of, my_mask, program, python, SimulatedHost};
 
 /// The program under the library on `host`'s tree, with `vars`.
-fn preloaded(host: &SimulatedHost, script: &str, args: &[&str], vars: &[(&str, &str)]) -> Command {
+fn preloaded_script(host: &Sysfs, script: &str, args: &[&str], vars: &[(&str, &str)]) -> Command {
     let mut cmd = clean(python());
     cmd.arg(program(script))
         .args(args)
@@ -40,16 +40,16 @@ fn json_of(cmd: &mut Command) -> (Value, Output) {
 }
 
 fn all_cpus() -> Vec<usize> {
-    my_mask().iter().collect()
+    allowed_cpus().iter().collect()
 }
 
 #[test]
 fn configure_worker_role_and_report_move_only_worker_threads() {
-    let host = SimulatedHost::new();
-    let (v, out) = json_of(&mut preloaded(&host, "py_api.py", &["api"], &[]));
+    let host = Sysfs::two_nodes();
+    let (v, out) = json_of(&mut preloaded_script(&host, "py_api.py", &["api"], &[]));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let local = &host.gpu0_local;
-    let everything = my_mask();
+    let local = &host.gpu0_local();
+    let everything = allowed_cpus();
 
     assert_eq!(v["available"], true);
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
@@ -111,8 +111,8 @@ fn pin_step_and_result_threads() {
     let cpus = all_cpus();
     assert!(cpus.len() >= 2, "this test needs two CPUs");
     let step_cpu = cpus[cpus.len() - 1].to_string();
-    let host = SimulatedHost::new();
-    let (v, _) = json_of(&mut preloaded(
+    let host = Sysfs::two_nodes();
+    let (v, _) = json_of(&mut preloaded_script(
         &host,
         "py_api.py",
         &["step"],
@@ -125,13 +125,13 @@ fn pin_step_and_result_threads() {
     let result = mask_of(&v["result"]["mask"]);
     assert_eq!(result.count(), 1);
     assert_ne!(result, mask(&step_cpu));
-    assert_eq!(mask_of(&v["main_mask"]), my_mask());
+    assert_eq!(mask_of(&v["main_mask"]), allowed_cpus());
 }
 
 #[test]
 fn a_passive_library_gives_an_inert_lease_and_a_warning() {
-    let host = SimulatedHost::new();
-    let (v, out) = json_of(&mut preloaded(
+    let host = Sysfs::two_nodes();
+    let (v, out) = json_of(&mut preloaded_script(
         &host,
         "py_api.py",
         &["passive"],
@@ -152,7 +152,7 @@ fn a_passive_library_gives_an_inert_lease_and_a_warning() {
     );
     assert_eq!(v["role"], Value::Null);
     assert_eq!(v["state"], "passive");
-    assert_eq!(mask_of(&v["mask"]), my_mask());
+    assert_eq!(mask_of(&v["mask"]), allowed_cpus());
 }
 
 #[test]
@@ -177,8 +177,13 @@ fn without_the_library_every_call_says_how_to_preload_it() {
 
 #[test]
 fn the_trtllm_adapter_routes_configure_and_releases_at_shutdown() {
-    let host = SimulatedHost::new();
-    let (v, _) = json_of(&mut preloaded(&host, "py_adapter.py", &["preloaded"], &[]));
+    let host = Sysfs::two_nodes();
+    let (v, _) = json_of(&mut preloaded_script(
+        &host,
+        "py_adapter.py",
+        &["preloaded"],
+        &[],
+    ));
     assert_eq!(v["same_on_reinstall"], true);
     assert_eq!(v["wrapped_name"], "configure_cpu_affinity");
     let w = &v["worker"];
@@ -186,16 +191,16 @@ fn the_trtllm_adapter_routes_configure_and_releases_at_shutdown() {
     assert!(w["lease"].as_i64().unwrap() > 0);
     assert!(w["again"].as_i64().unwrap() > w["lease"].as_i64().unwrap());
     assert_eq!(w["role"], "worker");
-    assert_eq!(mask_of(&w["mask"]), host.gpu0_local);
+    assert_eq!(mask_of(&w["mask"]), host.gpu0_local());
     // Only the worker thread moved; the original function never ran.
     assert_eq!(v["main_role"], "host");
-    assert_eq!(mask_of(&v["main_mask"]), my_mask());
+    assert_eq!(mask_of(&v["main_mask"]), allowed_cpus());
     assert_eq!(v["original_calls"]["configure"], serde_json::json!([]));
     // The shutdown hook ran the original and released both leases: the mask is restored.
     assert_eq!(v["open_before_shutdown"], 2);
     assert_eq!(v["open_after_shutdown"], 0);
     assert_eq!(v["original_calls"]["shutdown"], 1);
-    assert_eq!(mask_of(&w["mask_after_shutdown"]), my_mask());
+    assert_eq!(mask_of(&w["mask_after_shutdown"]), allowed_cpus());
     assert_eq!(v["release_all_again"], 0);
     assert_eq!(v["restored"], true);
     assert_eq!(v["atexit_registered"], true);
@@ -216,9 +221,9 @@ fn the_adapter_without_the_library_calls_the_original() {
 
 #[test]
 fn the_report_written_at_exit_lists_the_threads_with_roles() {
-    let host = SimulatedHost::new();
+    let host = Sysfs::two_nodes();
     let path = host.path().join("report.json");
-    let (v, _) = json_of(&mut preloaded(
+    let (v, _) = json_of(&mut preloaded_script(
         &host,
         "py_api.py",
         &["report-at-exit"],
@@ -234,7 +239,7 @@ fn the_report_written_at_exit_lists_the_threads_with_roles() {
         v["main"].as_i64().unwrap()
     );
     assert_eq!(report["constrained"], false);
-    assert_eq!(report["worker_mask"], host.gpu0_local.to_list());
+    assert_eq!(report["worker_mask"], host.gpu0_local().to_list());
     assert_eq!(report["leases"][0]["id"], v["lease"]);
     assert_eq!(report["hosts"], 1);
     assert_eq!(report["workers"], 1);
@@ -243,13 +248,13 @@ fn the_report_written_at_exit_lists_the_threads_with_roles() {
     let main = by_tid(&v["main"]);
     assert_eq!(main["role"], "host");
     assert_eq!(main["placement"], "inherited");
-    assert_eq!(main["kernel_mask"], my_mask().to_list());
+    assert_eq!(main["kernel_mask"], allowed_cpus().to_list());
     let worker = by_tid(&v["worker"]);
     assert_eq!(worker["role"], "worker");
     assert_eq!(worker["placement"], "worker");
-    assert_eq!(worker["mask"], host.gpu0_local.to_list());
-    assert_eq!(worker["natural"], my_mask().to_list());
-    assert_eq!(mask_of(&v["worker_mask"]), host.gpu0_local);
+    assert_eq!(worker["mask"], host.gpu0_local().to_list());
+    assert_eq!(worker["natural"], allowed_cpus().to_list());
+    assert_eq!(mask_of(&v["worker_mask"]), host.gpu0_local());
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o644);
@@ -261,7 +266,7 @@ fn pip_installs_the_pure_python_package() {
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
     std::fs::create_dir_all(src.join("tllm_affinity/adapters")).unwrap();
-    let python_dir = tooling::repo().join("python");
+    let python_dir = repo().join("python");
     for file in [
         "pyproject.toml",
         "tllm_affinity/__init__.py",

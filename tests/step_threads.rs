@@ -3,64 +3,22 @@
 //! own CPUs. The per-GPU lock is exercised across real processes (a second holder, a SIGKILLed
 //! holder, the umask, a planted symlink).
 
+mod common;
+
+use common::{library, program, python};
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Once, OnceLock};
 
 use serde_json::Value;
 use tllm_affinity_core::engine::kernel;
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::simulated::{two_node_one_gpu, SimulatedHost};
 
-/// `target/<profile>`, from this test binary's path (`target/<profile>/deps/<test>`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("test binary under target/<profile>/deps")
-        .to_path_buf()
-}
-
-/// The preload library, built once per test binary in this binary's profile.
-fn library() -> PathBuf {
-    static BUILD: Once = Once::new();
-    let dir = profile_dir();
-    BUILD.call_once(|| {
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo
-            .args(["build", "-p", "tllm-affinity-preload"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if dir.file_name().is_some_and(|n| n == "release") {
-            cargo.arg("--release");
-        }
-        let status = cargo.status().expect("run cargo build");
-        assert!(
-            status.success(),
-            "cargo build -p tllm-affinity-preload failed"
-        );
-    });
-    let lib = dir.join("libtllm_affinity.so");
-    assert!(lib.exists(), "{} missing", lib.display());
-    lib
-}
-
-/// The real interpreter: `python3` on PATH may be a shell shim that loses LD_PRELOAD semantics.
-fn python() -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 on PATH");
-        assert!(out.status.success());
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-}
-
-fn program() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/step_pin.py")
+fn step_pin() -> PathBuf {
+    program("step_pin.py")
 }
 
 /// The two lowest CPUs this test may use (they become the simulated host's CPUs).
@@ -114,7 +72,7 @@ impl Host {
     /// The program under the library, with this host's tree and lock directory and `vars`.
     fn command(&self, vars: &[(&str, &str)], args: &[&str]) -> Command {
         let mut cmd = Command::new(python());
-        cmd.arg(program()).args(args);
+        cmd.arg(step_pin()).args(args);
         for (name, _) in std::env::vars() {
             let device_var = [
                 "CUDA_VISIBLE_DEVICES",

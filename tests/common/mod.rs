@@ -11,6 +11,7 @@ use std::sync::{Once, OnceLock};
 
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::simulated;
+use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 /// target/<profile>, from this test binary's path (target/<profile>/deps/<test>).
 pub fn target_dir() -> PathBuf {
@@ -21,22 +22,99 @@ pub fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The real `libtllm_affinity.so`, built once per test binary in this test's profile.
-pub fn library() -> PathBuf {
+/// Builds the preload library and the CLI once per test binary, in this binary's profile.
+fn build() {
     static BUILD: Once = Once::new();
     BUILD.call_once(|| {
         let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-q", "-p", "tllm-affinity-preload"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "tllm-affinity-preload",
+            "-p",
+            "tllm-affinity",
+            "--lib",
+            "--bins",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
         if target_dir().ends_with("release") {
             cmd.arg("--release");
         }
         let status = cmd.status().expect("cargo build");
-        assert!(status.success(), "building the preload library failed");
+        assert!(
+            status.success(),
+            "building the preload library and the CLI failed"
+        );
     });
+}
+
+/// The real `libtllm_affinity.so`, absolute.
+pub fn library() -> PathBuf {
+    build();
     let lib = target_dir().join("libtllm_affinity.so");
     assert!(lib.exists(), "{} missing", lib.display());
-    lib
+    lib.canonicalize().unwrap()
+}
+
+/// `target/<profile>/tllm-affinity`, beside the library (where `run` looks for it).
+pub fn cli() -> PathBuf {
+    build();
+    let bin = target_dir().join("tllm-affinity");
+    assert!(bin.exists(), "{} missing", bin.display());
+    bin
+}
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A file of `tests/programs`.
+pub fn program(name: &str) -> PathBuf {
+    programs_dir().join(name)
+}
+
+/// `program` with none of the variables that steer the library or the device mapping inherited
+/// from the test's own environment, and the Python package importable.
+pub fn clean(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy().into_owned();
+        let steering = name.starts_with("TLLM_")
+            || [
+                "LD_PRELOAD",
+                "CUDA_VISIBLE_DEVICES",
+                "CUDA_DEVICE_ORDER",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+                "MV2_COMM_WORLD_LOCAL_RANK",
+                "MPI_LOCALRANKID",
+                "SLURM_LOCALID",
+                "LOCAL_RANK",
+                "NO_COLOR",
+                "PYTHONPATH",
+            ]
+            .contains(&name.as_str());
+        if steering {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.env("PYTHONPATH", repo().join("python"));
+    cmd
+}
+
+pub fn mask(list: &str) -> CpuMask {
+    CpuMask::parse_list(list).unwrap()
+}
+
+/// A JSON list of CPU numbers (what Python's `sorted(os.sched_getaffinity(0))` prints) as a mask.
+pub fn mask_of(value: &serde_json::Value) -> CpuMask {
+    CpuMask::from_cpus(
+        value
+            .as_array()
+            .unwrap_or_else(|| panic!("expected a CPU list, got {value}"))
+            .iter()
+            .map(|c| c.as_u64().unwrap() as usize),
+    )
 }
 
 /// The real interpreter (PATH's `python3` may be a shell shim that forks).
@@ -119,6 +197,12 @@ impl Sysfs {
 
     pub fn path(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Device 0's local CPUs, as the topology model computes them from the tree.
+    pub fn gpu0_local(&self) -> CpuMask {
+        let t = Topology::read(&SysfsRoot::new(self.path())).unwrap();
+        t.gpu_local_cpus(&t.gpus[0]).cpus
     }
 }
 
@@ -293,8 +377,11 @@ impl Population {
 
     /// Runs the program to its end, answering every phase, and collects what it printed.
     pub fn finish(mut self) -> Finished {
-        // Answer a phase the program may still be waiting at, then close its stdin.
-        self.proceed();
+        // Answer a phase the program may still be waiting at (it may also have ended already,
+        // so a closed pipe is fine), then close its stdin.
+        if let Some(stdin) = self.stdin.as_mut() {
+            let _ = stdin.write_all(b"\n").and_then(|_| stdin.flush());
+        }
         drop(self.stdin.take());
         let mut rest = String::new();
         std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();

@@ -61,7 +61,9 @@ def worker():
         barrier.wait()
 
     list(pool.map(pool_task, range(2)))
-    start("child", lambda: start("grandchild"))
+    grandchild_started = threading.Event()
+    start("child", lambda: (start("grandchild"), grandchild_started.set()))
+    grandchild_started.wait()
     client = request("request")
     phase("configured")
     hold_request.set()

@@ -4,6 +4,7 @@ Threads note themselves by name; `phase(name)` prints "PHASE <name> <thread>=<ti
 waits for a line on stdin, while the test reads the kernel's masks from /proc.
 """
 import ctypes
+import os
 import sys
 import threading
 
@@ -27,7 +28,7 @@ def phase(name):
         parts = [f"{n}={tid}:{LIB.tllm_affinity_role(tid)}" for n, tid in _threads.items()]
     print("PHASE", name, *parts, flush=True)
     if not sys.stdin.readline():
-        sys.exit(3)
+        os._exit(3)  # stdin closed: the test is gone; end the whole process, not this thread
 
 
 def start(name, target=None):
