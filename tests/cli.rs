@@ -478,3 +478,41 @@ fn topo_text_shows_nodes_cores_gpus_cgroup_and_idle_states() {
         "$ tllm-affinity topo --sysfs-root <simulated>\n{text}"
     );
 }
+
+/// A fork child publishes a thread table of its own once it creates a thread: `ps` of the child
+/// shows its forking thread and the thread it made, both workers, on the kernel's masks.
+#[test]
+fn ps_sees_a_fork_childs_own_table() {
+    let host = Sysfs::two_nodes();
+    let mut child = clean(python())
+        .arg(program("py_fork_ps.py"))
+        .env("LD_PRELOAD", library())
+        .env("TLLM_AFFINITY_SYSFS_ROOT", host.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let ids: Vec<i64> = line.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    let (fork_pid, forking, made) = (ids[0], ids[1], ids[2]);
+    let v = json_of(&mut tllm_affinity(&["ps", &fork_pid.to_string(), "--json"]));
+    drop(child.stdin.take());
+    assert_eq!(v["table"], true, "{v}");
+    for tid in [forking, made] {
+        let row = v["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tid"] == tid)
+            .unwrap_or_else(|| panic!("tid {tid} not in {v}"))
+            .clone();
+        assert_eq!(row["role"], "worker", "{v}");
+        assert_eq!(mask(row["mask"].as_str().unwrap()), host.gpu0_local());
+    }
+    assert!(child.wait().unwrap().success());
+}

@@ -441,9 +441,9 @@ fn publish_thread_table(dir: &std::path::Path) {
 /// Called on the paths where a fork child starts to matter (thread creation, configure).
 pub fn publish_if_forked() {
     if TABLE_PENDING.load(Ordering::Relaxed) && TABLE_PENDING.swap(false, Ordering::AcqRel) {
-        REGISTRY.lock().publish_into(None);
-        *TABLE_PATH.lock() = None;
-        TABLE_PENDING.store(true, Ordering::Release);
+        if let Some(p) = PROCESS.get() {
+            publish_thread_table(&p.settings.lock_dir);
+        }
     }
 }
 
