@@ -498,7 +498,10 @@ fn ps_sees_a_fork_childs_own_table() {
         &mut line,
     )
     .unwrap();
-    let ids: Vec<i64> = line.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    let ids: Vec<i64> = line
+        .split_whitespace()
+        .map(|w| w.parse().unwrap())
+        .collect();
     let (fork_pid, forking, made) = (ids[0], ids[1], ids[2]);
     let v = json_of(&mut tllm_affinity(&["ps", &fork_pid.to_string(), "--json"]));
     drop(child.stdin.take());

@@ -35,16 +35,26 @@ pub fn mask_bytes() -> usize {
     found
 }
 
+/// Masks of hosts up to 1024 CPUs go through a stack buffer: configure and release read and
+/// write one per thread.
+const STACK_MASK_BYTES: usize = 128;
+
 pub fn get_mask(tid: Tid) -> Result<CpuMask, i32> {
     let len = mask_bytes();
-    let mut buf = vec![0u8; len];
+    let mut small = [0u8; STACK_MASK_BYTES];
+    let mut large = Vec::new();
+    let buf: &mut [u8] = if len <= STACK_MASK_BYTES {
+        &mut small[..len]
+    } else {
+        large.resize(len, 0);
+        &mut large
+    };
     // SAFETY: the kernel writes at most `len` bytes into `buf`, which is `len` bytes long.
     let rc = unsafe { libc::syscall(libc::SYS_sched_getaffinity, tid, len, buf.as_mut_ptr()) };
     if rc < 0 {
         return Err(errno());
     }
-    buf.truncate(rc as usize);
-    Ok(CpuMask::from_kernel_bytes(&buf))
+    Ok(CpuMask::from_kernel_bytes(&buf[..rc as usize]))
 }
 
 pub fn set_mask(tid: Tid, mask: &CpuMask) -> Result<(), i32> {

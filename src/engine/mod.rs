@@ -238,13 +238,27 @@ fn current_or_register() -> Slot {
 
 /// The worker CPU set for `device_id`, with a key naming the device and words saying where the
 /// set came from.
+#[derive(Clone)]
 struct WorkerSet {
     device: String,
     gpu_local: CpuMask,
     note: Option<String>,
 }
 
+/// Worker sets already resolved, by device id: the topology and the CUDA variables are read once,
+/// as the CUDA runtime reads them once, so a repeated configure costs no sysfs walk.
+static WORKER_SETS: SpinMutex<Vec<(i32, WorkerSet)>, Yield> = SpinMutex::new(Vec::new());
+
 fn gpu_local_set(device_id: i32) -> Result<WorkerSet, (i32, String)> {
+    if let Some((_, set)) = WORKER_SETS.lock().iter().find(|(id, _)| *id == device_id) {
+        return Ok(set.clone());
+    }
+    let set = resolve_worker_set(device_id)?;
+    WORKER_SETS.lock().push((device_id, set.clone()));
+    Ok(set)
+}
+
+fn resolve_worker_set(device_id: i32) -> Result<WorkerSet, (i32, String)> {
     let settings = &process().settings;
     if let Some(cpus) = &settings.cpus_override {
         return Ok(WorkerSet {
