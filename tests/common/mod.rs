@@ -135,35 +135,49 @@ pub fn programs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
 }
 
-/// Compiles `tests/programs/<name>.c` (once per test binary and name) and returns the binary.
-/// `shared` builds a shared object named `lib<name>.so.2` instead.
-pub fn compile_c(name: &str, shared: bool) -> PathBuf {
+/// Compiles `tests/programs/<src>.c` into `out_name` under target/<profile>/test-programs with
+/// `compiler` and `flags` (after the source, before `-ldl`); rebuilt when the source,
+/// a header of tests/programs, or the command line changed. Every test program goes through here.
+pub fn compile_program(src: &str, out_name: &str, compiler: &str, flags: &[&str]) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let out_dir = target_dir().join("test-programs");
     std::fs::create_dir_all(&out_dir).unwrap();
-    let out = if shared {
-        out_dir.join(format!("lib{name}.so.2"))
-    } else {
-        out_dir.join(name)
-    };
-    let src = programs_dir().join(format!("{name}.c"));
-    let fresh = out.metadata().and_then(|m| m.modified()).ok()
-        >= src.metadata().and_then(|m| m.modified()).ok()
-        && out.exists();
+    let out = out_dir.join(out_name);
+    let src_path = programs_dir().join(format!("{src}.c"));
+    let stamp = out.with_extension("args");
+    let args = format!("{compiler} {}", flags.join(" "));
+    let headers = std::fs::read_dir(programs_dir())
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "h"));
+    let newest_input = headers
+        .chain([src_path.clone()])
+        .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .max();
+    let fresh = out.exists()
+        && out.metadata().and_then(|m| m.modified()).ok() >= newest_input
+        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(args.as_str());
     if !fresh {
-        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
-        let mut cmd = Command::new("cc");
-        cmd.args(["-O1", "-g", "-Wall", "-pthread"]);
-        if shared {
-            cmd.args(["-fPIC", "-shared"]);
-        }
-        cmd.arg("-o").arg(&tmp).arg(&src).arg("-ldl");
-        let status = cmd.status().expect("cc");
-        assert!(status.success(), "compiling {} failed", src.display());
+        let tmp = out_dir.join(format!("{out_name}.tmp{}", std::process::id()));
+        let status = Command::new(compiler)
+            .args(["-O1", "-g", "-Wall", "-pthread", "-o"])
+            .arg(&tmp)
+            .arg(&src_path)
+            .args(flags)
+            .arg("-ldl")
+            .status()
+            .unwrap_or_else(|e| panic!("{compiler}: {e}"));
+        assert!(status.success(), "compiling {} failed", src_path.display());
         std::fs::rename(&tmp, &out).unwrap();
+        std::fs::write(&stamp, &args).unwrap();
     }
     out
+}
+
+/// `tests/programs/<name>.c` built with cc; `shared` builds the shared object `lib<name>.so.2`.
+pub fn compile_c(name: &str, shared: bool) -> PathBuf {
+    compile_with(name, shared, "cc", &[])
 }
 
 /// The CPUs this test process may use.
@@ -471,34 +485,13 @@ fn rand_suffix() -> u64 {
 // ---- Helpers of the runtime, MPI, constraint and deployment tests (tests/runtimes.rs, ...) ----
 
 /// As [`compile_c`], with another compiler driver (`mpicc`) and extra flags (`-fopenmp`).
-/// `shared` builds `lib<name>.so.2`.
 pub fn compile_with(name: &str, shared: bool, compiler: &str, flags: &[&str]) -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let out_dir = target_dir().join("test-programs");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = if shared {
-        out_dir.join(format!("lib{name}.so.2"))
+    if shared {
+        let flags: Vec<&str> = ["-fPIC", "-shared"].iter().chain(flags).copied().collect();
+        compile_program(name, &format!("lib{name}.so.2"), compiler, &flags)
     } else {
-        out_dir.join(name)
-    };
-    let src = programs_dir().join(format!("{name}.c"));
-    let fresh = out.metadata().and_then(|m| m.modified()).ok()
-        >= src.metadata().and_then(|m| m.modified()).ok()
-        && out.exists();
-    if !fresh {
-        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
-        let mut cmd = Command::new(compiler);
-        cmd.args(["-O1", "-g", "-Wall", "-pthread"]).args(flags);
-        if shared {
-            cmd.args(["-fPIC", "-shared"]);
-        }
-        cmd.arg("-o").arg(&tmp).arg(&src).arg("-ldl");
-        let status = cmd.status().unwrap_or_else(|e| panic!("{compiler}: {e}"));
-        assert!(status.success(), "compiling {} failed", src.display());
-        std::fs::rename(&tmp, &out).unwrap();
+        compile_program(name, name, compiler, flags)
     }
-    out
 }
 
 /// `librt_omp.so.2`: tests/programs/rt_omp.c built with `-fopenmp` (a real libgomp pool).
@@ -544,42 +537,15 @@ pub fn http_get(port: u16, path: &str) -> std::thread::JoinHandle<String> {
 
 // ---- Lifecycle, fault, stress and security tests (tests/lifecycle.rs and its siblings) ----
 
-/// Compiles `tests/programs/<src>.c` (which may include `lc_common.h`) into `out_name` under
-/// target/<profile>/test-programs, with `extra` cc arguments (link flags, `-shared -fPIC`);
-/// rebuilt when the source, the shared header or the cc arguments changed.
+/// Compiles `tests/programs/<src>.c` (which may include `lc_common.h`) into `out_name`, warnings
+/// as errors, with `extra` cc arguments (link flags, `-shared -fPIC`).
 pub fn compile_lc(src: &str, out_name: &str, extra: &[&str]) -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let out_dir = target_dir().join("test-programs");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = out_dir.join(out_name);
-    let src_path = programs_dir().join(format!("{src}.c"));
-    let header = programs_dir().join("lc_common.h");
-    let stamp = out.with_extension("args");
-    let args = extra.join(" ");
-    let newest_input = [&src_path, &header]
+    let flags: Vec<&str> = ["-Wextra", "-Werror"]
         .iter()
-        .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .max();
-    let fresh = out.exists()
-        && out.metadata().and_then(|m| m.modified()).ok() >= newest_input
-        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(args.as_str());
-    if !fresh {
-        let tmp = out_dir.join(format!("{out_name}.tmp{}", std::process::id()));
-        let status = Command::new("cc")
-            .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"])
-            .arg("-o")
-            .arg(&tmp)
-            .arg(&src_path)
-            .args(extra)
-            .arg("-ldl")
-            .status()
-            .expect("cc");
-        assert!(status.success(), "compiling {} failed", src_path.display());
-        std::fs::rename(&tmp, &out).unwrap();
-        std::fs::write(&stamp, &args).unwrap();
-    }
-    out
+        .chain(extra)
+        .copied()
+        .collect();
+    compile_program(src, out_name, "cc", &flags)
 }
 
 /// The thread ids the kernel lists for a live process.
