@@ -321,3 +321,54 @@ fn python_host_and_worker_threads() {
     assert_eq!(after.role("late_request"), 0);
     assert_eq!(after.mask("late_worker_child"), all);
 }
+
+/// A dedicated worker process whose first image execs the real program (a pyenv or conda shim,
+/// a wrapper script): the exec'd image is born on the worker mask the first image set, yet it
+/// must judge "constrained" on the launch mask — no false warning, and its threads stay on the
+/// GPU-local set instead of being cleared to every CPU.
+#[test]
+fn a_dedicated_worker_that_execs_keeps_its_numa_placement() {
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus();
+    if all.count() < 2 {
+        println!("skipped: needs two allowed CPUs, this process has [{all}]");
+        return;
+    }
+    let local = sysfs.node1.to_list();
+    let script = "import json, os, threading\n\
+                  seen = {}\n\
+                  t = threading.Thread(target=lambda: seen.update(thread=sorted(os.sched_getaffinity(0))))\n\
+                  t.start(); t.join()\n\
+                  seen['main'] = sorted(os.sched_getaffinity(0))\n\
+                  print(json.dumps(seen))";
+    let mut cmd = preloaded("sh", &sysfs);
+    cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker")
+        .arg("-c")
+        .arg(r#"exec "$0" -c "$1""#)
+        .arg(python())
+        .arg(script);
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let seen: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let cpus = |v: &serde_json::Value| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap() as usize)
+            .collect::<tllm_affinity_core::mask::CpuMask>()
+            .to_list()
+    };
+    assert_eq!(cpus(&seen["main"]), local, "{stderr}");
+    assert_eq!(cpus(&seen["thread"]), local, "{stderr}");
+    assert!(
+        !stderr.contains("constrained"),
+        "false constrained warning:\n{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("for optimal NUMA-aware scheduling").count(),
+        2,
+        "both images configure at load:\n{stderr}"
+    );
+}

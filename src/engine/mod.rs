@@ -132,7 +132,8 @@ fn initialise() -> State {
         return State::Passive;
     }
     let pid = kernel::getpid();
-    let mask_at_load = kernel::get_mask(pid).unwrap_or_default();
+    let main_mask = kernel::get_mask(pid).unwrap_or_default();
+    let mask_at_load = launch_mask_through_exec(&main_mask).unwrap_or_else(|| main_mask.clone());
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
         .ok()
         .and_then(|t| CpuMask::parse_list(&t).ok())
@@ -170,9 +171,7 @@ fn initialise() -> State {
     } else {
         0
     };
-    let main = REGISTRY
-        .lock()
-        .register_root(pid, handle, role, mask_at_load.clone());
+    let main = REGISTRY.lock().register_root(pid, handle, role, main_mask);
     if handle != 0 {
         create::set_current_slot(main);
     }
@@ -192,13 +191,38 @@ fn initialise() -> State {
     State::Active
 }
 
+/// Carries a dedicated worker's launch mask across `exec`: `<mask at launch>/<worker mask>`.
+///
+/// The kernel keeps a thread's mask across exec, so an image exec'd by a configured worker (a
+/// pyenv or conda shim execing the real interpreter, a wrapper script) would capture the worker
+/// mask at load and judge itself constrained by it — the false "constrained" of the seed bug.
+pub const LAUNCH_MASK_VAR: &str = "TLLM_AFFINITY_LAUNCH_MASK";
+
+/// The launch mask an earlier image of this process recorded, when the main thread is still on
+/// the worker mask that image set (otherwise someone else chose the mask since, and it stands).
+fn launch_mask_through_exec(main_mask: &CpuMask) -> Option<CpuMask> {
+    let value = std::env::var(LAUNCH_MASK_VAR).ok()?;
+    let (launch, worker) = value.split_once('/')?;
+    let launch = CpuMask::parse_list(launch).ok()?;
+    let worker = CpuMask::parse_list(worker).ok()?;
+    (worker == *main_mask && !launch.is_empty()).then_some(launch)
+}
+
 fn configure_dedicated_worker() {
-    let Some(main) = REGISTRY.lock().find_tid(kernel::getpid()) else {
+    let pid = kernel::getpid();
+    let Some(main) = REGISTRY.lock().find_tid(pid) else {
         return;
     };
     let lease = configure_for(main, -1);
     if lease < 0 {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
+        return;
+    }
+    let worker_mask = REGISTRY.lock().target().map(|t| t.mask.to_list());
+    // Only from the constructor on the main thread: setenv races with other threads' getenv.
+    if let Some(worker_mask) = worker_mask.filter(|_| kernel::gettid() == pid) {
+        let value = format!("{}/{worker_mask}", process().mask_at_load);
+        std::env::set_var(LAUNCH_MASK_VAR, value);
     }
 }
 
