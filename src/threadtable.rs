@@ -88,6 +88,54 @@ pub fn start_time(pid: u32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Removes the tables in `dir` that processes of this user left when they ended without running
+/// their exit handlers (`_exit`, a signal): a table whose pid is gone, or now names a process
+/// that started at another time. Run by each process as it maps its own, so they never pile up.
+pub fn remove_stale(dir: &Path, uid: u32) -> usize {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tllm-affinity."))
+            .and_then(|n| n.strip_suffix(".threads"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !meta.is_file() || meta.uid() != uid {
+            continue;
+        }
+        let mut head = [0u8; 24];
+        let readable = std::fs::File::open(&path)
+            .and_then(|mut f| f.read_exact(&mut head))
+            .is_ok();
+        let stale = if readable && &head[..8] == MAGIC {
+            let recorded = u64::from_le_bytes(head[16..24].try_into().unwrap_or([0; 8]));
+            start_time(pid) != Some(recorded)
+        } else {
+            // No header yet may be a process writing its table right now: wait a minute.
+            meta.modified()
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 60)
+        };
+        if stale && std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Roles and placements a live process published, by tid.
 pub fn read(pid: u32, dir: &Path) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
     let path = dir.join(file_name(pid));
@@ -127,6 +175,33 @@ mod tests {
     #[test]
     fn start_time_of_this_process_is_readable() {
         assert!(start_time(std::process::id()).is_some());
+    }
+
+    #[test]
+    fn stale_tables_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let uid = std::fs::metadata(dir.path()).map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.uid()
+        });
+        let uid = uid.unwrap();
+        let me = std::process::id();
+        std::fs::write(
+            dir.path().join(file_name(me)),
+            header(me, start_time(me).unwrap()),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join(file_name(me)).with_extension("x"), b"other").unwrap();
+        // A pid reused by a process that started at another time, and a pid that is gone.
+        std::fs::write(dir.path().join(file_name(1)), header(1, 12345)).unwrap();
+        std::fs::write(
+            dir.path().join(file_name(u32::MAX - 1)),
+            header(u32::MAX - 1, 1),
+        )
+        .unwrap();
+        assert_eq!(remove_stale(dir.path(), uid), 2);
+        assert!(dir.path().join(file_name(me)).exists());
+        assert!(!dir.path().join(file_name(1)).exists());
     }
 
     #[test]

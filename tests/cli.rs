@@ -519,3 +519,46 @@ fn ps_sees_a_fork_childs_own_table() {
     }
     assert!(child.wait().unwrap().success());
 }
+
+/// A process killed by a signal leaves its thread table behind; the next process that loads the
+/// library removes it, so tables never pile up in /dev/shm.
+#[test]
+fn a_killed_processs_thread_table_is_removed_by_the_next_one() {
+    let dir = tllm_affinity_core::threadtable::directory(std::path::Path::new("/tmp"));
+    let killed = clean("sh")
+        .args(["-c", "kill -KILL $$"])
+        .env("LD_PRELOAD", library())
+        .status()
+        .unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&killed),
+        Some(9)
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| pid_of(p) != 0)
+        .filter(|p| tllm_affinity_core::threadtable::start_time(pid_of(p)).is_none())
+        .collect();
+    assert!(
+        !left.is_empty(),
+        "the killed process left no table in {}",
+        dir.display()
+    );
+    let next = clean("true").env("LD_PRELOAD", library()).status().unwrap();
+    assert!(next.success());
+    for path in left {
+        assert!(!path.exists(), "{} is still there", path.display());
+    }
+}
+
+fn pid_of(table: &std::path::Path) -> u32 {
+    table
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("tllm-affinity."))
+        .and_then(|n| n.strip_suffix(".threads"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}

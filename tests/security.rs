@@ -156,6 +156,8 @@ fn plant(what: Planted, path: &Path, victim_dir: &Path) -> Box<dyn Fn()> {
     ));
     let content = "root:x:0:0:root:/root:/bin/bash\n";
     let path = path.to_path_buf();
+    // A table left by a killed process that had this pid before would be in the way.
+    let _ = std::fs::remove_file(&path);
     match what {
         Planted::Symlink | Planted::HardLink => {
             std::fs::write(&victim, content).unwrap();

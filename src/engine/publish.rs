@@ -15,7 +15,10 @@ use crate::threadtable::{self, CAPACITY, HEADER_BYTES};
 /// roles.
 pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)> {
     let pid = std::process::id();
-    let path = threadtable::directory(fallback_dir).join(threadtable::file_name(pid));
+    let dir = threadtable::directory(fallback_dir);
+    // SAFETY: geteuid has no preconditions.
+    threadtable::remove_stale(&dir, unsafe { libc::geteuid() });
+    let path = dir.join(threadtable::file_name(pid));
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
