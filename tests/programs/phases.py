@@ -1,6 +1,7 @@
 """The PHASE protocol of the integration tests, for Python populations.
 
-Threads note themselves by name; `phase(name)` prints "PHASE <name> <thread>=<tid>:<role> ..." and
+Threads note themselves by name (or are noted by tid: threads native libraries start never run
+Python code); `phase(name)` prints "PHASE <name> <thread>=<tid>:<role> ..." and
 waits for a line on stdin, while the test reads the kernel's masks from /proc.
 """
 import ctypes
@@ -13,14 +14,16 @@ LIB.tllm_affinity_configure.restype = ctypes.c_int64
 LIB.tllm_affinity_configure.argtypes = [ctypes.c_int32]
 LIB.tllm_affinity_release.argtypes = [ctypes.c_int64]
 LIB.tllm_affinity_role.argtypes = [ctypes.c_int32]
+LIB.tllm_affinity_report.restype = ctypes.c_int64
+LIB.tllm_affinity_report.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
 
 _threads = {}
 _lock = threading.Lock()
 
 
-def note(name):
+def note(name, tid=None):
     with _lock:
-        _threads[name] = threading.get_native_id()
+        _threads[name] = threading.get_native_id() if tid is None else tid
 
 
 def phase(name):

@@ -1,10 +1,7 @@
 """Shared helpers of the runtime and deployment programs (tests/programs/rt_*.py).
 
-The PHASE protocol is the one of tests/programs/phases.py: threads are noted by name,
-`phase(name)` prints "PHASE <name> <thread>=<tid>:<role> ..." and waits for a line on stdin while
-the test reads every named thread's mask from /proc/<pid>/task/<tid>/status. Here a thread can
-also be noted by tid, for threads that native libraries start (OpenMP, OpenBLAS, progress
-threads), which never run Python code.
+The PHASE protocol comes from tests/programs/phases.py (note, phase, start, stop); this module
+adds a watchdog, the C ABI calls with checks, the report, and the numpy/OpenMP helpers.
 """
 import ctypes
 import json
@@ -13,17 +10,7 @@ import sys
 import threading
 import time
 
-LIB = ctypes.CDLL(None)
-LIB.tllm_affinity_configure.restype = ctypes.c_int64
-LIB.tllm_affinity_configure.argtypes = [ctypes.c_int32]
-LIB.tllm_affinity_release.argtypes = [ctypes.c_int64]
-LIB.tllm_affinity_role.argtypes = [ctypes.c_int32]
-LIB.tllm_affinity_report.restype = ctypes.c_int64
-LIB.tllm_affinity_report.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
-
-_threads = {}
-_lock = threading.Lock()
-stop = threading.Event()
+from phases import LIB, note, phase, start, stop  # noqa: F401 (re-exported to rt_* programs)
 
 
 def _watchdog(limit):
@@ -39,40 +26,9 @@ threading.Thread(
 ).start()
 
 
-def note(name, tid=None):
-    with _lock:
-        _threads[name] = threading.get_native_id() if tid is None else tid
-
-
-def phase(name):
-    with _lock:
-        parts = [f"{n}={tid}:{LIB.tllm_affinity_role(tid)}" for n, tid in _threads.items()]
-    print("PHASE", name, *parts, flush=True)
-    if not sys.stdin.readline():
-        # The test is gone (stdin closed): end the whole process, whichever thread this is.
-        os._exit(3)
-
-
 def say(*words):
     """A line for the test that is not a phase (the harness skips it while waiting for one)."""
     print(*words, flush=True)
-
-
-def start(name, target=None):
-    """Starts a thread that notes itself, runs `target` and then parks until `stop` is set."""
-    ready = threading.Event()
-
-    def run():
-        note(name)
-        ready.set()
-        if target:
-            target()
-        stop.wait()
-
-    t = threading.Thread(target=run, name=name, daemon=True)
-    t.start()
-    ready.wait()
-    return t
 
 
 def tasks():
