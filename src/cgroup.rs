@@ -303,15 +303,8 @@ fn quota_of(quota_us: u64, period_us: u64) -> Option<CpuQuota> {
 mod tests {
     use super::*;
 
-    fn put(root: &Path, rel: &str, text: &str) {
-        let path = root.join(rel);
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(path, text).unwrap();
-    }
-
-    fn mask(list: &str) -> CpuMask {
-        CpuMask::parse_list(list).unwrap()
-    }
+    use crate::mask::mask;
+    use crate::simulated::write_tree_file as put;
 
     const V1_CONTAINER_MOUNTINFO: &str = "\
 1185 1084 0:251 / / rw,relatime master:403 - overlay overlay rw,lowerdir=/a,upperdir=/b

@@ -279,6 +279,12 @@ impl FromIterator<usize> for CpuMask {
     }
 }
 
+/// Test shorthand: the mask of a cpulist known to be valid.
+#[cfg(test)]
+pub(crate) fn mask(list: &str) -> CpuMask {
+    CpuMask::parse_list(list).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -309,18 +309,9 @@ pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulated::{dgx_h100_like, single_node_vm, SimulatedHost};
-    use crate::topology::SysfsRoot;
+    use crate::simulated::{dgx_h100_like, single_node_vm};
 
-    fn mask(list: &str) -> CpuMask {
-        CpuMask::parse_list(list).unwrap()
-    }
-
-    fn read(host: &SimulatedHost) -> Topology {
-        let dir = tempfile::tempdir().unwrap();
-        host.write(dir.path()).unwrap();
-        Topology::read(&SysfsRoot::new(dir.path())).unwrap()
-    }
+    use crate::mask::mask;
 
     /// Every placed GPU's CPUs (step and result), and the reasons of the others.
     fn placed(all: &[GpuPlacement]) -> Vec<Option<(CpuMask, usize)>> {
@@ -375,7 +366,7 @@ mod tests {
 
     #[test]
     fn dgx_full_mask_every_gpu_gets_its_own_cores() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         let allowed = mask("0-223");
         let all = auto_placement(&t, &allowed);
         assert_eq!(all.len(), 8);
@@ -396,7 +387,7 @@ mod tests {
 
     #[test]
     fn dgx_taskset_half_of_each_socket() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         // Cores 0-27 and 56-83 with their siblings, as `taskset -c` would give a half host.
         let allowed = mask("0-27,56-83,112-139,168-195");
         let all = auto_placement(&t, &allowed);
@@ -410,7 +401,7 @@ mod tests {
 
     #[test]
     fn dgx_with_one_sibling_per_core_pins_single_cpus() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         let allowed = mask("0-111");
         let all = auto_placement(&t, &allowed);
         assert_disjoint(&t, &allowed, &all);
@@ -419,7 +410,7 @@ mod tests {
 
     #[test]
     fn dgx_node_1_without_allowed_cpus_ranks_its_gpus_in_what_node_0_leaves() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         let allowed = mask("0-55,112-167");
         let all = auto_placement(&t, &allowed);
         assert_disjoint(&t, &allowed, &all);
@@ -435,7 +426,7 @@ mod tests {
 
     #[test]
     fn a_mask_too_small_pins_nothing_rather_than_wrapping() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         // 8 cores on node 0 (enough for its 4 GPUs), 6 on node 1 (not enough for 4).
         let allowed = mask("0-7,56-61");
         let all = auto_placement(&t, &allowed);
@@ -471,7 +462,7 @@ mod tests {
     /// mask.
     #[test]
     fn random_masks_never_collide() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = || {
             state ^= state << 13;
@@ -489,7 +480,7 @@ mod tests {
 
     #[test]
     fn single_node_vm_without_numa() {
-        let t = read(&single_node_vm(8, 2));
+        let t = single_node_vm(8, 2).topology();
         let allowed = mask("0-7");
         let all = auto_placement(&t, &allowed);
         assert_disjoint(&t, &allowed, &all);
@@ -504,7 +495,7 @@ mod tests {
     #[test]
     fn a_gpu_with_numa_node_minus_one_takes_what_node_local_gpus_leave() {
         let host = dgx_h100_like().gpu("0000:e0:00.0", None, None);
-        let t = read(&host);
+        let t = host.topology();
         assert_eq!(t.gpus[8].numa_node, None);
         let allowed = mask("0-223");
         let all = auto_placement(&t, &allowed);
@@ -521,14 +512,14 @@ mod tests {
         // The plan is a function of the host and the mask only: a second server (or a second
         // worker of a split configuration) on the same GPU gets the same CPUs, which is why
         // `auto` takes the per-GPU lock (tested in tests/step_threads.rs).
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         let allowed = mask("0-223");
         assert_eq!(auto_placement(&t, &allowed), auto_placement(&t, &allowed));
     }
 
     #[test]
     fn explicit_cpu_pins_its_core_and_the_next_core() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         let allowed = mask("0-223");
         let p = explicit_placement(&t, &allowed, 5).unwrap();
         assert_eq!((p.step, p.result), (mask("5,117"), Some(6)));
@@ -550,7 +541,7 @@ mod tests {
 
     #[test]
     fn the_plan_for_one_gpu_with_pools_and_quota() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         let process_mask = mask("0-223");
         let cpuset = mask("0-223");
         let input = PlanInput {
@@ -624,7 +615,7 @@ mod tests {
 
     #[test]
     fn quota_below_the_pinned_threads_still_leaves_one_worker_thread() {
-        let t = read(&single_node_vm(4, 1));
+        let t = single_node_vm(4, 1).topology();
         let all = mask("0-3");
         let p = plan(&PlanInput {
             topology: &t,

@@ -465,18 +465,9 @@ fn round1(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulated::{dgx_h100_like, single_node_vm, two_node_one_gpu, SimulatedHost};
-    use crate::topology::SysfsRoot;
+    use crate::simulated::{dgx_h100_like, single_node_vm, two_node_one_gpu};
 
-    fn mask(list: &str) -> CpuMask {
-        CpuMask::parse_list(list).unwrap()
-    }
-
-    fn read(host: &SimulatedHost) -> Topology {
-        let dir = tempfile::tempdir().unwrap();
-        host.write(dir.path()).unwrap();
-        Topology::read(&SysfsRoot::new(dir.path())).unwrap()
-    }
+    use crate::mask::mask;
 
     fn pairs(t: &Topology, allowed: &str) -> Vec<Option<(usize, usize)>> {
         find_pairs(t, &mask(allowed))
@@ -487,7 +478,7 @@ mod tests {
 
     #[test]
     fn pairs_of_every_kind_where_the_mask_has_them() {
-        let t = read(&dgx_h100_like());
+        let t = dgx_h100_like().topology();
         assert_eq!(
             pairs(&t, "0-223"),
             vec![
@@ -508,12 +499,12 @@ mod tests {
             vec![Some((112, 112)), Some((0, 112)), None, Some((0, 56))]
         );
         // This machine's shape in the tests: two CPUs, one node each.
-        let t = read(&two_node_one_gpu(&mask("0-1")));
+        let t = two_node_one_gpu(&mask("0-1")).topology();
         assert_eq!(
             pairs(&t, "0-1"),
             vec![Some((1, 1)), None, None, Some((0, 1))]
         );
-        let t = read(&single_node_vm(2, 0));
+        let t = single_node_vm(2, 0).topology();
         assert_eq!(
             pairs(&t, "0-1"),
             vec![Some((1, 1)), None, Some((0, 1)), None]
@@ -625,7 +616,9 @@ mod tests {
 
     #[test]
     fn report_shapes() {
-        let t = read(&two_node_one_gpu(&mask("0-1")).idle_state("POLL", 0));
+        let t = two_node_one_gpu(&mask("0-1"))
+            .idle_state("POLL", 0)
+            .topology();
         let report = ProbeReport {
             allowed: mask("0-1"),
             rounds: 10,

@@ -104,12 +104,6 @@ pub struct ChildPlan {
     epoch: u64,
 }
 
-impl ChildPlan {
-    pub fn role(&self) -> Role {
-        self.role
-    }
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfigureOutcome {
     pub lease: i64,
@@ -349,35 +343,34 @@ impl Registry {
         handle: u64,
         kernel: &impl ThreadMasks,
     ) -> Slot {
-        let creator = plan.creator.and_then(|s| self.entry(s).cloned());
-        let creator = creator.or_else(|| {
-            // An exited creator stays as a tombstone until its children register.
-            plan.creator
-                .and_then(|s| self.slots.get(s as usize)?.clone())
-        });
+        // Borrowed, not cloned: this runs for every new thread. An exited creator stays as a
+        // tombstone until its children register, so its slot still holds it.
+        let creator: Option<&ThreadEntry> = plan
+            .creator
+            .and_then(|s| self.slots.get(s as usize)?.as_ref());
         // The creator's current mask is what the kernel copied, unless it changed behind our
         // back or the target moved while the thread was being born; then ask the kernel.
-        let inherited: SharedMask = match &creator {
+        let inherited: SharedMask = match creator {
             Some(c) if plan.epoch == self.epoch && c.placement != Placement::External => {
                 c.current.clone()
             }
             _ => Arc::new(kernel.get(tid).unwrap_or_default()),
         };
-        let natural = match &creator {
+        let natural = match creator {
             Some(c) if c.placement.set_by_library() => c.natural.clone(),
             _ => inherited.clone(),
         };
         // A configure that promoted the creator after it planned this thread, but before the
         // thread could register, did not see it: it is a live descendant on its birth mask, so
         // it is promoted here, as configure would have (SPEC §2).
-        let role = match &creator {
+        let role = match creator {
             Some(c) if plan.role == Role::Host && c.role == Role::Worker => Role::Worker,
             _ => plan.role,
         };
         let (mask, placement) = if let Some(explicit) = &plan.explicit {
             (explicit.clone(), Placement::Explicit)
         } else {
-            let (wanted, placement) = self.birth(role, creator.as_ref(), &inherited);
+            let (wanted, placement) = self.birth(role, creator, &inherited);
             if wanted != inherited && kernel.set(tid, &wanted).is_err() {
                 (inherited.clone(), Placement::Inherited)
             } else {
@@ -387,7 +380,7 @@ impl Registry {
         // A worker born on the mask the application chose for its creator carries that choice:
         // a later configure (even a repeated one for the same device) must not override it,
         // nor a release "restore" it.
-        let placement = match &creator {
+        let placement = match creator {
             Some(c)
                 if role == Role::Worker
                     && placement == Placement::Inherited

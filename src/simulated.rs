@@ -421,21 +421,31 @@ fn kernel_hex(mask: &CpuMask, nbits: usize) -> String {
         .join(",")
 }
 
+/// Test support: writes one file of a hand-made tree under `root`, parents included.
+#[cfg(test)]
+pub(crate) fn write_tree_file(root: &Path, rel: &str, text: &str) {
+    let path = root.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+#[cfg(test)]
+impl SimulatedHost {
+    /// Writes this host into a temporary directory and reads it back, as the library would.
+    pub(crate) fn topology(&self) -> crate::topology::Topology {
+        let dir = tempfile::tempdir().unwrap();
+        self.write(dir.path()).unwrap();
+        crate::topology::Topology::read(&crate::topology::SysfsRoot::new(dir.path())).unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::device::{resolve_device, DeviceEnv};
     use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
 
-    fn mask(list: &str) -> CpuMask {
-        CpuMask::parse_list(list).unwrap()
-    }
-
-    fn round_trip(host: &SimulatedHost) -> Topology {
-        let dir = tempfile::tempdir().unwrap();
-        host.write(dir.path()).unwrap();
-        Topology::read(&SysfsRoot::new(dir.path())).unwrap()
-    }
+    use crate::mask::mask;
 
     #[test]
     fn formats_like_the_kernel() {
@@ -468,7 +478,7 @@ mod tests {
     #[test]
     fn dgx_h100_round_trip() {
         let host = dgx_h100_like();
-        let t = round_trip(&host);
+        let t = host.topology();
         assert_eq!(t.online, mask("0-223"));
         assert_eq!(t.cpus.len(), 224);
         assert_eq!(t.cpus[170].siblings, mask("58,170"));
@@ -502,7 +512,9 @@ mod tests {
 
     #[test]
     fn dgx_without_local_cpulist_uses_numa_node() {
-        let t = round_trip(&dgx_h100_like().without_local_cpulist("0000:DB:00.0"));
+        let t = dgx_h100_like()
+            .without_local_cpulist("0000:DB:00.0")
+            .topology();
         let gpu = t.gpu_by_address("db:00.0").unwrap();
         assert_eq!(gpu.local_cpus, None);
         let local = t.gpu_local_cpus(gpu);
@@ -512,7 +524,7 @@ mod tests {
 
     #[test]
     fn two_node_demo_host_on_small_machines() {
-        let t = round_trip(&two_node_one_gpu(&mask("0-1")));
+        let t = two_node_one_gpu(&mask("0-1")).topology();
         assert_eq!(t.nodes.len(), 2);
         assert_eq!(t.nodes[0].cpus, mask("0"));
         assert_eq!(t.nodes[1].cpus, mask("1"));
@@ -527,14 +539,14 @@ mod tests {
         let dev1 = resolve_device(1, &env, &t.gpus).unwrap();
         assert_eq!(t.gpu_local_cpus(&t.gpus[dev1.gpu_index]).cpus, mask("0"));
 
-        let t = round_trip(&two_node_one_gpu(&mask("2-4,9")));
+        let t = two_node_one_gpu(&mask("2-4,9")).topology();
         assert_eq!(t.online, mask("2-4,9"));
         assert_eq!(t.nodes[0].cpus, mask("2-3"));
         assert_eq!(t.nodes[1].cpus, mask("4,9"));
         assert_eq!(t.cpus.iter().map(|c| c.siblings.count()).max(), Some(1));
         assert_eq!(t.gpu_local_cpus(&t.gpus[0]).cpus, mask("4,9"));
 
-        let t = round_trip(&two_node_one_gpu(&mask("5")));
+        let t = two_node_one_gpu(&mask("5")).topology();
         assert_eq!(t.nodes.len(), 1);
         assert_eq!(t.online, mask("5"));
         let local = t.gpu_local_cpus(&t.gpus[0]);
@@ -572,7 +584,7 @@ mod tests {
             .node(1, &CpuMask::new())
             .node_distances(vec![vec![10, 40], vec![40, 10]])
             .gpu("0008:01:00.0", Some(1), Some(&CpuMask::new()));
-        let t = round_trip(&host);
+        let t = host.topology();
         let local = t.gpu_local_cpus(&t.gpus[0]);
         assert_eq!(local.cpus, mask("0-3"));
         assert_eq!(

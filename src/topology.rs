@@ -551,15 +551,8 @@ fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<usize>, TopologyErro
 mod tests {
     use super::*;
 
-    fn put(root: &Path, rel: &str, text: &str) {
-        let path = root.join(rel);
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(path, text).unwrap();
-    }
-
-    fn mask(list: &str) -> CpuMask {
-        CpuMask::parse_list(list).unwrap()
-    }
+    use crate::mask::mask;
+    use crate::simulated::write_tree_file as put;
 
     fn put_cpu(root: &Path, id: usize, core: usize, pkg: usize, siblings: &str) {
         let dir = format!("sys/devices/system/cpu/cpu{id}/topology");

@@ -133,15 +133,6 @@ fn assert_python_population(phases: &[Phase; 3], load: &str, worker: &str, case:
     }
 }
 
-fn two_cpus_or_skip() -> bool {
-    let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: a constraint narrower than the cpuset needs two allowed CPUs, this process has [{all}]");
-        return false;
-    }
-    true
-}
-
 /// Variables set for one row of the policy table.
 type Vars = &'static [(&'static str, &'static str)];
 
@@ -183,7 +174,7 @@ fn constrained_rows<'a>(
 /// policy, and worker threads get the policy table's answer.
 #[test]
 fn numactl_physcpubind_python_population_policy_table() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -210,7 +201,7 @@ fn numactl_physcpubind_python_population_policy_table() {
 /// tests/engine_population.rs): the three rows that differ.
 #[test]
 fn taskset_python_population_policy_table() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -235,7 +226,7 @@ fn taskset_python_population_policy_table() {
 /// rows that differ, host threads on numactl's binding.
 #[test]
 fn numactl_physcpubind_c_population() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -280,7 +271,7 @@ fn numactl_physcpubind_c_population() {
 /// leaves the cpuset.
 #[test]
 fn cgroup_cpuset_python_population() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
         return;
     }
     let sysfs = Sysfs::two_nodes();

@@ -33,15 +33,6 @@ fn deployment(sysfs: &Sysfs, program: &str) -> Command {
     cmd
 }
 
-fn two_cpus_or_skip() -> bool {
-    let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: a worker set narrower than the host needs two allowed CPUs, this process has [{all}]");
-        return false;
-    }
-    true
-}
-
 /// Every thread of `phase` whose name starts with one of `prefixes` has `mask` and `role`; at
 /// least one such thread exists per prefix.
 fn expect(phase: &Phase, prefixes: &[&str], mask: &str, role: i32, why: &str) {
@@ -96,7 +87,7 @@ fn record(deployment: &str, phases: &[&Phase]) {
 /// OpenMP pool get the GPU-local set and serve the request; shutdown restores every mask.
 #[test]
 fn tp1_worker_inside_the_http_server() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -186,7 +177,7 @@ fn tp1_worker_inside_the_http_server() {
 /// worker's pool thread, idle in the session's pool, is restored.
 #[test]
 fn mpi_comm_session_rank0_in_the_users_script() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -270,7 +261,7 @@ fn mpi_comm_session_rank0_in_the_users_script() {
 /// GPU-local set and answer the request relayed over loopback; shutdown restores them.
 #[test]
 fn visualgen_rank0_coordinator_started_before_the_worker() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -350,7 +341,7 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
 /// restores them all, and a progress thread started afterwards is born on the launch mask.
 #[test]
 fn multi_node_leader_session_server_and_progress_threads() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();

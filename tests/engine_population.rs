@@ -249,9 +249,16 @@ fn policy_under_a_cgroup_cpuset() {
     }
     assert!(end.stderr.contains("no CPU in common"), "{}", end.stderr);
 
-    // "clear" means the cpuset, never the whole host.
-    let (_, configured, _) = run_in_group("0", &[("TLLM_AFFINITY_POLICY", "clear")]);
+    // "clear" means the cpuset, never the whole host. The kernel would clip a wider mask to the
+    // cpuset anyway, so the mask the library chose is read from its own log line.
+    let (_, configured, end) = run_in_group("0", &[("TLLM_AFFINITY_POLICY", "clear")]);
     assert_eq!(configured.mask("W"), local);
+    assert!(
+        end.stderr
+            .contains(&format!("CPU affinity set to [{local}] (9/9 threads)")),
+        "{}",
+        end.stderr
+    );
 }
 
 /// The reproduction of seeds/configure-not-idempotent.txt with real Python threads: six worker

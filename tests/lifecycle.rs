@@ -449,55 +449,40 @@ fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
     let Some(c) = cpus(&sysfs) else { return };
     let mut run = Driver::spawn(life_cmd(&sysfs, &["fork"]), LIMIT);
 
-    let main = run.line("CHILD main");
-    let expect = [
-        ("threads", "1"),
-        ("role", "0"),
-        ("thread_role", "0"),
-        ("mask_before", c.all.as_str()),
-        ("mask", c.local.as_str()),
-        ("release", "0"),
-        ("released_mask", c.all.as_str()),
-        ("threads_after", "1"),
-    ];
-    for (k, v) in expect {
-        assert_eq!(field(&main, k), v, "{k} in {main}");
-    }
-    let report: Value = serde_json::from_str(
-        run.line("CHILDREPORT main")
-            .trim_start_matches("CHILDREPORT main "),
-    )
-    .unwrap();
-    let child_pid = report["pid"].as_i64().unwrap() as i32;
-    assert_eq!(report_tids(&report), [child_pid].into());
+    let report = forked_child(
+        &mut run,
+        "main",
+        &[
+            ("threads", "1"),
+            ("role", "0"),
+            ("thread_role", "0"),
+            ("mask_before", c.all.as_str()),
+            ("mask", c.local.as_str()),
+            ("release", "0"),
+            ("released_mask", c.all.as_str()),
+            ("threads_after", "1"),
+        ],
+    );
     assert_eq!(report["leases"], serde_json::json!([]));
-    assert_eq!(run.line("FORKED main"), "FORKED main status=0");
 
-    let worker = run.line("CHILD W");
-    let expect = [
-        ("threads", "1"),
-        ("role", "1"),
-        ("thread_role", "1"),
-        ("mask_before", c.local.as_str()),
-        ("release_inherited", "0"),
-        ("restored", c.all.as_str()),
-        ("mask", c.local.as_str()),
-        ("release", "0"),
-        ("released_mask", c.all.as_str()),
-        ("threads_after", "1"),
-    ];
-    for (k, v) in expect {
-        assert_eq!(field(&worker, k), v, "{k} in {worker}");
-    }
-    let report: Value = serde_json::from_str(
-        run.line("CHILDREPORT W")
-            .trim_start_matches("CHILDREPORT W "),
-    )
-    .unwrap();
+    let report = forked_child(
+        &mut run,
+        "W",
+        &[
+            ("threads", "1"),
+            ("role", "1"),
+            ("thread_role", "1"),
+            ("mask_before", c.local.as_str()),
+            ("release_inherited", "0"),
+            ("restored", c.all.as_str()),
+            ("mask", c.local.as_str()),
+            ("release", "0"),
+            ("released_mask", c.all.as_str()),
+            ("threads_after", "1"),
+        ],
+    );
     let child_pid = report["pid"].as_i64().unwrap() as i32;
-    assert_eq!(report_tids(&report), [child_pid].into());
     assert_eq!(report_thread(&report, child_pid)["role"], "worker");
-    assert_eq!(run.line("FORKED W"), "FORKED W status=0");
 
     let parent = run.phase();
     let live = task_tids(run.pid());
@@ -508,6 +493,25 @@ fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
     assert_eq!(report_tids(&report), live);
     let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
+}
+
+/// The child forked by thread `who`: its CHILD line holds `expect`, its report lists exactly one
+/// thread (itself), and it exited 0. Returns the report.
+fn forked_child(run: &mut Driver, who: &str, expect: &[(&str, &str)]) -> Value {
+    let line = run.line(&format!("CHILD {who}"));
+    for (k, v) in expect {
+        assert_eq!(field(&line, k), *v, "{k} in {line}");
+    }
+    let tag = format!("CHILDREPORT {who} ");
+    let report: Value =
+        serde_json::from_str(run.line(tag.trim_end()).trim_start_matches(&tag)).unwrap();
+    let child_pid = report["pid"].as_i64().unwrap() as i32;
+    assert_eq!(report_tids(&report), [child_pid].into());
+    assert_eq!(
+        run.line(&format!("FORKED {who}")),
+        format!("FORKED {who} status=0")
+    );
+    report
 }
 
 /// 300 forks while a host and a worker thread create and join threads and another thread

@@ -279,15 +279,6 @@ fn local_of(sysfs: &Sysfs, rank: u32) -> String {
     }
 }
 
-fn two_cpus_or_skip() -> bool {
-    let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: two ranks on two GPU-local sets need two allowed CPUs, this process has [{all}]");
-        return false;
-    }
-    true
-}
-
 const WORKER: &[(&str, &str)] = &[("TLLM_AFFINITY_PROCESS_ROLE", "worker")];
 
 /// Every thread of a dedicated worker rank — main, Open MPI's progress threads, the thread main
@@ -317,7 +308,7 @@ fn assert_dedicated(seen: &RankPhase, mask: &str, case: &str) {
 /// GPU; the progress threads MPI_Init starts are born on that set (inherited from main).
 #[test]
 fn dedicated_worker_ranks_without_binding() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -355,7 +346,7 @@ fn dedicated_worker_ranks_without_binding() {
 /// server's warning), `1` → the GPU-local set, `0` → mpirun's binding kept.
 #[test]
 fn dedicated_worker_ranks_bound_to_cores_follow_the_policy_table() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -447,7 +438,7 @@ fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
 /// 0's masks back; rank 1 stays a dedicated worker on GPU 1's set.
 #[test]
 fn multi_node_leader_rank0_worker_on_a_pool_thread() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -503,7 +494,7 @@ fn multi_node_leader_rank0_worker_on_a_pool_thread() {
 /// libpmix exactly the other one, and an empty list none.
 #[test]
 fn open_mpi_progress_threads_start_in_open_pal_and_pmix() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
         return;
     }
     let sysfs = Sysfs::two_nodes();

@@ -28,15 +28,6 @@ fn python_with_runtimes(sysfs: &Sysfs, program: &str) -> std::process::Command {
     cmd
 }
 
-fn two_cpus_or_skip() -> bool {
-    let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: a worker set narrower than the host needs two allowed CPUs, this process has [{all}]");
-        return false;
-    }
-    true
-}
-
 fn named<'a>(phase: &'a Phase, prefix: &str) -> Vec<(&'a String, &'a ThreadSeen)> {
     phase
         .threads
@@ -66,7 +57,7 @@ fn assert_threads(phase: &Phase, prefix: &str, mask: &str, role: i32, why: &str)
 /// the worker's pool, reused after release, runs on the restored mask.
 #[test]
 fn http_server_with_openmp_and_openblas_worker() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -204,7 +195,7 @@ fn blas_run(sysfs: &Sysfs, mode: &str, vars: &[(&str, &str)]) -> (usize, [Phase;
 /// the pool runs on the GPU-local set during the lease and is restored by release.
 #[test]
 fn openblas_pool_imported_on_the_worker_thread() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -251,7 +242,7 @@ fn openblas_pool_imported_on_the_worker_thread() {
 /// restored at release. OPENBLAS_NUM_THREADS=1 starts no pool: BLAS runs on the calling thread.
 #[test]
 fn openblas_pool_imported_by_the_host() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -309,7 +300,7 @@ fn openblas_pool_imported_by_the_host() {
 /// says to leave these variables unset in a shared process.
 #[test]
 fn openmp_proc_bind_places_are_explicit() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -365,7 +356,7 @@ fn openmp_proc_bind_places_are_explicit() {
 /// library promotes it when it registers). Several runs, as the crossing is a matter of timing.
 #[test]
 fn threads_born_while_configure_sweeps_are_workers() {
-    if !two_cpus_or_skip() {
+    if !two_cpus_or_skip("a worker set narrower than the host") {
         return;
     }
     let sysfs = Sysfs::two_nodes();

@@ -146,22 +146,15 @@ fn explicit_mask(attr: *const libc::pthread_attr_t) -> Option<CpuMask> {
     // SAFETY: `attr` is the caller's initialised attr; the buffer is `small.len()` bytes.
     let rc =
         unsafe { libc::pthread_attr_getaffinity_np(attr, small.len(), small.as_mut_ptr().cast()) };
-    let bytes: Vec<u8> = if rc == 0 {
-        if small.iter().all(|&b| b == 0xff) {
-            return None;
-        }
-        small.to_vec()
-    } else {
-        let mut big = vec![0u8; kernel::mask_bytes().max(256)];
-        // SAFETY: as above with a buffer of `big.len()` bytes.
-        let rc =
-            unsafe { libc::pthread_attr_getaffinity_np(attr, big.len(), big.as_mut_ptr().cast()) };
-        if rc != 0 || big.iter().all(|&b| b == 0xff) {
-            return None;
-        }
-        big
-    };
-    Some(CpuMask::from_kernel_bytes(&bytes))
+    if rc == 0 {
+        let unset = small.iter().all(|&b| b == 0xff);
+        return (!unset).then(|| CpuMask::from_kernel_bytes(&small));
+    }
+    let mut big = vec![0u8; kernel::mask_bytes().max(256)];
+    // SAFETY: as above with a buffer of `big.len()` bytes.
+    let rc = unsafe { libc::pthread_attr_getaffinity_np(attr, big.len(), big.as_mut_ptr().cast()) };
+    let unset = big.iter().all(|&b| b == 0xff);
+    (rc == 0 && !unset).then(|| CpuMask::from_kernel_bytes(&big))
 }
 
 extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
@@ -182,10 +175,9 @@ fn register_self(plan: ChildPlan) {
     let tid = kernel::gettid();
     // SAFETY: pthread_self has no preconditions.
     let handle = unsafe { libc::pthread_self() } as u64;
-    let mut reg = registry().lock();
-    let slot = reg.register_child(plan, tid, handle, &Kernel);
+    let slot = registry().lock().register_child(plan, tid, handle, &Kernel);
     if !set_current_slot(slot) {
         // Without the key its exit would go unseen: forget it now rather than leak it.
-        reg.thread_exited(slot);
+        registry().lock().thread_exited(slot);
     }
 }

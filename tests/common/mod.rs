@@ -185,6 +185,17 @@ pub fn allowed_cpus() -> CpuMask {
     tllm_affinity_core::engine::kernel::get_mask(0).expect("sched_getaffinity")
 }
 
+/// False, after printing why the test is skipped, when this process has fewer than two CPUs:
+/// `what` (a worker set narrower than the host, a constraint...) cannot be shown then.
+pub fn two_cpus_or_skip(what: &str) -> bool {
+    let all = allowed_cpus();
+    if all.count() < 2 {
+        println!("skipped: {what} needs two allowed CPUs, this process has [{all}]");
+        return false;
+    }
+    true
+}
+
 /// A simulated host written to a temp dir: node0 = the lower half of the allowed CPUs, node1
 /// the rest; GPU 0 (0000:3b:00.0) local to node1, GPU 1 (0000:86:00.0) local to node0.
 pub struct Sysfs {
@@ -314,19 +325,46 @@ pub struct Finished {
     pub stderr: String,
 }
 
+/// A program with piped stdin and stdout, its stderr collected in a file (a pipe nobody reads
+/// could fill and block it).
+struct Piped {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    stderr_path: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+fn spawn_piped(cmd: &mut Command) -> Piped {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr_path = dir.path().join("stderr");
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let stdin = child.stdin.take();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    Piped {
+        child,
+        stdin,
+        stdout,
+        stderr_path,
+        dir,
+    }
+}
+
 impl Population {
     pub fn spawn(mut cmd: Command) -> Population {
-        let dir = tempfile::tempdir().unwrap();
-        let stderr_path = dir.path().join("stderr");
-        let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn population");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let Piped {
+            child,
+            stdin,
+            stdout,
+            stderr_path,
+            dir,
+        } = spawn_piped(&mut cmd);
         Population {
             child,
             stdin,
@@ -622,17 +660,13 @@ pub struct Driver {
 
 impl Driver {
     pub fn spawn(mut cmd: Command, limit: std::time::Duration) -> Driver {
-        let dir = tempfile::tempdir().unwrap();
-        let stderr_path = dir.path().join("stderr");
-        let stderr = std::fs::File::create(&stderr_path).unwrap();
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let Piped {
+            child,
+            stdin,
+            stdout,
+            stderr_path,
+            dir,
+        } = spawn_piped(&mut cmd);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in stdout.lines() {
