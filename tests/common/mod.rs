@@ -384,20 +384,8 @@ impl Population {
 
     /// Waits for the next checkpoint and reads every named thread's mask from `/proc`.
     pub fn phase(&mut self) -> Phase {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = self.stdout.read_line(&mut line).unwrap();
-            assert!(
-                n > 0,
-                "population ended before its next phase; stderr:\n{}",
-                self.stderr()
-            );
-            if line.starts_with("PHASE ") {
-                break;
-            }
-        }
-        let mut words = line.split_whitespace().skip(1);
+        let line = self.line("PHASE ");
+        let mut words = line.split_whitespace();
         let name = words.next().unwrap().to_string();
         let pid = self.pid();
         // Threads that have exited since they were noted are left out.
