@@ -227,14 +227,27 @@ impl CpuMask {
     /// The kernel's byte layout, `len` bytes long (a multiple of 8), bits beyond it dropped.
     pub fn to_kernel_bytes(&self, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
-        for (i, w) in self.words.iter().enumerate() {
-            for (j, b) in w.to_le_bytes().iter().enumerate() {
-                if let Some(slot) = out.get_mut(i * 8 + j) {
-                    *slot = *b;
-                }
-            }
-        }
+        self.write_kernel_bytes(&mut out);
         out
+    }
+
+    /// Whether `bytes`, in the kernel's layout, name exactly this mask; allocates nothing.
+    pub fn equals_kernel_bytes(&self, bytes: &[u8]) -> bool {
+        let words = bytes.len().div_ceil(8);
+        self.words.len() <= words
+            && bytes.chunks(8).enumerate().all(|(i, chunk)| {
+                let mut word = [0u8; 8];
+                word[..chunk.len()].copy_from_slice(chunk);
+                u64::from_le_bytes(word) == self.words.get(i).copied().unwrap_or(0)
+            })
+    }
+
+    /// Fills `out` with the kernel's byte layout; bits beyond it are dropped.
+    pub fn write_kernel_bytes(&self, out: &mut [u8]) {
+        out.fill(0);
+        for (chunk, word) in out.chunks_mut(8).zip(&self.words) {
+            chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
+        }
     }
 
     pub fn from_kernel_bytes(bytes: &[u8]) -> CpuMask {
@@ -316,6 +329,27 @@ mod tests {
         // A kernel mask narrower than the set drops the CPUs it cannot name.
         let short = CpuMask::from_kernel_bytes(&m.to_kernel_bytes(128));
         assert_eq!(short.to_list(), "0,1023");
+    }
+
+    #[test]
+    fn comparing_with_kernel_bytes_agrees_with_parsing_them() {
+        let m = CpuMask::parse_list("0,63,64,1500").unwrap();
+        for len in [8, 16, 128, 256, 512] {
+            let bytes = m.to_kernel_bytes(len);
+            assert_eq!(
+                m.equals_kernel_bytes(&bytes),
+                CpuMask::from_kernel_bytes(&bytes) == m,
+                "{len} bytes"
+            );
+        }
+        assert!(m.equals_kernel_bytes(&m.to_kernel_bytes(256)));
+        assert!(
+            !m.equals_kernel_bytes(&m.to_kernel_bytes(128)),
+            "CPU 1500 cut off"
+        );
+        assert!(!mask("0,63,64").equals_kernel_bytes(&m.to_kernel_bytes(256)));
+        assert!(CpuMask::new().equals_kernel_bytes(&[0u8; 16]));
+        assert!(!CpuMask::new().equals_kernel_bytes(&[1, 0, 0, 0, 0, 0, 0, 0]));
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! engine holds the model under one lock; every operation that changes masks runs inside it, which
 //! is what makes a thread being born and a `configure` sweeping the process agree.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -60,6 +59,14 @@ pub trait ThreadMasks {
     /// The current mask of `tid` (0 = the calling thread).
     fn get(&self, tid: Tid) -> Result<CpuMask, i32>;
     fn set(&self, tid: Tid, mask: &CpuMask) -> Result<(), i32>;
+
+    /// Reads `tid`'s mask and returns it only when it differs from `expected` (`Ok(None)` when
+    /// equal). Configure and release ask this once a thread; the engine answers without
+    /// allocating.
+    fn differs_from(&self, tid: Tid, expected: &CpuMask) -> Result<Option<CpuMask>, i32> {
+        let actual = self.get(tid)?;
+        Ok((actual != *expected).then_some(actual))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -151,6 +158,8 @@ pub struct Registry {
     epoch: u64,
     /// The shared thread table `tllm-affinity ps` reads (see [`threadtable`]), when mapped.
     published: Option<&'static [AtomicU64]>,
+    /// Children planned whose registration (or cancellation) is still to come.
+    births_pending: usize,
 }
 
 impl Registry {
@@ -161,6 +170,7 @@ impl Registry {
             target: None,
             leases: Vec::new(),
             next_lease: 1,
+            births_pending: 0,
             epoch: 0,
             published: None,
         }
@@ -260,7 +270,7 @@ impl Registry {
     /// thread that calls in before anything else knew it), with its mask as the kernel has it.
     pub fn register_root(&mut self, tid: Tid, handle: u64, role: Role, mask: CpuMask) -> Slot {
         let mask = Arc::new(mask);
-        self.insert(ThreadEntry {
+        let slot = self.insert(ThreadEntry {
             tid,
             handle,
             role,
@@ -271,7 +281,10 @@ impl Registry {
             creator: None,
             live_children: 0,
             alive: true,
-        })
+        });
+        // A pending child may have counted on the room this root took.
+        self.keep_room_for_births();
+        slot
     }
 
     /// SPEC §2, the role rule: a new thread takes its creator's role, unless its start routine
@@ -295,6 +308,7 @@ impl Registry {
         if let Some(e) = creator.and_then(|s| self.entry_mut(s)) {
             e.live_children += 1;
         }
+        self.make_room_for_births();
         ChildPlan {
             creator,
             role,
@@ -303,8 +317,23 @@ impl Registry {
         }
     }
 
+    /// The new thread registers and later exits without allocating: a `malloc` or `free` there
+    /// would build its malloc cache and attach it to an arena (see `engine::packets`). So the
+    /// creator grows the slot table and the free list for every birth still pending.
+    fn make_room_for_births(&mut self) {
+        self.births_pending += 1;
+        self.keep_room_for_births();
+    }
+
+    fn keep_room_for_births(&mut self) {
+        self.slots.reserve(self.births_pending);
+        let most_free = self.slots.len() + self.births_pending;
+        self.free.reserve(most_free.saturating_sub(self.free.len()));
+    }
+
     /// The real `pthread_create` failed: the child will never register.
     pub fn cancel_child(&mut self, plan: ChildPlan) {
+        self.births_pending = self.births_pending.saturating_sub(1);
         if let Some(creator) = plan.creator {
             self.drop_child_of(creator);
         }
@@ -343,6 +372,7 @@ impl Registry {
         handle: u64,
         kernel: &impl ThreadMasks,
     ) -> Slot {
+        self.births_pending = self.births_pending.saturating_sub(1);
         // Borrowed, not cloned: this runs for every new thread. An exited creator stays as a
         // tombstone until its children register, so its slot still holds it.
         let creator: Option<&ThreadEntry> = plan
@@ -503,23 +533,6 @@ impl Registry {
         };
 
         self.set_role(caller, Role::Worker);
-        // The masks read to judge descendants are kept for the sweep below: one read a thread.
-        let mut read: HashMap<Slot, CpuMask> = HashMap::new();
-        let descendants: Vec<(Slot, Tid)> = self
-            .live_threads()
-            .filter(|(s, e)| e.role == Role::Host && self.is_descendant(*s, caller))
-            .map(|(s, e)| (s, e.tid))
-            .collect();
-        for (slot, tid) in descendants {
-            let Ok(actual) = kernel.get(tid) else {
-                continue;
-            };
-            if self.entry(slot).is_some_and(|e| *e.born == actual) {
-                self.set_role(slot, Role::Worker);
-            }
-            read.insert(slot, actual);
-        }
-
         let previous = self.target.clone();
         if let Some(mask) = worker_mask {
             let unchanged = previous.as_ref().is_some_and(|t| *t.mask == mask);
@@ -540,54 +553,58 @@ impl Registry {
                     .map_or_else(|| Arc::new(mask), |p| p.mask),
             });
         }
-        let Some(target) = self.target.clone() else {
-            outcome.workers = self
-                .live_threads()
-                .filter(|(_, e)| e.role == Role::Worker)
-                .count();
-            return outcome;
-        };
+        let target = self.target.as_ref().map(|t| t.mask.clone());
 
-        let workers: Vec<Slot> = self
-            .live_threads()
-            .filter(|(_, e)| e.role == Role::Worker)
-            .map(|(s, _)| s)
-            .collect();
-        outcome.workers = workers.len();
-        for slot in workers {
+        // One pass, at most one read and one write a thread: the floor is one write a thread.
+        for slot in 0..self.slots.len() as Slot {
             let Some(e) = self.entry(slot) else { continue };
-            let (tid, placement, current) = (e.tid, e.placement, e.current.clone());
-            if placement.chosen_by_others()
-                || matches!(placement, Placement::Step | Placement::Result)
-            {
-                if placement.chosen_by_others() {
-                    outcome.preserved += 1;
+            // The mask read to judge a descendant, when it also proves the thread is on the mask
+            // the library believes it holds.
+            let mut verified = false;
+            if e.role == Role::Host {
+                if !self.is_descendant(slot, caller) {
+                    continue;
                 }
-                continue;
+                // SPEC §2: a live descendant still on its birth mask becomes a worker.
+                if kernel.differs_from(e.tid, &e.born) != Ok(None) {
+                    continue;
+                }
+                verified = e.born == e.current;
+                self.set_role(slot, Role::Worker);
             }
-            // Already placed by an earlier configure: nothing to read or write.
-            if placement == Placement::Worker && current == target.mask {
-                outcome.on_mask += 1;
+            outcome.workers += 1;
+            let (Some(target), Some(e)) = (&target, self.entry(slot)) else {
                 continue;
-            }
-            let actual = match read.remove(&slot) {
-                Some(mask) => mask,
-                None => match kernel.get(tid) {
-                    Ok(mask) => mask,
-                    Err(_) => continue,
-                },
             };
-            if actual != *current {
-                self.mark_external(slot, actual);
+            if e.placement.chosen_by_others() {
                 outcome.preserved += 1;
                 continue;
             }
-            if actual != *target.mask && kernel.set(tid, &target.mask).is_err() {
+            if matches!(e.placement, Placement::Step | Placement::Result) {
+                continue;
+            }
+            // Already placed by an earlier configure: nothing to read or write.
+            if e.placement == Placement::Worker && e.current == *target {
+                outcome.on_mask += 1;
+                continue;
+            }
+            if !verified {
+                match kernel.differs_from(e.tid, &e.current) {
+                    Ok(None) => {}
+                    Ok(Some(actual)) => {
+                        self.mark_external(slot, actual);
+                        outcome.preserved += 1;
+                        continue;
+                    }
+                    Err(_) => continue,
+                }
+            }
+            if e.current != *target && kernel.set(e.tid, target).is_err() {
                 continue;
             }
             if let Some(e) = self.entry_mut(slot) {
                 e.placement = Placement::Worker;
-                e.current = target.mask.clone();
+                e.current = target.clone();
             }
             self.publish(slot);
             outcome.on_mask += 1;
@@ -626,13 +643,13 @@ impl Registry {
         if self.target.take().is_some() {
             self.epoch += 1;
         }
-        let changed: Vec<Slot> = self
-            .live_threads()
-            .filter(|(_, e)| e.placement.set_by_library())
-            .map(|(s, _)| s)
-            .collect();
-        for slot in changed {
-            outcome_restore(self, slot, kernel, &mut outcome);
+        for slot in 0..self.slots.len() as Slot {
+            if self
+                .entry(slot)
+                .is_some_and(|e| e.placement.set_by_library())
+            {
+                outcome_restore(self, slot, kernel, &mut outcome);
+            }
         }
         Ok(outcome)
     }
@@ -663,6 +680,8 @@ impl Registry {
 
     /// After `fork`: the child holds only the forking thread, with its role (SPEC §5).
     pub fn reset_after_fork(&mut self, keep: Option<Slot>, tid: Tid, handle: u64) {
+        // Children the parent's other threads were creating are born in the parent only.
+        self.births_pending = 0;
         let kept = keep.and_then(|s| self.entry(s).cloned());
         for (i, slot) in self.slots.iter_mut().enumerate() {
             if Some(i as Slot) != keep {
@@ -715,19 +734,21 @@ fn outcome_restore(
     let Some(e) = registry.entry(slot) else {
         return;
     };
-    let (tid, current, natural) = (e.tid, e.current.clone(), e.natural.clone());
-    let Ok(actual) = kernel.get(tid) else { return };
-    if actual != *current {
-        registry.mark_external(slot, actual);
-        outcome.preserved += 1;
-        return;
+    match kernel.differs_from(e.tid, &e.current) {
+        Ok(None) => {}
+        Ok(Some(actual)) => {
+            registry.mark_external(slot, actual);
+            outcome.preserved += 1;
+            return;
+        }
+        Err(_) => return,
     }
-    if natural != current && kernel.set(tid, &natural).is_err() {
+    if e.natural != e.current && kernel.set(e.tid, &e.natural).is_err() {
         return;
     }
     if let Some(e) = registry.entry_mut(slot) {
         e.placement = Placement::Inherited;
-        e.current = natural;
+        e.current = e.natural.clone();
     }
     registry.publish(slot);
     outcome.restored += 1;

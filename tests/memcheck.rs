@@ -4,6 +4,9 @@
 //! setaffinity calls, a short stress). No memcheck error, no definite leak, and in particular no
 //! error whose stack has a libtllm_affinity frame.
 //!
+//! Also, without valgrind: threads the library starts allocate nothing, so none of them gets a
+//! malloc arena a bare thread would not have (issue 6).
+//!
 //! `LD_PRELOAD=<lib> valgrind ... <program>`: valgrind adds its own preloads to the client's, so
 //! the library is loaded into the program under memcheck; every run checks that it was active
 //! (roles non-negative, report state "active").
@@ -270,4 +273,66 @@ fn a_short_stress_is_clean_under_memcheck() {
     assert!(field(&line, "cycles").parse::<u64>().unwrap() > 0, "{line}");
     assert!(end.stdout.contains("\"state\":\"active\""));
     check("stress", &end, logs.path());
+}
+
+/// A bare thread that never allocates has no malloc cache and no arena. Under the library the
+/// creator hands over and recycles the start packet and reserves the registry's room, so the
+/// new thread's registration, placement and exit allocate nothing either, on every path. Before
+/// this was fixed each new thread freed its packet and got an arena of its own here.
+#[test]
+fn threads_the_library_starts_allocate_nothing_and_get_no_malloc_arena() {
+    if !two_cpus_or_skip("the apply path") {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let program = compile_lc("lc_arenas", "lc_arenas", &[]);
+    let worker_lib = compile_lc("lc_parklib", "libnccl_park.so.2", &["-shared", "-fPIC"]);
+    let all = allowed_cpus().to_list();
+    let gpu = sysfs.gpu0_local().to_list();
+    for under_library in [false, true] {
+        let mut cmd = if under_library {
+            preloaded(&program, &sysfs)
+        } else {
+            clean(&program)
+        };
+        cmd.arg(&worker_lib);
+        let end = run_bounded(cmd, LIMIT);
+        assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
+        println!("library {under_library}:\n{}", end.stdout);
+        let arenas: Vec<usize> = end
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("ARENAS "))
+            .expect("ARENAS line")
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(
+            arenas[1], arenas[0],
+            "36 live children added malloc arenas (library {under_library})"
+        );
+        let children: Vec<(&str, &str, &str)> = end
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("CHILD "))
+            .map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next().unwrap(), w.next().unwrap(), w.next().unwrap())
+            })
+            .collect();
+        assert_eq!(children.len(), 36);
+        for (path, role, mask) in children {
+            let expected = match (under_library, path) {
+                (false, _) => ("-1", all.as_str()),
+                (true, "host") => ("0", all.as_str()),
+                (true, _) => ("1", gpu.as_str()),
+            };
+            let mask = common::mask(mask).to_list();
+            assert_eq!(
+                (role, mask.as_str()),
+                expected,
+                "a {path} child, library {under_library}"
+            );
+        }
+    }
 }

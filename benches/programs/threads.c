@@ -6,11 +6,22 @@
  *                                host thread and the routine lives in a worker library, so every
  *                                new thread moves onto the worker mask itself.
  *   threads nolease N            N round trips with the library loaded but no lease open.
+ *   threads paired PATH N        N pairs of round trips in one process, alternating the
+ *                                interposed pthread_create with glibc's own (found in libc.so.6,
+ *                                past any preload): the two sides share the process, the CPU and
+ *                                the moment, so their ratio is free of run-to-run noise. PATH is
+ *                                nolease, inherited (a worker creates under a lease; both sides'
+ *                                children inherit the worker mask) or apply (a host creates a
+ *                                worker-library routine; glibc's side runs one
+ *                                sched_setaffinity in the new thread instead). Prints both
+ *                                medians and the median of the per-pair ratios (x 1e6).
  *   threads selfpin N            N round trips whose new thread moves itself onto the last
  *                                allowed CPU with one sched_setaffinity: the floor of "apply".
  *   threads sweep N K            N parked threads made by the worker; K configure+release cycles
- *                                against K rounds of 2N raw sched_setaffinity (the floor);
- *                                prints both medians in ns.
+ *                                against K rounds of 2N raw sched_setaffinity (the floor) and K
+ *                                rounds of 2N sched_getaffinity+sched_setaffinity pairs (the
+ *                                floor with the one read a thread SPEC §2/§5 require); prints
+ *                                the medians in ns and the medians of the per-round ratios.
  *   threads churn N              N create+join cycles; prints VmRSS (kB) every N/10.
  *   threads parallel C N         C creator threads each making N threads; prints elapsed ns.
  *   threads registry N           RSS growth per parked thread: N threads parked, prints kB.
@@ -56,6 +67,14 @@ static void *pin_self(void *arg) {
     return arg;
 }
 
+static void set_last_cpu(void) {
+    cpu_set_t all;
+    sched_getaffinity(0, sizeof all, &all);
+    CPU_ZERO(&last_cpu);
+    for (int c = CPU_SETSIZE - 1; c >= 0; c--)
+        if (CPU_ISSET(c, &all)) { CPU_SET(c, &last_cpu); break; }
+}
+
 static long rss_kb(void) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
@@ -88,6 +107,55 @@ static void round_trips(int n, void *(*routine)(void *)) {
     printf("median_ns %llu mean_ns %llu\n", (unsigned long long)median(t, n),
            (unsigned long long)(total / n));
     free(t);
+}
+
+typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+
+static uint64_t trip(create_fn create, void *(*routine)(void *)) {
+    pthread_t th;
+    uint64_t t0 = now_ns();
+    if (create(&th, NULL, routine, NULL) != 0) { perror("pthread_create"); exit(1); }
+    pthread_join(th, NULL);
+    return now_ns() - t0;
+}
+
+/* Alternates which side goes first, so neither always follows the other's cache footprint. */
+static void paired_trips(int n, void *(*lib_routine)(void *), void *(*bare_routine)(void *)) {
+    void *libc = dlopen("libc.so.6", RTLD_NOLOAD | RTLD_LAZY);
+    create_fn glibc_create = libc ? (create_fn)dlsym(libc, "pthread_create") : NULL;
+    if (!glibc_create || glibc_create == (create_fn)pthread_create) {
+        fprintf(stderr, "glibc's own pthread_create not found past the preload\n");
+        exit(1);
+    }
+    uint64_t *bare = malloc(sizeof *bare * n), *lib = malloc(sizeof *lib * n);
+    uint64_t *ratio = malloc(sizeof *ratio * n);
+    for (int i = 0; i < n / 10; i++) { /* warm-up: stack cache, registry slots, page faults */
+        trip(glibc_create, bare_routine);
+        trip(pthread_create, lib_routine);
+    }
+    for (int i = 0; i < n; i++) {
+        if (i % 2) {
+            bare[i] = trip(glibc_create, bare_routine);
+            lib[i] = trip(pthread_create, lib_routine);
+        } else {
+            lib[i] = trip(pthread_create, lib_routine);
+            bare[i] = trip(glibc_create, bare_routine);
+        }
+        ratio[i] = lib[i] * 1000000 / (bare[i] ? bare[i] : 1);
+    }
+    printf("bare_ns %llu library_ns %llu ratio_e6 %llu\n", (unsigned long long)median(bare, n),
+           (unsigned long long)median(lib, n), (unsigned long long)median(ratio, n));
+    free(bare);
+    free(lib);
+    free(ratio);
+}
+
+static int paired_n;
+static void *paired_on_worker(void *unused) {
+    (void)unused;
+    if (configure) lease = configure(0);
+    paired_trips(paired_n, nothing, nothing);
+    return NULL;
 }
 
 struct create_args { int n; void *(*routine)(void *); };
@@ -140,24 +208,53 @@ struct sweep_args { int n, k; };
 static void *sweep(void *p) {
     struct sweep_args *a = p;
     pthread_t *ths = spawn_parked(a->n);
-    uint64_t *lib = malloc(sizeof *lib * a->k), *raw = malloc(sizeof *raw * a->k);
-    cpu_set_t all, one;
+    uint64_t *lib = malloc(sizeof *lib * a->k), *raw = malloc(sizeof *raw * a->k),
+             *look = malloc(sizeof *look * a->k);
+    cpu_set_t all, one, probe;
     sched_getaffinity(0, sizeof all, &all);
     CPU_ZERO(&one);
     for (int c = CPU_SETSIZE - 1; c >= 0; c--)
         if (CPU_ISSET(c, &all)) { CPU_SET(c, &one); break; }
+    uint64_t *ratio = malloc(sizeof *ratio * a->k), *look_ratio = malloc(sizeof *look_ratio * a->k);
     for (int r = 0; r < a->k; r++) {
-        uint64_t t0 = now_ns();
-        int64_t l = configure(0);
-        release_lease(l);
-        lib[r] = now_ns() - t0;
-        t0 = now_ns();
-        for (int i = 0; i < a->n; i++) syscall(SYS_sched_setaffinity, tids[i], sizeof one, &one);
-        for (int i = 0; i < a->n; i++) syscall(SYS_sched_setaffinity, tids[i], sizeof all, &all);
-        raw[r] = now_ns() - t0;
+        /* The three run in a rotating order, so none always follows another. */
+        for (int step = 0; step < 3; step++) {
+            int which = (r + step) % 3;
+            uint64_t t0 = now_ns();
+            if (which == 0) {
+                int64_t l = configure(0);
+                release_lease(l);
+                lib[r] = now_ns() - t0;
+            } else if (which == 1) {
+                for (int i = 0; i < a->n; i++)
+                    syscall(SYS_sched_setaffinity, tids[i], sizeof one, &one);
+                for (int i = 0; i < a->n; i++)
+                    syscall(SYS_sched_setaffinity, tids[i], sizeof all, &all);
+                raw[r] = now_ns() - t0;
+            } else {
+                for (int i = 0; i < a->n; i++) {
+                    syscall(SYS_sched_getaffinity, tids[i], sizeof probe, &probe);
+                    syscall(SYS_sched_setaffinity, tids[i], sizeof one, &one);
+                }
+                for (int i = 0; i < a->n; i++) {
+                    syscall(SYS_sched_getaffinity, tids[i], sizeof probe, &probe);
+                    syscall(SYS_sched_setaffinity, tids[i], sizeof all, &all);
+                }
+                look[r] = now_ns() - t0;
+            }
+        }
+        ratio[r] = lib[r] * 1000000 / raw[r];
+        look_ratio[r] = lib[r] * 1000000 / look[r];
     }
-    printf("library_ns %llu floor_ns %llu\n", (unsigned long long)median(lib, a->k),
-           (unsigned long long)median(raw, a->k));
+    printf("library_ns %llu floor_ns %llu look_floor_ns %llu ratio_e6 %llu look_ratio_e6 %llu\n",
+           (unsigned long long)median(lib, a->k), (unsigned long long)median(raw, a->k),
+           (unsigned long long)median(look, a->k), (unsigned long long)median(ratio, a->k),
+           (unsigned long long)median(look_ratio, a->k));
+    free(lib);
+    free(raw);
+    free(look);
+    free(ratio);
+    free(look_ratio);
     join_parked(ths, a->n);
     return NULL;
 }
@@ -195,14 +292,33 @@ int main(int argc, char **argv) {
             pthread_create(&w, NULL, create_on_worker, &a);
             pthread_join(w, NULL);
         }
+    } else if (!strcmp(mode, "paired")) {
+        const char *path = argv[2];
+        paired_n = argc > 3 ? atoi(argv[3]) : 1000;
+        if (!configure) { fprintf(stderr, "paired needs the library\n"); return 1; }
+        if (!strcmp(path, "nolease")) {
+            paired_trips(paired_n, nothing, nothing);
+        } else if (!strcmp(path, "inherited")) {
+            pthread_t w;
+            pthread_create(&w, NULL, paired_on_worker, NULL);
+            pthread_join(w, NULL);
+        } else if (!strcmp(path, "apply")) {
+            void *work = dlopen(getenv("BENCH_WORK_LIB"), RTLD_NOW);
+            if (!work) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+            void *(*routine)(void *) = (void *(*)(void *))dlsym(work, "bench_work_routine");
+            set_last_cpu();
+            pthread_t w;
+            pthread_create(&w, NULL, open_lease, NULL);
+            pthread_join(w, NULL);
+            paired_trips(paired_n, routine, pin_self); /* the main thread is a host */
+        } else {
+            fprintf(stderr, "paired: unknown path '%s'\n", path);
+            return 2;
+        }
     } else if (!strcmp(mode, "nolease")) {
         round_trips(n, nothing);
     } else if (!strcmp(mode, "selfpin")) {
-        cpu_set_t all;
-        sched_getaffinity(0, sizeof all, &all);
-        CPU_ZERO(&last_cpu);
-        for (int c = CPU_SETSIZE - 1; c >= 0; c--)
-            if (CPU_ISSET(c, &all)) { CPU_SET(c, &last_cpu); break; }
+        set_last_cpu();
         round_trips(n, pin_self);
     } else if (!strcmp(mode, "sweep")) {
         if (!configure) { fprintf(stderr, "sweep needs the library\n"); return 1; }

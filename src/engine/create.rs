@@ -4,7 +4,8 @@
 //! the child registers itself, moves onto its mask when inheritance did not already put it there,
 //! and calls the user's routine with nothing of ours alive on its stack. The rules of the
 //! trampoline, each learned the hard way by preload libraries:
-//! - the start packet is freed by the child, or by the creator only when the real create fails;
+//! - the start packet is never freed by the child (see [`super::packets`]), and by the creator
+//!   only when the real create fails;
 //! - no `dlsym`/`dladdr`/TLS-with-destructor in the child (a `dlopen` in progress holds the
 //!   loader lock while its constructors create threads); the registry lock only spins;
 //! - the user routine is never wrapped in `catch_unwind` and no `Drop` value lives across it:
@@ -16,6 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::kernel::{self, Kernel};
+use super::packets::{self, StartPacket};
 use super::real::{self, StartRoutine};
 use super::{objects, process, registry, State};
 use crate::mask::CpuMask;
@@ -23,12 +25,6 @@ use crate::registry::{ChildPlan, Slot};
 
 /// The pthread key whose value is `slot + 1` for every registered thread; 0 until created.
 static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
-
-struct StartPacket {
-    start: StartRoutine,
-    arg: *mut c_void,
-    plan: ChildPlan,
-}
 
 /// Forced unwinding (`pthread_exit`, cancellation) must be able to pass through the trampoline.
 type UnwindingStart = extern "C-unwind" fn(*mut c_void) -> *mut c_void;
@@ -97,7 +93,7 @@ pub unsafe fn pthread_create(
         // SAFETY: the caller's own arguments, passed on unchanged.
         return unsafe { real_create(thread, attr, Some(start), arg) };
     };
-    let packet = Box::into_raw(Box::new(StartPacket { start, arg, plan }));
+    let packet = packets::hand_over(StartPacket { start, arg, plan });
     kernel::set_errno(saved_errno);
     // SAFETY: the trampoline has the start-routine ABI (C-unwind only adds permission to unwind)
     // and takes ownership of the packet, which stays alive until it does.
@@ -108,13 +104,13 @@ pub unsafe fn pthread_create(
             Some(std::mem::transmute::<UnwindingStart, StartRoutine>(
                 trampoline,
             )),
-            packet.cast(),
+            packet,
         )
     };
     if rc != 0 {
         let errno_after = kernel::errno();
         // SAFETY: the thread was not created, so the packet is still ours alone.
-        let packet = unsafe { Box::from_raw(packet) };
+        let packet = unsafe { packets::reclaim(packet) };
         let _ = catch_unwind(AssertUnwindSafe(|| {
             registry().lock().cancel_child(packet.plan)
         }));
@@ -158,11 +154,9 @@ fn explicit_mask(attr: *const libc::pthread_attr_t) -> Option<CpuMask> {
 }
 
 extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
-    // SAFETY: `raw` is the packet the hook boxed for this thread and handed to no one else.
-    // Moved out of a temporary box, freed at the end of this statement: a box bound to a name
-    // would stay allocated (a pending drop in this frame) until the user routine returned, which
-    // `pthread_exit` and cancellation unwind through, and which a fork child never sees end.
-    let StartPacket { start, arg, plan } = unsafe { *Box::from_raw(raw as *mut StartPacket) };
+    // SAFETY: `raw` is the packet the hook handed to this thread and to no one else. Its contents
+    // are moved out here; nothing of it stays owned by this frame while the user routine runs.
+    let StartPacket { start, arg, plan } = unsafe { packets::take(raw) };
     let _ = catch_unwind(AssertUnwindSafe(|| register_self(plan)));
     // SAFETY: the user's routine with the user's argument, as pthread_create was asked to run.
     // Nothing with a destructor is alive in this frame.
@@ -172,9 +166,10 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
 }
 
 fn register_self(plan: ChildPlan) {
-    let tid = kernel::gettid();
     // SAFETY: pthread_self has no preconditions.
-    let handle = unsafe { libc::pthread_self() } as u64;
+    let handle = unsafe { libc::pthread_self() };
+    let tid = kernel::tid_of(handle);
+    let handle = handle as u64;
     let slot = registry().lock().register_child(plan, tid, handle, &Kernel);
     if !set_current_slot(slot) {
         // Without the key its exit would go unseen: forget it now rather than leak it.

@@ -11,13 +11,18 @@ use crate::registry::{ThreadMasks, Tid};
 
 static MASK_BYTES: AtomicUsize = AtomicUsize::new(0);
 
-/// The kernel's affinity mask size in bytes, found once by growing the buffer until
-/// `sched_getaffinity` stops answering `EINVAL`.
+/// The kernel's affinity mask size in bytes (`nr_cpu_ids` rounded up to whole longs).
+#[inline]
 pub fn mask_bytes() -> usize {
-    let known = MASK_BYTES.load(Ordering::Relaxed);
-    if known != 0 {
-        return known;
+    match MASK_BYTES.load(Ordering::Relaxed) {
+        0 => find_mask_bytes(),
+        known => known,
     }
+}
+
+/// Grows the buffer until `sched_getaffinity` stops answering `EINVAL`; runs once.
+#[cold]
+fn find_mask_bytes() -> usize {
     let mut len = 128;
     let found = loop {
         let mut buf = vec![0u8; len];
@@ -40,6 +45,11 @@ pub fn mask_bytes() -> usize {
 const STACK_MASK_BYTES: usize = 128;
 
 pub fn get_mask(tid: Tid) -> Result<CpuMask, i32> {
+    with_mask(tid, CpuMask::from_kernel_bytes)
+}
+
+/// Reads `tid`'s mask into a buffer and hands the kernel's bytes to `look`.
+fn with_mask<R>(tid: Tid, look: impl FnOnce(&[u8]) -> R) -> Result<R, i32> {
     let len = mask_bytes();
     let mut small = [0u8; STACK_MASK_BYTES];
     let mut large = Vec::new();
@@ -54,11 +64,22 @@ pub fn get_mask(tid: Tid) -> Result<CpuMask, i32> {
     if rc < 0 {
         return Err(errno());
     }
-    Ok(CpuMask::from_kernel_bytes(&buf[..rc as usize]))
+    Ok(look(&buf[..rc as usize]))
 }
 
 pub fn set_mask(tid: Tid, mask: &CpuMask) -> Result<(), i32> {
-    let bytes = mask.to_kernel_bytes(mask_bytes());
+    let len = mask_bytes();
+    let mut small = [0u8; STACK_MASK_BYTES];
+    let large;
+    // A stack buffer for the common host: the new thread sets its own mask here, and a heap
+    // allocation in it would build its malloc cache (see `packets`).
+    let bytes: &[u8] = if len <= STACK_MASK_BYTES {
+        mask.write_kernel_bytes(&mut small[..len]);
+        &small[..len]
+    } else {
+        large = mask.to_kernel_bytes(len);
+        &large
+    };
     // SAFETY: the kernel reads `bytes.len()` bytes from a live buffer of that length.
     let rc = unsafe {
         libc::syscall(
@@ -72,6 +93,24 @@ pub fn set_mask(tid: Tid, mask: &CpuMask) -> Result<(), i32> {
         Err(errno())
     } else {
         Ok(())
+    }
+}
+
+/// The kernel thread id of `thread`, without a syscall: glibc answers `pthread_getcpuclockid`
+/// from the tid the kernel stored in the thread's descriptor at clone, and the clock id encodes
+/// it by the kernel's ABI (`CPUCLOCK_PID`: the bitwise complement of the tid, shifted left by
+/// 3, with the low bits naming a per-thread scheduler clock). A syscall answers otherwise.
+pub fn tid_of(thread: libc::pthread_t) -> Tid {
+    const PER_THREAD_SCHED_CLOCK: libc::clockid_t = 6;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `thread` is a live thread's handle (the caller's own); `clock` is a valid
+    // out-pointer.
+    let rc = unsafe { libc::pthread_getcpuclockid(thread, &mut clock) };
+    let tid = !(clock >> 3);
+    if rc == 0 && clock & 7 == PER_THREAD_SCHED_CLOCK && tid > 0 {
+        tid
+    } else {
+        gettid()
     }
 }
 
@@ -111,6 +150,11 @@ impl ThreadMasks for Kernel {
     fn set(&self, tid: Tid, mask: &CpuMask) -> Result<(), i32> {
         set_mask(tid, mask)
     }
+    fn differs_from(&self, tid: Tid, expected: &CpuMask) -> Result<Option<CpuMask>, i32> {
+        with_mask(tid, |bytes| {
+            (!expected.equals_kernel_bytes(bytes)).then(|| CpuMask::from_kernel_bytes(bytes))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -134,5 +178,19 @@ mod tests {
         });
         assert_eq!(get_mask(tid).unwrap(), before);
         assert_eq!(set_mask(tid, &CpuMask::new()), Err(libc::EINVAL));
+    }
+
+    #[test]
+    fn tid_of_a_thread_handle_is_its_kernel_tid() {
+        // SAFETY: pthread_self has no preconditions.
+        assert_eq!(tid_of(unsafe { libc::pthread_self() }), gettid());
+        let from_inside = std::thread::spawn(|| {
+            // SAFETY: as above.
+            (tid_of(unsafe { libc::pthread_self() }), gettid())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(from_inside.0, from_inside.1);
+        assert_ne!(from_inside.0, gettid());
     }
 }

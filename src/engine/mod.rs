@@ -8,6 +8,7 @@ pub mod create;
 pub mod kernel;
 pub mod objects;
 pub mod observe;
+pub mod packets;
 pub mod publish;
 pub mod real;
 

@@ -1,0 +1,111 @@
+/* Threads the library starts allocate nothing (issue 6). A malloc or free in a new thread makes
+ * glibc build that thread's malloc cache and attach it to an arena, a new one while there are
+ * fewer than 8 per CPU: memory a bare thread that never allocates does not have. This program
+ * counts the arenas (malloc_info's heaps) before and while K children of each path are alive:
+ * a host's children, a worker's children under a lease (inherited path), and a host's children
+ * whose routine lives in a worker library (apply path: each moves itself onto the worker mask).
+ *
+ * Prints "ARENAS <before> <during>", then "CHILD <path> <role> <cpulist>" for each child.
+ * Usage: lc_arenas <path of libnccl_park.so.2>
+ */
+#include "lc_common.h"
+#include <malloc.h>
+
+#define K 12
+
+struct lc_park {
+    int *tid;
+    pthread_barrier_t *parked, *leave;
+};
+
+static pthread_barrier_t parked, leave, worker_ready, worker_go;
+static int tids[3 * K];
+static pthread_t children[3 * K];
+static struct lc_park packs[3 * K];
+
+static void *park(void *p) {
+    struct lc_park *a = p;
+    *a->tid = (int)lc_tid();
+    pthread_barrier_wait(a->parked);
+    pthread_barrier_wait(a->leave);
+    return NULL;
+}
+
+static int count_arenas(void) {
+    char *xml = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&xml, &len);
+    malloc_info(0, f);
+    fclose(f);
+    int n = 0;
+    for (char *p = xml; (p = strstr(p, "<heap nr=")); p++) n++;
+    free(xml);
+    return n;
+}
+
+static void *nothing(void *arg) { return arg; }
+
+static int64_t lease = -1;
+static void *worker(void *unused) {
+    (void)unused;
+    lease = lc_configure(0);
+    /* glibc's pthread_create allocates the new thread's TLS vector in the creator: one thread
+     * made and joined here gives this creator its arena with or without the library. */
+    pthread_t first;
+    if (pthread_create(&first, NULL, nothing, NULL)) abort();
+    pthread_join(first, NULL);
+    pthread_barrier_wait(&worker_ready);
+    pthread_barrier_wait(&worker_go);
+    for (int i = K; i < 2 * K; i++)
+        if (pthread_create(&children[i], NULL, park, &packs[i])) abort();
+    return NULL;
+}
+
+static void print_mask(const char *path, int tid) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(tid, sizeof set, &set)) abort();
+    printf("CHILD %s %d ", path, lc_role(tid));
+    const char *sep = "";
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set)) {
+            printf("%s%d", sep, c);
+            sep = ",";
+        }
+    printf("\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    lc_init();
+    void *lib = dlopen(argv[1], RTLD_NOW);
+    if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    void *(*in_lib)(void *) = (void *(*)(void *))dlsym(lib, "lc_park_in_worker_lib");
+    pthread_barrier_init(&parked, NULL, 3 * K + 1);
+    pthread_barrier_init(&leave, NULL, 3 * K + 1);
+    pthread_barrier_init(&worker_ready, NULL, 2);
+    pthread_barrier_init(&worker_go, NULL, 2);
+    for (int i = 0; i < 3 * K; i++) packs[i] = (struct lc_park){&tids[i], &parked, &leave};
+
+    pthread_t w;
+    if (pthread_create(&w, NULL, worker, NULL)) abort();
+    pthread_barrier_wait(&worker_ready);
+    int before = count_arenas();
+    pthread_barrier_wait(&worker_go);
+    for (int i = 0; i < K; i++)
+        if (pthread_create(&children[i], NULL, park, &packs[i])) abort();
+    for (int i = 2 * K; i < 3 * K; i++)
+        if (pthread_create(&children[i], NULL, in_lib, &packs[i])) abort();
+    pthread_barrier_wait(&parked);
+    int during = count_arenas();
+
+    printf("ARENAS %d %d\n", before, during);
+    const char *paths[3] = {"host", "inherited", "apply"};
+    for (int i = 0; i < 3 * K; i++) print_mask(paths[i / K], tids[i]);
+    fflush(stdout);
+    pthread_barrier_wait(&leave);
+    pthread_join(w, NULL);
+    for (int i = 0; i < 3 * K; i++) pthread_join(children[i], NULL);
+    if (lease > 0) lc_release(lease);
+    return 0;
+}
