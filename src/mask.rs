@@ -233,33 +233,26 @@ impl CpuMask {
 
     /// Whether `bytes`, in the kernel's layout, name exactly this mask; allocates nothing.
     pub fn equals_kernel_bytes(&self, bytes: &[u8]) -> bool {
-        let words = bytes.len().div_ceil(8);
-        self.words.len() <= words
-            && bytes.chunks(8).enumerate().all(|(i, chunk)| {
-                let mut word = [0u8; 8];
-                word[..chunk.len()].copy_from_slice(chunk);
-                u64::from_le_bytes(word) == self.words.get(i).copied().unwrap_or(0)
-            })
+        let mut held = self.words.iter();
+        let same = kernel_words(bytes).all(|word| word == held.next().copied().unwrap_or(0));
+        same && held.next().is_none()
     }
 
     /// Fills `out` with the kernel's byte layout; bits beyond it are dropped.
     pub fn write_kernel_bytes(&self, out: &mut [u8]) {
-        out.fill(0);
-        for (chunk, word) in out.chunks_mut(8).zip(&self.words) {
-            chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
+        let mut words = self.words.iter();
+        let mut chunks = out.chunks_exact_mut(8);
+        for chunk in &mut chunks {
+            chunk.copy_from_slice(&words.next().copied().unwrap_or(0).to_le_bytes());
         }
+        let tail = chunks.into_remainder();
+        let last = words.next().copied().unwrap_or(0).to_le_bytes();
+        tail.copy_from_slice(&last[..tail.len()]);
     }
 
     pub fn from_kernel_bytes(bytes: &[u8]) -> CpuMask {
         let mut mask = CpuMask {
-            words: bytes
-                .chunks(8)
-                .map(|c| {
-                    let mut w = [0u8; 8];
-                    w[..c.len()].copy_from_slice(c);
-                    u64::from_le_bytes(w)
-                })
-                .collect(),
+            words: kernel_words(bytes).collect(),
         };
         mask.trim();
         mask
@@ -293,6 +286,21 @@ impl FromIterator<usize> for CpuMask {
 }
 
 /// Test shorthand: the mask of a cpulist known to be valid.
+/// The 64-bit words of a mask in the kernel's byte layout (little-endian longs), the last one
+/// zero-padded when the length is not a whole number of words.
+fn kernel_words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    let chunks = bytes.chunks_exact(8);
+    let tail = chunks.remainder();
+    let last = (!tail.is_empty()).then(|| {
+        let mut word = [0u8; 8];
+        word[..tail.len()].copy_from_slice(tail);
+        u64::from_le_bytes(word)
+    });
+    chunks
+        .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
+        .chain(last)
+}
+
 #[cfg(test)]
 pub(crate) fn mask(list: &str) -> CpuMask {
     CpuMask::parse_list(list).unwrap()
