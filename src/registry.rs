@@ -109,6 +109,33 @@ pub struct ChildPlan {
     role: Role,
     explicit: Option<SharedMask>,
     epoch: u64,
+    /// The mask the child must move onto, when inheritance does not already put it there.
+    birth_move: Option<BirthMove>,
+    /// The child is on `birth_move`'s mask: it moved itself before registering.
+    moved: bool,
+}
+
+/// A move the creator decided under the lock, for the child to make before it takes the lock:
+/// moving can migrate it to another CPU, tens of microseconds during which every other birth and
+/// exit would wait.
+#[derive(Debug, Clone)]
+struct BirthMove {
+    mask: SharedMask,
+    placement: Placement,
+    /// What the kernel gives the child at clone: its creator's mask.
+    inherited: SharedMask,
+}
+
+impl ChildPlan {
+    /// The mask the new thread should move onto before it registers, if any.
+    pub fn move_at_birth(&self) -> Option<&CpuMask> {
+        self.birth_move.as_ref().map(|b| &*b.mask)
+    }
+
+    /// Records that the new thread is on [`Self::move_at_birth`]'s mask.
+    pub fn moved(&mut self) {
+        self.moved = self.birth_move.is_some();
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -305,6 +332,18 @@ impl Registry {
         } else {
             creator_role
         };
+        let birth_move = creator
+            .and_then(|s| self.entry(s))
+            .filter(|c| explicit.is_none() && c.placement != Placement::External)
+            .and_then(|c| {
+                let inherited = c.current.clone();
+                let (mask, placement) = self.birth(role, Some(c), &inherited);
+                (mask != inherited).then_some(BirthMove {
+                    mask,
+                    placement,
+                    inherited,
+                })
+            });
         if let Some(e) = creator.and_then(|s| self.entry_mut(s)) {
             e.live_children += 1;
         }
@@ -314,6 +353,8 @@ impl Registry {
             role,
             explicit: explicit.map(Arc::new),
             epoch: self.epoch,
+            birth_move,
+            moved: false,
         }
     }
 
@@ -378,14 +419,23 @@ impl Registry {
         let creator: Option<&ThreadEntry> = plan
             .creator
             .and_then(|s| self.slots.get(s as usize)?.as_ref());
+        let moved = plan.birth_move.as_ref().filter(|_| plan.moved);
+        let across_a_change = plan.epoch != self.epoch;
         // The creator's current mask is what the kernel copied, unless it changed behind our
-        // back or the target moved while the thread was being born; then ask the kernel.
-        let inherited: SharedMask = match creator {
-            Some(c) if plan.epoch == self.epoch && c.placement != Placement::External => {
-                c.current.clone()
-            }
-            _ => Arc::new(kernel.get(tid).unwrap_or_default()),
+        // back or the target moved while the thread was being born; then ask the kernel. A
+        // child that already moved cannot ask: born across a change, it is decided as if born
+        // now, from its creator's mask now.
+        let creator_now = creator
+            .filter(|c| c.placement != Placement::External)
+            .map(|c| c.current.clone());
+        let inherited: SharedMask = match (moved, creator_now) {
+            (None, Some(now)) if !across_a_change => now,
+            (None, _) => Arc::new(kernel.get(tid).unwrap_or_default()),
+            (Some(_), Some(now)) if across_a_change => now,
+            (Some(m), _) => m.inherited.clone(),
         };
+        // The mask the thread is on now.
+        let on_now = moved.map_or_else(|| inherited.clone(), |m| m.mask.clone());
         let natural = match creator {
             Some(c) if c.placement.set_by_library() => c.natural.clone(),
             _ => inherited.clone(),
@@ -401,8 +451,10 @@ impl Registry {
             (explicit.clone(), Placement::Explicit)
         } else {
             let (wanted, placement) = self.birth(role, creator, &inherited);
-            if wanted != inherited && kernel.set(tid, &wanted).is_err() {
-                (inherited.clone(), Placement::Inherited)
+            if wanted != on_now && kernel.set(tid, &wanted).is_err() {
+                moved.map_or((on_now, Placement::Inherited), |m| {
+                    (m.mask.clone(), m.placement)
+                })
             } else {
                 (wanted, placement)
             }

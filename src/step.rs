@@ -11,7 +11,6 @@ use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use crate::device::{resolve_device_in, DeviceEnv};
 use crate::engine::kernel::{self, Kernel};
@@ -22,6 +21,8 @@ use crate::registry::{Placement, Slot};
 use crate::settings::StepCore;
 use crate::topology::{SysfsRoot, Topology};
 use crate::{log_error, log_info, log_warn};
+use spin::mutex::SpinMutex;
+use spin::relax::Yield;
 
 /// SPEC §6: `TLLM_AFFINITY_STEP_CORE=<cpu>` outside the process mask is a startup error; the
 /// returned line names the CPU and the mask.
@@ -242,12 +243,24 @@ struct HeldLock {
     _file: File,
 }
 
-static HELD: Mutex<Vec<HeldLock>> = Mutex::new(Vec::new());
+/// The GPU locks this process holds. A spinning lock the fork handlers take and release
+/// (`lock_for_fork`), like the engine's own: a child must never inherit it held.
+static HELD: SpinMutex<Vec<HeldLock>, Yield> = SpinMutex::new(Vec::new());
+
+pub fn lock_for_fork() {
+    std::mem::forget(HELD.lock());
+}
+
+/// In the parent after the fork, and in the child, where only the forking thread exists.
+pub fn unlock_after_fork() {
+    // SAFETY: the prepare handler of this same fork took the lock and forgot the guard.
+    unsafe { HELD.force_unlock() };
+}
 
 /// Takes the lock of the GPU at `address` unless this process already holds it. A refused claim
 /// holds nothing, so a later pin call tries again (the holder may have exited by then).
 fn claim_gpu(dir: &Path, address: &str) -> Result<(), LockError> {
-    let mut held = HELD.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut held = HELD.lock();
     let pid = kernel::getpid();
     // A forked child shares its parent's open file, and with it the lock: it is another process
     // on the GPU and must win the lock on its own.

@@ -165,12 +165,20 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     start(arg)
 }
 
-fn register_self(plan: ChildPlan) {
+fn register_self(mut plan: ChildPlan) {
     // SAFETY: pthread_self has no preconditions.
     let handle = unsafe { libc::pthread_self() };
     let tid = kernel::tid_of(handle);
-    let handle = handle as u64;
-    let slot = registry().lock().register_child(plan, tid, handle, &Kernel);
+    // Outside the registry lock: the move can migrate this thread to another CPU.
+    if plan
+        .move_at_birth()
+        .is_some_and(|mask| kernel::set_mask(tid, mask).is_ok())
+    {
+        plan.moved();
+    }
+    let slot = registry()
+        .lock()
+        .register_child(plan, tid, handle as u64, &Kernel);
     if !set_current_slot(slot) {
         // Without the key its exit would go unseen: forget it now rather than leak it.
         registry().lock().thread_exited(slot);

@@ -517,19 +517,32 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
 }
 
 fn register_fork_handlers() {
+    // Every lock of the engine, so that no other thread holds one across the fork: a child
+    // would spin forever on a lock its holder is not there to release. No code path holds two
+    // of them at once, so the order here cannot deadlock.
     extern "C" fn prepare() {
         objects::lock_for_fork();
+        crate::step::lock_for_fork();
+        std::mem::forget(WORKER_SETS.lock());
+        std::mem::forget(TABLE_PATH.lock());
         std::mem::forget(REGISTRY.lock());
     }
+    fn unlock_all() {
+        // SAFETY: `prepare` of this same fork took these locks and forgot the guards; in the
+        // child only this thread exists.
+        unsafe {
+            REGISTRY.force_unlock();
+            TABLE_PATH.force_unlock();
+            WORKER_SETS.force_unlock();
+        }
+        crate::step::unlock_after_fork();
+        objects::unlock_after_fork();
+    }
     extern "C" fn parent() {
-        // SAFETY: `prepare` of this same fork took both locks and forgot the guards.
-        unsafe { REGISTRY.force_unlock() };
-        objects::unlock_after_fork_in_parent();
+        unlock_all();
     }
     extern "C" fn child() {
-        // SAFETY: in the child only this thread exists; `prepare` took the locks for it.
-        unsafe { REGISTRY.force_unlock() };
-        objects::reset_after_fork();
+        unlock_all();
         // SAFETY: pthread_self has no preconditions.
         let handle = unsafe { libc::pthread_self() } as u64;
         REGISTRY

@@ -1,12 +1,16 @@
 //! Which loaded object holds a start routine, for `TLLM_AFFINITY_WORKER_LIBS` (SPEC §2).
 //!
 //! `dladdr` per thread creation would take the loader lock every time. Instead the executable
-//! segments of every loaded object are cached with their classification, and `dl_iterate_phdr`
-//! runs again only when an address falls outside all of them and the loader's object count
-//! (`dlpi_adds`) says something was loaded since. Never called with the registry lock held: a
-//! thread inside `dlopen` holds the loader lock while its constructors create threads.
+//! segments of every loaded object are kept, with their classification, in a snapshot that the
+//! hook reads without any lock. `dl_iterate_phdr` runs again only when an address falls outside
+//! all of them and the loader's object count (`dlpi_adds`) says something was loaded since; the
+//! new snapshot replaces the old one, which stays allocated because a creator may still be
+//! reading it: one per such rescan, bounded by the `dlopen`s that load new objects. Never called
+//! with the registry lock held: a thread inside `dlopen` holds the loader lock while its
+//! constructors create threads.
 
 use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use spin::mutex::SpinMutex;
 use spin::relax::Yield;
@@ -18,50 +22,55 @@ struct Segment {
     worker: bool,
 }
 
-struct ObjectMap {
+struct Snapshot {
     segments: Vec<Segment>,
     loads_seen: u64,
 }
 
-static MAP: SpinMutex<ObjectMap, Yield> = SpinMutex::new(ObjectMap {
-    segments: Vec::new(),
-    loads_seen: u64::MAX,
-});
+/// The snapshot in force; null until the first scan. Never freed once published.
+static CURRENT: AtomicPtr<Snapshot> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Every snapshot ever published (owned here, so they stay reachable), and the lock that makes
+/// rescans one at a time. Boxed: CURRENT points at a snapshot, which must not move when the
+/// vector grows.
+#[allow(clippy::vec_box)]
+static PUBLISHED: SpinMutex<Vec<Box<Snapshot>>, Yield> = SpinMutex::new(Vec::new());
 
 /// Answers whether `addr` lies in an object whose file name `is_worker` accepts.
 pub fn in_worker_object(addr: usize, is_worker: &dyn Fn(&str) -> bool) -> bool {
-    {
-        let map = MAP.lock();
-        if let Some(worker) = lookup(&map.segments, addr) {
+    // SAFETY: a non-null CURRENT points into a Box owned by PUBLISHED, which is never dropped
+    // nor shrunk (a fork child inherits it whole), and snapshots are immutable once published.
+    let current = unsafe { CURRENT.load(Ordering::Acquire).as_ref() };
+    if let Some(snapshot) = current {
+        if let Some(worker) = lookup(&snapshot.segments, addr) {
             return worker;
         }
     }
     let loads = loads_so_far();
-    if MAP.lock().loads_seen == loads {
+    if current.is_some_and(|s| s.loads_seen == loads) {
         return false;
     }
-    let segments = scan(is_worker);
-    let answer = lookup(&segments, addr).unwrap_or(false);
-    let mut map = MAP.lock();
-    map.segments = segments;
-    map.loads_seen = loads;
+    let snapshot = Box::new(Snapshot {
+        segments: scan(is_worker),
+        loads_seen: loads,
+    });
+    let answer = lookup(&snapshot.segments, addr).unwrap_or(false);
+    let mut published = PUBLISHED.lock();
+    let raw = &*snapshot as *const Snapshot as *mut Snapshot;
+    published.push(snapshot);
+    CURRENT.store(raw, Ordering::Release);
     answer
 }
 
-/// The fork child inherits a map that may be held by a thread that no longer exists.
-pub fn reset_after_fork() {
-    // SAFETY: called in the fork child, where only the forking thread exists; the lock was taken
-    // by the prepare handler of the same thread or by a thread that is gone.
-    unsafe { MAP.force_unlock() };
-}
-
+/// Fork handlers: a child must not inherit the rescan lock held by a thread that is not there.
 pub fn lock_for_fork() {
-    std::mem::forget(MAP.lock());
+    std::mem::forget(PUBLISHED.lock());
 }
 
-pub fn unlock_after_fork_in_parent() {
+/// In the parent after the fork, and in the child, where only the forking thread exists.
+pub fn unlock_after_fork() {
     // SAFETY: the prepare handler of this same fork took the lock and forgot the guard.
-    unsafe { MAP.force_unlock() };
+    unsafe { PUBLISHED.force_unlock() };
 }
 
 fn lookup(segments: &[Segment], addr: usize) -> Option<bool> {

@@ -58,6 +58,13 @@ impl World {
         let plan = self
             .reg
             .plan_child(Some(creator), worker_lib, explicit.map(m));
+        self.born(creator, plan, explicit)
+    }
+
+    /// What the kernel and the trampoline do between the creator's plan and the registration:
+    /// the kernel copies the creator's mask (or applies the attr mask), the child moves itself
+    /// when the plan says so.
+    fn born(&mut self, creator: Slot, mut plan: ChildPlan, explicit: Option<&str>) -> Slot {
         let tid = self.next_tid;
         self.next_tid += 1;
         // The kernel copies the creator's mask (or applies the attr mask).
@@ -67,6 +74,12 @@ impl World {
             None => self.kernel.get(creator_tid).unwrap(),
         };
         self.kernel.masks.borrow_mut().insert(tid, inherited);
+        if plan
+            .move_at_birth()
+            .is_some_and(|mask| self.kernel.set(tid, mask).is_ok())
+        {
+            plan.moved();
+        }
         self.reg.register_child(plan, tid, tid as u64, &self.kernel)
     }
 
@@ -356,4 +369,68 @@ fn the_thread_table_follows_births_roles_placements_and_exits() {
     assert_eq!(read(main), Some((100, Role::Host, Placement::Inherited)));
     w.exit(worker);
     assert_eq!(read(worker), None);
+}
+
+#[test]
+fn a_host_made_worker_moves_itself_once_before_it_registers() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    w.configure(worker, "gpu0", "2-3");
+    let plan = w.reg.plan_child(Some(main), true, None);
+    assert_eq!(
+        plan.move_at_birth().map(|m| m.to_list()).as_deref(),
+        Some("2-3")
+    );
+    let sets = *w.kernel.sets.borrow();
+    let progress = w.born(main, plan, None);
+    assert_eq!(
+        *w.kernel.sets.borrow(),
+        sets + 1,
+        "one move, none under the lock"
+    );
+    assert_eq!(
+        (w.mask(progress).as_str(), w.placement(progress)),
+        ("2-3", Placement::Worker)
+    );
+    assert_eq!(w.reg.entry(progress).unwrap().natural.to_list(), "0-3");
+    // Inheritance needs no move: a worker's child has no birth move.
+    assert!(w
+        .reg
+        .plan_child(Some(worker), false, None)
+        .move_at_birth()
+        .is_none());
+}
+
+#[test]
+fn a_child_that_moved_across_a_release_is_born_as_if_after_it() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let mut plan = w.reg.plan_child(Some(main), true, None);
+    // The child moves onto 2-3, then the lease is released before it registers.
+    let tid = 900;
+    w.kernel.masks.borrow_mut().insert(tid, m("2-3"));
+    plan.moved();
+    w.release(lease).unwrap();
+    let child = w.reg.register_child(plan, tid, tid as u64, &w.kernel);
+    assert_eq!(
+        (w.mask(child).as_str(), w.placement(child)),
+        ("0-3", Placement::Inherited)
+    );
+}
+
+#[test]
+fn a_child_that_moved_across_a_retarget_takes_the_new_mask() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    w.configure(worker, "gpu0", "2-3");
+    let mut plan = w.reg.plan_child(Some(main), true, None);
+    w.kernel.masks.borrow_mut().insert(901, m("2-3"));
+    plan.moved();
+    w.configure(worker, "gpu1", "0-1");
+    let child = w.reg.register_child(plan, 901, 901, &w.kernel);
+    assert_eq!(
+        (w.mask(child).as_str(), w.placement(child)),
+        ("0-1", Placement::Worker)
+    );
 }
