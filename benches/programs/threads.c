@@ -23,7 +23,9 @@
  *                                floor with the one read a thread SPEC §2/§5 require); prints
  *                                the medians in ns and the medians of the per-round ratios.
  *   threads churn N              N create+join cycles; prints VmRSS (kB) every N/10.
- *   threads parallel C N         C creator threads each making N threads; prints elapsed ns.
+ *   threads parallel C N [apply] C creator threads each making N threads; prints elapsed ns.
+ *                                With "apply" the creators are hosts under a lease starting a
+ *                                worker-library routine (bare: a routine that pins itself).
  *   threads registry N           RSS growth per parked thread: N threads parked, prints kB.
  */
 #define _GNU_SOURCE
@@ -259,12 +261,12 @@ static void *sweep(void *p) {
     return NULL;
 }
 
-struct par_args { int n; };
+struct par_args { int n; void *(*routine)(void *); };
 static void *creator(void *p) {
     struct par_args *a = p;
     for (int i = 0; i < a->n; i++) {
         pthread_t th;
-        pthread_create(&th, NULL, nothing, NULL);
+        pthread_create(&th, NULL, a->routine, NULL);
         pthread_join(th, NULL);
     }
     return NULL;
@@ -337,7 +339,17 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "parallel")) {
         int c = n, per = atoi(argv[3]);
         pthread_t ths[64];
-        struct par_args a = {per};
+        struct par_args a = {per, nothing};
+        if (argc > 4 && !strcmp(argv[4], "apply")) {
+            void *work = dlopen(getenv("BENCH_WORK_LIB"), RTLD_NOW);
+            if (!work) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+            a.routine = (void *(*)(void *))dlsym(work, "bench_work_routine");
+            set_last_cpu();
+            pthread_t w;
+            pthread_create(&w, NULL, open_lease, NULL);
+            pthread_join(w, NULL);
+            if (!configure) a.routine = pin_self; /* bare: the floor of the apply path */
+        }
         uint64_t t0 = now_ns();
         for (int i = 0; i < c; i++) pthread_create(&ths[i], NULL, creator, &a);
         for (int i = 0; i < c; i++) pthread_join(ths[i], NULL);
