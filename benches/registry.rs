@@ -1,9 +1,12 @@
-//! The registry model's hot path (a thread's birth and exit) and its memory per live thread.
+//! The registry model's hot path (a thread's birth and exit), its sweep (configure + release over
+//! N threads, against a kernel that answers from memory: the library's own bookkeeping, without
+//! the syscalls), and its memory per live thread.
 //!
 //! The kernel side of the costs (the preloaded library against bare `pthread_create`, configure
 //! against raw `sched_setaffinity`) is measured by `scripts/bench`, which runs real processes.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
@@ -42,6 +45,53 @@ impl ThreadMasks for Still {
     fn set(&self, _tid: Tid, _mask: &CpuMask) -> Result<(), i32> {
         Ok(())
     }
+}
+
+/// Per-thread masks kept in memory (tid = index), answered without allocating, as the engine's
+/// stack-buffer syscalls are.
+struct Remembering(RefCell<Vec<CpuMask>>);
+
+impl ThreadMasks for Remembering {
+    fn get(&self, tid: Tid) -> Result<CpuMask, i32> {
+        self.0
+            .borrow()
+            .get(tid as usize)
+            .cloned()
+            .ok_or(libc::ESRCH)
+    }
+    fn set(&self, tid: Tid, mask: &CpuMask) -> Result<(), i32> {
+        let mut masks = self.0.borrow_mut();
+        let slot = masks.get_mut(tid as usize).ok_or(libc::ESRCH)?;
+        slot.clone_from(mask);
+        Ok(())
+    }
+    fn differs_from(&self, tid: Tid, expected: &CpuMask) -> Result<Option<CpuMask>, i32> {
+        let masks = self.0.borrow();
+        let actual = masks.get(tid as usize).ok_or(libc::ESRCH)?;
+        Ok((actual != expected).then(|| actual.clone()))
+    }
+}
+
+fn sweep(c: &mut Criterion) {
+    let mut group = c.benchmark_group("registry");
+    let all = CpuMask::parse_list("0-3").unwrap();
+    for n in [100usize, 1000, 10_000] {
+        let kernel = Remembering(RefCell::new(vec![all.clone(); n + 2]));
+        let mut reg = Registry::new();
+        let sweeper = reg.register_root(0, 0, Role::Host, all.clone());
+        for tid in 2..n as Tid + 2 {
+            let plan = reg.plan_child(Some(sweeper), false, None);
+            reg.register_child(plan, tid, tid as u64, &kernel);
+        }
+        let worker_set = CpuMask::parse_list("2-3").unwrap();
+        group.bench_function(BenchmarkId::new("configure+release", n), |b| {
+            b.iter(|| {
+                let outcome = reg.configure(sweeper, "gpu0", Some(worker_set.clone()), &kernel);
+                reg.release(outcome.lease, &kernel).unwrap();
+            })
+        });
+    }
+    group.finish();
 }
 
 fn birth_and_exit(c: &mut Criterion) {
@@ -89,7 +139,7 @@ fn bytes_per_thread() -> f64 {
     (after - before) as f64 / n as f64
 }
 
-criterion_group!(benches, birth_and_exit);
+criterion_group!(benches, birth_and_exit, sweep);
 
 fn main() {
     println!(
