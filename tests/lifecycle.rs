@@ -777,3 +777,37 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
         }
     }
 }
+
+/// A host starts a worker-library routine and at once releases the only lease, whose sweep over
+/// 1 000 worker threads holds the registry lock for milliseconds. The child moves itself onto the
+/// worker mask before it takes the lock (the move can migrate it) and registers after the sweep:
+/// it must be born as if after the release, back on the host mask, since no later release would
+/// restore it. `raced=1` marks rounds where the child's routine started after the release
+/// returned; at least one must, or the race was not exercised.
+#[test]
+fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
+    if !two_cpus_or_skip("a worker mask narrower than the host mask") {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    let program = compile_lc("lc_birth_race", "lc_birth_race", &[]);
+    let worker_lib = shared_object("lc_workerlib", "libnccl_lc.so.2");
+    let mut cmd = preloaded(program, &sysfs);
+    cmd.arg(&worker_lib).args(["20", "1000"]);
+    let end = run_bounded(cmd, LIMIT);
+    assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
+    assert!(end.stdout.contains("DONE"), "{}", end.stdout);
+    let host = allowed_cpus();
+    let mut raced = 0;
+    for line in end.stdout.lines().filter(|l| l.starts_with("ROUND ")) {
+        println!("{line}");
+        assert_eq!(field(line, "role"), "1", "{line}");
+        assert_eq!(
+            mask(&field(line, "mask")),
+            host,
+            "left on the worker mask: {line}"
+        );
+        raced += usize::from(field(line, "raced") == "1");
+    }
+    assert!(raced > 0, "no round raced the release:\n{}", end.stdout);
+}

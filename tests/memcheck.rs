@@ -286,7 +286,7 @@ fn threads_the_library_starts_allocate_nothing_and_get_no_malloc_arena() {
     }
     let sysfs = Sysfs::two_nodes();
     let program = compile_lc("lc_arenas", "lc_arenas", &[]);
-    let worker_lib = compile_lc("lc_parklib", "libnccl_park.so.2", &["-shared", "-fPIC"]);
+    let worker_lib = compile_lc("lc_workerlib", "libnccl_lc.so.2", &["-shared", "-fPIC"]);
     let all = allowed_cpus().to_list();
     let gpu = sysfs.gpu0_local().to_list();
     for under_library in [false, true] {

@@ -6,28 +6,22 @@
  * whose routine lives in a worker library (apply path: each moves itself onto the worker mask).
  *
  * Prints "ARENAS <before> <during>", then "CHILD <path> <role> <cpulist>" for each child.
- * Usage: lc_arenas <path of libnccl_park.so.2>
+ * Usage: lc_arenas <path of libnccl_lc.so.2>
  */
 #include "lc_common.h"
 #include <malloc.h>
 
 #define K 12
 
-struct lc_park {
-    int *tid;
-    pthread_barrier_t *parked, *leave;
-};
-
 static pthread_barrier_t parked, leave, worker_ready, worker_go;
 static int tids[3 * K];
 static pthread_t children[3 * K];
-static struct lc_park packs[3 * K];
+static struct lc_closure in_lib_closures[K];
 
-static void *park(void *p) {
-    struct lc_park *a = p;
-    *a->tid = (int)lc_tid();
-    pthread_barrier_wait(a->parked);
-    pthread_barrier_wait(a->leave);
+static void *park(void *index) {
+    tids[(intptr_t)index] = (int)lc_tid();
+    pthread_barrier_wait(&parked);
+    pthread_barrier_wait(&leave);
     return NULL;
 }
 
@@ -56,8 +50,8 @@ static void *worker(void *unused) {
     pthread_join(first, NULL);
     pthread_barrier_wait(&worker_ready);
     pthread_barrier_wait(&worker_go);
-    for (int i = K; i < 2 * K; i++)
-        if (pthread_create(&children[i], NULL, park, &packs[i])) abort();
+    for (intptr_t i = K; i < 2 * K; i++)
+        if (pthread_create(&children[i], NULL, park, (void *)i)) abort();
     return NULL;
 }
 
@@ -78,24 +72,22 @@ static void print_mask(const char *path, int tid) {
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     lc_init();
-    void *lib = dlopen(argv[1], RTLD_NOW);
-    if (!lib) { fprintf(stderr, "%s\n", dlerror()); return 1; }
-    void *(*in_lib)(void *) = (void *(*)(void *))dlsym(lib, "lc_park_in_worker_lib");
+    void *(*in_lib)(void *) = lc_worker_lib_routine(argv[1]);
     pthread_barrier_init(&parked, NULL, 3 * K + 1);
     pthread_barrier_init(&leave, NULL, 3 * K + 1);
     pthread_barrier_init(&worker_ready, NULL, 2);
     pthread_barrier_init(&worker_go, NULL, 2);
-    for (int i = 0; i < 3 * K; i++) packs[i] = (struct lc_park){&tids[i], &parked, &leave};
+    for (intptr_t i = 0; i < K; i++) in_lib_closures[i] = (struct lc_closure){park, (void *)(2 * K + i)};
 
     pthread_t w;
     if (pthread_create(&w, NULL, worker, NULL)) abort();
     pthread_barrier_wait(&worker_ready);
     int before = count_arenas();
     pthread_barrier_wait(&worker_go);
+    for (intptr_t i = 0; i < K; i++)
+        if (pthread_create(&children[i], NULL, park, (void *)i)) abort();
     for (int i = 0; i < K; i++)
-        if (pthread_create(&children[i], NULL, park, &packs[i])) abort();
-    for (int i = 2 * K; i < 3 * K; i++)
-        if (pthread_create(&children[i], NULL, in_lib, &packs[i])) abort();
+        if (pthread_create(&children[2 * K + i], NULL, in_lib, &in_lib_closures[i])) abort();
     pthread_barrier_wait(&parked);
     int during = count_arenas();
 

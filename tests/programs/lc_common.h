@@ -273,6 +273,22 @@ static agent_t *spawn_from(agent_t *parent, const char *name) {
     return lc_spawned;
 }
 
+/* Threads started on lc_in_worker_lib (lc_workerlib.c, a worker library) run closure.fn(arg). */
+struct lc_closure {
+    void *(*fn)(void *);
+    void *arg;
+};
+
+static void *(*lc_worker_lib_routine(const char *path))(void *) {
+    void *lib = dlopen(path, RTLD_NOW);
+    void *routine = lib ? dlsym(lib, "lc_in_worker_lib") : NULL;
+    if (!routine) {
+        fprintf(stderr, "worker library %s: %s\n", path, dlerror());
+        exit(70);
+    }
+    return (void *(*)(void *))routine;
+}
+
 static void cpuset_of_list(const char *list, cpu_set_t *set) {
     CPU_ZERO(set);
     const char *p = list;

@@ -1,7 +1,7 @@
 /* Bounded stress for issue #7: thread churn, configure/release loops and the application's own
  * setaffinity calls, all at once, with invariants checked by the threads themselves.
  *
- *   lc_stress <threads to churn> <seconds at most> <worker mask> <host mask>
+ *   lc_stress <threads to churn> <seconds at most> <worker mask> <host mask> <worker library>
  *
  * Threads:
  * - 2 host checkers (started by main before any lease, so hosts on <host mask>): each step makes
@@ -14,6 +14,12 @@
  *   batches of worker children; every 16th child pins itself with sched_setaffinity to a CPU of
  *   the host mask outside the worker mask and checks that the pin held; every 32nd child makes a
  *   grandchild.
+ * - 2 apply creators (main's, so hosts): make and join batches of children whose routine lives in
+ *   the worker library (lc_workerlib.c), so each is a worker that moves itself onto the worker
+ *   mask when a lease is open at its birth: each checks it is a worker on the worker or the host
+ *   mask. Every 64th batch also leaves one such child parked until the end (at most 32): born
+ *   across configures and releases, after the last release every one must be back on the host
+ *   mask, on the worker mask under one more configure, and on the host mask after its release.
  * Violations are counted and the first few printed. At the end everything is joined and the
  * program prints "STRESS ..." with its figures, then "PHASE end" (the test reads /proc), then the
  * report.
@@ -26,7 +32,8 @@ static cpu_set_t host_set, worker_set, pin_set;
 static volatile int stop;
 static long target_threads;
 static long churned, cycles, app_pins, host_checks, grandchildren;
-static long violations, pin_violations, worker_violations, create_failures;
+static long violations, pin_violations, worker_violations, create_failures, applied;
+static void *(*in_worker_lib)(void *);
 
 #define BUMP(x) __atomic_add_fetch(&(x), 1, __ATOMIC_RELAXED)
 
@@ -142,6 +149,82 @@ static void *worker_creator(void *arg) {
     return NULL;
 }
 
+static void *apply_child(void *arg) {
+    (void)arg;
+    if (lc_role(0) != 1) violation(&worker_violations, "apply child role");
+    cpu_set_t now;
+    CPU_ZERO(&now);
+    syscall(SYS_sched_getaffinity, 0, sizeof now, &now);
+    if (!CPU_EQUAL(&now, &worker_set) && !CPU_EQUAL(&now, &host_set))
+        violation(&worker_violations, "apply child mask");
+    BUMP(applied);
+    BUMP(churned);
+    return NULL;
+}
+
+#define MAX_PARKED 32
+static pthread_t parked[MAX_PARKED];
+static pid_t parked_tids[MAX_PARKED];
+static int parked_count;
+static volatile int unpark;
+
+static void *parked_child(void *slot) {
+    __atomic_store_n(&parked_tids[(long)slot], lc_tid(), __ATOMIC_RELEASE);
+    while (!unpark) usleep(1000);
+    return NULL;
+}
+
+static struct lc_closure apply_closure = {apply_child, NULL};
+static struct lc_closure parked_closures[MAX_PARKED];
+
+static void *apply_creator(void *arg) {
+    (void)arg;
+    for (long batch = 0; !stop && __atomic_load_n(&churned, __ATOMIC_RELAXED) < target_threads; batch++) {
+        pthread_t t[BATCH];
+        int made = 0;
+        for (int i = 0; i < BATCH; i++) {
+            if (pthread_create(&t[made], NULL, in_worker_lib, &apply_closure) == 0)
+                made++;
+            else
+                BUMP(create_failures);
+        }
+        for (int i = 0; i < made; i++) pthread_join(t[i], NULL);
+        if (batch % 64 == 0) {
+            int slot = __atomic_fetch_add(&parked_count, 1, __ATOMIC_RELAXED);
+            if (slot < MAX_PARKED &&
+                pthread_create(&parked[slot], NULL, in_worker_lib, &parked_closures[slot]) != 0)
+                BUMP(create_failures);
+        }
+        check_host("apply creator");
+    }
+    return NULL;
+}
+
+/* Every parked child (all workers) on `want`; each one off it is a violation. */
+static void check_parked(const cpu_set_t *want, const char *when) {
+    int n = parked_count < MAX_PARKED ? parked_count : MAX_PARKED;
+    for (int i = 0; i < n; i++) {
+        pid_t tid;
+        while (!(tid = __atomic_load_n(&parked_tids[i], __ATOMIC_ACQUIRE))) usleep(100);
+        cpu_set_t now;
+        CPU_ZERO(&now);
+        if (syscall(SYS_sched_getaffinity, tid, sizeof now, &now) < 0 || !CPU_EQUAL(&now, want) ||
+            lc_role(tid) != 1) {
+            fprintf(stderr, "VIOLATION parked apply child %d %s\n", (int)tid, when);
+            BUMP(worker_violations);
+        }
+    }
+}
+
+static void *last_lease(void *unused) {
+    (void)unused;
+    int64_t lease = lc_configure(0);
+    check_parked(&worker_set, "under a new lease");
+    lc_release(lease);
+    check_parked(&host_set, "after its release");
+    return NULL;
+}
+
 static pthread_t worker_creators[2];
 static volatile int creators_started;
 
@@ -174,10 +257,12 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     lc_init();
-    if (argc < 5) {
-        fprintf(stderr, "usage: lc_stress <threads> <seconds> <worker cpulist> <host cpulist>\n");
+    if (argc < 6) {
+        fprintf(stderr, "usage: lc_stress <threads> <seconds> <worker cpulist> <host cpulist> <worker library>\n");
         return 64;
     }
+    in_worker_lib = lc_worker_lib_routine(argv[5]);
+    for (long i = 0; i < MAX_PARKED; i++) parked_closures[i] = (struct lc_closure){parked_child, (void *)i};
     target_threads = atol(argv[1]);
     double budget = atof(argv[2]);
     cpuset_of_list(argv[3], &worker_set);
@@ -194,24 +279,36 @@ int main(int argc, char **argv) {
     }
     note("main");
     double start = now();
-    pthread_t checkers[2], creators[2], configurers[2];
+    pthread_t checkers[2], creators[2], configurers[2], appliers[2];
     for (int i = 0; i < 2; i++) pthread_create(&checkers[i], NULL, host_checker, NULL);
     for (int i = 0; i < 2; i++) pthread_create(&creators[i], NULL, host_creator, NULL);
+    for (int i = 0; i < 2; i++) pthread_create(&appliers[i], NULL, apply_creator, NULL);
     for (long i = 0; i < 2; i++) pthread_create(&configurers[i], NULL, configurer, (void *)i);
     while (__atomic_load_n(&churned, __ATOMIC_RELAXED) < target_threads && now() - start < budget) usleep(10000);
     double churn_time = now() - start;
     stop = 1;
     for (int i = 0; i < 2; i++) pthread_join(checkers[i], NULL);
     for (int i = 0; i < 2; i++) pthread_join(creators[i], NULL);
+    for (int i = 0; i < 2; i++) pthread_join(appliers[i], NULL);
     for (int i = 0; i < 2; i++) pthread_join(configurers[i], NULL);
     if (creators_started)
         for (int i = 0; i < 2; i++) pthread_join(worker_creators[i], NULL);
+    /* Every lease is released: the parked apply children are back on the host mask; one more
+     * lease puts them on the worker mask, and its release back. */
+    int parked_n = parked_count < MAX_PARKED ? parked_count : MAX_PARKED;
+    check_parked(&host_set, "after the last release");
+    pthread_t last;
+    pthread_create(&last, NULL, last_lease, NULL); /* main stays a host */
+    pthread_join(last, NULL);
+    unpark = 1;
+    for (int i = 0; i < parked_n; i++) pthread_join(parked[i], NULL);
     int reaped = lc_wait_tasks(1);
     check_host("main");
-    lc_say("STRESS threads=%ld cycles=%ld app_pins=%ld host_checks=%ld grandchildren=%ld seconds=%.1f "
-           "violations=%ld pin_violations=%ld worker_violations=%ld create_failures=%ld reaped=%d",
-           churned, cycles, app_pins, host_checks, grandchildren, churn_time, violations, pin_violations,
-           worker_violations, create_failures, reaped);
+    lc_say("STRESS threads=%ld cycles=%ld app_pins=%ld host_checks=%ld grandchildren=%ld applied=%ld "
+           "parked=%d seconds=%.1f violations=%ld pin_violations=%ld worker_violations=%ld "
+           "create_failures=%ld reaped=%d",
+           churned, cycles, app_pins, host_checks, grandchildren, applied, parked_n, churn_time,
+           violations, pin_violations, worker_violations, create_failures, reaped);
     phase("end");
     lc_report("end");
     return 0;
