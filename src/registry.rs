@@ -336,12 +336,11 @@ impl Registry {
             .and_then(|s| self.entry(s))
             .filter(|c| explicit.is_none() && c.placement != Placement::External)
             .and_then(|c| {
-                let inherited = c.current.clone();
-                let (mask, placement) = self.birth(role, Some(c), &inherited);
-                (mask != inherited).then_some(BirthMove {
-                    mask,
+                let (mask, placement) = self.birth(role, Some(c), &c.current);
+                (*mask != c.current).then(|| BirthMove {
+                    mask: mask.clone(),
                     placement,
-                    inherited,
+                    inherited: c.current.clone(),
                 })
             });
         if let Some(e) = creator.and_then(|s| self.entry_mut(s)) {
@@ -382,24 +381,24 @@ impl Registry {
 
     /// SPEC §2/§3/§6, the birth rule, in one place. Returns the mask the new thread must be on
     /// and its placement, given the mask the kernel gave it by inheritance.
-    fn birth(
-        &self,
+    fn birth<'a>(
+        &'a self,
         role: Role,
-        creator: Option<&ThreadEntry>,
-        inherited: &SharedMask,
-    ) -> (SharedMask, Placement) {
+        creator: Option<&'a ThreadEntry>,
+        inherited: &'a SharedMask,
+    ) -> (&'a SharedMask, Placement) {
         let creator_chose_by_hand = creator.is_some_and(|c| c.placement.chosen_by_others());
         match (&self.target, creator) {
             // A worker is born on the worker mask while a lease is open, unless its worker
             // creator's mask was chosen by the application (children inherit that choice).
             (Some(t), _) if role == Role::Worker && !creator_chose_by_hand => {
-                (t.mask.clone(), Placement::Worker)
+                (&t.mask, Placement::Worker)
             }
             // Children of a pinned step/result thread never stay on its single core.
             (_, Some(c)) if matches!(c.placement, Placement::Step | Placement::Result) => {
-                (c.natural.clone(), Placement::Inherited)
+                (&c.natural, Placement::Inherited)
             }
-            _ => (inherited.clone(), Placement::Inherited),
+            _ => (inherited, Placement::Inherited),
         }
     }
 
@@ -425,21 +424,20 @@ impl Registry {
         // back or the target moved while the thread was being born; then ask the kernel. A
         // child that already moved cannot ask: born across a change, it is decided as if born
         // now, from its creator's mask now.
-        let creator_now = creator
-            .filter(|c| c.placement != Placement::External)
-            .map(|c| c.current.clone());
-        let inherited: SharedMask = match (moved, creator_now) {
-            (None, Some(now)) if !across_a_change => now,
-            (None, _) => Arc::new(kernel.get(tid).unwrap_or_default()),
-            (Some(_), Some(now)) if across_a_change => now,
-            (Some(m), _) => m.inherited.clone(),
+        let read_from_kernel;
+        let inherited: &SharedMask = match (moved, creator) {
+            (None, Some(c)) if !across_a_change && c.placement != Placement::External => &c.current,
+            (None, _) => {
+                read_from_kernel = Arc::new(kernel.get(tid).unwrap_or_default());
+                &read_from_kernel
+            }
+            (Some(_), Some(c)) if across_a_change && c.placement != Placement::External => {
+                &c.current
+            }
+            (Some(m), _) => &m.inherited,
         };
         // The mask the thread is on now.
-        let on_now = moved.map_or_else(|| inherited.clone(), |m| m.mask.clone());
-        let natural = match creator {
-            Some(c) if c.placement.set_by_library() => c.natural.clone(),
-            _ => inherited.clone(),
-        };
+        let on_now = moved.map_or(inherited, |m| &m.mask);
         // A configure that promoted the creator after it planned this thread, but before the
         // thread could register, did not see it: it is a live descendant on its birth mask, so
         // it is promoted here, as configure would have (SPEC §2).
@@ -448,13 +446,11 @@ impl Registry {
             _ => plan.role,
         };
         let (mask, placement) = if let Some(explicit) = &plan.explicit {
-            (explicit.clone(), Placement::Explicit)
+            (explicit, Placement::Explicit)
         } else {
-            let (wanted, placement) = self.birth(role, creator, &inherited);
-            if wanted != on_now && kernel.set(tid, &wanted).is_err() {
-                moved.map_or((on_now, Placement::Inherited), |m| {
-                    (m.mask.clone(), m.placement)
-                })
+            let (wanted, placement) = self.birth(role, creator, inherited);
+            if wanted != on_now && kernel.set(tid, wanted).is_err() {
+                moved.map_or((on_now, Placement::Inherited), |m| (&m.mask, m.placement))
             } else {
                 (wanted, placement)
             }
@@ -472,22 +468,25 @@ impl Registry {
             }
             _ => placement,
         };
-        self.insert(ThreadEntry {
+        let natural = match creator {
+            _ if placement == Placement::Explicit => mask,
+            Some(c) if c.placement.set_by_library() => &c.natural,
+            _ => inherited,
+        };
+        // The only reference counts this birth touches: three.
+        let entry = ThreadEntry {
             tid,
             handle,
             role,
             placement,
-            natural: if placement == Placement::Explicit {
-                mask.clone()
-            } else {
-                natural
-            },
+            natural: natural.clone(),
             current: mask.clone(),
-            born: mask,
+            born: mask.clone(),
             creator: plan.creator,
             live_children: 0,
             alive: true,
-        })
+        };
+        self.insert(entry)
     }
 
     /// The thread in `slot` exited (return, `pthread_exit` or cancellation).
