@@ -250,11 +250,12 @@ fn a_short_stress_is_clean_under_memcheck() {
     }
     let logs = tempfile::tempdir().unwrap();
     let program = compile_lc("lc_stress", "lc_stress", &[]);
+    let worker_lib = compile_lc("lc_workerlib", "libnccl_lc.so.2", &["-shared", "-fPIC"]);
     let worker = sysfs.node1.to_list();
     let host = all.to_list();
     let mut cmd = memcheck(
         &program,
-        &["400", "20", &worker, &host],
+        &["400", "20", &worker, &host, worker_lib.to_str().unwrap()],
         &sysfs,
         logs.path(),
     );
