@@ -46,11 +46,21 @@ fn write_stderr(mut bytes: &[u8]) {
     }
 }
 
+/// Formats only when the level is enabled: configure and release log on every call.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! log_error { ($($t:tt)*) => { $crate::log::emit($crate::settings::LogLevel::Error, &format!($($t)*)) } }
+macro_rules! log_at {
+    ($level:ident, $($t:tt)*) => {
+        if $crate::log::enabled($crate::settings::LogLevel::$level) {
+            $crate::log::emit($crate::settings::LogLevel::$level, &format!($($t)*))
+        }
+    };
+}
 #[macro_export]
-macro_rules! log_warn { ($($t:tt)*) => { $crate::log::emit($crate::settings::LogLevel::Warn, &format!($($t)*)) } }
+macro_rules! log_error { ($($t:tt)*) => { $crate::log_at!(Error, $($t)*) } }
 #[macro_export]
-macro_rules! log_info { ($($t:tt)*) => { $crate::log::emit($crate::settings::LogLevel::Info, &format!($($t)*)) } }
+macro_rules! log_warn { ($($t:tt)*) => { $crate::log_at!(Warn, $($t)*) } }
 #[macro_export]
-macro_rules! log_debug { ($($t:tt)*) => { if $crate::log::enabled($crate::settings::LogLevel::Debug) { $crate::log::emit($crate::settings::LogLevel::Debug, &format!($($t)*)) } } }
+macro_rules! log_info { ($($t:tt)*) => { $crate::log_at!(Info, $($t)*) } }
+#[macro_export]
+macro_rules! log_debug { ($($t:tt)*) => { $crate::log_at!(Debug, $($t)*) } }
