@@ -285,7 +285,6 @@ impl FromIterator<usize> for CpuMask {
     }
 }
 
-/// Test shorthand: the mask of a cpulist known to be valid.
 /// The 64-bit words of a mask in the kernel's byte layout (little-endian longs), the last one
 /// zero-padded when the length is not a whole number of words.
 fn kernel_words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
@@ -301,6 +300,7 @@ fn kernel_words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
         .chain(last)
 }
 
+/// Test shorthand: the mask of a cpulist known to be valid.
 #[cfg(test)]
 pub(crate) fn mask(list: &str) -> CpuMask {
     CpuMask::parse_list(list).unwrap()

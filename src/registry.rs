@@ -133,7 +133,7 @@ impl ChildPlan {
     }
 
     /// Records that the new thread is on [`Self::move_at_birth`]'s mask.
-    pub fn moved(&mut self) {
+    pub fn mark_moved(&mut self) {
         self.moved = self.birth_move.is_some();
     }
 }
@@ -323,17 +323,13 @@ impl Registry {
         start_in_worker_lib: bool,
         explicit: Option<CpuMask>,
     ) -> ChildPlan {
-        let creator = creator.filter(|&s| self.entry(s).is_some());
-        let creator_role = creator
-            .and_then(|s| self.entry(s))
-            .map_or(Role::Host, |e| e.role);
-        let role = if start_in_worker_lib {
-            Role::Worker
-        } else {
-            creator_role
+        let creator_entry = creator.and_then(|s| self.entry(s));
+        let role = match creator_entry {
+            _ if start_in_worker_lib => Role::Worker,
+            Some(c) => c.role,
+            None => Role::Host,
         };
-        let birth_move = creator
-            .and_then(|s| self.entry(s))
+        let birth_move = creator_entry
             .filter(|c| explicit.is_none() && c.placement != Placement::External)
             .and_then(|c| {
                 let (mask, placement) = self.birth(role, Some(c), &c.current);
@@ -343,10 +339,12 @@ impl Registry {
                     inherited: c.current.clone(),
                 })
             });
+        let creator = creator.filter(|_| creator_entry.is_some());
         if let Some(e) = creator.and_then(|s| self.entry_mut(s)) {
             e.live_children += 1;
         }
-        self.make_room_for_births();
+        self.births_pending += 1;
+        self.keep_room_for_births();
         ChildPlan {
             creator,
             role,
@@ -360,11 +358,6 @@ impl Registry {
     /// The new thread registers and later exits without allocating: a `malloc` or `free` there
     /// would build its malloc cache and attach it to an arena (see `engine::packets`). So the
     /// creator grows the slot table and the free list for every birth still pending.
-    fn make_room_for_births(&mut self) {
-        self.births_pending += 1;
-        self.keep_room_for_births();
-    }
-
     fn keep_room_for_births(&mut self) {
         self.slots.reserve(self.births_pending);
         let most_free = self.slots.len() + self.births_pending;
@@ -639,17 +632,10 @@ impl Registry {
                 outcome.on_mask += 1;
                 continue;
             }
-            if !verified {
-                match kernel.differs_from(e.tid, &e.current) {
-                    Ok(None) => {}
-                    Ok(Some(actual)) => {
-                        self.mark_external(slot, actual);
-                        outcome.preserved += 1;
-                        continue;
-                    }
-                    Err(_) => continue,
-                }
+            if !verified && !self.still_as_set(slot, kernel, &mut outcome.preserved) {
+                continue;
             }
+            let Some(e) = self.entry(slot) else { continue };
             if e.current != *target && kernel.set(e.tid, target).is_err() {
                 continue;
             }
@@ -663,12 +649,50 @@ impl Registry {
         outcome
     }
 
-    fn mark_external(&mut self, slot: Slot, actual: CpuMask) {
+    /// Looks at the thread's mask: true when it is what the library believes. A mask changed
+    /// behind the library's back makes the thread `external` (SPEC §2, found when it looks) and
+    /// is counted in `preserved`; a thread the kernel no longer knows is neither.
+    fn still_as_set(
+        &mut self,
+        slot: Slot,
+        kernel: &impl ThreadMasks,
+        preserved: &mut usize,
+    ) -> bool {
+        let Some(e) = self.entry(slot) else {
+            return false;
+        };
+        match kernel.differs_from(e.tid, &e.current) {
+            Ok(None) => true,
+            Ok(Some(actual)) => {
+                if let Some(e) = self.entry_mut(slot) {
+                    e.placement = Placement::External;
+                    e.current = Arc::new(actual);
+                }
+                self.publish(slot);
+                *preserved += 1;
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Puts back the natural mask of a thread the library placed, unless it changed since.
+    fn restore(&mut self, slot: Slot, kernel: &impl ThreadMasks, outcome: &mut ReleaseOutcome) {
+        if !self.still_as_set(slot, kernel, &mut outcome.preserved) {
+            return;
+        }
+        let Some(e) = self.entry(slot) else {
+            return;
+        };
+        if e.natural != e.current && kernel.set(e.tid, &e.natural).is_err() {
+            return;
+        }
         if let Some(e) = self.entry_mut(slot) {
-            e.placement = Placement::External;
-            e.current = Arc::new(actual);
+            e.placement = Placement::Inherited;
+            e.current = e.natural.clone();
         }
         self.publish(slot);
+        outcome.restored += 1;
     }
 
     /// SPEC §5: closes a lease; the last one restores every mask the library set, except those
@@ -699,7 +723,7 @@ impl Registry {
                 .entry(slot)
                 .is_some_and(|e| e.placement.set_by_library())
             {
-                outcome_restore(self, slot, kernel, &mut outcome);
+                self.restore(slot, kernel, &mut outcome);
             }
         }
         Ok(outcome)
@@ -774,35 +798,6 @@ impl Registry {
             })
             .collect()
     }
-}
-
-fn outcome_restore(
-    registry: &mut Registry,
-    slot: Slot,
-    kernel: &impl ThreadMasks,
-    outcome: &mut ReleaseOutcome,
-) {
-    let Some(e) = registry.entry(slot) else {
-        return;
-    };
-    match kernel.differs_from(e.tid, &e.current) {
-        Ok(None) => {}
-        Ok(Some(actual)) => {
-            registry.mark_external(slot, actual);
-            outcome.preserved += 1;
-            return;
-        }
-        Err(_) => return,
-    }
-    if e.natural != e.current && kernel.set(e.tid, &e.natural).is_err() {
-        return;
-    }
-    if let Some(e) = registry.entry_mut(slot) {
-        e.placement = Placement::Inherited;
-        e.current = e.natural.clone();
-    }
-    registry.publish(slot);
-    outcome.restored += 1;
 }
 
 #[cfg(test)]

@@ -237,25 +237,15 @@ pub fn try_lock(path: &Path) -> Result<File, LockError> {
 }
 
 /// A GPU lock this process holds: its file stays open (and locked) for the process's life.
-struct HeldLock {
+pub(crate) struct HeldLock {
     address: String,
     pid: i32,
     _file: File,
 }
 
-/// The GPU locks this process holds. A spinning lock the fork handlers take and release
-/// (`lock_for_fork`), like the engine's own: a child must never inherit it held.
-static HELD: SpinMutex<Vec<HeldLock>, Yield> = SpinMutex::new(Vec::new());
-
-pub fn lock_for_fork() {
-    std::mem::forget(HELD.lock());
-}
-
-/// In the parent after the fork, and in the child, where only the forking thread exists.
-pub fn unlock_after_fork() {
-    // SAFETY: the prepare handler of this same fork took the lock and forgot the guard.
-    unsafe { HELD.force_unlock() };
-}
+/// The GPU locks this process holds. A spinning lock, held across a fork by the engine's fork
+/// handlers like its own: a child must never inherit it held.
+pub(crate) static HELD: SpinMutex<Vec<HeldLock>, Yield> = SpinMutex::new(Vec::new());
 
 /// Takes the lock of the GPU at `address` unless this process already holds it. A refused claim
 /// holds nothing, so a later pin call tries again (the holder may have exited by then).

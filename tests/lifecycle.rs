@@ -791,7 +791,7 @@ fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
     }
     let sysfs = Sysfs::two_nodes();
     let program = compile_lc("lc_birth_race", "lc_birth_race", &[]);
-    let worker_lib = shared_object("lc_workerlib", "libnccl_lc.so.2");
+    let worker_lib = worker_library();
     let mut cmd = preloaded(program, &sysfs);
     cmd.arg(&worker_lib).args(["20", "1000"]);
     let end = run_bounded(cmd, LIMIT);

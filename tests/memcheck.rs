@@ -250,7 +250,7 @@ fn a_short_stress_is_clean_under_memcheck() {
     }
     let logs = tempfile::tempdir().unwrap();
     let program = compile_lc("lc_stress", "lc_stress", &[]);
-    let worker_lib = compile_lc("lc_workerlib", "libnccl_lc.so.2", &["-shared", "-fPIC"]);
+    let worker_lib = worker_library();
     let worker = sysfs.node1.to_list();
     let host = all.to_list();
     let mut cmd = memcheck(
@@ -287,7 +287,7 @@ fn threads_the_library_starts_allocate_nothing_and_get_no_malloc_arena() {
     }
     let sysfs = Sysfs::two_nodes();
     let program = compile_lc("lc_arenas", "lc_arenas", &[]);
-    let worker_lib = compile_lc("lc_workerlib", "libnccl_lc.so.2", &["-shared", "-fPIC"]);
+    let worker_lib = worker_library();
     let all = allowed_cpus().to_list();
     let gpu = sysfs.gpu0_local().to_list();
     for under_library in [false, true] {

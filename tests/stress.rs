@@ -31,7 +31,7 @@ fn churn_configure_release_and_application_pins_keep_every_invariant() {
         return;
     }
     let program = compile_lc("lc_stress", "lc_stress", &[]);
-    let worker_lib = compile_lc("lc_workerlib", "libnccl_lc.so.2", &["-shared", "-fPIC"]);
+    let worker_lib = worker_library();
     let mut cmd = preloaded(program, &sysfs);
     cmd.env("TLLM_AFFINITY_LOG", "warn").args([
         &THREADS.to_string(),

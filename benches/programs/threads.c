@@ -87,28 +87,32 @@ static long rss_kb(void) {
     return kb;
 }
 
-/* Runs `fn(arg)` on a worker thread that opened a lease, so that the call is made by a worker. */
+/* The lease is opened by a thread that configures: that thread is a worker. */
 static int64_t lease = -1;
-static void *open_lease(void *unused) {
+static void (*worker_job)(void);
+static void *configure_then_job(void *unused) {
     (void)unused;
     if (configure) lease = configure(0);
+    if (worker_job) worker_job();
     return NULL;
 }
 
-static void round_trips(int n, void *(*routine)(void *)) {
-    uint64_t *t = malloc(sizeof *t * n);
-    uint64_t total = 0;
-    for (int i = 0; i < n; i++) {
-        pthread_t th;
-        uint64_t t0 = now_ns();
-        if (pthread_create(&th, NULL, routine, NULL) != 0) { perror("pthread_create"); exit(1); }
-        pthread_join(th, NULL);
-        t[i] = now_ns() - t0;
-        total += t[i];
-    }
-    printf("median_ns %llu mean_ns %llu\n", (unsigned long long)median(t, n),
-           (unsigned long long)(total / n));
-    free(t);
+/* Runs `job` on a worker thread under a lease (NULL: only opens the lease). */
+static void on_worker(void (*job)(void)) {
+    worker_job = job;
+    pthread_t w;
+    pthread_create(&w, NULL, configure_then_job, NULL);
+    pthread_join(w, NULL);
+}
+
+/* For the apply path: opens a lease from a worker thread, so that the main thread stays a host,
+ * and returns the routine of the worker library ($BENCH_WORK_LIB). */
+static void *(*prepare_apply(void))(void *) {
+    void *work = dlopen(getenv("BENCH_WORK_LIB"), RTLD_NOW);
+    if (!work) { fprintf(stderr, "%s\n", dlerror()); exit(1); }
+    set_last_cpu();
+    on_worker(NULL);
+    return (void *(*)(void *))dlsym(work, "bench_work_routine");
 }
 
 typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
@@ -119,6 +123,18 @@ static uint64_t trip(create_fn create, void *(*routine)(void *)) {
     if (create(&th, NULL, routine, NULL) != 0) { perror("pthread_create"); exit(1); }
     pthread_join(th, NULL);
     return now_ns() - t0;
+}
+
+static void round_trips(int n, void *(*routine)(void *)) {
+    uint64_t *t = malloc(sizeof *t * n);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        t[i] = trip(pthread_create, routine);
+        total += t[i];
+    }
+    printf("median_ns %llu mean_ns %llu\n", (unsigned long long)median(t, n),
+           (unsigned long long)(total / n));
+    free(t);
 }
 
 /* Alternates which side goes first, so neither always follows the other's cache footprint. */
@@ -152,21 +168,9 @@ static void paired_trips(int n, void *(*lib_routine)(void *), void *(*bare_routi
     free(ratio);
 }
 
-static int paired_n;
-static void *paired_on_worker(void *unused) {
-    (void)unused;
-    if (configure) lease = configure(0);
-    paired_trips(paired_n, nothing, nothing);
-    return NULL;
-}
-
-struct create_args { int n; void *(*routine)(void *); };
-static void *create_on_worker(void *p) {
-    struct create_args *a = p;
-    if (configure) lease = configure(0);
-    round_trips(a->n, a->routine);
-    return NULL;
-}
+static int trips;
+static void round_trips_of_nothing(void) { round_trips(trips, nothing); }
+static void paired_trips_of_nothing(void) { paired_trips(trips, nothing, nothing); }
 
 /* sweep: parked threads made by the worker thread. */
 static pthread_mutex_t park_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -279,40 +283,21 @@ int main(int argc, char **argv) {
     int n = atoi(argv[2]);
     const char *mode = argv[1];
     if (!strcmp(mode, "create")) {
-        int apply = argc > 3 && !strcmp(argv[3], "apply");
-        if (apply) {
-            void *work = dlopen(getenv("BENCH_WORK_LIB"), RTLD_NOW);
-            if (!work) { fprintf(stderr, "%s\n", dlerror()); return 1; }
-            void *(*routine)(void *) = (void *(*)(void *))dlsym(work, "bench_work_routine");
-            pthread_t w;
-            pthread_create(&w, NULL, open_lease, NULL);
-            pthread_join(w, NULL);
-            round_trips(n, routine); /* the main thread is a host */
-        } else {
-            struct create_args a = {n, nothing};
-            pthread_t w;
-            pthread_create(&w, NULL, create_on_worker, &a);
-            pthread_join(w, NULL);
-        }
+        trips = n;
+        if (argc > 3 && !strcmp(argv[3], "apply"))
+            round_trips(n, prepare_apply()); /* the main thread is a host */
+        else
+            on_worker(round_trips_of_nothing);
     } else if (!strcmp(mode, "paired")) {
         const char *path = argv[2];
-        paired_n = argc > 3 ? atoi(argv[3]) : 1000;
+        trips = argc > 3 ? atoi(argv[3]) : 1000;
         if (!configure) { fprintf(stderr, "paired needs the library\n"); return 1; }
         if (!strcmp(path, "nolease")) {
-            paired_trips(paired_n, nothing, nothing);
+            paired_trips(trips, nothing, nothing);
         } else if (!strcmp(path, "inherited")) {
-            pthread_t w;
-            pthread_create(&w, NULL, paired_on_worker, NULL);
-            pthread_join(w, NULL);
+            on_worker(paired_trips_of_nothing);
         } else if (!strcmp(path, "apply")) {
-            void *work = dlopen(getenv("BENCH_WORK_LIB"), RTLD_NOW);
-            if (!work) { fprintf(stderr, "%s\n", dlerror()); return 1; }
-            void *(*routine)(void *) = (void *(*)(void *))dlsym(work, "bench_work_routine");
-            set_last_cpu();
-            pthread_t w;
-            pthread_create(&w, NULL, open_lease, NULL);
-            pthread_join(w, NULL);
-            paired_trips(paired_n, routine, pin_self); /* the main thread is a host */
+            paired_trips(trips, prepare_apply(), pin_self); /* the main thread is a host */
         } else {
             fprintf(stderr, "paired: unknown path '%s'\n", path);
             return 2;
@@ -341,13 +326,7 @@ int main(int argc, char **argv) {
         pthread_t ths[64];
         struct par_args a = {per, nothing};
         if (argc > 4 && !strcmp(argv[4], "apply")) {
-            void *work = dlopen(getenv("BENCH_WORK_LIB"), RTLD_NOW);
-            if (!work) { fprintf(stderr, "%s\n", dlerror()); return 1; }
-            a.routine = (void *(*)(void *))dlsym(work, "bench_work_routine");
-            set_last_cpu();
-            pthread_t w;
-            pthread_create(&w, NULL, open_lease, NULL);
-            pthread_join(w, NULL);
+            a.routine = prepare_apply();
             if (!configure) a.routine = pin_self; /* bare: the floor of the apply path */
         }
         uint64_t t0 = now_ns();

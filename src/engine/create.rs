@@ -174,7 +174,7 @@ fn register_self(mut plan: ChildPlan) {
         .move_at_birth()
         .is_some_and(|mask| kernel::set_mask(tid, mask).is_ok())
     {
-        plan.moved();
+        plan.mark_moved();
     }
     let slot = registry()
         .lock()

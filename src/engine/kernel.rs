@@ -41,59 +41,55 @@ fn find_mask_bytes() -> usize {
 }
 
 /// Masks of hosts up to 1024 CPUs go through a stack buffer: configure and release read and
-/// write one per thread.
+/// write one per thread, and a new thread that moves itself must not allocate (see `packets`).
 const STACK_MASK_BYTES: usize = 128;
+
+/// Runs `f` on a zeroed buffer of the kernel's mask size.
+fn with_buffer<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let len = mask_bytes();
+    if len <= STACK_MASK_BYTES {
+        f(&mut [0u8; STACK_MASK_BYTES][..len])
+    } else {
+        f(&mut vec![0u8; len])
+    }
+}
 
 pub fn get_mask(tid: Tid) -> Result<CpuMask, i32> {
     with_mask(tid, CpuMask::from_kernel_bytes)
 }
 
-/// Reads `tid`'s mask into a buffer and hands the kernel's bytes to `look`.
+/// Reads `tid`'s mask and hands the kernel's bytes to `look`.
 fn with_mask<R>(tid: Tid, look: impl FnOnce(&[u8]) -> R) -> Result<R, i32> {
-    let len = mask_bytes();
-    let mut small = [0u8; STACK_MASK_BYTES];
-    let mut large = Vec::new();
-    let buf: &mut [u8] = if len <= STACK_MASK_BYTES {
-        &mut small[..len]
-    } else {
-        large.resize(len, 0);
-        &mut large
-    };
-    // SAFETY: the kernel writes at most `len` bytes into `buf`, which is `len` bytes long.
-    let rc = unsafe { libc::syscall(libc::SYS_sched_getaffinity, tid, len, buf.as_mut_ptr()) };
-    if rc < 0 {
-        return Err(errno());
-    }
-    Ok(look(&buf[..rc as usize]))
+    with_buffer(|buf| {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_sched_getaffinity,
+                tid,
+                buf.len(),
+                buf.as_mut_ptr(),
+            )
+        };
+        if rc < 0 {
+            Err(errno())
+        } else {
+            Ok(look(&buf[..rc as usize]))
+        }
+    })
 }
 
 pub fn set_mask(tid: Tid, mask: &CpuMask) -> Result<(), i32> {
-    let len = mask_bytes();
-    let mut small = [0u8; STACK_MASK_BYTES];
-    let large;
-    // A stack buffer for the common host: the new thread sets its own mask here, and a heap
-    // allocation in it would build its malloc cache (see `packets`).
-    let bytes: &[u8] = if len <= STACK_MASK_BYTES {
-        mask.write_kernel_bytes(&mut small[..len]);
-        &small[..len]
-    } else {
-        large = mask.to_kernel_bytes(len);
-        &large
-    };
-    // SAFETY: the kernel reads `bytes.len()` bytes from a live buffer of that length.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_sched_setaffinity,
-            tid,
-            bytes.len(),
-            bytes.as_ptr(),
-        )
-    };
-    if rc < 0 {
-        Err(errno())
-    } else {
-        Ok(())
-    }
+    with_buffer(|buf| {
+        mask.write_kernel_bytes(buf);
+        // SAFETY: the kernel reads `buf.len()` bytes from a live buffer of that length.
+        let rc =
+            unsafe { libc::syscall(libc::SYS_sched_setaffinity, tid, buf.len(), buf.as_ptr()) };
+        if rc < 0 {
+            Err(errno())
+        } else {
+            Ok(())
+        }
+    })
 }
 
 /// The kernel thread id of `thread`, without a syscall: glibc answers `pthread_getcpuclockid`

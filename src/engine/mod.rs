@@ -516,27 +516,39 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
     .unwrap_or(-libc::EFAULT)
 }
 
+/// `prepare` takes a lock and forgets the guard, so that no other thread holds it across the fork.
+fn hold_for_fork<T>(lock: &SpinMutex<T, Yield>) {
+    std::mem::forget(lock.lock());
+}
+
+/// # Safety
+/// `prepare` of this same fork took `lock` with [`hold_for_fork`]; in the child only this thread
+/// exists.
+unsafe fn release_after_fork<T>(lock: &SpinMutex<T, Yield>) {
+    // SAFETY: per the contract, the guard was forgotten by this thread's `prepare`.
+    unsafe { lock.force_unlock() };
+}
+
 fn register_fork_handlers() {
     // Every lock of the engine, so that no other thread holds one across the fork: a child
     // would spin forever on a lock its holder is not there to release. No code path holds two
     // of them at once, so the order here cannot deadlock.
     extern "C" fn prepare() {
-        objects::lock_for_fork();
-        crate::step::lock_for_fork();
-        std::mem::forget(WORKER_SETS.lock());
-        std::mem::forget(TABLE_PATH.lock());
-        std::mem::forget(REGISTRY.lock());
+        hold_for_fork(&objects::PUBLISHED);
+        hold_for_fork(&crate::step::HELD);
+        hold_for_fork(&WORKER_SETS);
+        hold_for_fork(&TABLE_PATH);
+        hold_for_fork(&REGISTRY);
     }
     fn unlock_all() {
-        // SAFETY: `prepare` of this same fork took these locks and forgot the guards; in the
-        // child only this thread exists.
+        // SAFETY: `prepare` of this same fork took each of them.
         unsafe {
-            REGISTRY.force_unlock();
-            TABLE_PATH.force_unlock();
-            WORKER_SETS.force_unlock();
+            release_after_fork(&REGISTRY);
+            release_after_fork(&TABLE_PATH);
+            release_after_fork(&WORKER_SETS);
+            release_after_fork(&crate::step::HELD);
+            release_after_fork(&objects::PUBLISHED);
         }
-        crate::step::unlock_after_fork();
-        objects::unlock_after_fork();
     }
     extern "C" fn parent() {
         unlock_all();

@@ -22,7 +22,7 @@ struct Segment {
     worker: bool,
 }
 
-struct Snapshot {
+pub(super) struct Snapshot {
     segments: Vec<Segment>,
     loads_seen: u64,
 }
@@ -31,10 +31,10 @@ struct Snapshot {
 static CURRENT: AtomicPtr<Snapshot> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Every snapshot ever published (owned here, so they stay reachable), and the lock that makes
-/// rescans one at a time. Boxed: CURRENT points at a snapshot, which must not move when the
+/// rescans one at a time (held across a fork by the engine's fork handlers). Boxed: CURRENT points at a snapshot, which must not move when the
 /// vector grows.
 #[allow(clippy::vec_box)]
-static PUBLISHED: SpinMutex<Vec<Box<Snapshot>>, Yield> = SpinMutex::new(Vec::new());
+pub(super) static PUBLISHED: SpinMutex<Vec<Box<Snapshot>>, Yield> = SpinMutex::new(Vec::new());
 
 /// Answers whether `addr` lies in an object whose file name `is_worker` accepts.
 pub fn in_worker_object(addr: usize, is_worker: &dyn Fn(&str) -> bool) -> bool {
@@ -60,17 +60,6 @@ pub fn in_worker_object(addr: usize, is_worker: &dyn Fn(&str) -> bool) -> bool {
     published.push(snapshot);
     CURRENT.store(raw, Ordering::Release);
     answer
-}
-
-/// Fork handlers: a child must not inherit the rescan lock held by a thread that is not there.
-pub fn lock_for_fork() {
-    std::mem::forget(PUBLISHED.lock());
-}
-
-/// In the parent after the fork, and in the child, where only the forking thread exists.
-pub fn unlock_after_fork() {
-    // SAFETY: the prepare handler of this same fork took the lock and forgot the guard.
-    unsafe { PUBLISHED.force_unlock() };
 }
 
 fn lookup(segments: &[Segment], addr: usize) -> Option<bool> {

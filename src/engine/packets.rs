@@ -33,7 +33,12 @@ static RETIRED: AtomicPtr<Cell> = AtomicPtr::new(ptr::null_mut());
 
 /// Creator side: a cell holding `packet`, as the pointer the trampoline receives.
 pub fn hand_over(packet: StartPacket) -> *mut c_void {
-    let chain = RETIRED.swap(ptr::null_mut(), Ordering::Acquire);
+    // A plain load first: an empty list needs no read-modify-write of a shared line.
+    let chain = if RETIRED.load(Ordering::Relaxed).is_null() {
+        ptr::null_mut()
+    } else {
+        RETIRED.swap(ptr::null_mut(), Ordering::Acquire)
+    };
     let cell = if chain.is_null() {
         Box::into_raw(Box::new(Cell {
             next: ptr::null_mut(),

@@ -78,7 +78,7 @@ impl World {
             .move_at_birth()
             .is_some_and(|mask| self.kernel.set(tid, mask).is_ok())
         {
-            plan.moved();
+            plan.mark_moved();
         }
         self.reg.register_child(plan, tid, tid as u64, &self.kernel)
     }
@@ -401,18 +401,27 @@ fn a_host_made_worker_moves_itself_once_before_it_registers() {
         .is_none());
 }
 
+/// A host starts a worker-library thread while a lease is open; the thread moves itself onto the
+/// worker mask, then `change` runs before it registers.
+fn moved_then(w: &mut World, creator: Slot, change: impl FnOnce(&mut World)) -> Slot {
+    let mut plan = w.reg.plan_child(Some(creator), true, None);
+    let tid = w.next_tid;
+    w.next_tid += 1;
+    let mask = plan.move_at_birth().unwrap().clone();
+    w.kernel.masks.borrow_mut().insert(tid, mask);
+    plan.mark_moved();
+    change(w);
+    w.reg.register_child(plan, tid, tid as u64, &w.kernel)
+}
+
 #[test]
 fn a_child_that_moved_across_a_release_is_born_as_if_after_it() {
     let (mut w, main) = World::new("0-3");
     let worker = w.spawn(main);
     let lease = w.configure(worker, "gpu0", "2-3").lease;
-    let mut plan = w.reg.plan_child(Some(main), true, None);
-    // The child moves onto 2-3, then the lease is released before it registers.
-    let tid = 900;
-    w.kernel.masks.borrow_mut().insert(tid, m("2-3"));
-    plan.moved();
-    w.release(lease).unwrap();
-    let child = w.reg.register_child(plan, tid, tid as u64, &w.kernel);
+    let child = moved_then(&mut w, main, |w| {
+        w.release(lease).unwrap();
+    });
     assert_eq!(
         (w.mask(child).as_str(), w.placement(child)),
         ("0-3", Placement::Inherited)
@@ -424,11 +433,9 @@ fn a_child_that_moved_across_a_retarget_takes_the_new_mask() {
     let (mut w, main) = World::new("0-3");
     let worker = w.spawn(main);
     w.configure(worker, "gpu0", "2-3");
-    let mut plan = w.reg.plan_child(Some(main), true, None);
-    w.kernel.masks.borrow_mut().insert(901, m("2-3"));
-    plan.moved();
-    w.configure(worker, "gpu1", "0-1");
-    let child = w.reg.register_child(plan, 901, 901, &w.kernel);
+    let child = moved_then(&mut w, main, |w| {
+        w.configure(worker, "gpu1", "0-1");
+    });
     assert_eq!(
         (w.mask(child).as_str(), w.placement(child)),
         ("0-1", Placement::Worker)

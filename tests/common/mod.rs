@@ -574,6 +574,12 @@ pub fn compile_lc(src: &str, out_name: &str, extra: &[&str]) -> PathBuf {
     compile_program(src, out_name, "cc", &flags)
 }
 
+/// `tests/programs/lc_workerlib.c` as `libnccl_lc.so.2`: a start routine the default
+/// `TLLM_AFFINITY_WORKER_LIBS` classifies, for the apply path (a host starting a worker).
+pub fn worker_library() -> PathBuf {
+    compile_lc("lc_workerlib", "libnccl_lc.so.2", &["-shared", "-fPIC"])
+}
+
 /// The thread ids the kernel lists for a live process.
 pub fn task_tids(pid: u32) -> std::collections::BTreeSet<i32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))

@@ -55,20 +55,6 @@ static void *worker(void *unused) {
     return NULL;
 }
 
-static void print_mask(const char *path, int tid) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(tid, sizeof set, &set)) abort();
-    printf("CHILD %s %d ", path, lc_role(tid));
-    const char *sep = "";
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &set)) {
-            printf("%s%d", sep, c);
-            sep = ",";
-        }
-    printf("\n");
-}
-
 int main(int argc, char **argv) {
     if (argc < 2) return 2;
     lc_init();
@@ -93,7 +79,11 @@ int main(int argc, char **argv) {
 
     printf("ARENAS %d %d\n", before, during);
     const char *paths[3] = {"host", "inherited", "apply"};
-    for (int i = 0; i < 3 * K; i++) print_mask(paths[i / K], tids[i]);
+    for (int i = 0; i < 3 * K; i++) {
+        char mask[64];
+        lc_mask_of(tids[i], mask, sizeof mask);
+        printf("CHILD %s %d %s\n", paths[i / K], lc_role(tids[i]), mask);
+    }
     fflush(stdout);
     pthread_barrier_wait(&leave);
     pthread_join(w, NULL);

@@ -15,14 +15,6 @@
  */
 #include "lc_common.h"
 
-#include <time.h>
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t c = PTHREAD_COND_INITIALIZER;
 static int parked_count, leave, child_leave;
@@ -41,7 +33,7 @@ static void *parked(void *unused) {
 
 static void *raced_child(void *unused) {
     (void)unused;
-    uint64_t t = now_ns();
+    uint64_t t = lc_now_ns();
     pthread_mutex_lock(&m);
     child_started = t;
     child_tid = lc_tid();
@@ -102,7 +94,7 @@ int main(int argc, char **argv) {
         pthread_t child;
         if (pthread_create(&child, NULL, in_lib, &closure)) abort();
         lc_release(l);
-        uint64_t released = now_ns();
+        uint64_t released = lc_now_ns();
 
         pthread_mutex_lock(&m);
         while (!child_tid) pthread_cond_wait(&c, &m);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 static int64_t (*t_configure)(int32_t);
@@ -271,6 +272,12 @@ static void task_spawn(agent_t *self, void *arg) {
 static agent_t *spawn_from(agent_t *parent, const char *name) {
     agent_do(parent, task_spawn, (void *)name);
     return lc_spawned;
+}
+
+static uint64_t lc_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* Threads started on lc_in_worker_lib (lc_workerlib.c, a worker library) run closure.fn(arg). */

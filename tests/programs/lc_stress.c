@@ -26,8 +26,6 @@
  */
 #include "lc_common.h"
 
-#include <time.h>
-
 static cpu_set_t host_set, worker_set, pin_set;
 static volatile int stop;
 static long target_threads;
@@ -37,12 +35,16 @@ static void *(*in_worker_lib)(void *);
 
 #define BUMP(x) __atomic_add_fetch(&(x), 1, __ATOMIC_RELAXED)
 
-static int my_mask_is(const cpu_set_t *want) {
+/* Whether thread `tid`'s mask (0: the caller's) is `want`; one read, so a concurrent change
+ * cannot make two comparisons see two masks. */
+static int mask_is_one_of(pid_t tid, const cpu_set_t *want, const cpu_set_t *or_this) {
     cpu_set_t now;
     CPU_ZERO(&now);
-    if (syscall(SYS_sched_getaffinity, 0, sizeof now, &now) < 0) return 0;
-    return CPU_EQUAL(&now, want);
+    if (syscall(SYS_sched_getaffinity, tid, sizeof now, &now) < 0) return 0;
+    return CPU_EQUAL(&now, want) || (or_this && CPU_EQUAL(&now, or_this));
 }
+
+static int my_mask_is(const cpu_set_t *want) { return mask_is_one_of(0, want, NULL); }
 
 static void violation(long *counter, const char *what) {
     long n = BUMP(*counter);
@@ -152,11 +154,7 @@ static void *worker_creator(void *arg) {
 static void *apply_child(void *arg) {
     (void)arg;
     if (lc_role(0) != 1) violation(&worker_violations, "apply child role");
-    cpu_set_t now;
-    CPU_ZERO(&now);
-    syscall(SYS_sched_getaffinity, 0, sizeof now, &now);
-    if (!CPU_EQUAL(&now, &worker_set) && !CPU_EQUAL(&now, &host_set))
-        violation(&worker_violations, "apply child mask");
+    if (!mask_is_one_of(0, &worker_set, &host_set)) violation(&worker_violations, "apply child mask");
     BUMP(applied);
     BUMP(churned);
     return NULL;
@@ -206,10 +204,7 @@ static void check_parked(const cpu_set_t *want, const char *when) {
     for (int i = 0; i < n; i++) {
         pid_t tid;
         while (!(tid = __atomic_load_n(&parked_tids[i], __ATOMIC_ACQUIRE))) usleep(100);
-        cpu_set_t now;
-        CPU_ZERO(&now);
-        if (syscall(SYS_sched_getaffinity, tid, sizeof now, &now) < 0 || !CPU_EQUAL(&now, want) ||
-            lc_role(tid) != 1) {
+        if (!mask_is_one_of(tid, want, NULL) || lc_role(tid) != 1) {
             fprintf(stderr, "VIOLATION parked apply child %d %s\n", (int)tid, when);
             BUMP(worker_violations);
         }
@@ -249,11 +244,7 @@ static void *configurer(void *arg) {
     return NULL;
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+static double now(void) { return (double)lc_now_ns() / 1e9; }
 
 int main(int argc, char **argv) {
     lc_init();
