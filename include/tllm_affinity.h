@@ -14,8 +14,8 @@
  *
  * All functions are thread-safe, never block on another thread for long, and fail open: an error
  * is a negative errno return, never a crash. While the library is passive (a malformed setting
- * was reported at load) or disabled (secure execution), configure and the pin calls return
- * -ENOTSUP and role returns -ENOENT.
+ * was reported at load) or disabled (secure execution), configure, begin_worker_scope and the pin
+ * calls return -ENOTSUP, and role and end_worker_scope return -ENOENT.
  *
  * The symbols are exported unversioned.
  */
@@ -42,6 +42,26 @@ extern "C" {
  * returns a new lease; a call for another device retargets the worker threads.
  */
 int64_t tllm_affinity_configure(int32_t device_id);     /* lease id > 0, or -errno */
+
+/*
+ * Opens a worker scope on the calling thread: the caller keeps its role (a main thread that
+ * builds an engine and then serves HTTP stays a host), while the threads it creates until
+ * tllm_affinity_end_worker_scope are born workers, and so are their descendants. The policy
+ * applies to every worker thread as for tllm_affinity_configure, and device_id means the same.
+ *
+ * Returns a lease id > 0, or -errno as tllm_affinity_configure: -ENODEV, -EIO, -ENOTSUP. The
+ * lease restores like any other when released. A thread holds one scope: a scope opened while
+ * the caller's scope is open is a plain lease, and the outer scope stays open until it ends.
+ */
+int64_t tllm_affinity_begin_worker_scope(int32_t device_id); /* lease id > 0, or -errno; caller keeps its role */
+
+/*
+ * Ends the worker scope of `lease`: the threads its thread creates from now on take that
+ * thread's role again. The lease stays open until tllm_affinity_release. Returns 0, or -ENOENT
+ * when the lease is unknown, already released, or not an open scope (ended already, opened
+ * inside another scope, or its thread exited).
+ */
+int32_t tllm_affinity_end_worker_scope(int64_t lease);  /* 0; later threads of the caller are born as before; the lease stays until released */
 
 /*
  * Closes a lease. The last open lease restores every mask the library set, except masks changed
@@ -75,6 +95,14 @@ int32_t tllm_affinity_pin_result_thread(int32_t device_id); /* same */
  * size + 1; ask again if the second answer is larger (a thread was born in between).
  */
 int64_t tllm_affinity_report(char *buf, uint64_t len);  /* JSON snapshot; returns bytes needed, like snprintf */
+
+/*
+ * Records what a language adapter did, for the report's "adapters" object: the Python adapter
+ * notes "trtllm" as "engaged", "not-found" (no configure_cpu_affinity to wrap) or "signature",
+ * so a report shows a server the library changed nothing in. Both strings are short words
+ * ([A-Za-z0-9_-], 1 to 32 bytes). Returns 0, -EINVAL for anything else, -ENOSPC past 8 adapters.
+ */
+int32_t tllm_affinity_note_adapter(const char *adapter, const char *state); /* 0, or -errno */
 
 /* The library's version, e.g. "0.1.0": a static string, never freed. */
 const char *tllm_affinity_version(void);

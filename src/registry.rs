@@ -82,6 +82,9 @@ pub struct ThreadEntry {
     pub current: SharedMask,
     /// The mask it was born with; `configure` promotes only descendants still on it.
     pub born: SharedMask,
+    /// The lease of the worker scope open on this thread: the threads it creates are born
+    /// workers. Cleared when the scope ends or its lease is released.
+    pub scope: Option<i64>,
     creator: Option<Slot>,
     /// Children alive or being born; an exited thread stays as a tombstone while it has any, so
     /// that grandchildren still count as descendants.
@@ -107,6 +110,9 @@ pub struct LeaseInfo {
 pub struct ChildPlan {
     creator: Option<Slot>,
     role: Role,
+    /// Created in its creator's worker scope: the worker's thread, whatever mask its creator
+    /// chose for itself.
+    scoped: bool,
     explicit: Option<SharedMask>,
     epoch: u64,
     /// The mask the child must move onto, when inheritance does not already put it there.
@@ -150,6 +156,16 @@ pub struct ConfigureOutcome {
     pub workers: usize,
     /// Worker threads left alone because someone else chose their mask.
     pub preserved: usize,
+}
+
+/// What opening a lease does to its caller (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// `configure`: the caller becomes a worker with its live descendants.
+    Configure,
+    /// `begin_worker_scope`: the caller keeps its role; the threads it creates until the scope
+    /// ends are born workers.
+    WorkerScope,
 }
 
 /// `release` of a lease that was never opened or is already closed.
@@ -305,6 +321,7 @@ impl Registry {
             natural: mask.clone(),
             current: mask.clone(),
             born: mask,
+            scope: None,
             creator: None,
             live_children: 0,
             alive: true,
@@ -315,8 +332,9 @@ impl Registry {
     }
 
     /// SPEC §2, the role rule: a new thread takes its creator's role, unless its start routine
-    /// lives in a worker library (then it is a worker); an unknown creator counts as host. An
-    /// explicit attr mask is the caller's choice and is never overridden.
+    /// lives in a worker library or its creator has a worker scope open (then it is a worker);
+    /// an unknown creator counts as host. An explicit attr mask is the caller's choice and is
+    /// never overridden.
     pub fn plan_child(
         &mut self,
         creator: Option<Slot>,
@@ -324,15 +342,16 @@ impl Registry {
         explicit: Option<CpuMask>,
     ) -> ChildPlan {
         let creator_entry = creator.and_then(|s| self.entry(s));
+        let scoped = creator_entry.is_some_and(|c| c.scope.is_some());
         let role = match creator_entry {
-            _ if start_in_worker_lib => Role::Worker,
+            _ if start_in_worker_lib || scoped => Role::Worker,
             Some(c) => c.role,
             None => Role::Host,
         };
         let birth_move = creator_entry
             .filter(|c| explicit.is_none() && c.placement != Placement::External)
             .and_then(|c| {
-                let (mask, placement) = self.birth(role, Some(c), &c.current);
+                let (mask, placement) = self.birth(role, scoped, Some(c), &c.current);
                 (*mask != c.current).then(|| BirthMove {
                     mask: mask.clone(),
                     placement,
@@ -348,6 +367,7 @@ impl Registry {
         ChildPlan {
             creator,
             role,
+            scoped,
             explicit: explicit.map(Arc::new),
             epoch: self.epoch,
             birth_move,
@@ -373,14 +393,19 @@ impl Registry {
     }
 
     /// SPEC §2/§3/§6, the birth rule, in one place. Returns the mask the new thread must be on
-    /// and its placement, given the mask the kernel gave it by inheritance.
+    /// and its placement, given the mask the kernel gave it by inheritance. `scoped`: created in
+    /// its creator's worker scope.
     fn birth<'a>(
         &'a self,
         role: Role,
+        scoped: bool,
         creator: Option<&'a ThreadEntry>,
         inherited: &'a SharedMask,
     ) -> (&'a SharedMask, Placement) {
-        let creator_chose_by_hand = creator.is_some_and(|c| c.placement.chosen_by_others());
+        // A scope says the new thread is the worker's, not the creator's: the creator's own
+        // hand-chosen mask does not pass to it.
+        let creator_chose_by_hand =
+            !scoped && creator.is_some_and(|c| c.placement.chosen_by_others());
         match (&self.target, creator) {
             // A worker is born on the worker mask while a lease is open, unless its worker
             // creator's mask was chosen by the application (children inherit that choice).
@@ -441,7 +466,7 @@ impl Registry {
         let (mask, placement) = if let Some(explicit) = &plan.explicit {
             (explicit, Placement::Explicit)
         } else {
-            let (wanted, placement) = self.birth(role, creator, inherited);
+            let (wanted, placement) = self.birth(role, plan.scoped, creator, inherited);
             if wanted != on_now && kernel.set(tid, wanted).is_err() {
                 moved.map_or((on_now, Placement::Inherited), |m| (&m.mask, m.placement))
             } else {
@@ -450,10 +475,11 @@ impl Registry {
         };
         // A worker born on the mask the application chose for its creator carries that choice:
         // a later configure (even a repeated one for the same device) must not override it,
-        // nor a release "restore" it.
+        // nor a release "restore" it. A scope's thread is the worker's, not the creator's.
         let placement = match creator {
             Some(c)
                 if role == Role::Worker
+                    && !plan.scoped
                     && placement == Placement::Inherited
                     && c.placement.chosen_by_others() =>
             {
@@ -475,6 +501,7 @@ impl Registry {
             natural: natural.clone(),
             current: mask.clone(),
             born: mask.clone(),
+            scope: None,
             creator: plan.creator,
             live_children: 0,
             alive: true,
@@ -565,6 +592,30 @@ impl Registry {
         worker_mask: Option<CpuMask>,
         kernel: &impl ThreadMasks,
     ) -> ConfigureOutcome {
+        self.open(LeaseKind::Configure, caller, device, worker_mask, kernel)
+    }
+
+    /// SPEC §2: opens a lease as [`Self::configure`] does, but the caller keeps its role and so do
+    /// its descendants; the threads it creates until [`Self::end_scope`] are born workers.
+    pub fn begin_scope(
+        &mut self,
+        caller: Slot,
+        device: &str,
+        worker_mask: Option<CpuMask>,
+        kernel: &impl ThreadMasks,
+    ) -> ConfigureOutcome {
+        self.open(LeaseKind::WorkerScope, caller, device, worker_mask, kernel)
+    }
+
+    /// Opens a lease of `kind` for `caller`: sets the target, then places every worker thread.
+    pub fn open(
+        &mut self,
+        kind: LeaseKind,
+        caller: Slot,
+        device: &str,
+        worker_mask: Option<CpuMask>,
+        kernel: &impl ThreadMasks,
+    ) -> ConfigureOutcome {
         let lease = self.next_lease;
         self.next_lease += 1;
         self.leases.push(LeaseInfo {
@@ -575,28 +626,62 @@ impl Registry {
             lease,
             ..Default::default()
         };
+        let promote = match kind {
+            LeaseKind::Configure => {
+                self.set_role(caller, Role::Worker);
+                Some(caller)
+            }
+            LeaseKind::WorkerScope => {
+                // A thread holds one scope: a nested one leaves the outer in place, so the
+                // threads of the outer block stay workers until the outer scope ends.
+                if let Some(e) = self.entry_mut(caller) {
+                    e.scope.get_or_insert(lease);
+                }
+                None
+            }
+        };
+        self.set_target(device, worker_mask, &mut outcome);
+        self.place_workers(promote, kernel, &mut outcome);
+        outcome
+    }
 
-        self.set_role(caller, Role::Worker);
-        let previous = self.target.clone();
-        if let Some(mask) = worker_mask {
-            let unchanged = previous.as_ref().is_some_and(|t| *t.mask == mask);
-            outcome.unchanged = unchanged;
-            if let Some(p) = previous
-                .as_ref()
-                .filter(|p| p.device != device && !unchanged)
-            {
-                outcome.retargeted_from = Some(p.device.clone());
-            }
-            if !unchanged {
-                self.epoch += 1;
-            }
-            self.target = Some(Target {
-                device: device.to_string(),
-                mask: previous
-                    .filter(|_| unchanged)
-                    .map_or_else(|| Arc::new(mask), |p| p.mask),
-            });
+    /// The worker mask in force from now on: a repeated mask changes nothing (SPEC §5), another
+    /// device's mask retargets.
+    fn set_target(
+        &mut self,
+        device: &str,
+        worker_mask: Option<CpuMask>,
+        outcome: &mut ConfigureOutcome,
+    ) {
+        let Some(mask) = worker_mask else { return };
+        let previous = self.target.take();
+        let unchanged = previous.as_ref().is_some_and(|t| *t.mask == mask);
+        outcome.unchanged = unchanged;
+        if let Some(p) = previous
+            .as_ref()
+            .filter(|p| p.device != device && !unchanged)
+        {
+            outcome.retargeted_from = Some(p.device.clone());
         }
+        if !unchanged {
+            self.epoch += 1;
+        }
+        self.target = Some(Target {
+            device: device.to_string(),
+            mask: previous
+                .filter(|_| unchanged)
+                .map_or_else(|| Arc::new(mask), |p| p.mask),
+        });
+    }
+
+    /// Puts every worker thread whose mask the library may choose on the target, promoting
+    /// first the live descendants of `promote` still on their birth mask (SPEC §2).
+    fn place_workers(
+        &mut self,
+        promote: Option<Slot>,
+        kernel: &impl ThreadMasks,
+        outcome: &mut ConfigureOutcome,
+    ) {
         let target = self.target.as_ref().map(|t| t.mask.clone());
 
         // One pass, at most one read and one write a thread: the floor is one write a thread.
@@ -606,7 +691,7 @@ impl Registry {
             // the library believes it holds.
             let mut verified = false;
             if e.role == Role::Host {
-                if !self.is_descendant(slot, caller) {
+                if !promote.is_some_and(|caller| self.is_descendant(slot, caller)) {
                     continue;
                 }
                 // SPEC §2: a live descendant still on its birth mask becomes a worker.
@@ -646,7 +731,26 @@ impl Registry {
             self.publish(slot);
             outcome.on_mask += 1;
         }
-        outcome
+    }
+
+    /// Ends the worker scope of `lease` (SPEC §7): the thread that holds it creates threads with
+    /// its own role again. The lease stays open until released. Returns that thread's tid.
+    pub fn end_scope(&mut self, lease: i64) -> Result<Tid, UnknownLease> {
+        if !self.leases.iter().any(|l| l.id == lease) {
+            return Err(UnknownLease);
+        }
+        self.close_scope(lease).ok_or(UnknownLease)
+    }
+
+    /// Clears the scope of `lease` from the live thread that holds it, if any.
+    fn close_scope(&mut self, lease: i64) -> Option<Tid> {
+        let slot = self
+            .live_threads()
+            .find(|(_, e)| e.scope == Some(lease))
+            .map(|(slot, _)| slot)?;
+        let e = self.entry_mut(slot)?;
+        e.scope = None;
+        Some(e.tid)
     }
 
     /// Looks at the thread's mask: true when it is what the library believes. A mask changed
@@ -695,8 +799,8 @@ impl Registry {
         outcome.restored += 1;
     }
 
-    /// SPEC §5: closes a lease; the last one restores every mask the library set, except those
-    /// changed since, which are preserved and counted.
+    /// SPEC §5: closes a lease (and its worker scope, if still open); the last one restores every
+    /// mask the library set, except those changed since, which are preserved and counted.
     pub fn release(
         &mut self,
         lease: i64,
@@ -708,6 +812,8 @@ impl Registry {
             .position(|l| l.id == lease)
             .ok_or(UnknownLease)?;
         self.leases.remove(index);
+        // A scope ends with its lease, ended or not.
+        self.close_scope(lease);
         if !self.leases.is_empty() {
             return Ok(ReleaseOutcome::default());
         }
@@ -774,6 +880,10 @@ impl Registry {
             e.handle = handle;
             e.creator = None;
             e.live_children = 0;
+            // Its scope goes with the leases below.
+            if !forked_by_worker {
+                e.scope = None;
+            }
             self.slots[slot as usize] = Some(e);
         }
         // The parent's leases stay open in the child only when a worker forked: it may hold them

@@ -6,7 +6,8 @@
 //!   "worker_mask": "1", "worker_device": "0000:3b:00.0",
 //!   "leases": [{"id": 1, "device": "0000:3b:00.0"}],
 //!   "threads": [{"tid": 1234, "role": "host", "placement": "inherited",
-//!                "mask": "0-1", "natural": "0-1", "kernel_mask": "0-1"}] }
+//!                "mask": "0-1", "natural": "0-1", "kernel_mask": "0-1"}],
+//!   "adapters": {"trtllm": "engaged"} }
 //! ```
 //! `mask` is what the library believes the thread holds, `kernel_mask` what the kernel said when
 //! the report was made (absent if the thread was gone), `natural` what restoration puts back.
@@ -43,6 +44,8 @@ pub struct Report {
     pub hosts: usize,
     pub workers: usize,
     pub threads: Vec<ThreadReport>,
+    /// What language adapters said of themselves, by adapter: `{"trtllm": "engaged"}`.
+    pub adapters: std::collections::BTreeMap<String, String>,
 }
 
 impl Report {
@@ -75,6 +78,7 @@ impl Report {
             hosts: count(Role::Host),
             workers: count(Role::Worker),
             threads,
+            adapters: Default::default(),
         }
     }
 }

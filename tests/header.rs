@@ -11,15 +11,19 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
-/// The prototypes of SPEC §7, as they must read in the header (whitespace aside).
-const SPEC_PROTOTYPES: [&str; 7] = [
+/// The prototypes of SPEC §7, and the adapters' note, as they must read in the header
+/// (whitespace aside).
+const SPEC_PROTOTYPES: [&str; 10] = [
     "int64_t tllm_affinity_configure(int32_t device_id);",
+    "int64_t tllm_affinity_begin_worker_scope(int32_t device_id);",
+    "int32_t tllm_affinity_end_worker_scope(int64_t lease);",
     "int32_t tllm_affinity_release(int64_t lease);",
     "int32_t tllm_affinity_role(int32_t tid);",
     "int32_t tllm_affinity_pin_step_thread(int32_t device_id);",
     "int32_t tllm_affinity_pin_result_thread(int32_t device_id);",
     "int64_t tllm_affinity_report(char *buf, uint64_t len);",
     "const char *tllm_affinity_version(void);",
+    "int32_t tllm_affinity_note_adapter(const char *adapter, const char *state);",
 ];
 
 fn header() -> PathBuf {
@@ -93,7 +97,7 @@ fn the_header_declares_exactly_what_the_library_exports() {
     let text = std::fs::read_to_string(header()).unwrap();
     let declared = declared(&text);
     let exported = exported(&library());
-    assert_eq!(declared.len(), 7, "{declared:?}");
+    assert_eq!(declared.len(), SPEC_PROTOTYPES.len(), "{declared:?}");
     assert!(
         exported.iter().all(|name| !name.contains('@')),
         "versioned symbols: {exported:?}"
@@ -151,15 +155,31 @@ static void *child(void *out) {
 
 int main(void) {
     LOOKUP(tllm_affinity_configure)
+    LOOKUP(tllm_affinity_begin_worker_scope)
+    LOOKUP(tllm_affinity_end_worker_scope)
     LOOKUP(tllm_affinity_release)
     LOOKUP(tllm_affinity_role)
     LOOKUP(tllm_affinity_pin_step_thread)
     LOOKUP(tllm_affinity_pin_result_thread)
     LOOKUP(tllm_affinity_report)
     LOOKUP(tllm_affinity_version)
+    LOOKUP(tllm_affinity_note_adapter)
     role_p = tllm_affinity_role_p;
 
     const char *version = tllm_affinity_version_p();
+    /* A worker scope: the caller stays a host, its thread in the scope is a worker. */
+    int64_t scope = tllm_affinity_begin_worker_scope_p(0);
+    int32_t scope_role = tllm_affinity_role_p(0);
+    int32_t in_scope[2] = {-1, -1};
+    pthread_t s;
+    pthread_create(&s, NULL, child, in_scope);
+    pthread_join(s, NULL);
+    int32_t scope_ended = tllm_affinity_end_worker_scope_p(scope);
+    int32_t scope_ended_again = tllm_affinity_end_worker_scope_p(scope);
+    int32_t after_scope[2] = {-1, -1};
+    pthread_create(&s, NULL, child, after_scope);
+    pthread_join(s, NULL);
+    int32_t scope_released = tllm_affinity_release_p(scope);
     int32_t role_before = tllm_affinity_role_p(0);
     int64_t lease = tllm_affinity_configure_p(0);
     int32_t role_after = tllm_affinity_role_p(0);
@@ -167,6 +187,8 @@ int main(void) {
     pthread_t t;
     pthread_create(&t, NULL, child, born);
     pthread_join(t, NULL);
+    int32_t noted = tllm_affinity_note_adapter_p("trtllm", "engaged");
+    int32_t noted_bad = tllm_affinity_note_adapter_p("two words", "engaged");
     int32_t step = tllm_affinity_pin_step_thread_p(0);
     int32_t result = tllm_affinity_pin_result_thread_p(0);
     int64_t need = tllm_affinity_report_p(NULL, 0);
@@ -181,10 +203,15 @@ int main(void) {
            ", \"result\": %" PRId32 ", \"need\": %" PRId64 ", \"got\": %" PRId64
            ", \"report_len\": %zu, \"small_need\": %" PRId64 ", \"small_len\": %zu"
            ", \"released\": %" PRId32 ", \"released_again\": %" PRId32 ", \"enoent\": %d"
+           ", \"scope\": %" PRId64 ", \"scope_role\": %" PRId32 ", \"in_scope_role\": %" PRId32
+           ", \"scope_ended\": %" PRId32 ", \"scope_ended_again\": %" PRId32
+           ", \"after_scope_role\": %" PRId32 ", \"scope_released\": %" PRId32
+           ", \"noted\": %" PRId32 ", \"noted_bad\": %" PRId32 ", \"einval\": %d"
            ", \"report\": %s}\n",
            version, role_before, lease, role_after, born[0], step, result, need, got,
            strlen(report), small_need, strlen(small), released, released_again, ENOENT,
-           report);
+           scope, scope_role, in_scope[0], scope_ended, scope_ended_again, after_scope[0],
+           scope_released, noted, noted_bad, EINVAL, report);
     free(report);
     return 0;
 }
@@ -241,6 +268,19 @@ fn a_c_program_calls_every_function_through_the_header() {
     assert!(out.status.success(), "{:?}: {stdout}", out.status);
     let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert!(v["scope"].as_i64().unwrap() > 0, "{v}");
+    assert_eq!(
+        v["scope_role"], 0,
+        "a worker scope leaves its caller a host"
+    );
+    assert_eq!(
+        v["in_scope_role"], 1,
+        "a thread made in the scope is a worker"
+    );
+    assert_eq!(v["scope_ended"], 0);
+    assert_eq!(v["scope_ended_again"], -v["enoent"].as_i64().unwrap());
+    assert_eq!(v["after_scope_role"], 0, "a thread made after it is a host");
+    assert_eq!(v["scope_released"], 0);
     assert_eq!(v["role_before"], 0, "the main thread is a host");
     assert!(v["lease"].as_i64().unwrap() > 0, "{v}");
     assert_eq!(v["role_after"], 1, "configure made it a worker");
@@ -256,6 +296,9 @@ fn a_c_program_calls_every_function_through_the_header() {
     assert!(v["small_need"].as_i64().unwrap() >= need);
     assert_eq!(v["small_len"], 7);
     assert_eq!(v["report"]["schema"], 1);
+    assert_eq!(v["noted"], 0);
+    assert_eq!(v["noted_bad"], -v["einval"].as_i64().unwrap());
+    assert_eq!(v["report"]["adapters"]["trtllm"], "engaged");
     assert_eq!(v["released"], 0);
     assert_eq!(v["released_again"], -v["enoent"].as_i64().unwrap());
 

@@ -187,9 +187,15 @@ fn the_trtllm_adapter_routes_configure_and_releases_at_shutdown() {
     assert_eq!(v["same_on_reinstall"], true);
     assert_eq!(v["wrapped_name"], "configure_cpu_affinity");
     let w = &v["worker"];
-    assert_eq!(w["lease_type"], "Lease");
-    assert!(w["lease"].as_i64().unwrap() > 0);
-    assert!(w["again"].as_i64().unwrap() > w["lease"].as_i64().unwrap());
+    // Upstream's contract: the wrapper returns None and keeps the lease itself.
+    assert_eq!(w["returned"], "None");
+    assert_eq!(w["returned_again"], "None");
+    let first = w["leases"].as_array().unwrap();
+    assert_eq!(first.len(), 1, "{w}");
+    assert!(first[0].as_i64().unwrap() > 0);
+    let both = w["leases_again"].as_array().unwrap();
+    assert_eq!(both.len(), 2, "{w}");
+    assert!(both[1].as_i64().unwrap() > both[0].as_i64().unwrap());
     assert_eq!(w["role"], "worker");
     assert_eq!(mask_of(&w["mask"]), host.gpu0_local());
     // Only the worker thread moved; the original function never ran.
@@ -211,12 +217,17 @@ fn the_trtllm_adapter_routes_configure_and_releases_at_shutdown() {
 fn the_adapter_without_the_library_calls_the_original() {
     let mut cmd = clean(python());
     cmd.arg(program("py_adapter.py")).arg("unavailable");
-    let (v, _) = json_of(&mut cmd);
+    let (v, out) = json_of(&mut cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(v["available"], false);
     assert_eq!(v["results"], serde_json::json!(["original", "original"]));
     assert_eq!(v["original_calls"]["configure"], serde_json::json!([3, 4]));
-    // Warned once, not per call.
-    assert_eq!(v["warnings"].as_array().unwrap().len(), 1, "{v}");
+    // Said once, not per call.
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("is not preloaded"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
 }
 
 #[test]
@@ -265,15 +276,20 @@ fn pip_installs_the_pure_python_package() {
     // From a copy, so that the build leaves nothing in the source tree.
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("src");
-    std::fs::create_dir_all(src.join("tllm_affinity/adapters")).unwrap();
     let python_dir = repo().join("python");
     for file in [
         "pyproject.toml",
+        "setup.py",
+        "tllm_affinity.pth",
+        "_tllm_affinity_hook.py",
         "tllm_affinity/__init__.py",
+        "tllm_affinity/_sitecustomize/sitecustomize.py",
         "tllm_affinity/adapters/__init__.py",
         "tllm_affinity/adapters/trtllm.py",
     ] {
-        std::fs::copy(python_dir.join(file), src.join(file)).unwrap();
+        let to = src.join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(python_dir.join(file), to).unwrap();
     }
     let target = work.path().join("site");
     let pip = |isolated: bool| {
@@ -318,4 +334,12 @@ fn pip_installs_the_pure_python_package() {
         stdout.starts_with(target.to_str().unwrap()) && stdout.trim_end().ends_with("False"),
         "{stdout}"
     );
+    // The start-up hook lands at the top of site-packages, where Python runs `.pth` files.
+    for file in [
+        "tllm_affinity.pth",
+        "_tllm_affinity_hook.py",
+        "tllm_affinity/_sitecustomize/sitecustomize.py",
+    ] {
+        assert!(target.join(file).is_file(), "{file} not installed");
+    }
 }

@@ -55,6 +55,16 @@ pub extern "C" fn tllm_affinity_configure(device_id: i32) -> i64 {
 }
 
 #[no_mangle]
+pub extern "C" fn tllm_affinity_begin_worker_scope(device_id: i32) -> i64 {
+    engine::begin_worker_scope(device_id)
+}
+
+#[no_mangle]
+pub extern "C" fn tllm_affinity_end_worker_scope(lease: i64) -> i32 {
+    engine::end_worker_scope(lease)
+}
+
+#[no_mangle]
 pub extern "C" fn tllm_affinity_release(lease: i64) -> i32 {
     engine::release(lease)
 }
@@ -91,6 +101,28 @@ pub unsafe extern "C" fn tllm_affinity_report(buf: *mut c_char, len: u64) -> i64
         }
     }
     json.len() as i64
+}
+
+/// Records what a language adapter did (the report's `adapters`).
+///
+/// # Safety
+/// `adapter` and `state` are null or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn tllm_affinity_note_adapter(
+    adapter: *const c_char,
+    state: *const c_char,
+) -> i32 {
+    if adapter.is_null() || state.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: both are non-null and, per the contract, NUL-terminated.
+    let (adapter, state) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(adapter),
+            std::ffi::CStr::from_ptr(state),
+        )
+    };
+    engine::note_adapter(adapter.to_bytes(), state.to_bytes())
 }
 
 #[no_mangle]

@@ -17,14 +17,19 @@ then::
     ...
     lease.release()                               # idempotent
 
+    with tllm_affinity.worker_scope(0) as lease:  # this thread stays a host; the threads it
+        engine = build_engine()                   # starts in here are workers
+    serve_http(engine)                            # threads started here are hosts
+    lease.release()                               # the scope's lease restores like any other
+
 Errors:
 
 * the library is not preloaded: ``available()`` is False and every other call raises
   :class:`TllmAffinityUnavailable` (a ``RuntimeError``) saying how to preload it;
-* a call returns ``-errno``: :class:`OSError` with that errno — except ``configure`` answering
-  ``ENOTSUP`` (the library is passive after a bad setting, or disabled), which warns with
-  ``warnings.warn`` and returns an inert :class:`Lease` (``id`` is None, ``release`` does nothing),
-  so a server keeps running exactly as it would without the library.
+* a call returns ``-errno``: :class:`OSError` with that errno — except ``configure`` and
+  ``begin_worker_scope`` answering ``ENOTSUP`` (the library is passive after a bad setting, or
+  disabled), which warn with ``warnings.warn`` and return an inert :class:`Lease` (``id`` is None,
+  ``release`` does nothing), so a server keeps running exactly as it would without the library.
 """
 
 import contextlib
@@ -39,7 +44,9 @@ __all__ = [
     "Lease",
     "TllmAffinityUnavailable",
     "available",
+    "begin_worker_scope",
     "configure",
+    "end_worker_scope",
     "pin_result_thread",
     "pin_step_thread",
     "release",
@@ -47,6 +54,7 @@ __all__ = [
     "role",
     "version",
     "worker",
+    "worker_scope",
 ]
 
 __version__ = "0.1.0"
@@ -85,6 +93,10 @@ def _load():
             lib.tllm_affinity_configure.argtypes = [ctypes.c_int32]
             lib.tllm_affinity_release.restype = ctypes.c_int32
             lib.tllm_affinity_release.argtypes = [ctypes.c_int64]
+            lib.tllm_affinity_begin_worker_scope.restype = ctypes.c_int64
+            lib.tllm_affinity_begin_worker_scope.argtypes = [ctypes.c_int32]
+            lib.tllm_affinity_end_worker_scope.restype = ctypes.c_int32
+            lib.tllm_affinity_end_worker_scope.argtypes = [ctypes.c_int64]
             lib.tllm_affinity_role.restype = ctypes.c_int32
             lib.tllm_affinity_role.argtypes = [ctypes.c_int32]
             lib.tllm_affinity_pin_step_thread.restype = ctypes.c_int32
@@ -95,6 +107,8 @@ def _load():
             lib.tllm_affinity_report.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
             lib.tllm_affinity_version.restype = ctypes.c_char_p
             lib.tllm_affinity_version.argtypes = []
+            lib.tllm_affinity_note_adapter.restype = ctypes.c_int32
+            lib.tllm_affinity_note_adapter.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         _lib = lib
         _lib_checked = True
         return lib
@@ -115,6 +129,13 @@ def _raise_errno(rc, call):
 def available():
     """True when libtllm_affinity.so is loaded in this process (it was preloaded)."""
     return _load() is not None
+
+
+def _note_adapter(name, state):
+    """Records in the library's report what an adapter did (``adapters`` in docs/report.md)."""
+    lib = _load()
+    if lib is not None:
+        lib.tllm_affinity_note_adapter(name.encode(), state.encode())
 
 
 def version():
@@ -170,25 +191,53 @@ class Lease:
         return "Lease(id=%r, device_id=%r, %s)" % (self.id, self.device_id, state)
 
 
+def _open(call, device_id):
+    """Opens a lease with ``tllm_affinity_<call>``; ENOTSUP gives a warning and an inert Lease."""
+    device_id = int(device_id)
+    rc = getattr(_require(), "tllm_affinity_" + call)(device_id)
+    if rc == -errno.ENOTSUP:
+        warnings.warn(
+            LIBRARY + " is passive or disabled in this process (a bad setting was reported at "
+            "load, or secure execution): %s(%d) changed nothing" % (call, device_id),
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return Lease(None, device_id)
+    if rc < 0:
+        _raise_errno(rc, "tllm_affinity_%s(%d)" % (call, device_id))
+    return Lease(int(rc), device_id)
+
+
 def configure(device_id=-1):
     """Makes the calling thread a worker, with its live descendants, and applies the policy.
 
     ``device_id`` is a CUDA device number as torch.cuda counts them, or -1 for TLLM_AFFINITY_GPU,
     else the launcher's local rank. Returns a :class:`Lease`.
     """
-    device_id = int(device_id)
-    rc = _require().tllm_affinity_configure(device_id)
-    if rc == -errno.ENOTSUP:
-        warnings.warn(
-            LIBRARY + " is passive or disabled in this process (a bad setting was reported at "
-            "load, or secure execution): configure(%d) changed nothing" % device_id,
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return Lease(None, device_id)
-    if rc < 0:
-        _raise_errno(rc, "tllm_affinity_configure(%d)" % device_id)
-    return Lease(int(rc), device_id)
+    return _open("configure", device_id)
+
+
+def begin_worker_scope(device_id=-1):
+    """Opens a worker scope: the calling thread keeps its role, the threads it creates until
+    :func:`end_worker_scope` are workers (and so are theirs). The policy applies as for
+    :func:`configure`. Returns a :class:`Lease`, which stays open after the scope ends.
+    """
+    return _open("begin_worker_scope", device_id)
+
+
+def end_worker_scope(lease):
+    """Ends the worker scope of ``lease`` (a :class:`Lease` or a lease id) without releasing it.
+
+    A no-op for an inert lease, or a scope already ended or released.
+    """
+    if isinstance(lease, Lease):
+        if lease.inert:
+            return
+        lease = lease.id
+    rc = _require().tllm_affinity_end_worker_scope(int(lease))
+    # ENOENT: no open scope has this lease any more, which is what we want.
+    if rc < 0 and rc != -errno.ENOENT:
+        _raise_errno(rc, "tllm_affinity_end_worker_scope(%d)" % int(lease))
 
 
 def release(lease):
@@ -209,6 +258,20 @@ def worker(device_id=-1):
         yield lease
     finally:
         lease.release()
+
+
+@contextlib.contextmanager
+def worker_scope(device_id=-1):
+    """A worker scope for the block: threads the calling thread starts in it are workers.
+
+    Yields the :class:`Lease`; the scope ends at exit but the lease stays open (SPEC §7), so the
+    workers stay placed until ``lease.release()``.
+    """
+    lease = begin_worker_scope(device_id)
+    try:
+        yield lease
+    finally:
+        end_worker_scope(lease)
 
 
 def role(tid=None):

@@ -74,6 +74,10 @@ pub struct RunArgs {
     /// written to a temporary directory that is removed when the program ends.
     #[arg(long)]
     pub simulate: bool,
+    /// Leave Python programs alone: no start-up hook (TLLM_AFFINITY_PYTHON_HOOKS=0), so an
+    /// unmodified TensorRT-LLM server pins its threads as it would without tllm-affinity.
+    #[arg(long)]
+    pub no_python_hooks: bool,
     /// Print the environment and command instead of running it.
     #[arg(long)]
     pub dry_run: bool,
@@ -101,6 +105,7 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v)),
     );
+    env.extend(python_hook_env(args.no_python_hooks));
     if args.dry_run {
         print_dry_run(args, &library, &env);
         return Ok(0);
@@ -148,6 +153,66 @@ pub fn find_library() -> Result<PathBuf, Failure> {
          --release`, or set TLLM_AFFINITY_LIB=/abs/path/{LIBRARY_FILE}",
         exe.display()
     )))
+}
+
+/// The Python start-up hook's variables (docs/runtimes.md): `PYTHONPATH` led by the directory of
+/// the package's `sitecustomize`, so that every interpreter the command starts, through any
+/// launcher or wrapper, wraps TensorRT-LLM's `configure_cpu_affinity`; or, with
+/// `--no-python-hooks`, `TLLM_AFFINITY_PYTHON_HOOKS=0`, which also quiets a pip-installed hook.
+fn python_hook_env(off: bool) -> Vec<(String, OsString)> {
+    if off {
+        return vec![(PYTHON_HOOKS_VAR.to_string(), "0".into())];
+    }
+    if std::env::var_os(PYTHON_HOOKS_VAR).is_some_and(|v| v == "0") {
+        return Vec::new();
+    }
+    let Some(hook_dir) = find_python_hook_dir() else {
+        eprintln!(
+            "tllm-affinity run: the Python package's start-up hook (tllm_affinity/{SITECUSTOMIZE_DIR}) \
+             is not beside this binary; Python servers run without it (pip install tllm-affinity \
+             in the server's environment brings it)"
+        );
+        return Vec::new();
+    };
+    let existing = std::env::var_os("PYTHONPATH").unwrap_or_default();
+    vec![(
+        "PYTHONPATH".to_string(),
+        python_path_value(&hook_dir, &existing),
+    )]
+}
+
+pub const PYTHON_HOOKS_VAR: &str = "TLLM_AFFINITY_PYTHON_HOOKS";
+const SITECUSTOMIZE_DIR: &str = "_sitecustomize";
+
+/// `tllm_affinity/_sitecustomize` of the Python package: in the build tree (`python/` beside
+/// `target/<profile>/`), or in the site-packages of the environment this binary is installed in.
+fn find_python_hook_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let package_in = |root: PathBuf| root.join("tllm_affinity").join(SITECUSTOMIZE_DIR);
+    let mut candidates = vec![package_in(dir.join("..").join("..").join("python"))];
+    if let Ok(entries) = std::fs::read_dir(dir.join("..").join("lib")) {
+        for entry in entries.flatten() {
+            candidates.push(package_in(entry.path().join("site-packages")));
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|c| c.join("sitecustomize.py").is_file())
+        .and_then(|c| c.canonicalize().ok())
+}
+
+/// `PYTHONPATH` with `hook_dir` first, once; the other entries kept in their order.
+fn python_path_value(hook_dir: &Path, existing: &OsStr) -> OsString {
+    let mut value = hook_dir.as_os_str().to_os_string();
+    for entry in existing.as_bytes().split(|&b| b == b':') {
+        if entry.is_empty() || Path::new(OsStr::from_bytes(entry)) == hook_dir {
+            continue;
+        }
+        value.push(":");
+        value.push(OsStr::from_bytes(entry));
+    }
+    value
 }
 
 /// `LD_PRELOAD` with `library` first and no other copy of the library, the other entries kept in
@@ -482,6 +547,19 @@ mod tests {
             OsStr::new("/opt/tllm/libtllm_affinity.so:/a/libfoo.so:/b/libbar.so")
         );
         assert!(preload_value(Path::new("/with space/libtllm_affinity.so"), None).is_err());
+    }
+
+    #[test]
+    fn the_hook_leads_python_path_once() {
+        let hook = Path::new("/opt/t/tllm_affinity/_sitecustomize");
+        assert_eq!(python_path_value(hook, OsStr::new("")), hook.as_os_str());
+        assert_eq!(
+            python_path_value(
+                hook,
+                OsStr::new("/a:/opt/t/tllm_affinity/_sitecustomize::/b")
+            ),
+            OsStr::new("/opt/t/tllm_affinity/_sitecustomize:/a:/b")
+        );
     }
 
     #[test]

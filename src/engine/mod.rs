@@ -23,7 +23,7 @@ use crate::cgroup;
 use crate::device::{resolve_device_in, DeviceEnv};
 use crate::mask::CpuMask;
 use crate::policy::{self, PolicyInput, Rule};
-use crate::registry::{Registry, Role, Slot};
+use crate::registry::{LeaseKind, Registry, Role, Slot};
 use crate::report::Report;
 use crate::settings::{PolicyChoice, ProcessRole, Settings};
 use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
@@ -214,7 +214,7 @@ fn configure_dedicated_worker() {
     let Some(main) = REGISTRY.lock().find_tid(pid) else {
         return;
     };
-    let lease = configure_for(main, -1);
+    let lease = configure_for(main, -1, LeaseKind::Configure);
     if lease < 0 {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
         return;
@@ -229,15 +229,43 @@ fn configure_dedicated_worker() {
 
 /// `tllm_affinity_configure`: makes the caller a worker and applies the policy (SPEC §3–§5).
 pub fn configure(device_id: i32) -> i64 {
+    open_for_caller(device_id, LeaseKind::Configure)
+}
+
+/// `tllm_affinity_begin_worker_scope`: the caller keeps its role, the threads it creates until
+/// the scope ends are born workers; the policy applies as for `configure` (SPEC §2, §7).
+pub fn begin_worker_scope(device_id: i32) -> i64 {
+    open_for_caller(device_id, LeaseKind::WorkerScope)
+}
+
+fn open_for_caller(device_id: i32, kind: LeaseKind) -> i64 {
     if ensure_init() != State::Active {
         return -(libc::ENOTSUP as i64);
     }
     catch_unwind(|| {
         publish_if_forked();
         let caller = current_or_register();
-        configure_for(caller, device_id)
+        configure_for(caller, device_id, kind)
     })
     .unwrap_or(-(libc::EFAULT as i64))
+}
+
+/// `tllm_affinity_end_worker_scope`: 0, or `-ENOENT` when `lease` is no open scope. The lease
+/// stays open until released.
+pub fn end_worker_scope(lease: i64) -> i32 {
+    if ensure_init() != State::Active {
+        return -libc::ENOENT;
+    }
+    match catch_unwind(|| REGISTRY.lock().end_scope(lease)) {
+        Ok(Ok(tid)) => {
+            log_info!(
+                "worker scope closed on thread {tid}: threads it creates take its role again (lease {lease} stays open until released)"
+            );
+            0
+        }
+        Ok(Err(_unknown)) => -libc::ENOENT,
+        Err(_) => -libc::EFAULT,
+    }
 }
 
 /// The calling thread's slot, registering it as a root if the library never saw it born.
@@ -320,12 +348,16 @@ fn resolve_worker_set(device_id: i32) -> Result<WorkerSet, (i32, String)> {
     })
 }
 
-fn configure_for(caller: Slot, device_id: i32) -> i64 {
+fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind) -> i64 {
     let p = process();
+    let call = match kind {
+        LeaseKind::Configure => "configure",
+        LeaseKind::WorkerScope => "begin_worker_scope",
+    };
     let set = match gpu_local_set(device_id) {
         Ok(set) => set,
         Err((errno, message)) => {
-            log_error!("configure({device_id}): {message}; no mask changed");
+            log_error!("{call}({device_id}): {message}; no mask changed");
             return -(errno as i64);
         }
     };
@@ -338,21 +370,26 @@ fn configure_for(caller: Slot, device_id: i32) -> i64 {
     });
     let outcome = REGISTRY
         .lock()
-        .configure(caller, &set.device, decision.mask.clone(), &Kernel);
+        .open(kind, caller, &set.device, decision.mask.clone(), &Kernel);
     let pid = kernel::getpid();
+    if kind == LeaseKind::WorkerScope {
+        log_info!(
+            "worker scope opened on thread {} for {}: threads it creates are workers (lease {})",
+            kernel::gettid(),
+            set.device,
+            outcome.lease
+        );
+    }
     if outcome.unchanged {
         log_debug!(
-            "configure for {}: worker mask already in place (lease {})",
+            "{call} for {}: worker mask already in place (lease {})",
             set.device,
             outcome.lease
         );
         return outcome.lease;
     }
     if let Some(reason) = &decision.empty_reason {
-        log_warn!(
-            "configure for {}: {reason}; no worker mask pinned",
-            set.device
-        );
+        log_warn!("{call} for {}: {reason}; no worker mask pinned", set.device);
     }
     if let Some(note) = &set.note {
         log_info!("{note}");
@@ -439,10 +476,43 @@ pub fn role(tid: i32) -> i32 {
     }
 }
 
+/// What language adapters said about themselves (`tllm_affinity_note_adapter`): the Python
+/// adapter records whether it found TensorRT-LLM's function to wrap, so a report shows a server
+/// the library silently changed nothing in.
+static ADAPTERS: SpinMutex<Vec<(String, String)>, Yield> = SpinMutex::new(Vec::new());
+/// Adapters the report keeps; a name or state longer than this is refused.
+const MOST_ADAPTERS: usize = 8;
+const LONGEST_ADAPTER_WORD: usize = 32;
+
+/// `tllm_affinity_note_adapter`: 0, or `-EINVAL` for a name or state that is not a short word.
+pub fn note_adapter(name: &[u8], state: &[u8]) -> i32 {
+    let word = |w: &[u8]| {
+        (1..=LONGEST_ADAPTER_WORD).contains(&w.len())
+            && w.iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if !word(name) || !word(state) {
+        return -libc::EINVAL;
+    }
+    let (name, state) = (
+        String::from_utf8_lossy(name).into_owned(),
+        String::from_utf8_lossy(state).into_owned(),
+    );
+    let mut adapters = ADAPTERS.lock();
+    if let Some(entry) = adapters.iter_mut().find(|(n, _)| *n == name) {
+        entry.1 = state;
+    } else if adapters.len() < MOST_ADAPTERS {
+        adapters.push((name, state));
+    } else {
+        return -libc::ENOSPC;
+    }
+    0
+}
+
 /// A JSON snapshot of the process as the library sees it, with the kernel's current masks.
 pub fn report_json() -> String {
     let state = ensure_init();
-    let report = match (state, PROCESS.get()) {
+    let mut report = match (state, PROCESS.get()) {
         (State::Active, Some(p)) => {
             let reg = REGISTRY.lock();
             Report::build(state_name(state), Some(p), &reg, |tid| {
@@ -451,6 +521,7 @@ pub fn report_json() -> String {
         }
         _ => Report::build(state_name(state), None, &Registry::new(), |_| None),
     };
+    report.adapters = ADAPTERS.lock().iter().cloned().collect();
     serde_json::to_string(&report).unwrap_or_else(|_| "{}".into())
 }
 
@@ -538,12 +609,14 @@ fn register_fork_handlers() {
         hold_for_fork(&crate::step::HELD);
         hold_for_fork(&WORKER_SETS);
         hold_for_fork(&TABLE_PATH);
+        hold_for_fork(&ADAPTERS);
         hold_for_fork(&REGISTRY);
     }
     fn unlock_all() {
         // SAFETY: `prepare` of this same fork took each of them.
         unsafe {
             release_after_fork(&REGISTRY);
+            release_after_fork(&ADAPTERS);
             release_after_fork(&TABLE_PATH);
             release_after_fork(&WORKER_SETS);
             release_after_fork(&crate::step::HELD);

@@ -114,6 +114,22 @@ impl World {
     fn release(&mut self, lease: i64) -> Result<ReleaseOutcome, UnknownLease> {
         self.reg.release(lease, &self.kernel)
     }
+
+    fn begin_scope(&mut self, caller: Slot, device: &str, mask: &str) -> ConfigureOutcome {
+        self.reg
+            .begin_scope(caller, device, Some(m(mask)), &self.kernel)
+    }
+
+    fn natural(&self, slot: Slot) -> String {
+        self.reg.entry(slot).unwrap().natural.to_list()
+    }
+
+    /// The application's own `sched_setaffinity` on `slot`, as the hook observes it.
+    fn set_by_hand(&mut self, slot: Slot, mask: &str) {
+        let tid = self.reg.entry(slot).unwrap().tid;
+        self.kernel.set(tid, &m(mask)).unwrap();
+        self.reg.observe_explicit(slot, m(mask));
+    }
 }
 
 #[test]
@@ -440,4 +456,234 @@ fn a_child_that_moved_across_a_retarget_takes_the_new_mask() {
         (w.mask(child).as_str(), w.placement(child)),
         ("0-1", Placement::Worker)
     );
+}
+
+// ---- Worker scopes (SPEC §2, §7) ----------------------------------------------------------
+
+#[test]
+fn scope_children_are_workers_on_the_target_while_the_caller_stays_host() {
+    let (mut w, main) = World::new("0-3");
+    let out = w.begin_scope(main, "gpu0", "2-3");
+    assert!(out.lease > 0);
+    let child = w.spawn(main);
+    assert_eq!(
+        (w.role(main), w.placement(main), w.mask(main).as_str()),
+        (Role::Host, Placement::Inherited, "0-3")
+    );
+    assert_eq!(
+        (w.role(child), w.placement(child), w.mask(child).as_str()),
+        (Role::Worker, Placement::Worker, "2-3")
+    );
+    assert_eq!(w.natural(child), "0-3");
+}
+
+#[test]
+fn a_child_created_after_end_scope_is_a_host_on_the_callers_mask() {
+    let (mut w, main) = World::new("0-3");
+    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let inside = w.spawn(main);
+    assert_eq!(w.reg.end_scope(lease), Ok(100));
+    let after = w.spawn(main);
+    assert_eq!(
+        (w.role(after), w.placement(after), w.mask(after).as_str()),
+        (Role::Host, Placement::Inherited, "0-3")
+    );
+    // The lease stays open: the scope's thread stays placed.
+    assert_eq!(w.reg.leases().len(), 1);
+    assert_eq!(
+        (w.role(inside), w.mask(inside).as_str()),
+        (Role::Worker, "2-3")
+    );
+}
+
+#[test]
+fn grandchildren_of_a_scope_child_are_workers() {
+    let (mut w, main) = World::new("0-3");
+    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let child = w.spawn(main);
+    let grandchild = w.spawn(child);
+    w.reg.end_scope(lease).unwrap();
+    let later = w.spawn(child);
+    for t in [grandchild, later] {
+        assert_eq!(
+            (w.role(t), w.placement(t), w.mask(t).as_str()),
+            (Role::Worker, Placement::Worker, "2-3")
+        );
+        assert_eq!(w.natural(t), "0-3");
+    }
+}
+
+#[test]
+fn release_restores_scope_children_to_the_callers_mask() {
+    let (mut w, main) = World::new("0-3");
+    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let child = w.spawn(main);
+    let grandchild = w.spawn(child);
+    w.reg.end_scope(lease).unwrap();
+    let out = w.release(lease).unwrap();
+    assert_eq!((out.last, out.restored, out.preserved), (true, 2, 0));
+    for t in [main, child, grandchild] {
+        assert_eq!(w.mask(t), "0-3");
+    }
+    assert_eq!(w.placement(child), Placement::Inherited);
+}
+
+#[test]
+fn end_scope_of_an_unknown_lease_errs() {
+    let (mut w, main) = World::new("0-3");
+    assert_eq!(w.reg.end_scope(42), Err(UnknownLease));
+    let worker = w.spawn(main);
+    let plain = w.configure(worker, "gpu0", "2-3").lease;
+    assert_eq!(w.reg.end_scope(plain), Err(UnknownLease), "not a scope");
+    let scope = w.begin_scope(main, "gpu0", "2-3").lease;
+    assert!(w.reg.end_scope(scope).is_ok());
+    assert_eq!(w.reg.end_scope(scope), Err(UnknownLease), "ended already");
+}
+
+#[test]
+fn release_of_a_scope_lease_ends_the_scope() {
+    let (mut w, main) = World::new("0-3");
+    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    w.release(lease).unwrap();
+    assert_eq!(w.reg.entry(main).unwrap().scope, None);
+    assert_eq!(w.reg.end_scope(lease), Err(UnknownLease));
+    // Never ended, yet over: the caller's new threads are born as before.
+    let after = w.spawn(main);
+    assert_eq!((w.role(after), w.mask(after).as_str()), (Role::Host, "0-3"));
+}
+
+#[test]
+fn a_repeated_configure_for_the_same_device_in_a_scope_is_unchanged() {
+    let (mut w, main) = World::new("0-3");
+    w.begin_scope(main, "gpu0", "2-3");
+    let engine = w.spawn(main);
+    let sets = *w.kernel.sets.borrow();
+    let out = w.configure(engine, "gpu0", "2-3");
+    assert!(out.unchanged);
+    assert_eq!(out.retargeted_from, None);
+    assert_eq!((out.on_mask, out.workers), (1, 1));
+    assert_eq!(*w.kernel.sets.borrow(), sets, "nothing to move");
+    assert_eq!(w.mask(engine), "2-3");
+    assert_eq!(w.role(main), Role::Host);
+}
+
+#[test]
+fn an_explicit_attr_mask_in_a_scope_stays_explicit() {
+    let (mut w, main) = World::new("0-3");
+    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let pinned = w.spawn_with(main, false, Some("0"));
+    assert_eq!(
+        (w.placement(pinned), w.mask(pinned).as_str()),
+        (Placement::Explicit, "0")
+    );
+    w.release(lease).unwrap();
+    assert_eq!(w.mask(pinned), "0");
+}
+
+#[test]
+fn a_scope_on_an_explicit_creator_yields_workers_whose_natural_is_the_creators_mask() {
+    let (mut w, main) = World::new("0-3");
+    let server = w.spawn(main);
+    w.set_by_hand(server, "0-1");
+    let lease = w.begin_scope(server, "gpu0", "2-3").lease;
+    let child = w.spawn(server);
+    assert_eq!(
+        (w.role(child), w.placement(child), w.mask(child).as_str()),
+        (Role::Worker, Placement::Worker, "2-3")
+    );
+    assert_eq!(w.natural(child), "0-1");
+    assert_eq!(
+        (w.role(server), w.placement(server), w.mask(server).as_str()),
+        (Role::Host, Placement::Explicit, "0-1")
+    );
+    w.release(lease).unwrap();
+    assert_eq!(w.mask(child), "0-1");
+    assert_eq!(w.mask(server), "0-1");
+}
+
+#[test]
+fn a_scope_places_existing_workers_and_promotes_no_descendant() {
+    let (mut w, main) = World::new("0-3");
+    let host = w.spawn(main);
+    let progress = w.spawn_with(main, true, None);
+    let out = w.begin_scope(main, "gpu0", "2-3");
+    assert_eq!((out.on_mask, out.workers), (1, 1));
+    assert_eq!((w.role(host), w.mask(host).as_str()), (Role::Host, "0-3"));
+    assert_eq!(w.mask(progress), "2-3");
+}
+
+#[test]
+fn a_scope_goes_with_its_thread_and_its_lease_stays_open() {
+    let (mut w, main) = World::new("0-3");
+    let server = w.spawn(main);
+    let lease = w.begin_scope(server, "gpu0", "2-3").lease;
+    let child = w.spawn(server);
+    w.exit(server);
+    assert_eq!(w.reg.end_scope(lease), Err(UnknownLease));
+    assert_eq!(w.mask(child), "2-3");
+    assert!(w.release(lease).unwrap().last);
+    assert_eq!(w.mask(child), "0-3");
+}
+
+#[test]
+fn a_nested_scope_leaves_the_outer_one_open() {
+    let (mut w, main) = World::new("0-3");
+    let outer = w.begin_scope(main, "gpu0", "2-3").lease;
+    let inner = w.begin_scope(main, "gpu0", "2-3").lease;
+    assert_eq!(w.reg.end_scope(inner), Err(UnknownLease));
+    let still_inside = w.spawn(main);
+    assert_eq!(w.role(still_inside), Role::Worker);
+    w.reg.end_scope(outer).unwrap();
+    let after = w.spawn(main);
+    assert_eq!(w.role(after), Role::Host);
+}
+
+#[test]
+fn a_fork_by_a_host_drops_its_scope_with_the_leases() {
+    let (mut w, main) = World::new("0-3");
+    w.begin_scope(main, "gpu0", "2-3");
+    w.reg.reset_after_fork(Some(main), 900, 9);
+    assert!(w.reg.leases().is_empty());
+    assert_eq!(w.reg.entry(main).unwrap().scope, None);
+    w.kernel.masks.borrow_mut().insert(900, m("0-3"));
+    let child = w.spawn(main);
+    assert_eq!((w.role(child), w.mask(child).as_str()), (Role::Host, "0-3"));
+}
+
+#[test]
+fn a_scope_child_that_moved_across_the_release_is_born_as_if_after_it() {
+    let (mut w, main) = World::new("0-3");
+    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let mut plan = w.reg.plan_child(Some(main), false, None);
+    assert_eq!(
+        plan.move_at_birth().map(|m| m.to_list()).as_deref(),
+        Some("2-3")
+    );
+    w.kernel.masks.borrow_mut().insert(500, m("2-3"));
+    plan.mark_moved();
+    w.release(lease).unwrap();
+    let child = w.reg.register_child(plan, 500, 500, &w.kernel);
+    assert_eq!(
+        (w.mask(child).as_str(), w.placement(child)),
+        ("0-3", Placement::Inherited)
+    );
+}
+
+#[test]
+fn a_scope_child_of_an_explicit_creator_is_the_workers_even_with_no_worker_mask() {
+    let (mut w, main) = World::new("0-3");
+    let server = w.spawn(main);
+    w.set_by_hand(server, "0-1");
+    // The policy keeps masks: the scope opens a lease with no target.
+    w.reg.begin_scope(server, "gpu0", None, &w.kernel);
+    let child = w.spawn(server);
+    assert_eq!(
+        (w.role(child), w.placement(child), w.mask(child).as_str()),
+        (Role::Worker, Placement::Inherited, "0-1")
+    );
+    // Not the creator's choice: a later configure places it.
+    let engine = w.spawn(main);
+    w.configure(engine, "gpu0", "2-3");
+    assert_eq!(w.mask(child), "2-3");
+    assert_eq!(w.natural(child), "0-1");
 }

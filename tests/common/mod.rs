@@ -876,3 +876,105 @@ impl Population {
         }
     }
 }
+
+/// True when the host can run what a test needs. When it cannot, the test fails in CI
+/// (`CI=true`, where `.ci/run` installs everything) and elsewhere prints why it is skipped.
+pub fn require(available: bool, what: &str) -> bool {
+    if available {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{what} is missing in CI, where .ci/run installs it"
+    );
+    println!("skipped: needs {what}");
+    false
+}
+
+/// [`require`] for a program on PATH.
+pub fn require_command(name: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
+        .unwrap_or(false);
+    require(found, &format!("`{name}` on PATH"))
+}
+
+// ---- The pip-installed Python package (tests/zero_code.rs) ----
+
+/// The interpreter of a virtual environment holding the repo's `python/` package as `pip install`
+/// leaves it for a user (the `.pth` start-up hook included, once the package ships one):
+/// `target/zero-code-venv`, created by `python3 -m venv --system-site-packages` (so that the
+/// system's setuptools and `wheel` build the package with no index) and the package reinstalled
+/// into it once per test binary, so that the venv follows the working tree, with `pip install
+/// --no-index --no-build-isolation` of a copy of `python/` (pip builds in the source directory; the
+/// copy keeps `build/` and `*.egg-info` out of the checkout). Test binaries running at the same time
+/// take turns through a lock file.
+pub fn installed_python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            use std::os::fd::AsRawFd;
+            let target = target_dir().parent().expect("target/").to_path_buf();
+            let venv = target.join("zero-code-venv");
+            let lock = std::fs::File::create(target.join("zero-code-venv.lock")).unwrap();
+            // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
+            let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+            assert_eq!(locked, 0, "flock zero-code-venv.lock");
+            let bin = venv.join("bin").join("python");
+            if !bin.exists() {
+                let status = Command::new(python())
+                    .args(["-m", "venv", "--system-site-packages"])
+                    .arg(&venv)
+                    .status()
+                    .expect("python3 -m venv");
+                assert!(
+                    status.success(),
+                    "python3 -m venv {} failed (Debian: apt-get install python3-venv)",
+                    venv.display()
+                );
+            }
+            let source = tempfile::tempdir_in(&target).unwrap();
+            copy_package_source(&repo().join("python"), source.path());
+            let out = Command::new(&bin)
+                .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+                .args([
+                    "--no-index",
+                    "--no-build-isolation",
+                    "--no-deps",
+                    "--force-reinstall",
+                ])
+                .arg(source.path())
+                .env_remove("PYTHONPATH")
+                .output()
+                .expect("pip");
+            assert!(
+                out.status.success(),
+                "pip install of python/ into {} failed; it builds with the system's setuptools \
+                 and wheel (`python3 -m pip install wheel`, as scripts/setup does):\n{}{}",
+                venv.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            bin
+        })
+        .clone()
+}
+
+/// Copies the package's sources, leaving out what a build or a run left behind.
+fn copy_package_source(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name == "build" || name == "__pycache__" || name.ends_with(".egg-info") {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            copy_package_source(&path, &to.join(&*name));
+        } else {
+            std::fs::copy(&path, to.join(&*name)).unwrap();
+        }
+    }
+}

@@ -1,0 +1,5 @@
+CALLS = []
+
+
+def configure_cpu_affinity() -> None:
+    CALLS.append(("configure", None))

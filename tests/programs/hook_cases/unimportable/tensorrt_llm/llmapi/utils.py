@@ -1,0 +1,1 @@
+raise ImportError("tensorrt_llm bindings are not built for this Python")

@@ -1,0 +1,95 @@
+"""What the start-up hook did to this interpreter, as one JSON line (tests/python_hook.rs).
+
+An unmodified program: it imports `tensorrt_llm.executor.base_worker` (one of the
+tests/programs/hook_cases packages, on PYTHONPATH), which binds `configure_cpu_affinity` at import
+as upstream does, and calls it on a thread of its own, never touching `tllm_affinity`.
+
+Usage: hook_probe.py probe DEVICE   the hook as the interpreter started
+       hook_probe.py spawn DEVICE   the same, from a multiprocessing "spawn" child
+       hook_probe.py late DEVICE    tensorrt_llm imported first, the hook installed afterwards
+"""
+import builtins
+import json
+import os
+import sys
+import threading
+
+
+def call_on_a_thread(configure, device):
+    seen = {}
+
+    def run():
+        try:
+            seen["result"] = repr(configure(device))
+        except BaseException as error:  # the wrapper must never raise; show it if it does
+            seen["raised"] = "%s: %s" % (type(error).__name__, error)
+        seen["mask"] = sorted(os.sched_getaffinity(0))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return seen
+
+
+def probe(device):
+    out = {
+        "pid": os.getpid(),
+        "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None),
+        "user_sitecustomize": getattr(builtins, "USER_SITECUSTOMIZE_RAN", False),
+    }
+    try:
+        from tensorrt_llm.executor import base_worker
+        from tensorrt_llm.llmapi import utils
+    except ImportError as error:
+        out["import_error"] = str(error)
+        return out
+    configure = base_worker.configure_cpu_affinity
+    out["wrapped"] = hasattr(configure, "_tllm_affinity_original")
+    out["wrapped_in_utils"] = hasattr(utils.configure_cpu_affinity, "_tllm_affinity_original")
+    sweep = getattr(utils, "_set_affinity_all_threads", None)
+    out["sweep_wrapped"] = hasattr(sweep, "_tllm_affinity_original") if sweep else None
+    if callable(configure):
+        try:
+            out["thread"] = call_on_a_thread(configure, device)
+        except TypeError as error:
+            out["thread"] = {"raised": str(error)}
+    out["calls"] = utils.CALLS
+    out["main_mask"] = sorted(os.sched_getaffinity(0))
+    adapter = sys.modules.get("tllm_affinity.adapters.trtllm")
+    out["adapter"] = adapter.status() if adapter else None
+    return out
+
+
+def spawned(queue, device):
+    queue.put(probe(device))
+
+
+def main():
+    mode, device = sys.argv[1], int(sys.argv[2])
+    if mode == "probe":
+        out = probe(device)
+    elif mode == "spawn":
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        child = context.Process(target=spawned, args=(queue, device))
+        child.start()
+        out = queue.get(timeout=60)
+        child.join(60)
+        out["parent_pid"] = os.getpid()
+    elif mode == "late":
+        from tensorrt_llm.executor import base_worker  # noqa: F401 (bound before the hook)
+
+        os.environ["TLLM_AFFINITY_PYTHON_HOOKS"] = "1"
+        import _tllm_affinity_hook
+
+        _tllm_affinity_hook.install()
+        out = probe(device)
+    else:
+        raise SystemExit("unknown mode " + mode)
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

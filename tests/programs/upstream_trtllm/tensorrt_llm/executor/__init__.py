@@ -1,0 +1,3 @@
+from .executor import GenerationExecutor, GenerationRequest, GenerationResult
+
+__all__ = ["GenerationExecutor", "GenerationRequest", "GenerationResult"]

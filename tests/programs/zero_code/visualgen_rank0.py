@@ -1,0 +1,92 @@
+"""Deployment 3 of seeds/shared-process-affinity-never-restored.txt as an unmodified app:
+external-launch VisualGen, rank 0, under an HTTP server. The main thread builds the
+``DiffusionExecutor`` (its coordinator thread, then its worker thread, which configures CPU
+affinity) and runs an HTTP loop on loopback (a thread per request, ``ThreadingHTTPServer``); a
+request thread, noted req_<name>, asks the executor (over loopback to the coordinator, whose
+loop waits for the worker on its executor threads) or, once it is shut down, answers itself, and
+holds until the end. The main loop also runs what the app's control thread hands it: the
+executor's shutdown happens on the main thread, as a server's lifespan does it.
+
+Phases, printed by the control thread (started first): before (no executor), during (executor
+ready; the test then sends /generate/a), serving (a answered), shutdown (executor shut down on
+main; the test then sends /generate/b), after (b answered). Imports only tensorrt_llm and the
+test instrumentation.
+"""
+import http.server
+import json
+import queue
+import threading
+
+from phases import note, phase_all, role
+from rt_lib import say
+from tensorrt_llm._torch.visual_gen.executor import DiffusionExecutor
+
+let_go = threading.Event()
+built = threading.Event()
+seen = {"a": threading.Event(), "b": threading.Event()}
+state = {}
+main_calls = queue.Queue()
+
+
+def on_main(fn):
+    done = threading.Event()
+    main_calls.put((fn, done))
+    assert done.wait(60), "the main loop never ran it"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+
+    def do_GET(self):
+        name = self.path.rsplit("/", 1)[-1]
+        note(f"req_{name}")
+        executor = state.get("executor")
+        answer = executor.generate(name) if executor else {"prompt": name, "image": None}
+        answer["handler_role"] = role(threading.get_native_id())
+        seen[name].set()
+        let_go.wait(60)
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = False
+
+    def service_actions(self):
+        while not main_calls.empty():
+            fn, done = main_calls.get()
+            fn()
+            done.set()
+
+
+def control():
+    phase_all("before")
+    built.set()
+    assert state_ready.wait(60)
+    phase_all("during")
+    assert seen["a"].wait(60)
+    phase_all("serving")
+    on_main(lambda: state.pop("executor").shutdown())
+    phase_all("shutdown")
+    assert seen["b"].wait(60)
+    phase_all("after")
+    let_go.set()
+    server.shutdown()
+
+
+state_ready = threading.Event()
+controller = threading.Thread(target=control, name="control")
+controller.start()
+assert built.wait(60)
+state["executor"] = DiffusionExecutor(device_id=0)
+server = Server(("127.0.0.1", 0), Handler)
+say("PORT", server.server_address[1])
+state_ready.set()
+server.serve_forever(poll_interval=0.05)
+server.server_close()
+controller.join(30)

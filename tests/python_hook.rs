@@ -1,0 +1,409 @@
+//! The Python start-up hook (docs/runtimes.md, "No code change"): `tllm-affinity run` makes every
+//! Python interpreter it starts wrap TensorRT-LLM's `configure_cpu_affinity` at import, through
+//! wrappers and `multiprocessing`, chaining to the `sitecustomize` it shadows; it can be turned
+//! off; and whatever goes wrong (a broken `sitecustomize`, an unimportable or renamed upstream, a
+//! device the library cannot resolve) the program runs on as it would without us, with one line.
+//!
+//! The program is tests/programs/hook_probe.py over the small `tensorrt_llm` packages of
+//! tests/programs/hook_cases; it never calls `tllm_affinity`. Simulated host: `Sysfs::two_nodes`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use common::*;
+use serde_json::Value;
+
+fn case(name: &str) -> PathBuf {
+    programs_dir().join("hook_cases").join(name)
+}
+
+fn hook_dir() -> PathBuf {
+    repo().join("python/tllm_affinity/_sitecustomize")
+}
+
+/// `tllm-affinity run --sysfs-root <host> [options] -- <python> hook_probe.py <args>`, with the
+/// `tensorrt_llm` of `case` on PYTHONPATH.
+fn under_run(host: &Sysfs, case_name: &str, options: &[&str], args: &[&str]) -> Command {
+    let mut cmd = clean(cli());
+    cmd.arg("run")
+        .arg("--sysfs-root")
+        .arg(host.path())
+        .args(options)
+        .arg("--")
+        .arg(python())
+        .arg(program("hook_probe.py"))
+        .args(args)
+        .env("PYTHONPATH", case(case_name));
+    cmd
+}
+
+fn output(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}\n{}",
+        cmd,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The probe's JSON line and the program's stderr.
+fn probe(cmd: &mut Command) -> (Value, String) {
+    let out = output(cmd);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line in {stdout}"));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (serde_json::from_str(line).unwrap(), stderr)
+}
+
+fn lines_with<'a>(stderr: &'a str, needle: &str) -> Vec<&'a str> {
+    stderr.lines().filter(|l| l.contains(needle)).collect()
+}
+
+/// The adapter took the call: upstream's function never ran, the calling thread is on the
+/// GPU-local set, the main thread kept its mask.
+fn assert_engaged(v: &Value, host: &Sysfs, how: &str) {
+    assert_eq!(v["wrapped"], true, "{how}: {v}");
+    assert_eq!(v["wrapped_in_utils"], true, "{how}: {v}");
+    assert_eq!(v["sweep_wrapped"], true, "{how}: {v}");
+    assert_eq!(
+        v["calls"],
+        serde_json::json!([]),
+        "{how}: upstream ran: {v}"
+    );
+    assert_eq!(v["thread"]["result"], "None", "{how}: {v}");
+    assert_eq!(
+        mask_of(&v["thread"]["mask"]),
+        host.gpu0_local(),
+        "{how}: {v}"
+    );
+    assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{how}: {v}");
+    assert_eq!(v["adapter"]["state"], "engaged", "{how}: {v}");
+}
+
+/// Upstream's own function ran: it pinned every thread, the main thread included.
+fn assert_upstream_ran(v: &Value, how: &str) {
+    assert_eq!(v["wrapped"], false, "{how}: {v}");
+    assert_eq!(v["calls"][0][0], "configure", "{how}: {v}");
+    let top = allowed_cpus().iter().max().unwrap();
+    assert_eq!(
+        mask_of(&v["main_mask"]).to_list(),
+        top.to_string(),
+        "{how}: {v}"
+    );
+}
+
+/// The report `--report` wrote at exit.
+fn report_at(path: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("the report")).unwrap()
+}
+
+#[test]
+fn run_wraps_configure_in_an_unmodified_program() {
+    let host = Sysfs::two_nodes();
+    let report = host.path().join("report.json");
+    let report_option = format!("--report={}", report.display());
+    let (v, stderr) = probe(&mut under_run(
+        &host,
+        "upstream",
+        &[&report_option],
+        &["probe", "0"],
+    ));
+    assert_engaged(&v, &host, "run");
+    assert_eq!(report_at(&report)["adapters"]["trtllm"], "engaged");
+    assert!(
+        v["sitecustomize"]
+            .as_str()
+            .unwrap()
+            .starts_with(hook_dir().to_str().unwrap()),
+        "{v}"
+    );
+    assert!(
+        lines_with(&stderr, "[tllm-affinity]").is_empty(),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn no_python_hooks_and_the_variable_leave_upstream_alone() {
+    let host = Sysfs::two_nodes();
+    let (v, _) = probe(&mut under_run(
+        &host,
+        "upstream",
+        &["--no-python-hooks"],
+        &["probe", "0"],
+    ));
+    assert_upstream_ran(&v, "--no-python-hooks");
+    let (v, _) = probe(
+        under_run(&host, "upstream", &[], &["probe", "0"]).env("TLLM_AFFINITY_PYTHON_HOOKS", "0"),
+    );
+    assert_upstream_ran(&v, "TLLM_AFFINITY_PYTHON_HOOKS=0");
+}
+
+#[test]
+fn a_malformed_switch_keeps_the_hook_on_with_one_line() {
+    let host = Sysfs::two_nodes();
+    let (v, stderr) = probe(
+        under_run(&host, "upstream", &[], &["probe", "0"]).env("TLLM_AFFINITY_PYTHON_HOOKS", "yes"),
+    );
+    assert_engaged(&v, &host, "TLLM_AFFINITY_PYTHON_HOOKS=yes");
+    let said = lines_with(&stderr, "TLLM_AFFINITY_PYTHON_HOOKS='yes'");
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("expected 0 or 1"), "{stderr}");
+}
+
+#[test]
+fn the_hook_reaches_interpreters_started_through_wrappers_and_spawn() {
+    let host = Sysfs::two_nodes();
+    let script = format!(
+        "{} {} probe 0; true",
+        python().display(),
+        program("hook_probe.py").display()
+    );
+    let mut shell = clean(cli());
+    shell
+        .arg("run")
+        .arg("--sysfs-root")
+        .arg(host.path())
+        .args(["--", "sh", "-c", &script])
+        .env("PYTHONPATH", case("upstream"));
+    let (v, _) = probe(&mut shell);
+    assert_engaged(&v, &host, "sh -c");
+
+    let (v, _) = probe(&mut under_run(&host, "upstream", &[], &["spawn", "0"]));
+    assert_ne!(v["pid"], v["parent_pid"]);
+    assert_engaged(&v, &host, "multiprocessing spawn child");
+}
+
+#[test]
+fn the_hook_reaches_every_rank_of_mpirun() {
+    if !require_command("mpirun") {
+        return;
+    }
+    let host = Sysfs::two_nodes();
+    let session = tempfile::tempdir().unwrap();
+    let mut cmd = clean(cli());
+    cmd.arg("run")
+        .arg("--sysfs-root")
+        .arg(host.path())
+        .args(["--", "mpirun", "--allow-run-as-root", "--oversubscribe"])
+        .args(["--bind-to", "none", "-np", "2", "--mca", "orte_tmpdir_base"])
+        .arg(session.path())
+        .arg(python())
+        .arg(program("hook_probe.py"))
+        .args(["probe", "0"])
+        .env("PYTHONPATH", case("upstream"))
+        .env("TMPDIR", session.path());
+    let out = output(&mut cmd);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let ranks: Vec<Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(ranks.len(), 2, "{stdout}");
+    for v in &ranks {
+        assert_engaged(v, &host, "mpirun rank");
+    }
+}
+
+#[test]
+fn the_hook_chains_to_the_users_sitecustomize() {
+    let host = Sysfs::two_nodes();
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(
+        site.path().join("sitecustomize.py"),
+        "import builtins\nbuiltins.USER_SITECUSTOMIZE_RAN = True\n",
+    )
+    .unwrap();
+    let path = std::env::join_paths([site.path().to_path_buf(), case("upstream")]).unwrap();
+    let (v, _) = probe(under_run(&host, "upstream", &[], &["probe", "0"]).env("PYTHONPATH", path));
+    assert_eq!(v["user_sitecustomize"], true, "{v}");
+    assert_eq!(
+        v["sitecustomize"],
+        site.path().join("sitecustomize.py").to_str().unwrap(),
+        "the user's module stands as `sitecustomize` afterwards: {v}"
+    );
+    assert_engaged(&v, &host, "with the user's sitecustomize");
+}
+
+#[test]
+fn the_hook_chains_to_debians_own_sitecustomize() {
+    // Debian's interpreter ships /usr/lib/python3.X/sitecustomize.py (the apport hook).
+    let debian = PathBuf::from("/usr/bin/python3");
+    let ships_one = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.path().join("sitecustomize.py").is_file());
+    if !require(
+        debian.exists() && ships_one,
+        "Debian's python3 with its sitecustomize.py",
+    ) {
+        return;
+    }
+    let host = Sysfs::two_nodes();
+    let mut cmd = clean(cli());
+    cmd.arg("run")
+        .arg("--sysfs-root")
+        .arg(host.path())
+        .arg("--")
+        .arg(&debian)
+        .arg(program("hook_probe.py"))
+        .args(["probe", "0"])
+        .env("PYTHONPATH", case("upstream"));
+    let (v, _) = probe(&mut cmd);
+    let chained = v["sitecustomize"].as_str().unwrap();
+    assert!(
+        chained.starts_with("/usr/lib/python3") && chained.ends_with("/sitecustomize.py"),
+        "{v}"
+    );
+    assert_engaged(&v, &host, "Debian's python3");
+}
+
+#[test]
+fn a_broken_user_sitecustomize_is_one_line_and_the_hook_still_works() {
+    let host = Sysfs::two_nodes();
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(
+        site.path().join("sitecustomize.py"),
+        "raise RuntimeError('the site is misconfigured')\n",
+    )
+    .unwrap();
+    let path = std::env::join_paths([site.path().to_path_buf(), case("upstream")]).unwrap();
+    let (v, stderr) =
+        probe(under_run(&host, "upstream", &[], &["probe", "0"]).env("PYTHONPATH", path));
+    assert_engaged(&v, &host, "broken sitecustomize");
+    // site.py's own words, once, as without the hook.
+    assert_eq!(
+        lines_with(&stderr, "Error in sitecustomize").len(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        lines_with(&stderr, "RuntimeError: the site is misconfigured").len(),
+        1,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("Traceback"), "{stderr}");
+}
+
+#[test]
+fn an_unimportable_tensorrt_llm_fails_exactly_as_without_us() {
+    let host = Sysfs::two_nodes();
+    let (with, stderr) = probe(&mut under_run(&host, "unimportable", &[], &["probe", "0"]));
+    let (without, _) = probe(&mut under_run(
+        &host,
+        "unimportable",
+        &["--no-python-hooks"],
+        &["probe", "0"],
+    ));
+    assert_eq!(
+        with["import_error"],
+        "tensorrt_llm bindings are not built for this Python"
+    );
+    assert_eq!(with["import_error"], without["import_error"]);
+    assert!(
+        lines_with(&stderr, "[tllm-affinity]").is_empty(),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_renamed_upstream_is_said_once_and_recorded() {
+    let host = Sysfs::two_nodes();
+    let report = host.path().join("report.json");
+    let report_option = format!("--report={}", report.display());
+    let (v, stderr) = probe(&mut under_run(
+        &host,
+        "renamed",
+        &[&report_option],
+        &["probe", "0"],
+    ));
+    assert_eq!(v["wrapped"], false, "{v}");
+    assert_eq!(v["adapter"]["state"], "not-found", "{v}");
+    assert_eq!(report_at(&report)["adapters"]["trtllm"], "not-found");
+    let said = lines_with(&stderr, "found no configure_cpu_affinity");
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("did not engage"), "{stderr}");
+}
+
+#[test]
+fn another_signature_is_left_alone_with_one_line() {
+    let host = Sysfs::two_nodes();
+    let (v, stderr) = probe(&mut under_run(
+        &host,
+        "other_signature",
+        &[],
+        &["probe", "0"],
+    ));
+    assert_eq!(v["wrapped"], false, "{v}");
+    assert_eq!(v["adapter"]["state"], "signature", "{v}");
+    assert_eq!(
+        lines_with(&stderr, "does not take a device id").len(),
+        1,
+        "{stderr}"
+    );
+    // Upstream's own function answers the call, as it would without us.
+    assert!(
+        v["thread"]["raised"]
+            .as_str()
+            .unwrap()
+            .contains("positional argument"),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_device_the_library_cannot_resolve_pins_nothing_and_raises_nothing() {
+    let host = Sysfs::two_nodes();
+    let (v, stderr) = probe(&mut under_run(&host, "upstream", &[], &["probe", "7"]));
+    assert_eq!(v["wrapped"], true, "{v}");
+    assert_eq!(v["thread"]["result"], "None", "{v}");
+    assert!(v["thread"].get("raised").is_none(), "{v}");
+    assert_eq!(mask_of(&v["thread"]["mask"]), allowed_cpus(), "{v}");
+    assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{v}");
+    assert_eq!(v["calls"], serde_json::json!([]), "{v}");
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("[tllm-affinity]"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].contains("no mask changed"), "{stderr}");
+}
+
+#[test]
+fn a_module_that_bound_the_name_before_the_hook_gets_the_wrapper() {
+    let host = Sysfs::two_nodes();
+    let path = std::env::join_paths([case("upstream"), repo().join("python")]).unwrap();
+    let (v, _) = probe(
+        under_run(&host, "upstream", &[], &["late", "0"])
+            .env("TLLM_AFFINITY_PYTHON_HOOKS", "0")
+            .env("PYTHONPATH", path),
+    );
+    assert_engaged(&v, &host, "hook installed after the import");
+}
+
+#[test]
+fn without_the_library_the_hook_changes_nothing() {
+    let path = std::env::join_paths([hook_dir(), case("upstream")]).unwrap();
+    let mut cmd = clean(python());
+    cmd.arg(program("hook_probe.py"))
+        .args(["probe", "0"])
+        .env("PYTHONPATH", path);
+    let (v, stderr) = probe(&mut cmd);
+    assert_upstream_ran(&v, "no library");
+    assert!(v["adapter"].is_null(), "the adapter was imported: {v}");
+    assert!(
+        lines_with(&stderr, "[tllm-affinity]").is_empty(),
+        "{stderr}"
+    );
+}
