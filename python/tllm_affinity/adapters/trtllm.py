@@ -14,8 +14,9 @@ module that already bound the names:
     a *worker scope* opens. The caller keeps its role and mask; the threads it creates until the
     worker's construction returns (the outermost ``__init__`` of a ``tensorrt_llm`` object on its
     stack, e.g. ``LLM.__init__``) are born workers on the GPU-local set;
-  - any other thread (an MpiCommSession pool thread, the VisualGen worker thread): it is the
-    worker's own, so it is configured: it and its later threads are workers.
+  - any other thread (an MpiCommSession pool thread, the VisualGen worker thread), or a main
+    thread that is already a worker or runs a worker rank's ``worker_main``: it is the worker's
+    own, so it is configured: it and its later threads are workers.
 
   The lease belongs to the worker object on the caller's stack (the nearest ``self`` in a
   ``tensorrt_llm`` frame that has a ``shutdown`` method) and is released when that object's
