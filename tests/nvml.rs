@@ -132,6 +132,8 @@ struct Configured {
 
 /// Runs gpu_population for `devices`; its lines and stderr.
 fn population(mut cmd: Command, devices: &[i32]) -> (Vec<Configured>, String) {
+    // Devices `cmd` already names (before a "fork") print lines too.
+    let given = cmd.get_args().filter(|a| *a != "fork").count();
     cmd.args(devices.iter().map(i32::to_string));
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -151,7 +153,7 @@ fn population(mut cmd: Command, devices: &[i32]) -> (Vec<Configured>, String) {
             }
         })
         .collect::<Vec<_>>();
-    assert_eq!(lines.len(), devices.len(), "{stdout}\n{stderr}");
+    assert_eq!(lines.len(), devices.len() + given, "{stdout}\n{stderr}");
     (lines, stderr)
 }
 
@@ -355,6 +357,28 @@ fn nvml_loads_at_the_first_configure_not_at_load() {
     assert_eq!(host.inits(), 1, "{stderr}");
 }
 
+/// A fork child uses what its parent resolved; one forked before any configure asks NVML itself.
+#[test]
+fn fork_children_reuse_or_ask_nvml() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let program = gpu_population();
+    let mut cmd = host.command(&program, Some((&container_nvml(), &lib)));
+    cmd.args(["0", "fork"]);
+    let (lines, stderr) = population(cmd, &[1]);
+    assert_on(&lines, &[&host.node0, &host.node1], &stderr);
+    assert_eq!(host.inits(), 1, "{stderr}");
+    let host = Host::new(&[]);
+    let mut cmd = host.command(&program, Some((&container_nvml(), &lib)));
+    cmd.arg("fork");
+    let (lines, stderr) = population(cmd, &[1]);
+    assert_on(&lines, &[&host.node1], &stderr);
+    assert_eq!(host.inits(), 1, "{stderr}");
+}
+
 #[test]
 fn a_dedicated_worker_resolves_without_nvml_at_load() {
     if !two_cpus_or_skip("two NUMA nodes") {
@@ -417,6 +441,90 @@ fn topo_names_its_source_and_the_container() {
     );
     assert!(
         text.contains("sysfs lists 8 NVIDIA GPUs, the driver shows 2: this looks like a container"),
+        "{text}"
+    );
+}
+
+/// scripts/device-check, run here as on a GPU host: prebuilt artifacts in a directory, NVML
+/// answered by the double, and `nvidia-smi` by a script printing `topo -m` as the real one does.
+#[test]
+fn device_check_script_against_the_double() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let artifacts = tempfile::tempdir().unwrap();
+    let a = artifacts.path();
+    for (from, name) in [
+        (library(), "libtllm_affinity.so"),
+        (cli(), "tllm-affinity"),
+        (gpu_population(), "gpu_population"),
+        (compile_c("nvml_dump", false), "nvml_dump"),
+    ] {
+        std::fs::copy(from, a.join(name)).unwrap();
+    }
+    let (n0, n1) = (host.node0.to_list(), host.node1.to_list());
+    let bin = a.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let smi = bin.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -L ]; then echo 'GPU 0: NVIDIA H100 (UUID: {UUID_3A})'; \
+             echo 'GPU 1: NVIDIA H100 (UUID: {UUID_BA})'; exit 0; fi\n\
+             printf '\\tGPU0\\tGPU1\\tCPU Affinity\\tNUMA Affinity\\tGPU NUMA ID\\n'\n\
+             printf 'GPU0\\t X \\tSYS\\t{n0}\\t0\\t\\tN/A\\n'\n\
+             printf 'GPU1\\tSYS\\t X \\t{n1}\\t1\\t\\tN/A\\n'\n"
+        ),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&smi).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&smi, perms).unwrap();
+    let run = |nvml: &str| {
+        let out_dir = tempfile::tempdir().unwrap();
+        let mut cmd = host.command(&repo().join("scripts/device-check"), Some((nvml, &lib)));
+        cmd.arg(a)
+            .env("OUT", out_dir.path())
+            .env("TLLM_AFFINITY_LOG", "info")
+            .env(
+                "PATH",
+                format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+            )
+            .env_remove("LD_PRELOAD");
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let dump = std::fs::read_to_string(out_dir.path().join("nvml-double.txt")).unwrap();
+        (out.status.code(), text, dump)
+    };
+    let agreeing = format!(
+        "gpu 00000000:3A:00.0 {UUID_3A} {n0}\ngpu 00000000:BA:00.0 {UUID_BA} {n1}\nmig 1 {MIG_BA}\n"
+    );
+    let (code, text, dump) = run(&agreeing);
+    println!("{text}");
+    assert_eq!(code, Some(0), "{text}");
+    // The dump of NVML's answers reads back as the file the double answered from.
+    assert_eq!(dump, agreeing);
+    assert!(text.contains("CPU Affinity"), "{text}");
+    assert!(text.contains("\"source\": \"NVML\""), "{text}");
+    assert!(text.contains(&format!("device 1: worker [{n1}]")), "{text}");
+    assert_eq!(text.matches(": agrees").count(), 4, "{text}");
+    assert!(
+        text.contains("device-check: no disagreement found"),
+        "{text}"
+    );
+    // NVML placing device 1 on node 0 is a disagreement the script reports.
+    let (code, text, _) =
+        run(&agreeing.replace(&format!("{UUID_BA} {n1}"), &format!("{UUID_BA} {n0}")));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains(": DIFFERS"), "{text}");
+    // No CPU affinity from NVML: "cannot verify", not a failure.
+    let (code, text, _) = run(&container_nvml());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("NVML: no CPU affinity: cannot verify"),
         "{text}"
     );
 }

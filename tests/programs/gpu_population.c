@@ -7,7 +7,9 @@
  *
  *   DEVICE <device> LEASE <lease or -errno> WORKER <W's mask> CHILD <C's mask> HOST <H's mask>
  *
- * with masks as cpulists read from the kernel, then releases the lease. The library's functions
+ * with masks as cpulists read from the kernel, then releases the lease. An argument "fork" forks
+ * there: the child goes on with the rest (with a new H), the parent waits for it and exits with
+ * its status. The library's functions
  * are looked up with dlsym, so the binary runs (and says so) without it.
  */
 #define _GNU_SOURCE
@@ -18,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 typedef int64_t (*configure_fn)(int32_t);
 typedef int32_t (*release_fn)(int64_t);
@@ -86,6 +90,18 @@ int main(int argc, char **argv) {
     pthread_t h;
     pthread_create(&h, NULL, host, NULL);
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "fork") == 0) {
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid > 0) {
+                int status = 0;
+                waitpid(pid, &status, 0);
+                return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+            }
+            /* Only the forking thread lives on in the child: a new host thread. */
+            pthread_create(&h, NULL, host, NULL);
+            continue;
+        }
         static struct job j;
         memset(&j, 0, sizeof j);
         j.device = atoi(argv[i]);
