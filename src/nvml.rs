@@ -111,7 +111,21 @@ fn dlerror_text() -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
+/// [`resolve`], then glibc's dlerror state freed: a failed `dlopen` or a missing optional symbol
+/// leaves a buffer in the calling thread, lost when that thread ends (memcheck's "definitely
+/// lost" under `_dlerror_run`, seen in tests/memcheck.rs's fork case).
 fn load() -> Result<Api, String> {
+    let api = resolve();
+    // The first call hands out any pending message, the second frees it (glibc 2.34+; older
+    // glibc frees at the next dl* call, so this is harmless there).
+    for _ in 0..2 {
+        // SAFETY: dlerror has no preconditions; its result is not used.
+        let _ = unsafe { libc::dlerror() };
+    }
+    api
+}
+
+fn resolve() -> Result<Api, String> {
     let name = c"libnvidia-ml.so.1";
     // SAFETY: dlopen with a NUL-terminated name; the handle is kept for the life of the process
     // (never dlclose'd: NVML may have registered handlers that must stay mapped).
