@@ -2,11 +2,13 @@
 //!
 //! A CUDA device number is an index into the GPUs the CUDA runtime makes visible, which
 //! `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` decide. This module reproduces that mapping
-//! from the environment and the PCI-ordered GPU list of [`crate::topology`], without loading CUDA
-//! or NVML.
+//! from the environment and the PCI-ordered GPU list of [`crate::gpus`] (NVML's, the driver's or
+//! sysfs's), without loading CUDA. UUIDs resolve where the list has them (NVML, the driver's
+//! list), MIG names where it has MIG instances (NVML).
 
 #![forbid(unsafe_code)]
 
+use crate::gpus::{GpuSource, GpuView, HostGpu};
 use crate::topology::{normalize_pci_address, PciGpu, SysfsRoot};
 use std::fmt;
 
@@ -51,7 +53,7 @@ impl DeviceEnv {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedDevice {
-    /// Index into the PCI-ordered GPU list.
+    /// Index into the PCI-ordered GPU list given.
     pub gpu_index: usize,
     pub address: String,
     /// How the answer was reached, for the log line.
@@ -90,16 +92,49 @@ pub fn resolve_device(
     resolve_device_in(device_id, env, gpus, &SysfsRoot::default())
 }
 
-/// Maps `device_id` to one of `gpus` (PCI order); `root` is where they were read, only named in
-/// the error when there are none.
-///
-/// - `device_id >= 0`: a CUDA device number, an index into the visible GPUs.
-/// - `-1`: `TLLM_AFFINITY_GPU` (a CUDA device number, or a PCI address that bypasses
-///   visibility), else the local rank modulo the number of visible GPUs, else device 0.
+/// [`resolve_device_on`] for sysfs's GPU list read under `root`.
 pub fn resolve_device_in(
     device_id: i32,
     env: &DeviceEnv,
     gpus: &[PciGpu],
+    root: &SysfsRoot,
+) -> Result<ResolvedDevice, DeviceError> {
+    let list = Listed {
+        gpus: gpus.iter().map(HostGpu::from_pci).collect(),
+        source: GpuSource::Sysfs,
+    };
+    resolve(device_id, env, &list, root)
+}
+
+/// Maps `device_id` to one of `view.gpus` (PCI order); `root` is where they were read, only named
+/// in the error when there are none.
+///
+/// - `device_id >= 0`: a CUDA device number, an index into the visible GPUs.
+/// - `-1`: `TLLM_AFFINITY_GPU` (a CUDA device number, or a PCI address that bypasses
+///   visibility), else the local rank modulo the number of visible GPUs, else device 0.
+pub fn resolve_device_on(
+    device_id: i32,
+    env: &DeviceEnv,
+    view: &GpuView,
+    root: &SysfsRoot,
+) -> Result<ResolvedDevice, DeviceError> {
+    let list = Listed {
+        gpus: view.gpus.clone(),
+        source: view.source,
+    };
+    resolve(device_id, env, &list, root)
+}
+
+/// The GPUs CUDA can number and the source that listed them (which names they resolve).
+struct Listed {
+    gpus: Vec<HostGpu>,
+    source: GpuSource,
+}
+
+fn resolve(
+    device_id: i32,
+    env: &DeviceEnv,
+    list: &Listed,
     root: &SysfsRoot,
 ) -> Result<ResolvedDevice, DeviceError> {
     if device_id < -1 {
@@ -108,14 +143,22 @@ pub fn resolve_device_in(
              (TLLM_AFFINITY_GPU, else the local rank)"
         )));
     }
-    if gpus.is_empty() {
-        return Err(DeviceError::new(format!(
-            "no GPU found under {}",
-            root.path("sys/bus/pci/devices").display()
-        )));
+    if list.gpus.is_empty() {
+        return Err(DeviceError::new(match list.source {
+            GpuSource::Sysfs => format!(
+                "no GPU found under {}",
+                root.path("sys/bus/pci/devices").display()
+            ),
+            GpuSource::Nvml => "NVML shows no GPU".to_string(),
+            GpuSource::DriverList => format!(
+                "no GPU of the driver's list under {} may be opened by this process (its \
+                 /dev/nvidia<minor> does not open)",
+                root.path("proc/driver/nvidia/gpus").display()
+            ),
+        }));
     }
     if let Ok(index) = usize::try_from(device_id) {
-        return by_cuda_index(index, env, gpus, String::new());
+        return by_cuda_index(index, env, list, String::new());
     }
 
     if let Some(value) = env
@@ -125,10 +168,10 @@ pub fn resolve_device_in(
     {
         let text = value.trim();
         if text.contains(':') {
-            return by_address(value, gpus);
+            return by_address(value, &list.gpus);
         }
         return match parse_index(text) {
-            Some(index) => by_cuda_index(index, env, gpus, format!("TLLM_AFFINITY_GPU={text}: ")),
+            Some(index) => by_cuda_index(index, env, list, format!("TLLM_AFFINITY_GPU={text}: ")),
             None => Err(DeviceError::new(format!(
                 "TLLM_AFFINITY_GPU='{value}': expected a CUDA device number (0, 1, ...) or a PCI \
                  address like 0000:3b:00.0"
@@ -142,7 +185,7 @@ pub fn resolve_device_in(
                 "{name}='{value}': expected a local rank (a non-negative integer)"
             )));
         };
-        let visible = visible_gpus(env, gpus)?;
+        let visible = visible_in(env, list)?;
         if visible.is_empty() {
             return Err(no_visible_gpu(env));
         }
@@ -151,24 +194,41 @@ pub fn resolve_device_in(
             "local rank {rank} ({name}) mod {} visible GPU(s): ",
             visible.len()
         );
-        return by_cuda_index(index, env, gpus, prefix);
+        return by_cuda_index(index, env, list, prefix);
     }
 
     by_cuda_index(
         0,
         env,
-        gpus,
+        list,
         "no device given, TLLM_AFFINITY_GPU and local rank unset: ".to_string(),
     )
 }
 
-/// The GPUs CUDA makes visible, as indices into `gpus`, in CUDA device order.
-///
-/// `CUDA_DEVICE_ORDER=FASTEST_FIRST` (CUDA's default) cannot be ranked without NVML; it is taken
+/// The GPUs CUDA makes visible, as indices into `gpus` (sysfs's list), in CUDA device order.
+pub fn visible_gpus(env: &DeviceEnv, gpus: &[PciGpu]) -> Result<Vec<usize>, DeviceError> {
+    let list = Listed {
+        gpus: gpus.iter().map(HostGpu::from_pci).collect(),
+        source: GpuSource::Sysfs,
+    };
+    visible_in(env, &list)
+}
+
+/// The GPUs of `view` CUDA makes visible, as indices into `view.gpus`, in CUDA device order.
+pub fn visible_in_view(env: &DeviceEnv, view: &GpuView) -> Result<Vec<usize>, DeviceError> {
+    let list = Listed {
+        gpus: view.gpus.clone(),
+        source: view.source,
+    };
+    visible_in(env, &list)
+}
+
+/// `CUDA_DEVICE_ORDER=FASTEST_FIRST` (CUDA's default) cannot be ranked without CUDA; it is taken
 /// as PCI order, which is what CUDA gives on the identical GPUs of an inference server.
 /// `CUDA_VISIBLE_DEVICES` follows the CUDA runtime: entries are read up to the first invalid one
-/// (not an index, out of range, or repeated), and an empty value hides every GPU.
-pub fn visible_gpus(env: &DeviceEnv, gpus: &[PciGpu]) -> Result<Vec<usize>, DeviceError> {
+/// (not an index, out of range, an unknown or ambiguous UUID, or repeated), and an empty value
+/// hides every GPU. Each MIG instance is a device of its own, on its parent GPU.
+fn visible_in(env: &DeviceEnv, list: &Listed) -> Result<Vec<usize>, DeviceError> {
     match env.cuda_device_order.as_deref().map(str::trim) {
         None | Some("") | Some("PCI_BUS_ID") | Some("FASTEST_FIRST") => {}
         Some(_) => {
@@ -179,52 +239,116 @@ pub fn visible_gpus(env: &DeviceEnv, gpus: &[PciGpu]) -> Result<Vec<usize>, Devi
         }
     }
     let Some(value) = env.cuda_visible_devices.as_deref() else {
-        return Ok((0..gpus.len()).collect());
+        return Ok((0..list.gpus.len()).collect());
     };
     let mut visible = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
     for entry in value.split(',').map(str::trim) {
-        let upper = entry.to_ascii_uppercase();
-        if upper.starts_with("GPU-") || upper.starts_with("MIG-") {
-            return Err(DeviceError::new(format!(
-                "CUDA_VISIBLE_DEVICES='{value}': '{entry}' is a GPU UUID or MIG name; mapping \
-                 those to a PCI address needs NVML, which is not available; use device indices \
-                 or set TLLM_AFFINITY_GPU to the PCI address"
-            )));
+        let Some((index, key)) = entry_gpu(entry, value, list)? else {
+            break;
+        };
+        if seen.contains(&key) {
+            break;
         }
-        match parse_index(entry) {
-            Some(i) if i < gpus.len() && !visible.contains(&i) => visible.push(i),
-            _ => break,
-        }
+        seen.push(key);
+        visible.push(index);
     }
     Ok(visible)
+}
+
+/// The GPU one `CUDA_VISIBLE_DEVICES` entry names, with a key for spotting repeats; `None` for an
+/// entry CUDA would take as invalid.
+fn entry_gpu(
+    entry: &str,
+    value: &str,
+    list: &Listed,
+) -> Result<Option<(usize, String)>, DeviceError> {
+    let lower = entry.to_ascii_lowercase();
+    let gpus = &list.gpus;
+    if let Some(mig) = lower.strip_prefix("mig-") {
+        if list.source != GpuSource::Nvml {
+            return Err(DeviceError::new(format!(
+                "CUDA_VISIBLE_DEVICES='{value}': '{entry}' is a MIG name; mapping it to its GPU \
+                 needs NVML, which is not available ({} lists the GPUs); use device indices or \
+                 set TLLM_AFFINITY_GPU to the PCI address",
+                list.source
+            )));
+        }
+        // `MIG-GPU-<uuid>/<gi>/<ci>` (drivers before R470) names the parent GPU's UUID.
+        if let Some((parent, _instance)) = mig.split_once('/') {
+            let found = gpus.iter().position(|g| {
+                g.uuid
+                    .as_deref()
+                    .is_some_and(|u| u.eq_ignore_ascii_case(parent))
+            });
+            return Ok(found.map(|i| (i, lower.clone())));
+        }
+        let found = unique(gpus.iter().enumerate().filter(|(_, g)| {
+            g.migs
+                .iter()
+                .any(|m| m.to_ascii_lowercase().starts_with(&lower))
+        }));
+        return Ok(found.map(|i| (i, lower.clone())));
+    }
+    if lower.starts_with("gpu-") {
+        if list.source == GpuSource::Sysfs {
+            return Err(DeviceError::new(format!(
+                "CUDA_VISIBLE_DEVICES='{value}': '{entry}' is a GPU UUID; mapping it to a PCI \
+                 address needs NVML or the driver's list (/proc/driver/nvidia/gpus), which are \
+                 not available; use device indices or set TLLM_AFFINITY_GPU to the PCI address"
+            )));
+        }
+        // CUDA accepts any prefix that names one GPU.
+        let found = unique(gpus.iter().enumerate().filter(|(_, g)| {
+            g.uuid
+                .as_deref()
+                .is_some_and(|u| u.to_ascii_lowercase().starts_with(&lower))
+        }));
+        return Ok(found.map(|i| (i, format!("gpu {i}"))));
+    }
+    Ok(parse_index(entry)
+        .filter(|&i| i < gpus.len())
+        .map(|i| (i, format!("gpu {i}"))))
+}
+
+/// The index of the only match, `None` for none or several.
+fn unique<'a>(mut matches: impl Iterator<Item = (usize, &'a HostGpu)>) -> Option<usize> {
+    let (first, _) = matches.next()?;
+    matches.next().is_none().then_some(first)
 }
 
 fn by_cuda_index(
     index: usize,
     env: &DeviceEnv,
-    gpus: &[PciGpu],
+    list: &Listed,
     prefix: String,
 ) -> Result<ResolvedDevice, DeviceError> {
-    let visible = visible_gpus(env, gpus)?;
+    let visible = visible_in(env, list)?;
     let Some(&gpu_index) = visible.get(index) else {
         if visible.is_empty() {
             return Err(no_visible_gpu(env));
         }
         let why = match &env.cuda_visible_devices {
             Some(v) => format!("CUDA_VISIBLE_DEVICES='{v}' makes {} visible", visible.len()),
-            None => format!("{} found, CUDA_VISIBLE_DEVICES unset", gpus.len()),
+            None => format!("{} found, CUDA_VISIBLE_DEVICES unset", list.gpus.len()),
         };
         return Err(DeviceError::new(format!(
             "{prefix}CUDA device {index} does not exist: expected 0..{} ({why})",
             visible.len() - 1
         )));
     };
-    let address = gpus[gpu_index].address.clone();
+    let address = list.gpus[gpu_index].address.clone();
+    let from = match list.source {
+        GpuSource::Sysfs => String::new(),
+        source => format!(", from {source}"),
+    };
     let how = match &env.cuda_visible_devices {
         Some(_) => format!(
-            "{prefix}CUDA device {index} = CUDA_VISIBLE_DEVICES[{index}] = GPU {gpu_index} ({address})"
+            "{prefix}CUDA device {index} = CUDA_VISIBLE_DEVICES[{index}] = GPU {gpu_index} ({address}){from}"
         ),
-        None => format!("{prefix}CUDA device {index} = GPU {gpu_index} ({address}) in PCI order"),
+        None => format!(
+            "{prefix}CUDA device {index} = GPU {gpu_index} ({address}) in PCI order{from}"
+        ),
     };
     Ok(ResolvedDevice {
         gpu_index,
@@ -233,7 +357,7 @@ fn by_cuda_index(
     })
 }
 
-fn by_address(value: &str, gpus: &[PciGpu]) -> Result<ResolvedDevice, DeviceError> {
+fn by_address(value: &str, gpus: &[HostGpu]) -> Result<ResolvedDevice, DeviceError> {
     let Some(wanted) = normalize_pci_address(value) else {
         return Err(DeviceError::new(format!(
             "TLLM_AFFINITY_GPU='{value}': expected a CUDA device number or a PCI address like \
@@ -260,7 +384,7 @@ fn by_address(value: &str, gpus: &[PciGpu]) -> Result<ResolvedDevice, DeviceErro
 fn no_visible_gpu(env: &DeviceEnv) -> DeviceError {
     DeviceError::new(format!(
         "no GPU is visible: CUDA_VISIBLE_DEVICES='{}' names no GPU of this host; expected \
-         comma-separated device indices",
+         comma-separated device indices or GPU UUIDs",
         env.cuda_visible_devices.as_deref().unwrap_or_default()
     ))
 }
@@ -501,5 +625,100 @@ mod tests {
             e.to_string(),
             "no GPU found under /tmp/sim/sys/bus/pci/devices"
         );
+    }
+
+    const U0: &str = "GPU-8f3c0a1e-1111-2222-3333-444455556666";
+    const U1: &str = "GPU-8f3d9b2f-aaaa-bbbb-cccc-ddddeeeeffff";
+    const M1: &str = "MIG-5c2a7e44-0123-4567-89ab-cdef01234567";
+
+    /// Two GPUs as NVML (or the driver) lists them: `0000:3b:00.0` with U0, `0000:86:00.0`
+    /// with U1 and one MIG instance.
+    fn listed(source: GpuSource) -> GpuView {
+        let gpu = |address: &str, uuid: &str, migs: &[&str]| HostGpu {
+            address: address.to_string(),
+            uuid: Some(uuid.to_string()),
+            migs: migs.iter().map(|m| m.to_string()).collect(),
+            nvml_cpus: None,
+        };
+        GpuView {
+            source,
+            gpus: vec![gpu("0000:3b:00.0", U0, &[]), gpu("0000:86:00.0", U1, &[M1])],
+            sysfs_count: 8,
+            driver: None,
+            nvml_error: None,
+            nvml_tried: source == GpuSource::Nvml,
+        }
+    }
+
+    fn on(view: &GpuView, id: i32, vars: &[(&str, &str)]) -> Result<ResolvedDevice, DeviceError> {
+        resolve_device_on(id, &env(vars), view, &SysfsRoot::default())
+    }
+
+    #[test]
+    fn uuids_and_unique_prefixes_resolve_through_nvml_and_the_driver() {
+        for source in [GpuSource::Nvml, GpuSource::DriverList] {
+            let v = listed(source);
+            let a = |id, cvd: &str| {
+                on(&v, id, &[("CUDA_VISIBLE_DEVICES", cvd)])
+                    .unwrap()
+                    .address
+            };
+            assert_eq!(a(0, U1), "0000:86:00.0");
+            assert_eq!(a(0, &U1.to_ascii_lowercase()), "0000:86:00.0");
+            assert_eq!(a(1, &format!("{U1},{U0}")), "0000:3b:00.0");
+            // "GPU-8f3d" names one GPU; "GPU-8f3" names two, so CUDA stops there.
+            assert_eq!(a(0, "GPU-8f3d,0"), "0000:86:00.0");
+            let e = on(&v, 0, &[("CUDA_VISIBLE_DEVICES", "GPU-8f3,0")]).unwrap_err();
+            assert!(e.message.starts_with("no GPU is visible"), "{e}");
+            // A repeated GPU, by index or by UUID, ends the list.
+            let vis = visible_in_view(&env(&[("CUDA_VISIBLE_DEVICES", &format!("1,{U1},0"))]), &v);
+            assert_eq!(vis.unwrap(), vec![1]);
+            let r = on(&v, 0, &[]).unwrap();
+            assert!(
+                r.how.ends_with(&format!("in PCI order, from {source}")),
+                "{}",
+                r.how
+            );
+        }
+    }
+
+    #[test]
+    fn mig_names_resolve_to_the_parent_gpu_through_nvml() {
+        let v = listed(GpuSource::Nvml);
+        let a = |id, cvd: &str| {
+            on(&v, id, &[("CUDA_VISIBLE_DEVICES", cvd)])
+                .unwrap()
+                .address
+        };
+        assert_eq!(a(0, M1), "0000:86:00.0");
+        assert_eq!(a(0, "MIG-5c2a7e44"), "0000:86:00.0");
+        // The pre-R470 form names the parent's UUID and the instance.
+        assert_eq!(a(0, &format!("MIG-{U0}/1/0")), "0000:3b:00.0");
+        // Two instances of one GPU are two devices.
+        assert_eq!(a(1, &format!("MIG-{U1}/1/0,MIG-{U1}/2/0")), "0000:86:00.0");
+        let e = on(&v, 0, &[("CUDA_VISIBLE_DEVICES", "MIG-ffff")]).unwrap_err();
+        assert!(e.message.starts_with("no GPU is visible"), "{e}");
+    }
+
+    #[test]
+    fn mig_names_need_nvml_even_with_the_driver_list() {
+        let v = listed(GpuSource::DriverList);
+        let e = on(&v, 0, &[("CUDA_VISIBLE_DEVICES", M1)]).unwrap_err();
+        assert!(e.message.contains("is a MIG name"), "{e}");
+        assert!(
+            e.message.contains("needs NVML, which is not available"),
+            "{e}"
+        );
+        assert!(e.message.contains("the driver's list"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_list_says_which_source_was_empty() {
+        let mut v = listed(GpuSource::DriverList);
+        v.gpus.clear();
+        let e = on(&v, 0, &[]).unwrap_err();
+        assert!(e.message.contains("may be opened by this process"), "{e}");
+        v.source = GpuSource::Nvml;
+        assert_eq!(on(&v, 0, &[]).unwrap_err().message, "NVML shows no GPU");
     }
 }

@@ -3,15 +3,17 @@
 //! The safe core lives here: CPU masks, the host topology read from sysfs, the cgroup limits,
 //! the CUDA device mapping, the policy table, the registry model of roles and placements, and the
 //! engine that the preload shims in `cdylib/` call. The few modules that must be `unsafe` (raw
-//! syscalls, the `pthread_create` trampoline) sit under [`engine`] with a `// SAFETY:` line on
-//! every block.
+//! syscalls, the `pthread_create` trampoline) sit under [`engine`], NVML's `dlopen` in [`nvml`],
+//! with a `// SAFETY:` line on every block.
 
 pub mod cgroup;
 pub mod cli;
 pub mod device;
 pub mod engine;
+pub mod gpus;
 pub mod log;
 pub mod mask;
+pub mod nvml;
 pub mod plan;
 pub mod policy;
 pub mod probe;

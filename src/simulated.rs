@@ -48,6 +48,17 @@ pub struct SimulatedHost {
     distances: Option<Vec<Vec<u32>>>,
     pci: Vec<SimPci>,
     idle_states: Vec<(String, u64)>,
+    driver: Vec<SimDriverGpu>,
+}
+
+/// An entry of the driver's list (`/proc/driver/nvidia/gpus`), and whether its device node is
+/// written (a GPU of this container) or not (one the device cgroup or the toolkit withholds).
+#[derive(Debug, Clone)]
+struct SimDriverGpu {
+    address: String,
+    uuid: String,
+    minor: u32,
+    opens: bool,
 }
 
 impl SimulatedHost {
@@ -116,6 +127,19 @@ impl SimulatedHost {
             numa_node: None,
             local_cpus: None,
             write_local: true,
+        });
+        self
+    }
+
+    /// An entry of the driver's list, `proc/driver/nvidia/gpus/<address>/information`, with
+    /// `dev/nvidia<minor>` written when `opens` (the root override prefixes both).
+    #[must_use]
+    pub fn driver_gpu(mut self, address: &str, uuid: &str, minor: u32, opens: bool) -> Self {
+        self.driver.push(SimDriverGpu {
+            address: address.to_ascii_lowercase(),
+            uuid: uuid.to_string(),
+            minor,
+            opens,
         });
         self
     }
@@ -289,6 +313,21 @@ impl SimulatedHost {
             )?;
             let row: Vec<String> = distances[pos].iter().map(u32::to_string).collect();
             put(&dir.join("distance"), &format!("{}\n", row.join(" ")))?;
+        }
+        for g in &self.driver {
+            // The layout the driver writes (tabs and all), trimmed to the lines that matter.
+            put(
+                &root.join(format!("proc/driver/nvidia/gpus/{}/information", g.address)),
+                &format!(
+                    "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 0\nGPU UUID: \t {}\n\
+                     Bus Type: \t PCIe\nBus Location: \t {}\nDevice Minor: \t {}\n\
+                     GPU Excluded:\t No\n",
+                    g.uuid, g.address, g.minor
+                ),
+            )?;
+            if g.opens {
+                put(&root.join(format!("dev/nvidia{}", g.minor)), "")?;
+            }
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::device::{resolve_device_in, DeviceEnv};
+use crate::device::{resolve_device_on, DeviceEnv};
 use crate::engine::kernel::{self, Kernel};
 use crate::engine::{process, registry};
 use crate::mask::CpuMask;
@@ -126,14 +126,24 @@ fn auto(
     device_id: i32,
     what: &str,
 ) -> Result<(StepPlacement, String), i32> {
-    let resolved = resolve_device_in(device_id, &DeviceEnv::from_env(), &topology.gpus, root)
-        .map_err(|e| {
+    let view = crate::gpus::current_view(root, topology, true);
+    let resolved =
+        resolve_device_on(device_id, &DeviceEnv::from_env(), &view, root).map_err(|e| {
             log_error!("{what} thread for device {device_id} not pinned: {e}");
             -libc::ENODEV
         })?;
     let target = format!("GPU {}", resolved.address);
+    // The plan places every GPU sysfs lists; one sysfs does not list has no placement.
+    let Some(index) = topology
+        .gpus
+        .iter()
+        .position(|g| g.address == resolved.address)
+    else {
+        log_warn!("{what} thread for {target} not pinned: sysfs does not list it");
+        return Err(0);
+    };
     let all = plan::auto_placement(topology, allowed);
-    let placement = match &all[resolved.gpu_index].placement {
+    let placement = match &all[index].placement {
         Ok(placement) => placement.clone(),
         Err(reason) => {
             log_warn!("{what} thread for {target} not pinned: {reason}");

@@ -160,6 +160,8 @@ pub enum LocalCpuSource {
     SingleNode,
     /// Nothing says where the GPU is: every online CPU.
     AllOnline,
+    /// sysfs says nothing about the GPU: NVML's CPU affinity for it.
+    NvmlAffinity,
 }
 
 impl fmt::Display for LocalCpuSource {
@@ -176,6 +178,7 @@ impl fmt::Display for LocalCpuSource {
             ),
             Self::SingleNode => f.write_str("every online CPU (single NUMA node host)"),
             Self::AllOnline => f.write_str("every online CPU (the GPU's NUMA node is unknown)"),
+            Self::NvmlAffinity => f.write_str("NVML's CPU affinity (sysfs says nothing)"),
         }
     }
 }

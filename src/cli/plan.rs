@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::cgroup;
-use crate::device::{resolve_device_in, DeviceEnv};
+use crate::device::{resolve_device_on, DeviceEnv};
 use crate::engine::kernel;
 use crate::mask::CpuMask;
 use crate::plan::{self, CpuPlan, GpuPlacement, PlanInput, StepPlacement};
@@ -45,8 +45,20 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         }
     };
     let topology = Topology::read(&root).map_err(|e| e.to_string())?;
-    let resolved = resolve_device_in(args.gpu, &DeviceEnv::from_env(), &topology.gpus, &root)
+    let view = crate::gpus::current_view(&root, &topology, true);
+    let resolved = resolve_device_on(args.gpu, &DeviceEnv::from_env(), &view, &root)
         .map_err(|e| e.to_string())?;
+    // The plan is laid over sysfs's GPUs (the whole host); NVML or the driver picked which.
+    let gpu_index = topology
+        .gpus
+        .iter()
+        .position(|g| g.address == resolved.address)
+        .ok_or_else(|| {
+            format!(
+                "{}: sysfs under {root} does not list {}, so there is no plan for it",
+                resolved.how, resolved.address
+            )
+        })?;
     let process_mask = match &args.cpus {
         Some(list) => match CpuMask::parse_list(list) {
             Ok(m) if !m.is_empty() => m,
@@ -81,11 +93,12 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         cpuset: &cpuset,
         quota,
         step_core,
-        gpu_index: resolved.gpu_index,
+        gpu_index,
     });
     let context = Context {
         device: args.gpu,
         how: &resolved.how,
+        gpu_source: view.source.to_string(),
         mask_from: if args.cpus.is_some() {
             "--cpus"
         } else {
@@ -125,6 +138,8 @@ fn step_core_from_env() -> Result<(StepCore, StepCoreSource), String> {
 struct Context<'a> {
     device: i32,
     how: &'a str,
+    /// Which list the CUDA number was resolved in (NVML, the driver's, sysfs).
+    gpu_source: String,
     mask_from: &'a str,
     cpuset_from: &'a str,
     source: StepCoreSource,
@@ -313,6 +328,7 @@ fn to_json(plan: &CpuPlan, cx: &Context<'_>) -> Value {
             "address": plan.address,
             "numa_node": gpu.numa_node,
             "resolved": cx.how,
+            "source": cx.gpu_source,
         },
         "process_mask": plan.process_mask.to_list(),
         "process_mask_from": cx.mask_from,
@@ -369,6 +385,7 @@ mod tests {
             let cx = Context {
                 device: 0,
                 how: "CUDA device 0 = GPU 0 (0000:18:00.0) in PCI order",
+                gpu_source: "sysfs".to_string(),
                 mask_from: "--cpus",
                 cpuset_from: "the simulated host's online CPUs; no cgroup",
                 source: StepCoreSource::WhatIf,

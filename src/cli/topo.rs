@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::cgroup::{self, CgroupLimits, CgroupVersion};
+use crate::device::{visible_in_view, DeviceEnv};
 use crate::engine::kernel;
+use crate::gpus::{GpuSource, GpuView};
 use crate::mask::CpuMask;
 use crate::topology::{SysfsRoot, Topology};
 
@@ -30,7 +32,10 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
         }
     };
     let topology = Topology::read(&root).map_err(|e| e.to_string())?;
+    let view = crate::gpus::current_view(&root, &topology, true);
     let host = Host {
+        view: &view,
+        env: DeviceEnv::from_env(),
         real: root.root() == Path::new("/"),
         root: &root,
         topology: &topology,
@@ -52,6 +57,9 @@ struct Host<'a> {
     real: bool,
     root: &'a SysfsRoot,
     topology: &'a Topology,
+    /// The GPUs this process sees (NVML, the driver's list or sysfs).
+    view: &'a GpuView,
+    env: DeviceEnv,
     process_mask: Option<CpuMask>,
     limits: CgroupLimits,
 }
@@ -183,6 +191,7 @@ fn to_text(h: &Host<'_>) -> String {
             g.address, g.device, local.cpus, local.source
         );
     }
+    visible_text(h, &mut out);
     let limits = &h.limits;
     let _ = writeln!(out, "cgroup ({}):", version_name(limits.version));
     let _ = writeln!(
@@ -228,6 +237,104 @@ fn to_text(h: &Host<'_>) -> String {
         );
     }
     out
+}
+
+/// What NVML said, in a line: its GPU count, or why it was not used.
+fn nvml_text(v: &GpuView) -> String {
+    match (&v.nvml_error, v.source, v.nvml_tried) {
+        (_, GpuSource::Nvml, _) => format!("{} GPU(s)", v.gpus.len()),
+        (Some(e), _, _) => format!("not used: {e}"),
+        _ => "not asked".to_string(),
+    }
+}
+
+fn driver_text(v: &GpuView) -> String {
+    match &v.driver {
+        None => "no /proc/driver/nvidia/gpus".to_string(),
+        Some(d) => format!(
+            "{} listed, {} this process may open",
+            d.len(),
+            v.driver_visible().unwrap_or(0)
+        ),
+    }
+}
+
+/// The GPUs CUDA numbers for this process, where that list came from, and the views that
+/// disagree with it.
+fn visible_text(h: &Host<'_>, out: &mut String) {
+    let v = h.view;
+    let _ = writeln!(out, "GPUs this process sees (from {}):", v.source);
+    let _ = writeln!(out, "  NVML: {}", nvml_text(v));
+    let _ = writeln!(out, "  driver: {}", driver_text(v));
+    let _ = writeln!(out, "  sysfs: {} NVIDIA GPU(s)", v.sysfs_count);
+    if let Some(line) = v.disagreement() {
+        let _ = writeln!(out, "  note: {line}");
+    }
+    match visible_in_view(&h.env, v) {
+        Ok(visible) => {
+            for (cuda, &i) in visible.iter().enumerate() {
+                let g = &v.gpus[i];
+                let local = crate::gpus::local_cpus(h.topology, g);
+                let _ = writeln!(
+                    out,
+                    "  CUDA device {cuda}: {}{}, local CPUs [{}] from {}",
+                    g.address,
+                    g.uuid
+                        .as_deref()
+                        .map(|u| format!(" ({u})"))
+                        .unwrap_or_default(),
+                    local.cpus,
+                    local.source
+                );
+            }
+            if visible.is_empty() {
+                let _ = writeln!(out, "  no CUDA device visible");
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(out, "  warning: {e}");
+        }
+    }
+}
+
+fn visible_json(h: &Host<'_>) -> Value {
+    let v = h.view;
+    let (devices, warning) = match visible_in_view(&h.env, v) {
+        Ok(visible) => (
+            visible
+                .iter()
+                .enumerate()
+                .map(|(cuda, &i)| {
+                    let g = &v.gpus[i];
+                    let local = crate::gpus::local_cpus(h.topology, g);
+                    json!({
+                        "cuda_device": cuda,
+                        "address": g.address,
+                        "uuid": g.uuid,
+                        "migs": g.migs,
+                        "nvml_cpus": g.nvml_cpus.as_ref().map(CpuMask::to_list),
+                        "local_cpus": local.cpus.to_list(),
+                        "local_cpus_from": local.source.to_string(),
+                    })
+                })
+                .collect::<Vec<_>>(),
+            None,
+        ),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    json!({
+        "source": match v.source {
+            GpuSource::Nvml => "nvml",
+            GpuSource::DriverList => "driver",
+            GpuSource::Sysfs => "sysfs",
+        },
+        "nvml": nvml_text(v),
+        "driver": driver_text(v),
+        "sysfs_gpus": v.sysfs_count,
+        "note": v.disagreement(),
+        "devices": devices,
+        "warning": warning,
+    })
 }
 
 fn to_json(h: &Host<'_>) -> Value {
@@ -282,6 +389,7 @@ fn to_json(h: &Host<'_>) -> Value {
         "nodes": nodes,
         "cpus": cpus,
         "gpus": gpus,
+        "visible": visible_json(h),
         "cgroup": {
             "version": version_name(limits.version),
             "cpuset": limits.cpuset.as_ref().map(CpuMask::to_list),
@@ -332,7 +440,10 @@ mod tests {
         dgx_h100_like().write(dir.path()).unwrap();
         let root = SysfsRoot::new(dir.path());
         let t = Topology::read(&root).unwrap();
+        let view = crate::gpus::view(&root, &t.gpus, None);
         let host = Host {
+            view: &view,
+            env: DeviceEnv::default(),
             real: false,
             root: &root,
             topology: &t,

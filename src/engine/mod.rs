@@ -20,7 +20,7 @@ use spin::mutex::SpinMutex;
 use spin::relax::Yield;
 
 use crate::cgroup;
-use crate::device::{resolve_device_in, DeviceEnv};
+use crate::device::{resolve_device_on, DeviceEnv};
 use crate::mask::CpuMask;
 use crate::policy::{self, PolicyInput, Rule};
 use crate::registry::{LeaseKind, Registry, Role, Slot};
@@ -214,7 +214,8 @@ fn configure_dedicated_worker() {
     let Some(main) = REGISTRY.lock().find_tid(pid) else {
         return;
     };
-    let lease = configure_for(main, -1, LeaseKind::Configure);
+    // From the constructor: NVML must not be loaded here, the driver's list and sysfs decide.
+    let lease = configure_for(main, -1, LeaseKind::Configure, false);
     if lease < 0 {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
         return;
@@ -245,7 +246,7 @@ fn open_for_caller(device_id: i32, kind: LeaseKind) -> i64 {
     catch_unwind(|| {
         publish_if_forked();
         let caller = current_or_register();
-        configure_for(caller, device_id, kind)
+        configure_for(caller, device_id, kind, true)
     })
     .unwrap_or(-(libc::EFAULT as i64))
 }
@@ -298,20 +299,31 @@ struct WorkerSet {
     note: Option<String>,
 }
 
-/// Worker sets already resolved, by device id: the topology and the CUDA variables are read once,
-/// as the CUDA runtime reads them once, so a repeated configure costs no sysfs walk.
-static WORKER_SETS: SpinMutex<Vec<(i32, WorkerSet)>, Yield> = SpinMutex::new(Vec::new());
+/// What a worker set was resolved from: the device id, the CUDA variables as they were, and
+/// whether NVML could be asked.
+type SetKey = (i32, DeviceEnv, bool);
 
-fn gpu_local_set(device_id: i32) -> Result<WorkerSet, (i32, String)> {
-    if let Some((_, set)) = WORKER_SETS.lock().iter().find(|(id, _)| *id == device_id) {
+/// Worker sets already resolved. The CUDA variables are part of the key, read at every configure
+/// (a program may set `CUDA_VISIBLE_DEVICES` after load), so a repeated configure with the same
+/// ones costs a few `getenv`s and no sysfs walk. NVML's answer is cached apart, in
+/// [`crate::gpus`].
+static WORKER_SETS: SpinMutex<Vec<(SetKey, WorkerSet)>, Yield> = SpinMutex::new(Vec::new());
+
+fn gpu_local_set(device_id: i32, nvml: bool) -> Result<WorkerSet, (i32, String)> {
+    let key = (device_id, DeviceEnv::from_env(), nvml);
+    if let Some((_, set)) = WORKER_SETS.lock().iter().find(|(k, _)| *k == key) {
         return Ok(set.clone());
     }
-    let set = resolve_worker_set(device_id)?;
-    WORKER_SETS.lock().push((device_id, set.clone()));
+    let set = resolve_worker_set(device_id, &key.1, nvml)?;
+    WORKER_SETS.lock().push((key, set.clone()));
     Ok(set)
 }
 
-fn resolve_worker_set(device_id: i32) -> Result<WorkerSet, (i32, String)> {
+fn resolve_worker_set(
+    device_id: i32,
+    env: &DeviceEnv,
+    nvml: bool,
+) -> Result<WorkerSet, (i32, String)> {
     let settings = &process().settings;
     if let Some(cpus) = &settings.cpus_override {
         return Ok(WorkerSet {
@@ -322,10 +334,10 @@ fn resolve_worker_set(device_id: i32) -> Result<WorkerSet, (i32, String)> {
     }
     let root = SysfsRoot::new(settings.sysfs_root.clone());
     let topology = Topology::read(&root).map_err(|e| (libc::EIO, e.to_string()))?;
-    let resolved = resolve_device_in(device_id, &DeviceEnv::from_env(), &topology.gpus, &root)
+    let view = crate::gpus::current_view(&root, &topology, nvml);
+    let resolved = resolve_device_on(device_id, env, &view, &root)
         .map_err(|e| (libc::ENODEV, e.to_string()))?;
-    let gpu = &topology.gpus[resolved.gpu_index];
-    let local = topology.gpu_local_cpus(gpu);
+    let local = crate::gpus::local_cpus(&topology, &view.gpus[resolved.gpu_index]);
     let note = match local.source {
         LocalCpuSource::SingleNode => Some(
             "this host has one NUMA node: NUMA-aware placement means every allowed CPU".to_string(),
@@ -348,13 +360,13 @@ fn resolve_worker_set(device_id: i32) -> Result<WorkerSet, (i32, String)> {
     })
 }
 
-fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind) -> i64 {
+fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i64 {
     let p = process();
     let call = match kind {
         LeaseKind::Configure => "configure",
         LeaseKind::WorkerScope => "begin_worker_scope",
     };
-    let set = match gpu_local_set(device_id) {
+    let set = match gpu_local_set(device_id, nvml) {
         Ok(set) => set,
         Err((errno, message)) => {
             log_error!("{call}({device_id}): {message}; no mask changed");
@@ -608,6 +620,7 @@ fn register_fork_handlers() {
         hold_for_fork(&objects::PUBLISHED);
         hold_for_fork(&crate::step::HELD);
         hold_for_fork(&WORKER_SETS);
+        hold_for_fork(crate::gpus::nvml_lock());
         hold_for_fork(&TABLE_PATH);
         hold_for_fork(&ADAPTERS);
         hold_for_fork(&REGISTRY);
@@ -618,6 +631,7 @@ fn register_fork_handlers() {
             release_after_fork(&REGISTRY);
             release_after_fork(&ADAPTERS);
             release_after_fork(&TABLE_PATH);
+            release_after_fork(crate::gpus::nvml_lock());
             release_after_fork(&WORKER_SETS);
             release_after_fork(&crate::step::HELD);
             release_after_fork(&objects::PUBLISHED);

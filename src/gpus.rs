@@ -1,0 +1,477 @@
+//! Which GPUs this process sees, and from which source (SPEC §4).
+//!
+//! sysfs is not namespaced: inside a container it lists every GPU of the host, while CUDA's device
+//! 0 is the container's first GPU. So the list CUDA numbers into comes, in order, from
+//!
+//! 1. NVML (what CUDA and pynvml see), when `libnvidia-ml.so.1` loads and answers;
+//! 2. the driver's own list, `/proc/driver/nvidia/gpus/<pci>/information`, keeping only the GPUs
+//!    whose `/dev/nvidia<minor>` this process may open (the container toolkit hides the other
+//!    entries; a device cgroup does not, but refuses the open);
+//! 3. sysfs's NVIDIA display and 3D functions, as before.
+//!
+//! The driver's list and `/dev` are read under the same root as sysfs
+//! (`TLLM_AFFINITY_SYSFS_ROOT`), so tests can write them.
+
+#![forbid(unsafe_code)]
+
+use crate::mask::CpuMask;
+use crate::nvml::NvmlGpu;
+use crate::topology::{
+    normalize_pci_address, LocalCpuSource, LocalCpus, PciGpu, SysfsRoot, Topology,
+};
+use spin::mutex::SpinMutex;
+use spin::relax::Yield;
+use std::fmt;
+use std::fs;
+
+/// Where the visible-GPU list came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuSource {
+    Nvml,
+    DriverList,
+    Sysfs,
+}
+
+impl fmt::Display for GpuSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Nvml => "NVML",
+            Self::DriverList => "the driver's list (/proc/driver/nvidia/gpus)",
+            Self::Sysfs => "sysfs",
+        })
+    }
+}
+
+/// One GPU CUDA can number, in PCI order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostGpu {
+    /// Lowercase, with domain: `0000:3b:00.0`.
+    pub address: String,
+    /// `GPU-...`, when NVML or the driver's list names it.
+    pub uuid: Option<String>,
+    /// The UUIDs of its MIG instances (NVML only).
+    pub migs: Vec<String>,
+    /// NVML's CPU affinity for it.
+    pub nvml_cpus: Option<CpuMask>,
+}
+
+impl HostGpu {
+    pub fn from_pci(gpu: &PciGpu) -> Self {
+        Self {
+            address: gpu.address.clone(),
+            uuid: None,
+            migs: Vec::new(),
+            nvml_cpus: None,
+        }
+    }
+}
+
+/// One entry of `/proc/driver/nvidia/gpus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverGpu {
+    pub address: String,
+    pub uuid: Option<String>,
+    pub minor: Option<u32>,
+    /// `/dev/nvidia<minor>` opens for this process.
+    pub opens: bool,
+}
+
+/// The GPUs this process sees, and what each source said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuView {
+    pub source: GpuSource,
+    /// In PCI order.
+    pub gpus: Vec<HostGpu>,
+    pub sysfs_count: usize,
+    /// The driver's entries, `None` when the directory does not exist.
+    pub driver: Option<Vec<DriverGpu>>,
+    /// Why NVML was not used, `None` when it was (or was not tried, see `nvml_tried`).
+    pub nvml_error: Option<String>,
+    pub nvml_tried: bool,
+}
+
+impl GpuView {
+    /// The driver's GPUs this process may open.
+    pub fn driver_visible(&self) -> Option<usize> {
+        self.driver
+            .as_ref()
+            .map(|d| d.iter().filter(|g| g.opens).count())
+    }
+
+    /// A line when sysfs lists more GPUs than the process sees, e.g. "sysfs lists 8 NVIDIA GPUs,
+    /// the driver shows 1: this looks like a container".
+    pub fn disagreement(&self) -> Option<String> {
+        let (who, seen) = match self.source {
+            GpuSource::Nvml => ("NVML", self.gpus.len()),
+            GpuSource::DriverList => ("the driver", self.gpus.len()),
+            GpuSource::Sysfs => return None,
+        };
+        (seen != self.sysfs_count).then(|| {
+            format!(
+                "sysfs lists {} NVIDIA GPU{}, {who} shows {seen}: this looks like a container",
+                self.sysfs_count,
+                if self.sysfs_count == 1 { "" } else { "s" }
+            )
+        })
+    }
+}
+
+/// Parses an `information` file: `GPU UUID:` and `Device Minor:` (other lines are ignored).
+pub fn parse_driver_information(text: &str) -> (Option<String>, Option<u32>) {
+    let mut uuid = None;
+    let mut minor = None;
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        match key.trim() {
+            "GPU UUID" if !value.is_empty() => uuid = Some(value.to_string()),
+            "Device Minor" => minor = value.parse().ok(),
+            _ => {}
+        }
+    }
+    (uuid, minor)
+}
+
+/// `proc/driver/nvidia/gpus` under `root`; `None` when the directory is absent (no driver, or
+/// a sandbox that does not show it).
+pub fn read_driver_list(root: &SysfsRoot) -> Option<Vec<DriverGpu>> {
+    let dir = root.path("proc/driver/nvidia/gpus");
+    let entries = fs::read_dir(&dir).ok()?;
+    let mut gpus: Vec<DriverGpu> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let address = normalize_pci_address(&name)?;
+            let text = fs::read_to_string(e.path().join("information")).unwrap_or_default();
+            let (uuid, minor) = parse_driver_information(&text);
+            // A GPU whose node this process may not open is not one CUDA can use.
+            let opens =
+                minor.is_some_and(|m| fs::File::open(root.path(&format!("dev/nvidia{m}"))).is_ok());
+            Some(DriverGpu {
+                address,
+                uuid,
+                minor,
+                opens,
+            })
+        })
+        .collect();
+    gpus.sort_by(|a, b| a.address.cmp(&b.address));
+    Some(gpus)
+}
+
+/// The view from the three sources: `nvml` is NVML's answer, `None` where it must not be tried
+/// (a dedicated worker configured from the constructor).
+pub fn view(
+    root: &SysfsRoot,
+    sysfs: &[PciGpu],
+    nvml: Option<Result<Vec<NvmlGpu>, String>>,
+) -> GpuView {
+    let driver = read_driver_list(root);
+    let nvml_tried = nvml.is_some();
+    let mut nvml_error = None;
+    if let Some(answer) = nvml {
+        match answer.and_then(|gpus| from_nvml(&gpus)) {
+            Ok(gpus) => {
+                return GpuView {
+                    source: GpuSource::Nvml,
+                    gpus,
+                    sysfs_count: sysfs.len(),
+                    driver,
+                    nvml_error: None,
+                    nvml_tried,
+                }
+            }
+            Err(e) => nvml_error = Some(e),
+        }
+    }
+    // An empty driver directory says nothing (a sandbox that mounts it empty); entries that all
+    // fail to open say this process has no GPU.
+    let from_driver = driver.as_ref().filter(|d| !d.is_empty()).map(|d| {
+        d.iter()
+            .filter(|g| g.opens)
+            .map(|g| HostGpu {
+                address: g.address.clone(),
+                uuid: g.uuid.clone(),
+                migs: Vec::new(),
+                nvml_cpus: None,
+            })
+            .collect::<Vec<_>>()
+    });
+    let (source, gpus) = match from_driver {
+        Some(gpus) => (GpuSource::DriverList, gpus),
+        None => (
+            GpuSource::Sysfs,
+            sysfs.iter().map(HostGpu::from_pci).collect(),
+        ),
+    };
+    GpuView {
+        source,
+        gpus,
+        sysfs_count: sysfs.len(),
+        driver,
+        nvml_error,
+        nvml_tried,
+    }
+}
+
+/// NVML's GPUs in PCI order with normalised addresses (`00000000:3B:00.0` → `0000:3b:00.0`).
+pub fn from_nvml(gpus: &[NvmlGpu]) -> Result<Vec<HostGpu>, String> {
+    let mut out = Vec::with_capacity(gpus.len());
+    for g in gpus {
+        let Some(address) = normalize_nvml_bus_id(&g.bus_id) else {
+            return Err(format!("NVML bus id '{}' is not a PCI address", g.bus_id));
+        };
+        out.push(HostGpu {
+            address,
+            uuid: Some(g.uuid.clone()),
+            migs: g.migs.clone(),
+            nvml_cpus: g.cpus.clone(),
+        });
+    }
+    out.sort_by(|a, b| a.address.cmp(&b.address));
+    Ok(out)
+}
+
+/// NVML's 8-digit domain becomes sysfs's 4 digits when the upper half is zero.
+pub fn normalize_nvml_bus_id(bus_id: &str) -> Option<String> {
+    let a = normalize_pci_address(bus_id)?;
+    let (domain, rest) = a.split_once(':')?;
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    Some(format!("{domain:04x}:{rest}"))
+}
+
+/// NVML's answer for this process, asked once: the first `configure`, `plan` or `topo` loads it,
+/// later calls reuse the plain data (a fork child too, without touching NVML).
+static NVML_ANSWER: SpinMutex<Option<Result<Vec<NvmlGpu>, String>>, Yield> = SpinMutex::new(None);
+
+/// For the engine's fork handlers.
+pub fn nvml_lock() -> &'static SpinMutex<Option<Result<Vec<NvmlGpu>, String>>, Yield> {
+    &NVML_ANSWER
+}
+
+/// [`crate::nvml::query`], once per process. `TLLM_AFFINITY_NVML=0` skips NVML (a host where
+/// loading it is unwanted); the answer is then an error saying so.
+pub fn nvml_answer() -> Result<Vec<NvmlGpu>, String> {
+    if let Some(answer) = NVML_ANSWER.lock().as_ref() {
+        return answer.clone();
+    }
+    // Asked without the lock held: dlopen runs NVML's constructors, which may create threads
+    // through our hooks. Two first callers both asking is harmless (NVML counts inits).
+    let answer = if std::env::var_os("TLLM_AFFINITY_NVML").is_some_and(|v| v == "0") {
+        Err("TLLM_AFFINITY_NVML=0".to_string())
+    } else {
+        crate::nvml::query()
+    };
+    if let Err(e) = &answer {
+        crate::log_debug!("no NVML: {e}; using the driver's list, else sysfs");
+    }
+    let mut slot = NVML_ANSWER.lock();
+    slot.get_or_insert(answer).clone()
+}
+
+/// [`view`] of this process's GPUs, asking NVML (once per process) when `nvml` allows it.
+pub fn current_view(root: &SysfsRoot, topology: &Topology, nvml: bool) -> GpuView {
+    view(root, &topology.gpus, nvml.then(nvml_answer))
+}
+
+/// The CPUs local to `gpu` (SPEC §4): sysfs's answer for its address (`local_cpulist`, else its
+/// NUMA node), else NVML's CPU affinity, else every online CPU.
+pub fn local_cpus(topology: &Topology, gpu: &HostGpu) -> LocalCpus {
+    let nvml = || {
+        gpu.nvml_cpus
+            .as_ref()
+            .map(|m| m.intersection(&topology.online))
+            .filter(|m| !m.is_empty())
+    };
+    match topology.gpus.iter().find(|g| g.address == gpu.address) {
+        Some(pci) => {
+            let local = topology.gpu_local_cpus(pci);
+            match (local.source, nvml()) {
+                (LocalCpuSource::AllOnline, Some(cpus)) => LocalCpus {
+                    cpus,
+                    source: LocalCpuSource::NvmlAffinity,
+                },
+                _ => local,
+            }
+        }
+        None if topology.nodes.len() <= 1 => LocalCpus {
+            cpus: topology.online.clone(),
+            source: LocalCpuSource::SingleNode,
+        },
+        None => match nvml() {
+            Some(cpus) => LocalCpus {
+                cpus,
+                source: LocalCpuSource::NvmlAffinity,
+            },
+            None => LocalCpus {
+                cpus: topology.online.clone(),
+                source: LocalCpuSource::AllOnline,
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nv(bus: &str, uuid: &str) -> NvmlGpu {
+        NvmlGpu {
+            bus_id: bus.to_string(),
+            uuid: uuid.to_string(),
+            migs: Vec::new(),
+            cpus: None,
+        }
+    }
+
+    #[test]
+    fn nvml_bus_ids_are_normalised() {
+        assert_eq!(
+            normalize_nvml_bus_id("00000000:3B:00.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(
+            normalize_nvml_bus_id("00010000:3B:00.0").as_deref(),
+            Some("10000:3b:00.0")
+        );
+        assert_eq!(
+            normalize_nvml_bus_id("3b:00.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(normalize_nvml_bus_id("nonsense"), None);
+        let gpus = from_nvml(&[
+            nv("00000000:DB:00.0", "GPU-b"),
+            nv("00000000:1B:00.0", "GPU-a"),
+        ])
+        .unwrap();
+        let order: Vec<&str> = gpus.iter().map(|g| g.address.as_str()).collect();
+        assert_eq!(order, ["0000:1b:00.0", "0000:db:00.0"]);
+        assert!(from_nvml(&[nv("bad", "GPU-x")]).is_err());
+    }
+
+    #[test]
+    fn driver_information_is_parsed() {
+        let text = "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 17\nGPU UUID: \t GPU-8f3c0a1e-1111-2222-3333-444455556666\nBus Location: \t 0000:18:00.0\nDevice Minor: \t 3\n";
+        assert_eq!(
+            parse_driver_information(text),
+            (
+                Some("GPU-8f3c0a1e-1111-2222-3333-444455556666".to_string()),
+                Some(3)
+            )
+        );
+        assert_eq!(parse_driver_information("Device Minor: x\n"), (None, None));
+    }
+
+    #[test]
+    fn disagreement_is_worded_for_a_container() {
+        let v = GpuView {
+            source: GpuSource::DriverList,
+            gpus: vec![HostGpu {
+                address: "0000:18:00.0".into(),
+                uuid: None,
+                migs: vec![],
+                nvml_cpus: None,
+            }],
+            sysfs_count: 8,
+            driver: None,
+            nvml_error: None,
+            nvml_tried: false,
+        };
+        assert_eq!(
+            v.disagreement().unwrap(),
+            "sysfs lists 8 NVIDIA GPUs, the driver shows 1: this looks like a container"
+        );
+        let same = GpuView {
+            sysfs_count: 1,
+            ..v.clone()
+        };
+        assert_eq!(same.disagreement(), None);
+        let sysfs = GpuView {
+            source: GpuSource::Sysfs,
+            ..v
+        };
+        assert_eq!(sysfs.disagreement(), None);
+    }
+
+    /// 8 GPUs in sysfs over two nodes, the driver listing 2 of them with device nodes for 1.
+    fn container() -> (tempfile::TempDir, SysfsRoot, Topology) {
+        let dir = tempfile::tempdir().unwrap();
+        crate::simulated::dgx_h100_like()
+            .driver_gpu(
+                "0000:ba:00.0",
+                "GPU-aaaa0000-0000-0000-0000-000000000006",
+                6,
+                true,
+            )
+            .driver_gpu(
+                "0000:18:00.0",
+                "GPU-bbbb0000-0000-0000-0000-000000000000",
+                0,
+                false,
+            )
+            .write(dir.path())
+            .unwrap();
+        let root = SysfsRoot::new(dir.path());
+        let t = Topology::read(&root).unwrap();
+        (dir, root, t)
+    }
+
+    #[test]
+    fn the_driver_list_counts_only_gpus_whose_node_opens() {
+        let (_dir, root, t) = container();
+        let v = view(&root, &t.gpus, None);
+        assert_eq!(v.source, GpuSource::DriverList);
+        assert_eq!(v.gpus.len(), 1);
+        assert_eq!(v.gpus[0].address, "0000:ba:00.0");
+        assert_eq!(v.driver_visible(), Some(1));
+        assert_eq!(v.driver.as_ref().unwrap().len(), 2);
+        assert_eq!(
+            v.disagreement().unwrap(),
+            "sysfs lists 8 NVIDIA GPUs, the driver shows 1: this looks like a container"
+        );
+        // CUDA device 0 is the container's GPU, local to node 1 (not GPU 0's node 0).
+        let local = local_cpus(&t, &v.gpus[0]);
+        assert_eq!(local.cpus, t.node(1).unwrap().cpus);
+    }
+
+    #[test]
+    fn nvml_wins_over_the_driver_and_its_failure_is_kept() {
+        let (_dir, root, t) = container();
+        let answer = Ok(vec![
+            nv("00000000:DB:00.0", "GPU-x"),
+            nv("00000000:18:00.0", "GPU-y"),
+        ]);
+        let v = view(&root, &t.gpus, Some(answer));
+        assert_eq!(v.source, GpuSource::Nvml);
+        assert_eq!(v.gpus[0].address, "0000:18:00.0");
+        assert_eq!(
+            v.disagreement().unwrap(),
+            "sysfs lists 8 NVIDIA GPUs, NVML shows 2: this looks like a container"
+        );
+        let v = view(&root, &t.gpus, Some(Err("nvmlInit_v2 returned 9".into())));
+        assert_eq!(v.source, GpuSource::DriverList);
+        assert_eq!(v.nvml_error.as_deref(), Some("nvmlInit_v2 returned 9"));
+    }
+
+    #[test]
+    fn nvml_cpus_only_where_sysfs_says_nothing() {
+        let (_dir, _root, t) = container();
+        let mut gpu = HostGpu {
+            address: "0000:18:00.0".into(),
+            uuid: None,
+            migs: vec![],
+            nvml_cpus: Some(CpuMask::from_cpus([1, 2])),
+        };
+        // sysfs knows the GPU: its local_cpulist wins.
+        assert_eq!(local_cpus(&t, &gpu).source, LocalCpuSource::PciLocalCpulist);
+        // sysfs does not list it (a partial tree): NVML's affinity.
+        gpu.address = "0000:01:00.0".into();
+        let local = local_cpus(&t, &gpu);
+        assert_eq!(local.source, LocalCpuSource::NvmlAffinity);
+        assert_eq!(local.cpus, CpuMask::from_cpus([1, 2]));
+        gpu.nvml_cpus = None;
+        assert_eq!(local_cpus(&t, &gpu).source, LocalCpuSource::AllOnline);
+    }
+}

@@ -1,0 +1,530 @@
+//! The GPU CUDA means, inside containers and with UUID and MIG names (SPEC §4): real programs
+//! under the real preloaded library, their worker masks read from the kernel.
+//!
+//! No GPU is lent here, so NVML is `tests/programs/nvml_double.c`, a test double of the NVIDIA
+//! driver's ABI (`libnvidia-ml.so.1`: nvml.h's prototypes, struct layouts and return codes)
+//! that answers from a file each test writes, found through `LD_LIBRARY_PATH`. The simulated
+//! sysfs tree (with the driver's list and `/dev` under the same root) names only CPUs this
+//! process may use: node 0 is the lower half of them, node 1 the rest.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::simulated::SimulatedHost;
+
+/// sysfs's eight GPUs: four on node 0, four on node 1, in PCI order.
+const SYSFS_GPUS: [(&str, usize); 8] = [
+    ("0000:18:00.0", 0),
+    ("0000:2a:00.0", 0),
+    ("0000:3a:00.0", 0),
+    ("0000:5d:00.0", 0),
+    ("0000:9a:00.0", 1),
+    ("0000:ab:00.0", 1),
+    ("0000:ba:00.0", 1),
+    ("0000:db:00.0", 1),
+];
+/// The container's two GPUs as NVML writes them: 3a (node 0) and ba (node 1).
+const UUID_3A: &str = "GPU-3a3a3a3a-1111-2222-3333-444455556666";
+const UUID_BA: &str = "GPU-baba0000-aaaa-bbbb-cccc-ddddeeeeffff";
+const MIG_BA: &str = "MIG-7e1d0c55-0123-4567-89ab-cdef01234567";
+
+/// NVML's answer for the container: two GPUs, NVML's CPU affinity left to sysfs.
+fn container_nvml() -> String {
+    format!("gpu 00000000:3A:00.0 {UUID_3A} -\ngpu 00000000:BA:00.0 {UUID_BA} -\nmig 1 {MIG_BA}\n")
+}
+
+struct Host {
+    sysfs: tempfile::TempDir,
+    node0: CpuMask,
+    node1: CpuMask,
+    nvml: tempfile::TempDir,
+}
+
+impl Host {
+    /// The 8-GPU host; `driver` lists these GPUs in /proc/driver/nvidia with their /dev node
+    /// written when the flag is true.
+    fn new(driver: &[(&str, &str, bool)]) -> Host {
+        let allowed = allowed_cpus();
+        let cpus: Vec<usize> = allowed.iter().collect();
+        let half = (cpus.len() / 2).max(1);
+        let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
+        let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
+        let mut host = SimulatedHost::new()
+            .node(0, &node0)
+            .node(1, &node1)
+            .node_distances(vec![vec![10, 21], vec![21, 10]]);
+        for (address, node) in SYSFS_GPUS {
+            host = host.gpu(address, Some(node), None);
+        }
+        for (i, (address, uuid, opens)) in driver.iter().enumerate() {
+            host = host.driver_gpu(address, uuid, i as u32, *opens);
+        }
+        let sysfs = tempfile::tempdir().unwrap();
+        host.write(sysfs.path()).unwrap();
+        Host {
+            sysfs,
+            node0,
+            node1,
+            nvml: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn nvml_file(&self) -> PathBuf {
+        self.nvml.path().join("nvml")
+    }
+
+    /// How many times the double's nvmlInit_v2 ran.
+    fn inits(&self) -> usize {
+        let calls = self.nvml.path().join("nvml.calls");
+        std::fs::read_to_string(calls)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    /// `program` under the library, on this host, with NVML answering from `nvml` (through the
+    /// double in `lib_dir`), or with no NVML at all when `nvml` is `None`.
+    fn command(&self, program: &Path, nvml: Option<(&str, &Path)>) -> Command {
+        let mut cmd = clean(program);
+        cmd.env("LD_PRELOAD", library())
+            .env("TLLM_AFFINITY_SYSFS_ROOT", self.sysfs.path())
+            .env("TLLM_AFFINITY_LOG", "debug")
+            .env_remove("LD_LIBRARY_PATH");
+        if let Some((text, lib_dir)) = nvml {
+            std::fs::write(self.nvml_file(), text).unwrap();
+            cmd.env("LD_LIBRARY_PATH", lib_dir)
+                .env("TLLM_NVML_DOUBLE", self.nvml_file());
+        }
+        cmd
+    }
+}
+
+/// The double as `libnvidia-ml.so.1` in a directory of its own, to put on LD_LIBRARY_PATH;
+/// `old` builds the variant without nvmlDeviceGetPciInfo_v3.
+fn nvml_double(old: bool) -> PathBuf {
+    let sub = if old { "nvml-old" } else { "nvml" };
+    let dir = target_dir().join("test-programs").join(sub);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut flags = vec!["-fPIC", "-shared"];
+    if old {
+        flags.push("-DOMIT_PCI_INFO_V3");
+    }
+    let lib = compile_program(
+        "nvml_double",
+        &format!("{sub}/libnvidia-ml.so.1"),
+        "cc",
+        &flags,
+    );
+    lib.parent().unwrap().to_path_buf()
+}
+
+/// One `DEVICE` line of gpu_population.
+#[derive(Debug)]
+struct Configured {
+    lease: i64,
+    worker: CpuMask,
+    child: CpuMask,
+    host: CpuMask,
+}
+
+/// Runs gpu_population for `devices`; its lines and stderr.
+fn population(mut cmd: Command, devices: &[i32]) -> (Vec<Configured>, String) {
+    // Devices `cmd` already names (before a "fork") print lines too.
+    let given = cmd.get_args().filter(|a| *a != "fork").count();
+    cmd.args(devices.iter().map(i32::to_string));
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let lines = stdout
+        .lines()
+        .filter(|l| l.starts_with("DEVICE "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let m = |s: &str| CpuMask::parse_list(s).unwrap();
+            Configured {
+                lease: w[3].parse().unwrap(),
+                worker: m(w[5]),
+                child: m(w[7]),
+                host: m(w[9]),
+            }
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(lines.len(), devices.len() + given, "{stdout}\n{stderr}");
+    (lines, stderr)
+}
+
+fn gpu_population() -> PathBuf {
+    compile_c("gpu_population", false)
+}
+
+/// Asserts the population put the workers of each device on `expected[i]`, the host thread
+/// left alone.
+fn assert_on(lines: &[Configured], expected: &[&CpuMask], stderr: &str) {
+    let all = allowed_cpus();
+    for (line, want) in lines.iter().zip(expected) {
+        assert!(line.lease > 0, "{line:?}\n{stderr}");
+        assert_eq!(&line.worker, *want, "{line:?}\n{stderr}");
+        assert_eq!(&line.child, *want, "born worker: {line:?}\n{stderr}");
+        assert_eq!(line.host, all, "host thread untouched: {line:?}\n{stderr}");
+    }
+}
+
+fn no_nvml_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains("no NVML")).collect()
+}
+
+#[test]
+fn container_cuda_numbers_follow_nvml_not_sysfs() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let program = gpu_population();
+    // sysfs alone (no NVML, no driver list): device 1 is sysfs's 2a, on node 0: the wrong
+    // socket for the container's second GPU. This is what the library did before NVML.
+    let (lines, stderr) = population(host.command(&program, None), &[0, 1]);
+    assert_on(&lines, &[&host.node0, &host.node0], &stderr);
+    // NVML shows the container's two GPUs: device 0 is 3a (node 0), device 1 is ba (node 1).
+    let (lines, stderr) = population(
+        host.command(&program, Some((&container_nvml(), &lib))),
+        &[0, 1],
+    );
+    assert_on(&lines, &[&host.node0, &host.node1], &stderr);
+    assert!(
+        stderr.contains("CUDA device 1 = GPU 1 (0000:ba:00.0) in PCI order, from NVML"),
+        "{stderr}"
+    );
+    assert!(no_nvml_lines(&stderr).is_empty(), "{stderr}");
+}
+
+#[test]
+fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let mut cmd = host.command(&gpu_population(), Some((&container_nvml(), &lib)));
+    // Full UUID first, then a unique prefix ("GPU-3a" names one GPU).
+    cmd.env("CUDA_VISIBLE_DEVICES", format!("{UUID_BA},GPU-3a"));
+    let (lines, stderr) = population(cmd, &[0, 1]);
+    assert_on(&lines, &[&host.node1, &host.node0], &stderr);
+    assert!(
+        stderr.contains("CUDA device 0 = CUDA_VISIBLE_DEVICES[0] = GPU 1 (0000:ba:00.0)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn mig_names_resolve_to_the_parent_gpu() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let program = gpu_population();
+    for cvd in [MIG_BA.to_string(), format!("MIG-{UUID_BA}/1/0")] {
+        let mut cmd = host.command(&program, Some((&container_nvml(), &lib)));
+        cmd.env("CUDA_VISIBLE_DEVICES", &cvd);
+        let (lines, stderr) = population(cmd, &[0]);
+        assert_on(&lines, &[&host.node1], &stderr);
+    }
+}
+
+/// NVML failing in each way the issue names: one debug line, then the driver's list.
+#[test]
+fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    // The driver lists the container's two GPUs; a third entry's node does not open (a device
+    // cgroup), so it is not the container's.
+    let host = Host::new(&[
+        (
+            "0000:18:00.0",
+            "GPU-18181818-0000-0000-0000-000000000000",
+            false,
+        ),
+        ("0000:3a:00.0", UUID_3A, true),
+        ("0000:ba:00.0", UUID_BA, true),
+    ]);
+    let lib = nvml_double(false);
+    let old = nvml_double(true);
+    let program = gpu_population();
+    let base = container_nvml();
+    let cases: [(String, &Path, &str); 5] = [
+        (
+            format!("{base}init 9\n"),
+            &lib,
+            "nvmlInit_v2 returned 9 (Driver Not Loaded)",
+        ),
+        (
+            base.clone(),
+            &old,
+            "libnvidia-ml.so.1 has no nvmlDeviceGetPciInfo_v3",
+        ),
+        (
+            format!("{base}null_handle 1\n"),
+            &lib,
+            "nvmlDeviceGetHandleByIndex_v2(1) returned a NULL handle",
+        ),
+        (
+            format!("{base}fail nvmlDeviceGetUUID 999\n"),
+            &lib,
+            "nvmlDeviceGetUUID returned 999 (Unknown Error)",
+        ),
+        (
+            format!("{base}fail nvmlDeviceGetCount_v2 15\n"),
+            &lib,
+            "nvmlDeviceGetCount_v2 returned 15",
+        ),
+    ];
+    for (text, dir, why) in &cases {
+        let mut cmd = host.command(&program, Some((text, dir)));
+        // UUIDs still resolve, through the driver's list.
+        cmd.env("CUDA_VISIBLE_DEVICES", format!("{UUID_BA},0"));
+        // Two configures of one device, then another: NVML is asked once.
+        let (lines, stderr) = population(cmd, &[0, 0, 1]);
+        assert_on(&lines, &[&host.node1, &host.node1, &host.node0], &stderr);
+        let said = no_nvml_lines(&stderr);
+        assert_eq!(said.len(), 1, "{why}: {stderr}");
+        assert!(said[0].contains(why), "{why}: {stderr}");
+        assert!(
+            stderr.contains("from the driver's list (/proc/driver/nvidia/gpus)"),
+            "{stderr}"
+        );
+    }
+    // A MIG name needs NVML: a clear error, no mask changed.
+    let mut cmd = host.command(&program, Some((&format!("{base}init 9\n"), &lib)));
+    cmd.env("CUDA_VISIBLE_DEVICES", MIG_BA);
+    let (lines, stderr) = population(cmd, &[0]);
+    assert_eq!(lines[0].lease, -(libc::ENODEV as i64), "{stderr}");
+    assert_eq!(lines[0].worker, allowed_cpus());
+    assert!(
+        stderr.contains("is a MIG name; mapping it to its GPU needs NVML"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_driver_list_alone_finds_the_container_gpus() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    // The container toolkit shows one entry; a device cgroup would show all and open one.
+    for driver in [
+        vec![("0000:ba:00.0", UUID_BA, true)],
+        SYSFS_GPUS
+            .iter()
+            .map(|(a, _)| {
+                (
+                    *a,
+                    "GPU-00000000-0000-0000-0000-000000000000",
+                    *a == "0000:ba:00.0",
+                )
+            })
+            .collect(),
+    ] {
+        let host = Host::new(&driver);
+        let (lines, stderr) = population(host.command(&gpu_population(), None), &[0]);
+        assert_on(&lines, &[&host.node1], &stderr);
+        assert!(
+            no_nvml_lines(&stderr)[0].contains("does not load"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn nvml_loads_at_the_first_configure_not_at_load() {
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let program = gpu_population();
+    // Loaded, never configured: NVML never initialised.
+    let (_, stderr) = population(host.command(&program, Some((&container_nvml(), &lib))), &[]);
+    assert_eq!(host.inits(), 0, "{stderr}");
+    // Three configures, and the device variables read at each: one nvmlInit_v2.
+    let (lines, stderr) = population(
+        host.command(&program, Some((&container_nvml(), &lib))),
+        &[0, 1, 0],
+    );
+    assert!(lines.iter().all(|l| l.lease > 0), "{lines:?}\n{stderr}");
+    assert_eq!(host.inits(), 1, "{stderr}");
+}
+
+/// A fork child uses what its parent resolved; one forked before any configure asks NVML itself.
+#[test]
+fn fork_children_reuse_or_ask_nvml() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let program = gpu_population();
+    let mut cmd = host.command(&program, Some((&container_nvml(), &lib)));
+    cmd.args(["0", "fork"]);
+    let (lines, stderr) = population(cmd, &[1]);
+    assert_on(&lines, &[&host.node0, &host.node1], &stderr);
+    assert_eq!(host.inits(), 1, "{stderr}");
+    let host = Host::new(&[]);
+    let mut cmd = host.command(&program, Some((&container_nvml(), &lib)));
+    cmd.arg("fork");
+    let (lines, stderr) = population(cmd, &[1]);
+    assert_on(&lines, &[&host.node1], &stderr);
+    assert_eq!(host.inits(), 1, "{stderr}");
+}
+
+#[test]
+fn a_dedicated_worker_resolves_without_nvml_at_load() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    let host = Host::new(&[("0000:ba:00.0", UUID_BA, true)]);
+    let lib = nvml_double(false);
+    let mut cmd = host.command(&gpu_population(), Some((&container_nvml(), &lib)));
+    cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
+    let (_, stderr) = population(cmd, &[]);
+    // Configured from the constructor through the driver's list; NVML untouched.
+    assert_eq!(host.inits(), 0, "{stderr}");
+    assert!(stderr.contains("0000:ba:00.0"), "{stderr}");
+}
+
+#[test]
+fn topo_names_its_source_and_the_container() {
+    let host = Host::new(&[
+        ("0000:3a:00.0", UUID_3A, true),
+        ("0000:ba:00.0", UUID_BA, true),
+    ]);
+    let lib = nvml_double(false);
+    let out = host
+        .command(&cli(), Some((&container_nvml(), &lib)))
+        .arg("topo")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    println!("{text}");
+    assert!(
+        text.contains("GPUs this process sees (from NVML):"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sysfs lists 8 NVIDIA GPUs, NVML shows 2: this looks like a container"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("CUDA device 1: 0000:ba:00.0 ({UUID_BA})")),
+        "{text}"
+    );
+    // Without NVML: the driver's list, and the same words for it.
+    let out = host
+        .command(
+            &cli(),
+            Some((&format!("{}init 9\n", container_nvml()), &lib)),
+        )
+        .arg("topo")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("GPUs this process sees (from the driver's list"),
+        "{text}"
+    );
+    assert!(
+        text.contains("NVML: not used: nvmlInit_v2 returned 9"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sysfs lists 8 NVIDIA GPUs, the driver shows 2: this looks like a container"),
+        "{text}"
+    );
+}
+
+/// scripts/device-check, run here as on a GPU host: prebuilt artifacts in a directory, NVML
+/// answered by the double, and `nvidia-smi` by a script printing `topo -m` as the real one does.
+#[test]
+fn device_check_script_against_the_double() {
+    if !two_cpus_or_skip("two NUMA nodes") {
+        return;
+    }
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let artifacts = tempfile::tempdir().unwrap();
+    let a = artifacts.path();
+    for (from, name) in [
+        (library(), "libtllm_affinity.so"),
+        (cli(), "tllm-affinity"),
+        (gpu_population(), "gpu_population"),
+        (compile_c("nvml_dump", false), "nvml_dump"),
+    ] {
+        std::fs::copy(from, a.join(name)).unwrap();
+    }
+    let (n0, n1) = (host.node0.to_list(), host.node1.to_list());
+    let bin = a.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let smi = bin.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -L ]; then echo 'GPU 0: NVIDIA H100 (UUID: {UUID_3A})'; \
+             echo 'GPU 1: NVIDIA H100 (UUID: {UUID_BA})'; exit 0; fi\n\
+             printf '\\tGPU0\\tGPU1\\tCPU Affinity\\tNUMA Affinity\\tGPU NUMA ID\\n'\n\
+             printf 'GPU0\\t X \\tSYS\\t{n0}\\t0\\t\\tN/A\\n'\n\
+             printf 'GPU1\\tSYS\\t X \\t{n1}\\t1\\t\\tN/A\\n'\n"
+        ),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&smi).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&smi, perms).unwrap();
+    let run = |nvml: &str| {
+        let out_dir = tempfile::tempdir().unwrap();
+        let mut cmd = host.command(&repo().join("scripts/device-check"), Some((nvml, &lib)));
+        cmd.arg(a)
+            .env("OUT", out_dir.path())
+            .env("TLLM_AFFINITY_LOG", "info")
+            .env(
+                "PATH",
+                format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+            )
+            .env_remove("LD_PRELOAD");
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let dump = std::fs::read_to_string(out_dir.path().join("nvml-double.txt")).unwrap();
+        (out.status.code(), text, dump)
+    };
+    let agreeing = format!(
+        "gpu 00000000:3A:00.0 {UUID_3A} {n0}\ngpu 00000000:BA:00.0 {UUID_BA} {n1}\nmig 1 {MIG_BA}\n"
+    );
+    let (code, text, dump) = run(&agreeing);
+    println!("{text}");
+    assert_eq!(code, Some(0), "{text}");
+    // The dump of NVML's answers reads back as the file the double answered from.
+    assert_eq!(dump, agreeing);
+    assert!(text.contains("CPU Affinity"), "{text}");
+    assert!(text.contains("\"source\": \"NVML\""), "{text}");
+    assert!(text.contains(&format!("device 1: worker [{n1}]")), "{text}");
+    assert_eq!(text.matches(": agrees").count(), 4, "{text}");
+    assert!(
+        text.contains("device-check: no disagreement found"),
+        "{text}"
+    );
+    // NVML placing device 1 on node 0 is a disagreement the script reports.
+    let (code, text, _) =
+        run(&agreeing.replace(&format!("{UUID_BA} {n1}"), &format!("{UUID_BA} {n0}")));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains(": DIFFERS"), "{text}");
+    // No CPU affinity from NVML: "cannot verify", not a failure.
+    let (code, text, _) = run(&container_nvml());
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("NVML: no CPU affinity: cannot verify"),
+        "{text}"
+    );
+}

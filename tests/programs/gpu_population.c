@@ -1,0 +1,127 @@
+/* A mixed population that configures one GPU after another, for the NVML tests and
+ * scripts/device-check (which carries it, prebuilt, to a GPU host without a compiler).
+ *
+ * Threads: the main thread and H, a host thread started first; for each device named on the
+ * command line, W (a thread that calls tllm_affinity_configure(device)) and C, a thread W creates
+ * after configuring (born a worker). Per device it prints one line
+ *
+ *   DEVICE <device> LEASE <lease or -errno> WORKER <W's mask> CHILD <C's mask> HOST <H's mask>
+ *
+ * with masks as cpulists read from the kernel, then releases the lease. An argument "fork" forks
+ * there: the child goes on with the rest (with a new H), the parent waits for it and exits with
+ * its status. The library's functions
+ * are looked up with dlsym, so the binary runs (and says so) without it.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int64_t (*configure_fn)(int32_t);
+typedef int32_t (*release_fn)(int64_t);
+
+static configure_fn tllm_configure;
+static release_fn tllm_release;
+
+static void cpulist(const cpu_set_t *set, char *out, size_t len) {
+    size_t used = 0;
+    out[0] = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, set)) continue;
+        int hi = c;
+        while (hi + 1 < CPU_SETSIZE && CPU_ISSET(hi + 1, set)) hi++;
+        int n = hi > c ? snprintf(out + used, len - used, "%s%d-%d", used ? "," : "", c, hi)
+                       : snprintf(out + used, len - used, "%s%d", used ? "," : "", c);
+        if (n < 0 || (size_t)n >= len - used) break;
+        used += (size_t)n;
+        c = hi;
+    }
+}
+
+static void own_mask(char *out, size_t len) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    sched_getaffinity(0, sizeof set, &set);
+    cpulist(&set, out, len);
+}
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
+static int quit;
+
+static void *host(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&lock);
+    while (!quit) pthread_cond_wait(&changed, &lock);
+    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+static void *child(void *arg) {
+    own_mask((char *)arg, 8192);
+    return NULL;
+}
+
+struct job { int device; int64_t lease; char worker[8192]; char child[8192]; };
+
+static void *worker(void *arg) {
+    struct job *j = arg;
+    j->lease = tllm_configure(j->device);
+    own_mask(j->worker, sizeof j->worker);
+    pthread_t c;
+    pthread_create(&c, NULL, child, j->child);
+    pthread_join(c, NULL);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    tllm_configure = (configure_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
+    tllm_release = (release_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_release");
+    if (!tllm_configure || !tllm_release) {
+        printf("NOLIB libtllm_affinity.so is not loaded\n");
+        return 3;
+    }
+    pthread_t h;
+    pthread_create(&h, NULL, host, NULL);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "fork") == 0) {
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid > 0) {
+                int status = 0;
+                waitpid(pid, &status, 0);
+                return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+            }
+            /* Only the forking thread lives on in the child: a new host thread. */
+            pthread_create(&h, NULL, host, NULL);
+            continue;
+        }
+        static struct job j;
+        memset(&j, 0, sizeof j);
+        j.device = atoi(argv[i]);
+        pthread_t w;
+        pthread_create(&w, NULL, worker, &j);
+        pthread_join(w, NULL);
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        pthread_getaffinity_np(h, sizeof set, &set);
+        char hostmask[8192];
+        cpulist(&set, hostmask, sizeof hostmask);
+        printf("DEVICE %d LEASE %lld WORKER %s CHILD %s HOST %s\n", j.device, (long long)j.lease,
+               j.worker, j.child, hostmask);
+        fflush(stdout);
+        if (j.lease > 0) tllm_release(j.lease);
+    }
+    pthread_mutex_lock(&lock);
+    quit = 1;
+    pthread_cond_broadcast(&changed);
+    pthread_mutex_unlock(&lock);
+    pthread_join(h, NULL);
+    return 0;
+}
