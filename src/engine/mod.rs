@@ -118,8 +118,11 @@ fn initialise() -> State {
     let (settings, errors) = Settings::from_env();
     crate::log::set_level(settings.log);
     // A malformed cosmetic variable (log level, strict, report path) changes no placement: it
-    // falls back to its default with one line, and the library stays active.
-    let (cosmetic, errors): (Vec<_>, Vec<_>) = errors.into_iter().partition(|e| e.is_cosmetic());
+    // falls back to its default with one line, and the library stays active. Under
+    // TLLM_AFFINITY_STRICT=1 it stops the process like any other bad setting.
+    let (cosmetic, errors): (Vec<_>, Vec<_>) = errors
+        .into_iter()
+        .partition(|e| e.is_cosmetic() && !settings.strict);
     for e in &cosmetic {
         log_error!("{e}; using its default");
     }
