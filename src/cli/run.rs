@@ -176,8 +176,8 @@ fn python_hook_env(off: bool) -> Vec<(String, OsString)> {
     let Some(hook_dir) = find_python_hook_dir() else {
         eprintln!(
             "tllm-affinity run: the Python package's start-up hook (tllm_affinity/{SITECUSTOMIZE_DIR}) \
-             is not beside this binary; Python servers run without it (pip install tllm-affinity \
-             in the server's environment brings it)"
+             is not beside this binary; Python servers run without it (`pip install ./python` from \
+             the repository, in the server's environment, brings it)"
         );
         return Vec::new();
     };
