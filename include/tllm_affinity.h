@@ -1,5 +1,5 @@
 /*
- * tllm_affinity.h: the C ABI of libtllm_affinity.so (SPEC §7).
+ * tllm_affinity.h: the C ABI of libtllm_affinity.so (docs/reference.md, "C ABI").
  *
  * libtllm_affinity.so is an LD_PRELOAD library: it must be preloaded into the process
  * (`tllm-affinity run -- prog`, or LD_PRELOAD=/abs/path/libtllm_affinity.so prog) so that it sees
@@ -30,8 +30,8 @@ extern "C" {
 
 /*
  * Makes the calling thread a worker, with every live descendant still on the mask it was born
- * with, and applies the policy (SPEC §3) to every worker thread of the process; while a lease is
- * open, new worker threads are born on the worker mask.
+ * with, and applies the policy (docs/reference.md, "Policy") to every worker thread of the
+ * process; while a lease is open, new worker threads are born on the worker mask.
  *
  * device_id: a CUDA logical device number (mapped through CUDA_VISIBLE_DEVICES and
  * CUDA_DEVICE_ORDER), or -1 for TLLM_AFFINITY_GPU, else the launcher's local rank modulo the
@@ -78,7 +78,7 @@ int32_t tllm_affinity_release(int64_t lease);           /* 0; -ENOENT if unknown
 int32_t tllm_affinity_role(int32_t tid);                /* 0 host, 1 worker, -errno if unknown; tid 0 = caller */
 
 /*
- * Pins the calling thread as device_id's step thread (TLLM_AFFINITY_STEP_CORE, SPEC §6): to one
+ * Pins the calling thread as device_id's step thread (TLLM_AFFINITY_STEP_CORE, docs/reference.md): to one
  * core's hardware threads. Returns the number of CPUs pinned to; 0 when not pinned (setting off,
  * pool too small, GPU locked by another process; a warning says why); -EINVAL when
  * TLLM_AFFINITY_STEP_CORE names a CPU outside the process mask; other -errno on failure.

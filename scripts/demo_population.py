@@ -36,10 +36,14 @@ stop = threading.Event()
 
 
 def kernel_mask(tid):
-    with open(f"/proc/self/task/{tid}/status") as f:
-        for line in f:
-            if line.startswith("Cpus_allowed_list:"):
-                return line.split(":", 1)[1].strip()
+    """The thread's mask as the kernel reports it; None once the thread has exited."""
+    try:
+        with open(f"/proc/self/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Cpus_allowed_list:"):
+                    return line.split(":", 1)[1].strip()
+    except FileNotFoundError:
+        return None
     return "?"
 
 
@@ -48,7 +52,10 @@ def show(moment):
     print(f"  {'thread':<28} {'tid':>7}  {'role':<7} mask")
     for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
         role = {0: "host", 1: "worker"}.get(LIB.tllm_affinity_role(tid), "unknown")
-        print(f"  {names.get(tid, '(runtime thread)'):<28} {tid:>7}  {role:<7} {kernel_mask(tid)}")
+        mask = kernel_mask(tid)
+        if mask is None:
+            continue  # a request thread that ended while the table was being read
+        print(f"  {names.get(tid, '(runtime thread)'):<28} {tid:>7}  {role:<7} {mask}")
     sys.stdout.flush()
 
 

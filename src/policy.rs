@@ -22,6 +22,8 @@ pub struct PolicyInput<'a> {
     /// The mask captured at load is narrower than the cpuset (see [`is_constrained`]).
     pub constrained: bool,
     pub gpu_local: &'a CpuMask,
+    /// `gpu_local` is the user's own list (`TLLM_AFFINITY_CPUS`), not the GPU's CPUs.
+    pub gpu_local_named: bool,
     pub cpuset: &'a CpuMask,
 }
 
@@ -72,6 +74,11 @@ pub fn decide(input: &PolicyInput<'_>) -> Decision {
     };
     if wanted.is_empty() {
         let reason = match rule {
+            Rule::Numa if input.gpu_local_named => format!(
+                "TLLM_AFFINITY_CPUS [{}] names no CPU this process may use (its cpuset allows \
+                 [{}])",
+                input.gpu_local, input.cpuset
+            ),
             Rule::Numa => format!(
                 "the GPU-local CPUs [{}] and the cpuset [{}] have no CPU in common",
                 input.gpu_local, input.cpuset
@@ -138,6 +145,7 @@ mod tests {
             numa_flag: &flag,
             constrained: false,
             gpu_local: &m("0-7"),
+            gpu_local_named: false,
             cpuset: &m("4-11"),
         });
         assert_eq!(d.mask, Some(m("4-7")));
@@ -146,9 +154,22 @@ mod tests {
             numa_flag: &flag,
             constrained: false,
             gpu_local: &m("0-3"),
+            gpu_local_named: false,
             cpuset: &m("4-11"),
         });
         assert_eq!(d.mask, None);
         assert!(d.empty_reason.unwrap().contains("no CPU in common"));
+        // The user's own list is called by its name, never "the GPU-local CPUs".
+        let d = decide(&PolicyInput {
+            choice: None,
+            numa_flag: &flag,
+            constrained: false,
+            gpu_local: &m("32-63"),
+            gpu_local_named: true,
+            cpuset: &m("0-1"),
+        });
+        let reason = d.empty_reason.unwrap();
+        assert!(reason.starts_with("TLLM_AFFINITY_CPUS [32-63]"), "{reason}");
+        assert!(!reason.contains("GPU-local"), "{reason}");
     }
 }

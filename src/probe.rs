@@ -111,29 +111,49 @@ pub fn find_pairs(
     ]
 }
 
+/// The measurement is cut into this many consecutive runs; the spread of their medians is the
+/// probe's own run-to-run noise.
+pub const RUNS: usize = 5;
+
 /// One-way wake latency over many handoffs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Latency {
     pub median_us: f64,
     pub p99_us: f64,
     pub samples: usize,
+    /// The lowest and highest median of [`RUNS`] consecutive runs of the samples.
+    pub runs_us: (f64, f64),
+}
+
+/// The `q` quantile of sorted samples in nanoseconds, in µs.
+fn quantile_us(sorted: &[u64], q: f64) -> f64 {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] as f64 / 1000.0
 }
 
 impl Latency {
-    /// From samples in nanoseconds; `None` when there are none.
+    /// From samples in nanoseconds, in the order they were taken; `None` when there are none.
     pub fn from_ns(mut samples: Vec<u64>) -> Option<Latency> {
         if samples.is_empty() {
             return None;
         }
+        let chunk = samples.len().div_ceil(RUNS);
+        let run_medians: Vec<f64> = samples
+            .chunks(chunk)
+            .map(|run| {
+                let mut run = run.to_vec();
+                run.sort_unstable();
+                quantile_us(&run, 0.5)
+            })
+            .collect();
+        let lowest = run_medians.iter().copied().fold(f64::INFINITY, f64::min);
+        let highest = run_medians.iter().copied().fold(0.0, f64::max);
         samples.sort_unstable();
-        let at = |q: f64| {
-            let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
-            samples[rank - 1] as f64 / 1000.0
-        };
         Some(Latency {
-            median_us: at(0.5),
-            p99_us: at(0.99),
+            median_us: quantile_us(&samples, 0.5),
+            p99_us: quantile_us(&samples, 0.99),
             samples: samples.len(),
+            runs_us: (lowest, highest),
         })
     }
 }
@@ -259,9 +279,13 @@ pub fn measure_handoff(
                 .join()
                 .map_err(|_| "the measuring thread panicked".to_string())?;
             // The ponger's error says why (a CPU it could not pin to) better than ours.
-            let mut samples = theirs?;
-            samples.extend(mine?);
-            Ok(samples)
+            // Interleaved, so that each run of [`Latency::from_ns`] holds both directions.
+            let (theirs, mine) = (theirs?, mine?);
+            Ok(theirs
+                .iter()
+                .zip(&mine)
+                .flat_map(|(a, b)| [*a, *b])
+                .collect::<Vec<u64>>())
         });
         pinger
             .join()
@@ -276,6 +300,14 @@ pub struct Recommendation {
     /// `auto` or `off`.
     pub step_core: &'static str,
     pub reason: String,
+    /// The handoff figures sit so near the rule's threshold that the probe's own run-to-run
+    /// spread could flip the answer: `off` (the default) stands, and the reason says so.
+    pub too_close: bool,
+}
+
+/// The handoff half of the rule: `far` is slow against `near`.
+fn slow_handoff(far_us: f64, near_us: f64) -> bool {
+    far_us >= SLOW_FACTOR * near_us && far_us - near_us >= SLOW_EXTRA_US
 }
 
 /// The rule: recommend `auto` when
@@ -287,9 +319,21 @@ pub struct Recommendation {
 ///   the same CPU);
 ///
 /// else `off`: without slow wake-ups, pinning three busy threads onto one core only adds
-/// queueing (the default stays `off` for that reason).
+/// queueing (the default stays `off` for that reason). When the handoff rule gives another answer
+/// somewhere within the runs' spread of the two medians, the call is too close: `off`, saying so.
 pub fn recommend(cases: &[Case], idle_states: &[CpuIdleState]) -> Recommendation {
     let median = |kind| cases.iter().find(|c| c.kind == kind).and_then(Case::median);
+    let runs = |kind| {
+        cases
+            .iter()
+            .find(|c| c.kind == kind)
+            .and_then(|c| match &c.outcome {
+                Outcome::Measured(l) => Some(l.runs_us),
+                _ => None,
+            })
+    };
+    let near_runs = runs(PairKind::SmtSiblings).or_else(|| runs(PairKind::SameCpu));
+    let far_runs = runs(PairKind::SameNode).or_else(|| runs(PairKind::CrossNode));
     let near = median(PairKind::SmtSiblings)
         .map(|m| (m, "on SMT siblings"))
         .or_else(|| median(PairKind::SameCpu).map(|m| (m, "on the same CPU")));
@@ -305,6 +349,7 @@ pub fn recommend(cases: &[Case], idle_states: &[CpuIdleState]) -> Recommendation
     if let Some(state) = deepest {
         return Recommendation {
             step_core: "auto",
+            too_close: false,
             reason: format!(
                 "idle state {} is enabled and takes {} µs to exit (more than {DEEP_IDLE_US} µs): a \
                  thread woken on an idle core waits for it, and a pinned step core stays awake{tail}",
@@ -314,9 +359,27 @@ pub fn recommend(cases: &[Case], idle_states: &[CpuIdleState]) -> Recommendation
     }
     let compared = match (near, far) {
         (Some((n, near_where)), Some((f, far_where))) => {
-            if f >= SLOW_FACTOR * n && f - n >= SLOW_EXTRA_US {
+            let (near_lo, near_hi) = near_runs.unwrap_or((n, n));
+            let (far_lo, far_hi) = far_runs.unwrap_or((f, f));
+            let verdict = slow_handoff(f, n);
+            if slow_handoff(far_lo, near_hi) != verdict || slow_handoff(far_hi, near_lo) != verdict
+            {
+                return Recommendation {
+                    step_core: "off",
+                    too_close: true,
+                    reason: format!(
+                        "too close to call: a handoff {far_where} takes {f:.1} µs (median; runs \
+                         {far_lo:.1}–{far_hi:.1}) against {n:.1} µs {near_where} (runs \
+                         {near_lo:.1}–{near_hi:.1}), and auto needs {SLOW_FACTOR}× and \
+                         {SLOW_EXTRA_US} µs more: the runs disagree, so the default off stands; \
+                         measure again with more --rounds, or on the server's real load{tail}"
+                    ),
+                };
+            }
+            if verdict {
                 return Recommendation {
                     step_core: "auto",
+                    too_close: false,
                     reason: format!(
                         "a handoff {far_where} takes {f:.1} µs (median) against {n:.1} µs \
                          {near_where}: wake-ups across cores are slow here, and a pinned step \
@@ -325,14 +388,16 @@ pub fn recommend(cases: &[Case], idle_states: &[CpuIdleState]) -> Recommendation
                 };
             }
             format!(
-                ", and a handoff {far_where} ({f:.1} µs median) costs little more than one \
-                 {near_where} ({n:.1} µs)"
+                ", and a handoff {far_where} ({f:.1} µs median, against {n:.1} µs \
+                 {near_where}) is not slow enough for a pinned step core to pay (auto needs \
+                 {SLOW_FACTOR}× and {SLOW_EXTRA_US} µs more)"
             )
         }
         _ => ", and the mask has no two CPU pairs to compare".to_string(),
     };
     Recommendation {
         step_core: "off",
+        too_close: false,
         reason: format!(
             "no enabled idle state takes more than {DEEP_IDLE_US} µs to exit{compared}: pinning \
              the step threads would only make them queue behind each other on one core"
@@ -416,6 +481,7 @@ impl ProbeReport {
             "idle_states": idle,
             "recommendation": {
                 "step_core": self.recommendation.step_core,
+                "too_close": self.recommendation.too_close,
                 "reason": self.recommendation.reason,
             },
         })
@@ -529,8 +595,48 @@ mod tests {
                 median_us,
                 p99_us: median_us * 2.0,
                 samples: 10,
+                runs_us: (median_us, median_us),
             }),
         }
+    }
+
+    fn measured_with_runs(kind: PairKind, median_us: f64, runs_us: (f64, f64)) -> Case {
+        let mut case = measured(kind, median_us);
+        if let Outcome::Measured(l) = &mut case.outcome {
+            l.runs_us = runs_us;
+        }
+        case
+    }
+
+    #[test]
+    fn a_measurement_within_its_own_spread_of_the_threshold_is_too_close_to_call() {
+        // 6× slower across cores, but a run put it at 2.5×: the answer would flip run to run.
+        let near = measured_with_runs(PairKind::SameCpu, 5.0, (4.0, 12.0));
+        let far = measured_with_runs(PairKind::SameNode, 30.0, (28.0, 33.0));
+        let r = recommend(&[near, far], &[]);
+        assert_eq!(r.step_core, "off");
+        assert!(r.too_close);
+        assert!(r.reason.starts_with("too close to call"), "{}", r.reason);
+        // The same medians with tight runs are a clear call.
+        let near = measured_with_runs(PairKind::SameCpu, 5.0, (4.8, 5.2));
+        let far = measured_with_runs(PairKind::SameNode, 30.0, (29.0, 31.0));
+        let r = recommend(&[near, far], &[]);
+        assert_eq!((r.step_core, r.too_close), ("auto", false));
+        // A clear "off" never says a 6× slower handoff costs little more.
+        let near = measured_with_runs(PairKind::SameCpu, 3.0, (2.9, 3.1));
+        let far = measured_with_runs(PairKind::SameNode, 18.0, (17.5, 18.5));
+        let r = recommend(&[near, far], &[]);
+        assert_eq!((r.step_core, r.too_close), ("off", false));
+        assert!(!r.reason.contains("little more"), "{}", r.reason);
+        assert!(r.reason.contains("not slow enough"), "{}", r.reason);
+    }
+
+    #[test]
+    fn runs_spread_comes_from_consecutive_runs() {
+        let mut samples = vec![1000; 50];
+        samples.extend(vec![9000; 50]);
+        let l = Latency::from_ns(samples).unwrap();
+        assert_eq!(l.runs_us, (1.0, 9.0));
     }
 
     fn idle(name: &str, latency_us: u64, disabled: bool) -> CpuIdleState {

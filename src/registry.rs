@@ -190,6 +190,20 @@ pub struct ThreadView {
     pub natural: String,
 }
 
+/// What the process did over its life, for the report written at exit, when the last release
+/// has already put every mask back and the live threads alone would tell nothing.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct History {
+    /// The most worker threads alive at once.
+    pub peak_workers: usize,
+    pub leases_opened: u64,
+    pub leases_released: u64,
+    /// Threads the last releases put back on their natural mask.
+    pub threads_restored: u64,
+    /// Threads a last release left alone because someone else changed their mask.
+    pub threads_preserved: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct Registry {
     slots: Vec<Option<ThreadEntry>>,
@@ -203,6 +217,9 @@ pub struct Registry {
     published: Option<&'static [AtomicU64]>,
     /// Children planned whose registration (or cancellation) is still to come.
     births_pending: usize,
+    /// Worker threads alive now, kept as roles change so the peak costs no walk.
+    workers_alive: usize,
+    history: History,
 }
 
 impl Registry {
@@ -216,6 +233,14 @@ impl Registry {
             births_pending: 0,
             epoch: 0,
             published: None,
+            workers_alive: 0,
+            history: History {
+                peak_workers: 0,
+                leases_opened: 0,
+                leases_released: 0,
+                threads_restored: 0,
+                threads_preserved: 0,
+            },
         }
     }
 
@@ -268,6 +293,19 @@ impl Registry {
         &self.leases
     }
 
+    pub fn history(&self) -> History {
+        self.history
+    }
+
+    fn count_worker(&mut self, became_worker: bool) {
+        if became_worker {
+            self.workers_alive += 1;
+            self.history.peak_workers = self.history.peak_workers.max(self.workers_alive);
+        } else {
+            self.workers_alive = self.workers_alive.saturating_sub(1);
+        }
+    }
+
     pub fn live_threads(&self) -> impl Iterator<Item = (Slot, &ThreadEntry)> {
         self.slots
             .iter()
@@ -295,6 +333,9 @@ impl Registry {
     }
 
     fn insert(&mut self, entry: ThreadEntry) -> Slot {
+        if entry.role == Role::Worker {
+            self.count_worker(true);
+        }
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(entry);
@@ -512,7 +553,11 @@ impl Registry {
     /// The thread in `slot` exited (return, `pthread_exit` or cancellation).
     pub fn thread_exited(&mut self, slot: Slot) {
         if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
+            let was_live_worker = e.alive && e.role == Role::Worker;
             e.alive = false;
+            if was_live_worker {
+                self.count_worker(false);
+            }
             self.publish(slot);
             self.reap(slot);
         }
@@ -558,8 +603,13 @@ impl Registry {
 
     /// Sets the role of a thread (the caller of `configure`), registering nothing new.
     pub fn set_role(&mut self, slot: Slot, role: Role) {
+        let mut changed = false;
         if let Some(e) = self.entry_mut(slot) {
+            changed = e.role != role;
             e.role = role;
+        }
+        if changed {
+            self.count_worker(role == Role::Worker);
         }
         self.publish(slot);
     }
@@ -618,6 +668,7 @@ impl Registry {
     ) -> ConfigureOutcome {
         let lease = self.next_lease;
         self.next_lease += 1;
+        self.history.leases_opened += 1;
         self.leases.push(LeaseInfo {
             id: lease,
             device: device.to_string(),
@@ -812,6 +863,7 @@ impl Registry {
             .position(|l| l.id == lease)
             .ok_or(UnknownLease)?;
         self.leases.remove(index);
+        self.history.leases_released += 1;
         // A scope ends with its lease, ended or not.
         self.close_scope(lease);
         if !self.leases.is_empty() {
@@ -832,6 +884,8 @@ impl Registry {
                 self.restore(slot, kernel, &mut outcome);
             }
         }
+        self.history.threads_restored += outcome.restored as u64;
+        self.history.threads_preserved += outcome.preserved as u64;
         Ok(outcome)
     }
 
@@ -886,6 +940,12 @@ impl Registry {
             }
             self.slots[slot as usize] = Some(e);
         }
+        // The child's history starts with it: what it did, not what its parent did.
+        self.workers_alive = usize::from(forked_by_worker && kept_slot.is_some());
+        self.history = History {
+            peak_workers: self.workers_alive,
+            ..History::default()
+        };
         // The parent's leases stay open in the child only when a worker forked: it may hold them
         // and release them there. Nothing in a child forked by a host thread can release them,
         // so they would keep every later lease of the child from ever restoring.

@@ -7,10 +7,14 @@
 //!   "leases": [{"id": 1, "device": "0000:3b:00.0"}],
 //!   "threads": [{"tid": 1234, "role": "host", "placement": "inherited",
 //!                "mask": "0-1", "natural": "0-1", "kernel_mask": "0-1"}],
-//!   "adapters": {"trtllm": "engaged"} }
+//!   "adapters": {"trtllm": "engaged"},
+//!   "peak_workers": 7, "leases_opened": 1, "leases_released": 1,
+//!   "threads_restored": 7, "threads_preserved": 0 }
 //! ```
 //! `mask` is what the library believes the thread holds, `kernel_mask` what the kernel said when
 //! the report was made (absent if the thread was gone), `natural` what restoration puts back.
+//! The history fields count over the process's life, so a report written at exit, after the last
+//! release restored everything, still says what happened.
 
 use std::io::Write;
 use std::path::Path;
@@ -19,7 +23,7 @@ use serde::Serialize;
 
 use crate::engine::Process;
 use crate::mask::CpuMask;
-use crate::registry::{LeaseInfo, Registry, Role, ThreadView, Tid};
+use crate::registry::{History, LeaseInfo, Registry, Role, ThreadView, Tid};
 
 #[derive(Debug, Serialize)]
 pub struct ThreadReport {
@@ -46,6 +50,8 @@ pub struct Report {
     pub threads: Vec<ThreadReport>,
     /// What language adapters said of themselves, by adapter: `{"trtllm": "engaged"}`.
     pub adapters: std::collections::BTreeMap<String, String>,
+    #[serde(flatten)]
+    pub history: History,
 }
 
 impl Report {
@@ -79,6 +85,7 @@ impl Report {
             workers: count(Role::Worker),
             threads,
             adapters: Default::default(),
+            history: registry.history(),
         }
     }
 }

@@ -90,12 +90,27 @@ impl Default for Settings {
     }
 }
 
+/// The variables that only change what the library says, not where threads go: a malformed one
+/// falls back to its default, and the library stays active.
+pub const COSMETIC_VARIABLES: [&str; 3] = [
+    "TLLM_AFFINITY_LOG",
+    "TLLM_AFFINITY_STRICT",
+    "TLLM_AFFINITY_REPORT",
+];
+
 /// One malformed variable: rendered as the single line a user sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SettingError {
     pub variable: &'static str,
     pub value: String,
     pub expected: String,
+}
+
+impl SettingError {
+    /// True for a variable of [`COSMETIC_VARIABLES`].
+    pub fn is_cosmetic(&self) -> bool {
+        COSMETIC_VARIABLES.contains(&self.variable)
+    }
 }
 
 impl fmt::Display for SettingError {
@@ -195,7 +210,12 @@ impl Settings {
             }
         }
         if let Some(v) = lookup("TLLM_AFFINITY_WORKER_LIBS") {
-            match parse_worker_libs(&v) {
+            // A leading `+` adds to the default list; a plain list replaces it.
+            let parsed = match v.trim_start().strip_prefix('+') {
+                Some(extra) => parse_worker_libs(&format!("{DEFAULT_WORKER_LIBS},{extra}")),
+                None => parse_worker_libs(&v),
+            };
+            match parsed {
                 Ok(p) => s.worker_libs = p,
                 Err(bad) => fail(
                     "TLLM_AFFINITY_WORKER_LIBS",
@@ -337,6 +357,29 @@ mod tests {
         let (s, errors) = parse(&[("TLLM_AFFINITY_WORKER_LIBS", "")]);
         assert!(errors.is_empty());
         assert!(!s.is_worker_lib("libnccl.so.2"));
+    }
+
+    #[test]
+    fn a_leading_plus_adds_to_the_default_worker_libs() {
+        let (s, errors) = parse(&[("TLLM_AFFINITY_WORKER_LIBS", "+libfoo*.so*")]);
+        assert!(errors.is_empty());
+        assert!(s.is_worker_lib("libfoo.so.1"));
+        assert!(s.is_worker_lib("libnccl.so.2"), "the default list stays");
+        let (s, _) = parse(&[("TLLM_AFFINITY_WORKER_LIBS", "libfoo*.so*")]);
+        assert!(s.is_worker_lib("libfoo.so.1"));
+        assert!(!s.is_worker_lib("libnccl.so.2"), "a plain list replaces");
+    }
+
+    #[test]
+    fn only_log_strict_and_report_are_cosmetic() {
+        let (_, errors) = parse(&[
+            ("TLLM_AFFINITY_LOG", "verbose"),
+            ("TLLM_AFFINITY_STRICT", "yes"),
+            ("TLLM_AFFINITY_REPORT", ""),
+            ("TLLM_AFFINITY_POLICY", "fast"),
+        ]);
+        let cosmetic: Vec<_> = errors.iter().map(SettingError::is_cosmetic).collect();
+        assert_eq!(cosmetic, [true, true, false, true], "{errors:?}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The `tllm-affinity` CLI (SPEC §7) against real processes: `ps` on a live Python process with
+//! The `tllm-affinity` CLI against real processes: `ps` on a live Python process with
 //! the library preloaded (roles from its thread table, masks exactly as the kernel reports them),
 //! `run` preloading for real and passing exit statuses and signals through, and every `--json`
 //! output parsing.
@@ -443,14 +443,305 @@ fn every_json_output_parses() {
     assert_eq!(dry["simulate"], true);
     assert_eq!(dry["exec"], false);
 
-    // A subcommand error: one line naming the subcommand, status 2.
+    // A subcommand error under --json: one JSON line naming the subcommand, status 2.
     let out = tllm_affinity(&["plan", "--gpu", "9", "--json", "--sysfs-root", root])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = stderr_of(&out);
-    assert!(err.starts_with("tllm-affinity plan: "), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+    let error: Value = serde_json::from_str(&err).unwrap_or_else(|e| panic!("{e}: {err}"));
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("tllm-affinity plan: "),
+        "{err}"
+    );
+}
+
+/// The first bytes each command writes meet a pipe whose reader is gone, as in `ps PID | head`
+/// once head has its lines: the command ends quietly, killed by SIGPIPE as coreutils are, with
+/// no panic and no backtrace.
+#[test]
+fn a_closed_pipe_ends_ps_and_topo_quietly() {
+    let sim = Sysfs::two_nodes();
+    let me = std::process::id().to_string();
+    let root = sim.path().to_str().unwrap();
+    for args in [
+        vec!["ps", me.as_str(), "--no-color"],
+        vec!["topo"],
+        vec!["topo", "--sysfs-root", root],
+        vec!["plan", "--gpu", "0", "--sysfs-root", root],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = tllm_affinity(&args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = stderr_of(&out);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err, "", "{args:?}: nothing on stderr");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {:?}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn run_simulate_dry_run_json_names_the_sysfs_root() {
+    let dry = json_of(&mut tllm_affinity(&[
+        "run",
+        "--simulate",
+        "--dry-run",
+        "--json",
+        "--",
+        "true",
+    ]));
+    let root = dry["env"]["TLLM_AFFINITY_SYSFS_ROOT"].as_str();
+    assert!(root.is_some_and(|r| r.contains("simulated host")), "{dry}");
+    // The text form says the same.
+    let out = tllm_affinity(&["run", "--simulate", "--dry-run", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(stdout_of(&out).contains("TLLM_AFFINITY_SYSFS_ROOT="));
+}
+
+#[test]
+fn errors_under_json_are_json_on_stderr_with_the_same_status() {
+    let cases: Vec<(Vec<&str>, i32)> = vec![
+        (vec!["run", "--json", "--cpus", "0-", "--", "true"], 2),
+        (vec!["run", "--json", "--", "/nonexistent/program"], 127),
+        (vec!["ps", "999999999", "--json"], 2),
+        (vec!["topo", "--json", "--sysfs-root", "/nonexistent"], 2),
+        (vec!["simulate", "/proc/self", "--json"], 2),
+    ];
+    for (args, status) in cases {
+        let out = tllm_affinity(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(status), "{args:?}");
+        let err = stderr_of(&out);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        let v: Value =
+            serde_json::from_str(&err).unwrap_or_else(|e| panic!("{args:?}: {e}: {err}"));
+        let message = v["error"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("tllm-affinity {}: ", args[0])),
+            "{args:?}: {err}"
+        );
+        // Without --json the same failure is plain text with the same status.
+        let plain: Vec<&str> = args.iter().copied().filter(|a| *a != "--json").collect();
+        let out = tllm_affinity(&plain).output().unwrap();
+        assert_eq!(out.status.code(), Some(status), "{plain:?}");
+        assert!(stderr_of(&out).starts_with("tllm-affinity "), "{plain:?}");
+    }
+}
+
+#[test]
+fn simulate_writes_a_reusable_tree_and_prints_the_variable_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("sim");
+    let out = tllm_affinity(&["simulate", tree.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let text = stdout_of(&out);
+    let line = text.lines().last().unwrap_or_default();
+    let root = line
+        .strip_prefix("TLLM_AFFINITY_SYSFS_ROOT=")
+        .unwrap_or_else(|| panic!("no variable line: {text}"));
+    assert_eq!(Path::new(root), tree.canonicalize().unwrap());
+    // Written again over itself: fine. Into a directory holding other files: refused.
+    assert!(tllm_affinity(&["simulate", root])
+        .status()
+        .unwrap()
+        .success());
+    let busy = dir.path().join("busy");
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join("notes.txt"), "mine").unwrap();
+    let out = tllm_affinity(&["simulate", busy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+
+    // The tree stays: topo, plan and a plain LD_PRELOAD read it.
+    let topo = json_of(&mut tllm_affinity(&[
+        "topo",
+        "--json",
+        "--sysfs-root",
+        root,
+    ]));
+    assert_eq!(topo["gpus"].as_array().unwrap().len(), 2);
+    let code = "import json, os, threading, tllm_affinity\n\
+        out = {}\n\
+        def w():\n    \
+            tllm_affinity.configure(0)\n    \
+            out['mask'] = sorted(os.sched_getaffinity(0))\n\
+        t = threading.Thread(target=w); t.start(); t.join()\n\
+        print(json.dumps(out))";
+    let v = json_of(
+        clean(python())
+            .args(["-c", code])
+            .env("LD_PRELOAD", library())
+            .env("TLLM_AFFINITY_SYSFS_ROOT", root)
+            .env("TLLM_AFFINITY_POLICY", "numa"),
+    );
+    let sim = Sysfs::two_nodes();
+    assert_eq!(mask_of(&v["mask"]), sim.gpu0_local());
+}
+
+/// A copy of the simulated tree with its GPUs taken out: a host without a GPU.
+fn gpu_less_tree() -> tempfile::TempDir {
+    let sim = Sysfs::two_nodes();
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new("cp")
+        .args(["-a", &format!("{}/.", sim.path().display())])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let devices = dir.path().join("sys/bus/pci/devices");
+    for entry in std::fs::read_dir(&devices).unwrap() {
+        let path = entry.unwrap().path();
+        let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+    }
+    dir
+}
+
+#[test]
+fn a_host_without_a_gpu_hints_at_the_simulated_tree() {
+    let tree = gpu_less_tree();
+    let root = tree.path().to_str().unwrap();
+    let wants = [
+        "no GPU found",
+        "--simulate",
+        "tllm-affinity simulate DIR",
+        "--sysfs-root",
+    ];
+    let out = tllm_affinity(&["plan", "--gpu", "0", "--sysfs-root", root])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr_of(&out);
+    for want in wants {
+        assert!(err.contains(want), "plan: missing {want:?}: {err}");
+    }
+    let out = tllm_affinity(&["topo", "--sysfs-root", root])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = stdout_of(&out);
+    for want in wants {
+        assert!(text.contains(want), "topo: missing {want:?}: {text}");
+    }
+    let topo = json_of(&mut tllm_affinity(&[
+        "topo",
+        "--json",
+        "--sysfs-root",
+        root,
+    ]));
+    assert!(topo["hint"].as_str().unwrap().contains("no GPU found"));
+}
+
+#[test]
+fn worker_libs_help_says_a_plain_list_replaces_and_a_plus_adds() {
+    let out = tllm_affinity(&["run", "--help"]).output().unwrap();
+    let help = stdout_of(&out)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("A plain list replaces the default list"),
+        "{help}"
+    );
+    assert!(help.contains("a leading + adds to it"), "{help}");
+    let dry = json_of(&mut tllm_affinity(&[
+        "run",
+        "--worker-libs",
+        "+libmy_transport*.so*",
+        "--dry-run",
+        "--json",
+        "--",
+        "true",
+    ]));
+    assert_eq!(
+        dry["env"]["TLLM_AFFINITY_WORKER_LIBS"],
+        "+libmy_transport*.so*"
+    );
+}
+
+/// `--cpus` naming no CPU this process may use: said at `run`, and by the library at configure
+/// under the variable's name, never as "the GPU-local CPUs".
+#[test]
+fn cpus_outside_the_allowed_cpus_are_called_by_their_name() {
+    let out = tllm_affinity(&["run", "--cpus", "4000", "--dry-run", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("--cpus 4000 names no CPU this process may use"),
+        "{err}"
+    );
+    let sim = Sysfs::two_nodes();
+    let code = "import threading, tllm_affinity\n\
+        t = threading.Thread(target=lambda: tllm_affinity.configure(0)); t.start(); t.join()";
+    let out = clean(python())
+        .args(["-c", code])
+        .env("LD_PRELOAD", library())
+        .env("TLLM_AFFINITY_SYSFS_ROOT", sim.path())
+        .env("TLLM_AFFINITY_CPUS", "4000")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("TLLM_AFFINITY_CPUS [4000] names no CPU"),
+        "{err}"
+    );
+    assert!(!err.contains("GPU-local"), "{err}");
+}
+
+/// The report written at exit, after the last release put every mask back, still says what the
+/// process did: how many workers it had at most, the leases, the threads restored.
+#[test]
+fn the_report_at_exit_records_what_the_process_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let code = "import threading, time, tllm_affinity\n\
+        def pool():\n    time.sleep(0.05)\n\
+        def w():\n    \
+            with tllm_affinity.worker(0):\n        \
+                ts = [threading.Thread(target=pool) for _ in range(3)]\n        \
+                [t.start() for t in ts]; [t.join() for t in ts]\n\
+        t = threading.Thread(target=w); t.start(); t.join()";
+    let python = python().to_str().unwrap().to_string();
+    let out = tllm_affinity(&[
+        "run",
+        "--simulate",
+        "--policy",
+        "numa",
+        "--report",
+        report.to_str().unwrap(),
+        "--",
+        &python,
+        "-c",
+        code,
+    ])
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(v["workers"], 0, "nothing is a worker at exit: {v}");
+    assert_eq!(v["peak_workers"], 4, "{v}");
+    assert_eq!(v["leases_opened"], 1, "{v}");
+    assert_eq!(v["leases_released"], 1, "{v}");
+    assert!(v["threads_restored"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(v["threads_preserved"], 0, "{v}");
 }
 
 #[test]

@@ -144,7 +144,8 @@ def version():
 
 
 class Lease:
-    """An open configuration of worker threads for one device (SPEC §5).
+    """An open configuration of worker threads for one device (docs/reference.md, "Leases and
+    restoration").
 
     ``id`` is the library's lease id (> 0), or None for an inert lease (the library was passive).
     ``release()`` closes it; only the last open lease restores masks. Releasing twice is fine. A
@@ -264,8 +265,8 @@ def worker(device_id=-1):
 def worker_scope(device_id=-1):
     """A worker scope for the block: threads the calling thread starts in it are workers.
 
-    Yields the :class:`Lease`; the scope ends at exit but the lease stays open (SPEC §7), so the
-    workers stay placed until ``lease.release()``.
+    Yields the :class:`Lease`; the scope ends at exit but the lease stays open (docs/reference.md,
+    "Python API"), so the workers stay placed until ``lease.release()``.
     """
     lease = begin_worker_scope(device_id)
     try:

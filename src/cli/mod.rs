@@ -1,7 +1,8 @@
-//! The `tllm-affinity` command line (SPEC §7): `run`, `topo`, `plan`, `ps` and `probe`.
+//! The `tllm-affinity` command line: `run`, `simulate`, `topo`, `plan`, `ps` and `probe`.
 //!
 //! Each subcommand lives in its own module with its clap arguments and a `run` function; this
-//! module only parses and turns failures into one line on stderr and an exit status.
+//! module only parses and turns failures into one line on stderr (a JSON object under `--json`)
+//! and an exit status.
 
 use std::process::ExitCode;
 
@@ -11,7 +12,11 @@ pub mod plan;
 pub mod probe;
 pub mod ps;
 pub mod run;
+pub mod simulate;
 pub mod topo;
+
+/// What `plan` and `topo` add when the host shows no GPU: how to look at a simulated one.
+pub const NO_GPU_HINT: &str = "no GPU found on this host; try --simulate (tllm-affinity run), or     `tllm-affinity simulate DIR` and then --sysfs-root DIR (or TLLM_AFFINITY_SYSFS_ROOT=DIR)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -19,8 +24,9 @@ pub mod topo;
     version,
     about = "Role-aware CPU affinity for the threads of GPU inference servers",
     long_about = "Role-aware CPU affinity for the threads of GPU inference servers.\n\n\
-        `run` starts a program under libtllm_affinity.so; `topo`, `plan`, `ps` and `probe` show \
-        what the library sees and does. Every subcommand takes --json."
+        `run` starts a program under libtllm_affinity.so; `simulate` writes a simulated host for \
+        machines without a GPU; `topo`, `plan`, `ps` and `probe` show what the library sees and \
+        does. Every subcommand takes --json."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -31,6 +37,9 @@ pub struct Cli {
 pub enum Command {
     /// Run a program with libtllm_affinity.so preloaded (execs it; waits with --simulate).
     Run(Box<run::RunArgs>),
+    /// Write a simulated host (two NUMA nodes over this machine's CPUs, two GPUs) into DIR, to
+    /// reuse with --sysfs-root DIR or TLLM_AFFINITY_SYSFS_ROOT=DIR.
+    Simulate(simulate::SimulateArgs),
     /// Show the host: NUMA nodes, cores and SMT siblings, GPUs, cgroup limits, idle states.
     Topo(topo::TopoArgs),
     /// Show the CPU plan for one GPU: worker set, step and result CPUs, pool sizes.
@@ -64,11 +73,34 @@ impl From<String> for Failure {
     }
 }
 
+impl Command {
+    /// The subcommand was asked for JSON, so its errors are JSON too.
+    fn json(&self) -> bool {
+        match self {
+            Command::Run(args) => args.json,
+            Command::Simulate(args) => args.json,
+            Command::Topo(args) => args.json,
+            Command::Plan(args) => args.json,
+            Command::Ps(args) => args.json,
+            Command::Probe(args) => args.json,
+        }
+    }
+}
+
 /// Parses the process arguments and runs the subcommand.
 pub fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so `ps PID | head` would end in a panic on the closed pipe; with the
+    // default action the process ends quietly, as coreutils do. Programs `run` execs get the
+    // default action either way.
+    // SAFETY: setting a signal's disposition to SIG_DFL before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let (name, outcome) = match &cli.command {
         Command::Run(args) => ("run", run::run(args)),
+        Command::Simulate(args) => (
+            "simulate",
+            simulate::run(args).map(|()| 0).map_err(Failure::from),
+        ),
         Command::Topo(args) => ("topo", topo::run(args).map(|()| 0).map_err(Failure::from)),
         Command::Plan(args) => ("plan", plan::run(args).map(|()| 0).map_err(Failure::from)),
         Command::Ps(args) => ("ps", ps::run(args).map(|()| 0).map_err(Failure::from)),
@@ -77,9 +109,14 @@ pub fn main() -> ExitCode {
     match outcome {
         Ok(status) => ExitCode::from(status),
         Err(failure) => {
-            // One line whatever the message holds, so scripts can grep it.
+            // One line whatever the message holds, so scripts can grep it (or parse it).
             let line = failure.message.replace('\n', "; ");
-            eprintln!("tllm-affinity {name}: {line}");
+            if cli.command.json() {
+                let error = serde_json::json!({ "error": format!("tllm-affinity {name}: {line}") });
+                eprintln!("{error}");
+            } else {
+                eprintln!("tllm-affinity {name}: {line}");
+            }
             ExitCode::from(failure.status)
         }
     }

@@ -45,6 +45,13 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         }
     };
     let topology = Topology::read(&root).map_err(|e| e.to_string())?;
+    if topology.gpus.is_empty() && args.gpu >= -1 {
+        return Err(format!(
+            "{} (looked under {})",
+            super::NO_GPU_HINT,
+            root.path("sys/bus/pci/devices").display()
+        ));
+    }
     let view = crate::gpus::current_view(&root, &topology, true);
     let resolved = resolve_device_on(args.gpu, &DeviceEnv::from_env(), &view, &root)
         .map_err(|e| e.to_string())?;

@@ -164,16 +164,36 @@ pub fn placement_name(known: Option<(Role, Placement)>) -> &'static str {
     }
 }
 
-/// The grid's mark for a thread (a letter without colour) and its ANSI colour: host blue, worker
-/// green, step and result yellow, unknown grey.
+/// ANSI colours, one per thing the grid tells apart.
+const BLUE: &str = "\x1b[34m";
+const GREEN: &str = "\x1b[32m";
+const YELLOW: &str = "\x1b[33m";
+const MAGENTA: &str = "\x1b[35m";
+const CYAN: &str = "\x1b[36m";
+const RED: &str = "\x1b[31m";
+const GREY: &str = "\x1b[90m";
+
+/// The grid's mark for a thread (a letter without colour) and its ANSI colour. A placement other
+/// than the role's own gets its own colour, so a glance tells step from result threads and a
+/// mask the application (cyan) or someone else (red) chose from one the library chose.
 fn mark(known: Option<(Role, Placement)>) -> (char, &'static str) {
-    match known {
-        Some((_, Placement::Step)) => ('s', "\x1b[33m"),
-        Some((_, Placement::Result)) => ('r', "\x1b[33m"),
-        Some((Role::Worker, _)) => ('w', "\x1b[32m"),
-        Some((Role::Host, _)) => ('h', "\x1b[34m"),
-        None => ('?', "\x1b[90m"),
-    }
+    let letter = match known {
+        Some((_, Placement::Step)) => 's',
+        Some((_, Placement::Result)) => 'r',
+        Some((Role::Worker, _)) => 'w',
+        Some((Role::Host, _)) => 'h',
+        None => '?',
+    };
+    let colour = match known {
+        Some((_, Placement::Step)) => YELLOW,
+        Some((_, Placement::Result)) => MAGENTA,
+        Some((_, Placement::Explicit)) => CYAN,
+        Some((_, Placement::External)) => RED,
+        Some((Role::Worker, _)) => GREEN,
+        Some((Role::Host, _)) => BLUE,
+        None => GREY,
+    };
+    (letter, colour)
 }
 
 const RESET: &str = "\x1b[0m";
@@ -298,13 +318,18 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         );
         let _ = writeln!(out, "{row}{grid}");
     }
-    let legend = [
-        ('h', "\x1b[34m", "host"),
-        ('w', "\x1b[32m", "worker"),
-        ('s', "\x1b[33m", "step"),
-        ('r', "\x1b[33m", "result"),
-        ('?', "\x1b[90m", "unknown"),
+    let mut legend = vec![
+        ('h', BLUE, "host"),
+        ('w', GREEN, "worker"),
+        ('s', YELLOW, "step"),
+        ('r', MAGENTA, "result"),
+        ('?', GREY, "unknown"),
     ];
+    // Explicit and external masks keep their role's letter: only colour can show them.
+    if colour {
+        legend.push(('x', CYAN, "explicit"));
+        legend.push(('!', RED, "external"));
+    }
     let items: Vec<String> = legend
         .iter()
         .map(|(letter, code, what)| {
@@ -399,6 +424,34 @@ mod tests {
             text.contains("unknown: threads the library never saw"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn each_placement_has_its_own_colour_in_the_grid() {
+        let mut s = snapshot();
+        s.threads
+            .push(row(14, Some((Role::Worker, Placement::Result)), "7"));
+        s.threads
+            .push(row(15, Some((Role::Worker, Placement::Explicit)), "8"));
+        s.threads
+            .push(row(16, Some((Role::Host, Placement::External)), "9"));
+        let text = to_text(&s, true);
+        // The colour code painting each thread's row of the grid.
+        let grid_colour = |tid: &str| {
+            let line = text
+                .lines()
+                .find(|l| l.trim_start().starts_with(tid))
+                .unwrap_or_else(|| panic!("no row {tid}: {text}"));
+            let at = line.find('█').unwrap();
+            let code_start = line[..at].rfind('\x1b').unwrap();
+            line[code_start..at].to_string()
+        };
+        let colours: Vec<String> = ["10 ", "11 ", "12 ", "13 ", "14 ", "15 ", "16 "]
+            .iter()
+            .map(|t| grid_colour(t))
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = colours.iter().collect();
+        assert_eq!(distinct.len(), colours.len(), "{colours:?}\n{text}");
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! The library is found with `TLLM_AFFINITY_LIB`, else beside this binary (`target/<profile>/` in
 //! the build tree), else in `../lib/` of an installed layout. It is put first in `LD_PRELOAD`,
 //! replacing any other copy of `libtllm_affinity.so` already listed there (two copies would both
-//! interpose `pthread_create`). Each option becomes the variable of SPEC §3–§8 it names, checked
-//! with the library's own parser so that a typo fails here, not in the child.
+//! interpose `pthread_create`). Each option becomes the library variable it names (see
+//! docs/reference.md), checked with the library's own parser so that a typo fails here, not in
+//! the child.
 //!
 //! Without `--simulate`, `run` execs the program: the program's exit status and signal are the
 //! process's own. With `--simulate`, `run` writes a simulated host into a fresh temporary directory
@@ -43,8 +44,10 @@ pub struct RunArgs {
     /// Worker CPUs instead of the GPU-local set (TLLM_AFFINITY_CPUS), e.g. 0-15,32-47.
     #[arg(long, value_name = "CPULIST")]
     pub cpus: Option<String>,
-    /// Soname globs whose threads are workers (TLLM_AFFINITY_WORKER_LIBS); "" disables.
-    #[arg(long, value_name = "GLOBS")]
+    /// Soname globs whose threads are workers (TLLM_AFFINITY_WORKER_LIBS). A plain list replaces
+    /// the default list (NCCL, UCX, MPI, libfabric); a leading + adds to it
+    /// (+libmy_transport*.so*); "" disables.
+    #[arg(long, value_name = "GLOBS", allow_hyphen_values = true)]
     pub worker_libs: Option<String>,
     /// The main thread's role (TLLM_AFFINITY_PROCESS_ROLE); worker configures at load.
     #[arg(long, value_parser = ["host", "worker"])]
@@ -71,7 +74,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub strict: bool,
     /// Run on a built-in simulated host (two NUMA nodes over this process's CPUs, two GPUs),
-    /// written to a temporary directory that is removed when the program ends.
+    /// written to a temporary directory that is removed when the program ends (to keep one:
+    /// `tllm-affinity simulate DIR`, then --sysfs-root DIR).
     #[arg(long)]
     pub simulate: bool,
     /// Leave Python programs alone: no start-up hook (TLLM_AFFINITY_PYTHON_HOOKS=0), so an
@@ -106,6 +110,9 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
             .map(|(k, v)| (k.to_string(), v)),
     );
     env.extend(python_hook_env(args.no_python_hooks));
+    if let Some(line) = args.cpus.as_deref().and_then(cpus_outside_this_process) {
+        eprintln!("tllm-affinity run: {line}");
+    }
     if args.dry_run {
         print_dry_run(args, &library, &env);
         return Ok(0);
@@ -169,8 +176,8 @@ fn python_hook_env(off: bool) -> Vec<(String, OsString)> {
     let Some(hook_dir) = find_python_hook_dir() else {
         eprintln!(
             "tllm-affinity run: the Python package's start-up hook (tllm_affinity/{SITECUSTOMIZE_DIR}) \
-             is not beside this binary; Python servers run without it (pip install tllm-affinity \
-             in the server's environment brings it)"
+             is not beside this binary; Python servers run without it (`pip install ./python` from \
+             the repository, in the server's environment, brings it)"
         );
         return Vec::new();
     };
@@ -302,6 +309,19 @@ fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure
     Ok(env)
 }
 
+/// A warning when `--cpus` names no CPU this process may run on: the library would pin nothing,
+/// and the list is the user's, not "the GPU-local CPUs".
+fn cpus_outside_this_process(list: &str) -> Option<String> {
+    let wanted = crate::mask::CpuMask::parse_list(list).ok()?;
+    let allowed = kernel::get_mask(0).ok()?;
+    wanted.intersection(&allowed).is_empty().then(|| {
+        format!(
+            "--cpus {wanted} names no CPU this process may use (allowed: {allowed}); worker \
+             threads will keep their masks"
+        )
+    })
+}
+
 /// `--gpu`: a CUDA device number, or a PCI address (normalised to the kernel's form).
 fn gpu_value(text: &str) -> Result<OsString, Failure> {
     let trimmed = text.trim();
@@ -321,10 +341,16 @@ fn gpu_value(text: &str) -> Result<OsString, Failure> {
 fn print_dry_run(args: &RunArgs, library: &Path, env: &[(String, OsString)]) {
     let lossy = |s: &OsStr| s.to_string_lossy().into_owned();
     if args.json {
-        let vars: Map<String, Value> = env
+        let mut vars: Map<String, Value> = env
             .iter()
             .map(|(k, v)| (k.clone(), Value::String(lossy(v))))
             .collect();
+        if args.simulate {
+            vars.insert(
+                "TLLM_AFFINITY_SYSFS_ROOT".to_string(),
+                Value::String(SIMULATED_ROOT_PLACEHOLDER.to_string()),
+            );
+        }
         let out = json!({
             "library": lossy(library.as_os_str()),
             "env": vars,
@@ -343,17 +369,17 @@ fn print_dry_run(args: &RunArgs, library: &Path, env: &[(String, OsString)]) {
         let _ = writeln!(out, "{k}={}", shell_word(&lossy(v)));
     }
     if args.simulate {
-        let _ = writeln!(
-            out,
-            "TLLM_AFFINITY_SYSFS_ROOT=<a simulated host, written to a temporary directory when the \
-             program runs>"
-        );
+        let _ = writeln!(out, "TLLM_AFFINITY_SYSFS_ROOT={SIMULATED_ROOT_PLACEHOLDER}");
     }
     let words: Vec<String> = args.command.iter().map(|a| shell_word(&lossy(a))).collect();
     let how = if args.simulate { "spawn" } else { "exec" };
     let _ = writeln!(out, "{how}: {}", words.join(" "));
     print!("{out}");
 }
+
+/// What `--dry-run` shows for the simulated tree, which exists only once the program runs.
+const SIMULATED_ROOT_PLACEHOLDER: &str =
+    "<a simulated host, written to a temporary directory when the program runs>";
 
 /// `word` quoted for a POSIX shell when it needs to be.
 fn shell_word(word: &str) -> String {

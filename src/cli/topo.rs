@@ -181,6 +181,7 @@ fn to_text(h: &Host<'_>) -> String {
             "  none found under {}",
             h.root.path("sys/bus/pci/devices").display()
         );
+        let _ = writeln!(out, "  hint: {}", super::NO_GPU_HINT);
     }
     for (i, g) in t.gpus.iter().enumerate() {
         let local = t.gpu_local_cpus(g);
@@ -390,6 +391,7 @@ fn to_json(h: &Host<'_>) -> Value {
         "cpus": cpus,
         "gpus": gpus,
         "visible": visible_json(h),
+        "hint": t.gpus.is_empty().then_some(super::NO_GPU_HINT),
         "cgroup": {
             "version": version_name(limits.version),
             "cpuset": limits.cpuset.as_ref().map(CpuMask::to_list),

@@ -117,8 +117,17 @@ fn initialise() -> State {
     }
     let (settings, errors) = Settings::from_env();
     crate::log::set_level(settings.log);
+    // A malformed cosmetic variable (log level, strict, report path) changes no placement: it
+    // falls back to its default with one line, and the library stays active. Under
+    // TLLM_AFFINITY_STRICT=1 it stops the process like any other bad setting.
+    let (cosmetic, errors): (Vec<_>, Vec<_>) = errors
+        .into_iter()
+        .partition(|e| e.is_cosmetic() && !settings.strict);
+    for e in &cosmetic {
+        log_error!("{e}; using its default");
+    }
     if !errors.is_empty() {
-        // One line per malformed variable (SPEC §8, §9), saying what follows from it.
+        // One line per malformed variable, saying what follows from it.
         for e in &errors {
             if settings.strict {
                 log_error!("{e}; stopping with status 2 (TLLM_AFFINITY_STRICT=1)");
@@ -378,6 +387,7 @@ fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i
         numa_flag: &p.settings.numa_aware,
         constrained: p.constrained,
         gpu_local: &set.gpu_local,
+        gpu_local_named: p.settings.cpus_override.is_some(),
         cpuset: &p.cpuset,
     });
     let outcome = REGISTRY

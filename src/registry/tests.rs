@@ -687,3 +687,31 @@ fn a_scope_child_of_an_explicit_creator_is_the_workers_even_with_no_worker_mask(
     assert_eq!(w.mask(child), "2-3");
     assert_eq!(w.natural(child), "0-1");
 }
+
+#[test]
+fn the_history_outlives_the_last_release_and_the_workers() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let pool: Vec<Slot> = (0..3).map(|_| w.spawn(worker)).collect();
+    let second = w.configure(worker, "gpu0", "2-3").lease;
+    w.release(second).unwrap();
+    for t in pool {
+        w.exit(t);
+    }
+    w.release(lease).unwrap();
+    w.exit(worker);
+    let history = w.reg.history();
+    assert_eq!(
+        history,
+        History {
+            peak_workers: 4,
+            leases_opened: 2,
+            leases_released: 2,
+            threads_restored: 1,
+            threads_preserved: 0,
+        }
+    );
+    // Nothing is left alive that says so: only the history does.
+    assert!(w.reg.live_threads().all(|(_, e)| e.role == Role::Host));
+}
