@@ -96,8 +96,8 @@ def load(port, requests):
     """(requests/s, p50 µs, p99 µs, errors)."""
     if shutil.which("wrk"):
         env = dict(os.environ, WRK_BODY=BODY, WRK_REQUESTS=str(requests))
-        out = subprocess.run(["wrk", "-t1", f"-c{CONCURRENCY}", "-d120s", "-s",
-                              os.path.join(PROGS, "fixed_count.lua"),
+        out = subprocess.run(["wrk", "-t1", f"-c{CONCURRENCY}", "-d120s", "--timeout", "20s",
+                              "-s", os.path.join(PROGS, "fixed_count.lua"),
                               f"http://127.0.0.1:{port}/generate"],
                              env=env, check=True, capture_output=True, text=True).stdout
         r = {k: int(v) for k, v in re.findall(r"(\w+) (\d+)", out.split("WRK", 1)[1])}
@@ -159,8 +159,8 @@ def ratio_cell(samples, base, key):
 
 def server_table(title, variants, samples, base_name):
     print(f"\n{title}\n")
-    print("| mode | command | placement (main = event loop / engine loop / a FastAPI pool thread) | req/s "
-          "| p50 ms | p99 ms | engine it/s | req/s ratio | p50 ratio | p99 ratio | "
+    print("| mode | command | placement (main = event loop / engine loop / a FastAPI pool "
+          "thread) | req/s | p50 ms | p99 ms | engine it/s | req/s ratio | p50 ratio | p99 ratio | "
           "engine it/s ratio |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = samples[base_name]
@@ -239,6 +239,9 @@ def run(tmp, lib, simulated_sysfs, quick):
     """The whole --server section; prints its tables and the one summary table."""
     check_stack()
     start = time.monotonic()
+    tmp = os.path.join(tmp, "server")  # the full scripts/bench has written its own tree already
+    os.makedirs(tmp)
+    load_before = open("/proc/loadavg").read().split()[:3]
     subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
     cli = os.path.join(ROOT, "target", "release", "tllm-affinity")
     rt_omp = os.path.join(tmp, "librt_omp.so")
@@ -260,8 +263,8 @@ def run(tmp, lib, simulated_sysfs, quick):
                           "TLLM_WORKER_USE_SINGLE_PROCESS": "1", "RT_ENGINE_LOOP": "1",
                           "RT_OMP": rt_omp, "OMP_NUM_THREADS": "1",
                           "TLLM_AFFINITY_SYSFS_ROOT": sysfs}}
-    rounds = 2 if quick else 5
-    requests = 300 if quick else 600
+    rounds = 2 if quick else 7
+    requests = 300 if quick else 400
     run_lib = [cli, "run", "--sysfs-root", sysfs, "--lock-dir", locks, "--log", "error", "--"]
     taskset = ["taskset", "-c", gpu_cpus]
     py = "python server_app.py"
@@ -324,7 +327,10 @@ def run(tmp, lib, simulated_sysfs, quick):
     print(f"| step loop: STEP_CORE=auto / off, iteration latency (hand-off: p50 "
           f"{step['handoff_p50_ns']:.2f}, p99 {step['handoff_p99_ns']:.2f}) | – | "
           f"{step['iter_p50_ns']:.2f} | {step['iter_p99_ns']:.2f} | – |")
-    print(f"\n--server took {time.monotonic() - start:.0f} s")
+    load_after = open("/proc/loadavg").read().split()[:3]
+    print(f"\n--server took {time.monotonic() - start:.0f} s; load average (1, 5, 15 min) "
+          f"{' '.join(load_before)} before, {' '.join(load_after)} after, on "
+          f"{os.cpu_count()} CPUs (other users' load shows here)")
 
 
 def write_one_node(root):
