@@ -1,5 +1,6 @@
 """GenerationExecutor: requests, results, and ``create``, which builds the worker inline (single
 process, TP1) or a proxy over an MPI session whose rank 0 runs ``worker_main``."""
+import asyncio
 import itertools
 import threading
 from concurrent.futures import Future
@@ -31,6 +32,10 @@ class GenerationResult:
 
     def result(self, timeout=60) -> GenerationResponse:
         return self._future.result(timeout)
+
+    async def aresult(self) -> GenerationResponse:
+        """Upstream's ``await result.aresult()``, what the OpenAI server's async handlers use."""
+        return await asyncio.wrap_future(self._future)
 
 
 class GenerationExecutor:

@@ -1,5 +1,5 @@
 """The LLM API: ``LLM.__init__`` builds the executor (``_build_model`` →
-``GenerationExecutor.create``); ``generate``; ``shutdown``."""
+``GenerationExecutor.create``); ``generate``, ``generate_async``; ``shutdown``."""
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -48,6 +48,10 @@ class BaseLLM:
             for p, r in zip(prompts, results)
         ]
         return outputs[0] if single else outputs
+
+    def generate_async(self, prompt: str):
+        """One request; ``await .aresult()`` (or ``.result()``) gives its response."""
+        return self._executor.generate_async(prompt)
 
     def shutdown(self):
         if self._executor is not None:
