@@ -1,4 +1,4 @@
-"""A main thread that builds an engine inside a worker scope, then serves itself (SPEC §2, §7):
+"""A main thread that builds an engine inside a worker scope, then serves itself:
 it stays a host, the threads it starts in the scope (and theirs) are workers, the threads it
 starts after the scope are hosts, and releasing the scope's lease puts every mask back.
 
@@ -8,6 +8,7 @@ import ctypes
 import errno
 import json
 import sys
+import threading
 import warnings
 
 import tllm_affinity
@@ -21,8 +22,11 @@ def scoped():
     note("main")
     with tllm_affinity.worker_scope(0) as lease:
         role_in_scope = tllm_affinity.role()
-        start("engine", lambda: start("engine_child"))
+        # `start` returns once the thread has noted itself: wait for the engine's own child too.
+        child_started = threading.Event()
+        start("engine", lambda: (start("engine_child"), child_started.set()))
         start("pool")
+        child_started.wait()
     start("http")
     # The scope is over, the lease is not: ending it again is a no-op, in C -ENOENT.
     tllm_affinity.end_worker_scope(lease)
