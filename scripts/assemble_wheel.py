@@ -119,7 +119,7 @@ def main():
             info.compress_type = zipfile.ZIP_DEFLATED
             whl.writestr(info, "\n".join(lines) + "\n")
         os.replace(out + ".part", out)
-        print(out)
+        print(os.path.abspath(out))
 
 
 if __name__ == "__main__":
