@@ -28,6 +28,13 @@ PLATFORM_TAGS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
+def workspace_version():
+    """``[workspace.package] version`` of Cargo.toml: the project's one version."""
+    with open(os.path.join(REPO, "Cargo.toml")) as f:
+        section = f.read().split("[workspace.package]", 1)[1]
+    return re.search(r'^version = "([^"]+)"$', section, re.M).group(1)
+
+
 def python_version():
     """``__version__`` of python/tllm_affinity/__init__.py, read without importing it."""
     with open(os.path.join(REPO, "python", "tllm_affinity", "__init__.py")) as f:
@@ -36,7 +43,9 @@ def python_version():
 
 
 def pure_wheel(work):
-    """Builds python/ into a pure wheel under `work` (from a copy: the build leaves files behind)."""
+    """Builds python/ into a pure wheel under `work` with setuptools, as `pip install ./python`
+    would (from a copy: the build leaves files behind). setuptools is called directly, not
+    through pip, so that this also runs inside pip's isolated build of the sdist."""
     src = os.path.join(work, "src")
     shutil.copytree(
         os.path.join(REPO, "python"),
@@ -44,12 +53,16 @@ def pure_wheel(work):
         ignore=lambda d, names: [n for n in names if n in ("build", "__pycache__") or n.endswith(".egg-info")],
     )
     dist = os.path.join(work, "dist")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
-         "--no-index", "--no-build-isolation", "-w", dist, src],
-        check=True,
+    build = subprocess.run(
+        [sys.executable, "-c", "import setuptools.build_meta as b, sys; b.build_wheel(sys.argv[1])", dist],
+        cwd=src,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
-    (name,) = os.listdir(dist)
+    if build.returncode != 0:
+        sys.stderr.write(build.stdout.decode(errors="replace"))
+        sys.exit("scripts/wheel: setuptools could not build python/ (it needs setuptools>=61 and wheel)")
+    (name,) = [n for n in os.listdir(dist) if n.endswith(".whl")]
     return os.path.join(dist, name)
 
 
@@ -58,19 +71,15 @@ def record_line(path, data):
     return "%s,sha256=%s,%d" % (path, digest, len(data))
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--version", required=True, help="the workspace's version")
-    parser.add_argument("--native", required=True, help="cargo's output directory")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-
+def assemble(native, out_dir, platform_tags=PLATFORM_TAGS):
+    """Writes the wheel into `out_dir` from cargo's output directory `native`; returns its path."""
+    version = workspace_version()
     # One version everywhere: the workspace's (Cargo.toml) is the source; the Python package
     # states it too because a pure install has no Cargo.toml to read.
-    if python_version() != args.version:
+    if python_version() != version:
         sys.exit(
             "scripts/wheel: python/tllm_affinity/__init__.py has __version__ = %r but Cargo.toml's "
-            "workspace version is %r: make them agree" % (python_version(), args.version)
+            "workspace version is %r: make them agree" % (python_version(), version)
         )
 
     with tempfile.TemporaryDirectory() as work:
@@ -85,23 +94,23 @@ def main():
                     continue
             entries[info.filename] = (pure.read(info), 0o644)
         name_version = dist_info[: -len(".dist-info")]
-        if not name_version.endswith("-" + args.version):
-            sys.exit("scripts/wheel: setuptools built %s, expected version %s" % (dist_info, args.version))
+        if not name_version.endswith("-" + version):
+            sys.exit("scripts/wheel: setuptools built %s, expected version %s" % (dist_info, version))
 
-        native = {
-            "tllm_affinity/_lib/libtllm_affinity.so": (os.path.join(args.native, "libtllm_affinity.so"), 0o755),
+        files = {
+            "tllm_affinity/_lib/libtllm_affinity.so": (os.path.join(native, "libtllm_affinity.so"), 0o755),
             "tllm_affinity/include/tllm_affinity.h": (os.path.join(REPO, "include", "tllm_affinity.h"), 0o644),
-            name_version + ".data/scripts/tllm-affinity": (os.path.join(args.native, "tllm-affinity"), 0o755),
+            name_version + ".data/scripts/tllm-affinity": (os.path.join(native, "tllm-affinity"), 0o755),
         }
-        for path, (source, mode) in native.items():
+        for path, (source, mode) in files.items():
             with open(source, "rb") as f:
                 entries[path] = (f.read(), mode)
         wheel_meta = "Wheel-Version: 1.0\nGenerator: tllm-affinity scripts/wheel\nRoot-Is-Purelib: false\n"
-        wheel_meta += "".join("Tag: py3-none-%s\n" % tag for tag in PLATFORM_TAGS)
+        wheel_meta += "".join("Tag: py3-none-%s\n" % tag for tag in platform_tags)
         entries[dist_info + "/WHEEL"] = (wheel_meta.encode(), 0o644)
 
-        os.makedirs(args.out, exist_ok=True)
-        out = os.path.join(args.out, "%s-py3-none-%s.whl" % (name_version, ".".join(PLATFORM_TAGS)))
+        os.makedirs(out_dir, exist_ok=True)
+        out = os.path.join(out_dir, "%s-py3-none-%s.whl" % (name_version, ".".join(platform_tags)))
         record = dist_info + "/RECORD"
         lines = []
         with zipfile.ZipFile(out + ".part", "w", zipfile.ZIP_DEFLATED) as whl:
@@ -119,7 +128,15 @@ def main():
             info.compress_type = zipfile.ZIP_DEFLATED
             whl.writestr(info, "\n".join(lines) + "\n")
         os.replace(out + ".part", out)
-        print(os.path.abspath(out))
+    return os.path.abspath(out)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--native", required=True, help="cargo's output directory")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    print(assemble(args.native, args.out))
 
 
 if __name__ == "__main__":

@@ -482,3 +482,72 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
         );
     }
 }
+
+// ---- The source distribution ----
+
+#[test]
+fn the_sdist_builds_with_cargo_and_installs_the_same_layout() {
+    if !require_command("cargo") {
+        return;
+    }
+    let out = Command::new(repo().join("scripts/wheel"))
+        .arg("--sdist")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/wheel --sdist: {}",
+        text(&out)
+    );
+    let sdist = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    assert!(
+        sdist.ends_with(format!("tllm_affinity-{VERSION}.tar.gz")),
+        "{}",
+        sdist.display()
+    );
+    let work = tempfile::tempdir().unwrap();
+    let venv = work.path().join("venv");
+    // The system's setuptools and wheel build the Python part with no index.
+    let status = Command::new(python())
+        .args(["-m", "venv", "--system-site-packages"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(status.success(), "python3 -m venv");
+    let bin = venv.join("bin");
+    // pip unpacks the sdist in a fresh directory; one target directory for every run keeps
+    // cargo's dependencies built.
+    let target = target_dir().parent().unwrap().join("sdist");
+    let out = Command::new(bin.join("pip"))
+        .args(["install", "-q", "--disable-pip-version-check", "--no-index"])
+        .arg("--no-build-isolation")
+        .arg(&sdist)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("PYTHONPATH")
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pip install the sdist: {}",
+        text(&out)
+    );
+    let out = Command::new(bin.join("tllm-affinity"))
+        .args(["run", "--simulate", "--", "python", "-c"])
+        .arg("import tllm_affinity as t; print(t.version(), t.library_path())")
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env_remove("TLLM_AFFINITY_LIB")
+        .env_remove("PYTHONPATH")
+        .env_remove("LD_PRELOAD")
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (version, library) = stdout.trim().split_once(' ').unwrap();
+    assert_eq!(version, VERSION);
+    assert!(
+        Path::new(library).starts_with(&venv) && library.ends_with(WHEEL_LIBRARY),
+        "{stdout}"
+    );
+}
