@@ -316,6 +316,21 @@ fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() 
         .unwrap_or_else(|| panic!("worker {worker_tid} not in {table}"));
     assert_eq!(row["role"], "worker", "{table}");
 
+    // The Python module's own test program against the installed package and library.
+    let api = run(user("tllm-affinity")
+        .args(["run", "--simulate", "--policy", "numa", "--", "python"])
+        .arg(program("py_api.py"))
+        .arg("api"));
+    let api: Value = serde_json::from_str(api.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {api}"));
+    assert_eq!(api["available"], true, "{api}");
+    assert_eq!(api["version"], VERSION);
+    assert_eq!(api["worker"]["role"], "worker", "{api}");
+    assert_eq!(mask_of(&api["worker"]["mask"]), sim.gpu0_local(), "{api}");
+    assert_eq!(api["worker"]["child"]["role"], "worker", "{api}");
+    assert_eq!(mask_of(&api["host_mask_after"]), allowed_cpus(), "{api}");
+    assert_eq!(api["worker"]["released"], true, "{api}");
+
     // Uninstalled, the venv is file for file what it was before.
     run(user("pip").args(["uninstall", "-y", "-q", "tllm-affinity"]));
     let after = tree(&venv);
