@@ -122,7 +122,8 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     spawn_and_wait(&mut command, &args.command[0])
 }
 
-/// The library to preload: `TLLM_AFFINITY_LIB`, else beside this binary, else `../lib/`.
+/// The library to preload: `TLLM_AFFINITY_LIB`, else beside this binary (a build tree), else
+/// `../lib/`, else in the `tllm_affinity` package a pip install put beside it (the wheel).
 pub fn find_library() -> Result<PathBuf, Failure> {
     if let Some(value) = std::env::var_os("TLLM_AFFINITY_LIB").filter(|v| !v.is_empty()) {
         let path = PathBuf::from(&value);
