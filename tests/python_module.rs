@@ -283,6 +283,7 @@ fn pip_installs_the_pure_python_package() {
         "tllm_affinity.pth",
         "_tllm_affinity_hook.py",
         "tllm_affinity/__init__.py",
+        "tllm_affinity/__main__.py",
         "tllm_affinity/_sitecustomize/sitecustomize.py",
         "tllm_affinity/adapters/__init__.py",
         "tllm_affinity/adapters/trtllm.py",

@@ -47,6 +47,8 @@ __all__ = [
     "begin_worker_scope",
     "configure",
     "end_worker_scope",
+    "include_dir",
+    "library_path",
     "pin_result_thread",
     "pin_step_thread",
     "release",
@@ -57,6 +59,7 @@ __all__ = [
     "worker_scope",
 ]
 
+# The workspace's version (Cargo.toml); scripts/wheel and tests/wheel.rs check that they agree.
 __version__ = "0.1.0"
 
 LIBRARY = "libtllm_affinity.so"
@@ -124,6 +127,24 @@ def _require():
 def _raise_errno(rc, call):
     code = -int(rc)
     raise OSError(code, "%s: %s" % (call, os.strerror(code)))
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def library_path():
+    """The absolute path of the libtllm_affinity.so installed with this package (the wheel ships
+    it in ``tllm_affinity/_lib/``), or None when the package was installed without it (from
+    ``python/`` alone). This is what ``tllm-affinity run`` preloads; ``LD_PRELOAD`` takes it too.
+    """
+    path = os.path.join(_HERE, "_lib", LIBRARY)
+    return path if os.path.isfile(path) else None
+
+
+def include_dir():
+    """The directory of the installed C header ``tllm_affinity.h``, or None without it."""
+    path = os.path.join(_HERE, "include")
+    return path if os.path.isfile(os.path.join(path, "tllm_affinity.h")) else None
 
 
 def available():

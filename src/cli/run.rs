@@ -129,7 +129,8 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     spawn_and_wait(&mut command, &args.command[0])
 }
 
-/// The library to preload: `TLLM_AFFINITY_LIB`, else beside this binary, else `../lib/`.
+/// The library to preload: `TLLM_AFFINITY_LIB`, else beside this binary (a build tree), else
+/// `../lib/`, else in the `tllm_affinity` package a pip install put beside it (the wheel).
 pub fn find_library() -> Result<PathBuf, Failure> {
     if let Some(value) = std::env::var_os("TLLM_AFFINITY_LIB").filter(|v| !v.is_empty()) {
         let path = PathBuf::from(&value);
@@ -144,10 +145,15 @@ pub fn find_library() -> Result<PathBuf, Failure> {
     let exe = std::env::current_exe()
         .map_err(|e| Failure::usage(format!("cannot find this binary's path: {e}")))?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates = [
+    let mut candidates = vec![
         dir.join(LIBRARY_FILE),
         dir.join("..").join("lib").join(LIBRARY_FILE),
     ];
+    candidates.extend(
+        installed_packages(dir)
+            .into_iter()
+            .map(|package| package.join("_lib").join(LIBRARY_FILE)),
+    );
     for candidate in &candidates {
         if let Ok(abs) = candidate.canonicalize() {
             if abs.is_file() {
@@ -156,8 +162,9 @@ pub fn find_library() -> Result<PathBuf, Failure> {
         }
     }
     Err(Failure::usage(format!(
-        "{LIBRARY_FILE} not found beside {} (nor in ../lib): build it with `cargo build \
-         --release`, or set TLLM_AFFINITY_LIB=/abs/path/{LIBRARY_FILE}",
+        "{LIBRARY_FILE} not found beside {} (nor in ../lib, nor in the tllm_affinity package \
+         of ../lib/python3.*/site-packages): install the wheel (pip install tllm-affinity), \
+         build it with `cargo build --release`, or set TLLM_AFFINITY_LIB=/abs/path/{LIBRARY_FILE}",
         exe.display()
     )))
 }
@@ -196,17 +203,37 @@ const SITECUSTOMIZE_DIR: &str = "_sitecustomize";
 fn find_python_hook_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    let package_in = |root: PathBuf| root.join("tllm_affinity").join(SITECUSTOMIZE_DIR);
-    let mut candidates = vec![package_in(dir.join("..").join("..").join("python"))];
-    if let Ok(entries) = std::fs::read_dir(dir.join("..").join("lib")) {
-        for entry in entries.flatten() {
-            candidates.push(package_in(entry.path().join("site-packages")));
-        }
-    }
-    candidates
+    let mut packages = vec![dir
+        .join("..")
+        .join("..")
+        .join("python")
+        .join("tllm_affinity")];
+    packages.extend(installed_packages(dir));
+    packages
         .into_iter()
+        .map(|package| package.join(SITECUSTOMIZE_DIR))
         .find(|c| c.join("sitecustomize.py").is_file())
         .and_then(|c| c.canonicalize().ok())
+}
+
+/// The `tllm_affinity` package directories a pip install puts beside a command installed in
+/// `bin_dir`: the wheel installs the command in `<prefix>/bin` and the package in
+/// `<prefix>/lib/python3.X/site-packages` (a venv, `--user`, `--prefix`; Debian's system Python
+/// says `dist-packages`), the library and the start-up hook inside the package.
+fn installed_packages(bin_dir: &Path) -> Vec<PathBuf> {
+    let mut packages = Vec::new();
+    let Ok(entries) = std::fs::read_dir(bin_dir.join("..").join("lib")) else {
+        return packages;
+    };
+    let mut pythons: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    // A fixed order for a prefix holding several Pythons, each with the package.
+    pythons.sort();
+    for python in pythons {
+        for site in ["site-packages", "dist-packages"] {
+            packages.push(python.join(site).join("tllm_affinity"));
+        }
+    }
+    packages
 }
 
 /// `PYTHONPATH` with `hook_dir` first, once; the other entries kept in their order.

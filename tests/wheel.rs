@@ -1,0 +1,568 @@
+//! The wheel as a user gets it: built by `scripts/wheel`, accepted by `auditwheel` as
+//! manylinux2014, installed with pip into a fresh virtual environment and run there with cargo and
+//! the build tree out of reach, uninstalled without a trace; and its library preloaded into
+//! Debian bullseye (glibc 2.31), with and without libgcc.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::Value;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const WHEEL_LIBRARY: &str = "tllm_affinity/_lib/libtllm_affinity.so";
+
+/// `target/wheels/<the wheel>`, built once per test binary (cargo rebuilds only what changed);
+/// None when the toolchain is missing outside CI.
+fn wheel() -> Option<PathBuf> {
+    static WHEEL: OnceLock<Option<PathBuf>> = OnceLock::new();
+    WHEEL
+        .get_or_init(|| {
+            if !require_command("cargo-zigbuild") {
+                return None;
+            }
+            let out = Command::new(repo().join("scripts/wheel"))
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("scripts/wheel");
+            assert!(out.status.success(), "scripts/wheel failed");
+            let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+            assert!(path.is_file(), "scripts/wheel printed {}", path.display());
+            Some(path)
+        })
+        .clone()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// One member of the wheel, written to `to` (zipfile: no unzip needed).
+fn extract(wheel: &Path, member: &str, to: &Path) {
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import sys, zipfile; open(sys.argv[3], 'wb').write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))",
+        ])
+        .arg(wheel)
+        .arg(member)
+        .arg(to)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn the_python_package_states_the_workspace_version() {
+    let init = std::fs::read_to_string(repo().join("python/tllm_affinity/__init__.py")).unwrap();
+    assert!(
+        init.lines()
+            .any(|l| l == format!("__version__ = \"{VERSION}\"")),
+        "python/tllm_affinity/__init__.py must say __version__ = \"{VERSION}\", the workspace \
+         version of Cargo.toml"
+    );
+}
+
+#[test]
+fn the_wheel_is_manylinux2014_and_its_library_needs_glibc_alone() {
+    let Some(wheel) = wheel() else { return };
+    let name = wheel.file_name().unwrap().to_str().unwrap();
+    assert_eq!(
+        name,
+        format!("tllm_affinity-{VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+    );
+    if require_command("auditwheel") {
+        let out = Command::new("auditwheel")
+            .arg("show")
+            .arg(&wheel)
+            .output()
+            .unwrap();
+        let shown = text(&out);
+        assert!(out.status.success(), "{shown}");
+        assert!(
+            shown.contains("consistent with the following platform tag:")
+                && shown.contains("\"manylinux_2_17_x86_64\""),
+            "{shown}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = dir.path().join("libtllm_affinity.so");
+    extract(&wheel, WHEEL_LIBRARY, &library);
+    if !require_command("readelf") {
+        return;
+    }
+    let dynamic = Command::new("readelf")
+        .arg("-dW")
+        .arg(&library)
+        .output()
+        .unwrap();
+    let needed: BTreeSet<String> = String::from_utf8_lossy(&dynamic.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_string()))
+        .collect();
+    let glibc: BTreeSet<String> = [
+        "libc.so.6",
+        "ld-linux-x86-64.so.2",
+        "libpthread.so.0",
+        "libdl.so.2",
+    ]
+    .map(String::from)
+    .into();
+    assert!(
+        !needed.is_empty() && needed.is_subset(&glibc),
+        "NEEDED {needed:?}"
+    );
+    // The highest glibc symbol version imported: 2.17 at most (manylinux2014).
+    let versions = Command::new("readelf")
+        .arg("-VW")
+        .arg(&library)
+        .output()
+        .unwrap();
+    let highest = String::from_utf8_lossy(&versions.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+            Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+        })
+        .max()
+        .expect("GLIBC_ versions");
+    assert!(
+        highest <= (2, 17),
+        "imports GLIBC_{}.{}",
+        highest.0,
+        highest.1
+    );
+    // No path of the machine that built it: not the checkout, not the cargo home.
+    let bytes = std::fs::read(&library).unwrap();
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    for path in [repo().to_str().unwrap(), &format!("{home}/.cargo")] {
+        assert!(
+            !bytes.windows(path.len()).any(|w| w == path.as_bytes()),
+            "the library holds the build path {path}"
+        );
+    }
+}
+
+/// A mixed population in one Python process: the main thread and a host thread, a worker
+/// configured for device 0 and its two children. It prints what it is, waits for a line, exits.
+const POPULATION: &str = r#"
+import json, os, sys, threading, tllm_affinity
+seen, ready, stop = {}, threading.Barrier(5), threading.Event()
+def note(name):
+    seen[name] = {"tid": threading.get_native_id(), "role": tllm_affinity.role(),
+                  "mask": sorted(os.sched_getaffinity(0))}
+def hold(name):
+    note(name); ready.wait(); stop.wait()
+def worker():
+    lease = tllm_affinity.configure(0)
+    children = [threading.Thread(target=hold, args=("child%d" % i,)) for i in (1, 2)]
+    for c in children: c.start()
+    hold("worker")
+    for c in children: c.join()
+    lease.release()
+threads = [threading.Thread(target=hold, args=("host",)), threading.Thread(target=worker)]
+for t in threads: t.start()
+note("main")
+ready.wait()
+print(json.dumps({"pid": os.getpid(), "version": tllm_affinity.version(),
+                  "library": tllm_affinity.library_path(), "preload": os.environ["LD_PRELOAD"],
+                  "threads": seen}), flush=True)
+sys.stdin.readline()
+stop.set()
+for t in threads: t.join()
+"#;
+
+/// Every path under `dir`, relative.
+fn tree(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut paths = BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            paths.insert(path.strip_prefix(dir).unwrap().to_path_buf());
+            if path.is_dir() && !path.is_symlink() {
+                stack.push(path);
+            }
+        }
+    }
+    paths
+}
+
+#[test]
+fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() {
+    let Some(wheel) = wheel() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let venv = work.path().join("venv");
+    let status = Command::new(python())
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(status.success(), "python3 -m venv (Debian: python3-venv)");
+    let bin = venv.join("bin");
+    // A user's shell: the venv's bin/ and the system's, no cargo, no build tree, no variables
+    // of the build, run from a directory of its own.
+    let user = |program: &str| {
+        let mut cmd = Command::new(bin.join(program));
+        cmd.env_clear()
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("HOME", work.path())
+            .current_dir(work.path());
+        cmd
+    };
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{cmd:?}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let before = tree(&venv);
+    run(user("pip")
+        .args(["install", "-q", "--no-index", "--disable-pip-version-check"])
+        .arg(&wheel));
+
+    // One version everywhere.
+    let command_version = format!("tllm-affinity {VERSION}");
+    assert_eq!(run(user("tllm-affinity").arg("--version")), command_version);
+    assert_eq!(
+        run(user("python").args(["-m", "tllm_affinity", "--version"])),
+        command_version
+    );
+    let site = run(user("python").args([
+        "-c",
+        "import importlib.metadata as m, tllm_affinity as t; \
+         print(t.__version__, m.version('tllm-affinity'), t.library_path(), t.include_dir())",
+    ]));
+    let words: Vec<&str> = site.split(' ').collect();
+    assert_eq!(&words[..2], [VERSION, VERSION], "{site}");
+    let library = PathBuf::from(words[2]);
+    assert!(
+        library.starts_with(&venv) && library.ends_with(WHEEL_LIBRARY),
+        "{site}"
+    );
+    assert!(Path::new(words[3]).join("tllm_affinity.h").is_file());
+
+    // The installed `run`, with no variable naming the library, on the simulated host.
+    let mut cmd = user("tllm-affinity");
+    cmd.args([
+        "run",
+        "--simulate",
+        "--policy",
+        "numa",
+        "--",
+        "python",
+        "-c",
+    ])
+    .arg(POPULATION)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let seen: Value = match serde_json::from_str(&line) {
+        Ok(seen) => seen,
+        Err(_) => {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("no population: {line}{}", text(&out))
+        }
+    };
+    let pid = seen["pid"].as_u64().unwrap() as u32;
+    let ps = user("tllm-affinity")
+        .args(["ps", &pid.to_string(), "--json"])
+        .output()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(seen["version"], VERSION);
+    assert_eq!(seen["library"], library.to_str().unwrap());
+    assert_eq!(seen["preload"], library.to_str().unwrap());
+    let sim = Sysfs::two_nodes();
+    for (name, role, cpus) in [
+        ("main", "host", allowed_cpus()),
+        ("host", "host", allowed_cpus()),
+        ("worker", "worker", sim.gpu0_local()),
+        ("child1", "worker", sim.gpu0_local()),
+        ("child2", "worker", sim.gpu0_local()),
+    ] {
+        let thread = &seen["threads"][name];
+        assert_eq!(thread["role"], role, "{name}: {seen}");
+        assert_eq!(mask_of(&thread["mask"]), cpus, "{name}: {seen}");
+    }
+    // `ps` on the live process reads the table the installed library published.
+    assert!(ps.status.success(), "{}", text(&ps));
+    let table: Value = serde_json::from_slice(&ps.stdout).unwrap();
+    assert_eq!(table["table"], true, "{table}");
+    let worker_tid = &seen["threads"]["worker"]["tid"];
+    let row = table["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| &t["tid"] == worker_tid)
+        .unwrap_or_else(|| panic!("worker {worker_tid} not in {table}"));
+    assert_eq!(row["role"], "worker", "{table}");
+
+    // The Python module's own test program against the installed package and library.
+    let api = run(user("tllm-affinity")
+        .args(["run", "--simulate", "--policy", "numa", "--", "python"])
+        .arg(program("py_api.py"))
+        .arg("api"));
+    let api: Value = serde_json::from_str(api.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {api}"));
+    assert_eq!(api["available"], true, "{api}");
+    assert_eq!(api["version"], VERSION);
+    assert_eq!(api["worker"]["role"], "worker", "{api}");
+    assert_eq!(mask_of(&api["worker"]["mask"]), sim.gpu0_local(), "{api}");
+    assert_eq!(api["worker"]["child"]["role"], "worker", "{api}");
+    assert_eq!(mask_of(&api["host_mask_after"]), allowed_cpus(), "{api}");
+    assert_eq!(api["worker"]["released"], true, "{api}");
+
+    // Uninstalled, the venv is file for file what it was before.
+    run(user("pip").args(["uninstall", "-y", "-q", "tllm-affinity"]));
+    let after = tree(&venv);
+    assert_eq!(
+        after.difference(&before).collect::<Vec<_>>(),
+        Vec::<&PathBuf>::new(),
+        "left behind"
+    );
+    assert_eq!(before, after);
+}
+
+// ---- An old glibc, and no libgcc ----
+
+const ROOTFS_CACHE: &str = "/var/cache/tllm-affinity";
+const MIRROR: &str = "http://deb.debian.org/debian";
+
+/// Debian bullseye (glibc 2.31), `debootstrap --variant=minbase`, made once and kept in
+/// `/var/cache/tllm-affinity/bullseye-minbase` for every checkout. None (a skip; a failure in
+/// CI) when it cannot be made: not root, no debootstrap, or the mirror out of reach.
+fn bullseye() -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    let cache = Path::new(ROOTFS_CACHE);
+    let rootfs = cache.join("bullseye-minbase");
+    // SAFETY: geteuid has no preconditions.
+    if !require(unsafe { libc::geteuid() } == 0, "root (chroot)") {
+        return None;
+    }
+    std::fs::create_dir_all(cache).unwrap();
+    let lock = std::fs::File::create(cache.join("bullseye.lock")).unwrap();
+    // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    if rootfs.join("usr/bin/true").is_file() {
+        return Some(rootfs);
+    }
+    if !require_command("debootstrap") {
+        return None;
+    }
+    let partial = cache.join(format!("bullseye.partial.{}", std::process::id()));
+    let out = Command::new("debootstrap")
+        .args(["--variant=minbase", "bullseye"])
+        .arg(&partial)
+        .arg(MIRROR)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&partial);
+        let log = text(&out);
+        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+        require(
+            false,
+            &format!(
+                "a Debian bullseye root filesystem: `debootstrap --variant=minbase bullseye {MIRROR}` \
+                 failed (is the mirror reachable?): {}",
+                tail.join(" | ")
+            ),
+        );
+        return None;
+    }
+    std::fs::rename(&partial, &rootfs).unwrap();
+    Some(rootfs)
+}
+
+/// `tests/programs/old_glibc.c` linked against glibc 2.17 by zig (the wheel's toolchain), so that
+/// it runs in the old root filesystem.
+fn old_glibc_program(to: &Path) {
+    let out = Command::new(python())
+        .args(["-m", "ziglang", "cc", "-target", "x86_64-linux-gnu.2.17"])
+        .args(["-O1", "-Wall", "-pthread", "-o"])
+        .arg(to)
+        .arg(programs_dir().join("old_glibc.c"))
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "zig cc: {}", text(&out));
+}
+
+/// `program` run by chroot in `root` with a bare environment plus `env`.
+fn in_root(root: &Path, env: &[(&str, &str)], program: &[&str]) -> Output {
+    let mut cmd = Command::new("chroot");
+    cmd.arg(root)
+        .arg("/usr/bin/env")
+        .arg("-i")
+        .arg("PATH=/usr/bin:/bin");
+    for (name, value) in env {
+        cmd.arg(format!("{name}={value}"));
+    }
+    cmd.args(program).output().unwrap()
+}
+
+#[test]
+fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
+    let Some(wheel) = wheel() else { return };
+    let Some(rootfs) = bullseye() else { return };
+    if !require_command("chroot") {
+        return;
+    }
+    // A copy of hard links (instant, and the cache stays untouched: files are only added to or
+    // removed from the copy, never written).
+    let copy = tempfile::tempdir_in(ROOTFS_CACHE).unwrap();
+    let root = copy.path().join("root");
+    let status = Command::new("cp")
+        .arg("-al")
+        .arg(&rootfs)
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cp -al {}", rootfs.display());
+    let opt = root.join("opt/tllm");
+    std::fs::create_dir_all(&opt).unwrap();
+    extract(&wheel, WHEEL_LIBRARY, &opt.join("libtllm_affinity.so"));
+    extract(
+        &wheel,
+        &format!("tllm_affinity-{VERSION}.data/scripts/tllm-affinity"),
+        &opt.join("tllm-affinity"),
+    );
+    let chmod = Command::new("chmod")
+        .arg("+x")
+        .arg(opt.join("tllm-affinity"))
+        .status()
+        .unwrap();
+    assert!(chmod.success());
+    old_glibc_program(&opt.join("old_glibc"));
+
+    let glibc = in_root(&root, &[], &["getconf", "GNU_LIBC_VERSION"]);
+    assert_eq!(text(&glibc).trim(), "glibc 2.31");
+    let preload = [("LD_PRELOAD", "/opt/tllm/libtllm_affinity.so")];
+    let expected = format!("version={VERSION} lease=1 roles=host,host,worker,worker,worker");
+    let libgcc = root.join("usr/lib/x86_64-linux-gnu/libgcc_s.so.1");
+    assert!(libgcc.exists(), "bullseye ships libgcc_s.so.1");
+    for with_libgcc in [true, false] {
+        if !with_libgcc {
+            std::fs::remove_file(&libgcc).unwrap();
+        }
+        let case = if with_libgcc { "" } else { " (no libgcc)" };
+        // Programs start with the library preloaded: the smallest, and one with several libraries.
+        for program in [&["true"][..], &["ls", "/opt/tllm"]] {
+            let out = in_root(&root, &preload, program);
+            assert!(
+                out.status.success() && out.stderr.is_empty(),
+                "{program:?}{case}: {}",
+                text(&out)
+            );
+        }
+        // The library works: the installed command (there is no /proc in the root, so the
+        // library is named) runs a threaded program on the simulated host.
+        let out = in_root(
+            &root,
+            &[("TLLM_AFFINITY_LIB", "/opt/tllm/libtllm_affinity.so")],
+            &[
+                "/opt/tllm/tllm-affinity",
+                "run",
+                "--simulate",
+                "--no-python-hooks",
+                "--",
+                "/opt/tllm/old_glibc",
+            ],
+        );
+        assert!(out.status.success(), "{case}: {}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            expected,
+            "{case}: {}",
+            text(&out)
+        );
+    }
+}
+
+// ---- The source distribution ----
+
+#[test]
+fn the_sdist_builds_with_cargo_and_installs_the_same_layout() {
+    if !require_command("cargo") {
+        return;
+    }
+    let out = Command::new(repo().join("scripts/wheel"))
+        .arg("--sdist")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/wheel --sdist: {}",
+        text(&out)
+    );
+    let sdist = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    assert!(
+        sdist.ends_with(format!("tllm_affinity-{VERSION}.tar.gz")),
+        "{}",
+        sdist.display()
+    );
+    let work = tempfile::tempdir().unwrap();
+    let venv = work.path().join("venv");
+    // The system's setuptools and wheel build the Python part with no index.
+    let status = Command::new(python())
+        .args(["-m", "venv", "--system-site-packages"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(status.success(), "python3 -m venv");
+    let bin = venv.join("bin");
+    // pip unpacks the sdist in a fresh directory; one target directory for every run keeps
+    // cargo's dependencies built.
+    let target = target_dir().parent().unwrap().join("sdist");
+    let out = Command::new(bin.join("pip"))
+        .args(["install", "-q", "--disable-pip-version-check", "--no-index"])
+        .arg("--no-build-isolation")
+        .arg(&sdist)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("PYTHONPATH")
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pip install the sdist: {}",
+        text(&out)
+    );
+    let out = Command::new(bin.join("tllm-affinity"))
+        .args(["run", "--simulate", "--", "python", "-c"])
+        .arg("import tllm_affinity as t; print(t.version(), t.library_path())")
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env_remove("TLLM_AFFINITY_LIB")
+        .env_remove("PYTHONPATH")
+        .env_remove("LD_PRELOAD")
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (version, library) = stdout.trim().split_once(' ').unwrap();
+    assert_eq!(version, VERSION);
+    assert!(
+        Path::new(library).starts_with(&venv) && library.ends_with(WHEEL_LIBRARY),
+        "{stdout}"
+    );
+}
