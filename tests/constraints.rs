@@ -279,7 +279,7 @@ fn cgroup_cpuset_python_population() {
     let group = match CpusetCgroup::create(&local) {
         Ok(g) => g,
         Err(why) => {
-            println!("skipped: cannot create a cpuset cgroup here ({why})");
+            require(false, &format!("a cpuset cgroup ({why})"));
             return;
         }
     };

@@ -107,8 +107,7 @@ type PolicyRow<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str, bool);
 fn policy_table_with_and_without_taskset() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: the policy table needs two allowed CPUs, this process has [{all}]");
+    if !two_cpus_or_skip("this test") {
         return;
     }
     let local = sysfs.node1.to_list();
@@ -202,7 +201,7 @@ fn policy_under_a_cgroup_cpuset() {
     let group = match CpusetCgroup::create(&local) {
         Ok(g) => g,
         Err(why) => {
-            println!("skipped: cannot create a cpuset cgroup here ({why})");
+            require(false, &format!("a cpuset cgroup ({why})"));
             return;
         }
     };
@@ -336,9 +335,7 @@ fn python_host_and_worker_threads() {
 #[test]
 fn a_dedicated_worker_that_execs_keeps_its_numa_placement() {
     let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: needs two allowed CPUs, this process has [{all}]");
+    if !two_cpus_or_skip("this test") {
         return;
     }
     let local = sysfs.node1.to_list();

@@ -29,8 +29,7 @@ struct Cpus {
 /// with a single allowed CPU, where host and worker masks cannot differ.
 fn cpus(sysfs: &Sysfs) -> Option<Cpus> {
     let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: needs two allowed CPUs, this process has [{all}]");
+    if !two_cpus_or_skip("this test") {
         return None;
     }
     Some(Cpus {
@@ -408,8 +407,10 @@ fn creation_failure_on_rlimit_nproc_as_nobody() {
         let _ = bare.finish();
         line
     };
-    if bare_line.contains("cannot drop privileges") {
-        println!("skipped: {bare_line}");
+    if !require(
+        !bare_line.contains("cannot drop privileges"),
+        &format!("a way to drop privileges ({bare_line})"),
+    ) {
         return;
     }
     let mut run = Driver::spawn(life_cmd(&sysfs, &["nproc"]), LIMIT);

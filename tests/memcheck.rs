@@ -168,8 +168,7 @@ fn assert_active(name: &str, stdout: &str) {
 
 #[test]
 fn the_population_program_is_clean_under_memcheck() {
-    if !valgrind_available() {
-        println!("skipped: valgrind is not installed");
+    if !require(valgrind_available(), "valgrind") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -189,8 +188,7 @@ fn the_population_program_is_clean_under_memcheck() {
 
 #[test]
 fn the_lifecycle_programs_are_clean_under_memcheck() {
-    if !valgrind_available() {
-        println!("skipped: valgrind is not installed");
+    if !require(valgrind_available(), "valgrind") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -238,14 +236,12 @@ fn the_lifecycle_programs_are_clean_under_memcheck() {
 
 #[test]
 fn a_short_stress_is_clean_under_memcheck() {
-    if !valgrind_available() {
-        println!("skipped: valgrind is not installed");
+    if !require(valgrind_available(), "valgrind") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: needs two allowed CPUs");
+    if !two_cpus_or_skip("this test") {
         return;
     }
     let logs = tempfile::tempdir().unwrap();

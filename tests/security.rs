@@ -279,8 +279,7 @@ fn one_node_two_cores() -> SimulatedHost {
 
 #[test]
 fn the_gpu_lock_never_follows_links_never_hangs_and_is_0644() {
-    if allowed_cpus().count() < 2 {
-        println!("skipped: needs two allowed CPUs");
+    if !two_cpus_or_skip("this test") {
         return;
     }
     let sysfs = Sysfs::two_nodes();
@@ -354,8 +353,7 @@ fn table_run(sysfs: &Sysfs, umask: bool) -> (Driver, PathBuf) {
 
 #[test]
 fn the_thread_table_never_follows_links_never_hangs_and_is_0644() {
-    if !Path::new("/dev/shm").is_dir() {
-        println!("skipped: no /dev/shm");
+    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm") {
         return;
     }
     let sysfs = Sysfs::two_nodes();

@@ -26,8 +26,7 @@ const THREADS: u64 = 200_000;
 fn churn_configure_release_and_application_pins_keep_every_invariant() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: needs two allowed CPUs, this process has [{all}]");
+    if !two_cpus_or_skip("this test") {
         return;
     }
     let program = compile_lc("lc_stress", "lc_stress", &[]);

@@ -485,19 +485,7 @@ impl SimulatedTree {
         let Ok(t) = Topology::read(&SysfsRoot::new(&self.dir)) else {
             return format!("simulated host in {}", self.dir.display());
         };
-        let nodes: Vec<String> = t
-            .nodes
-            .iter()
-            .map(|n| format!("node {} [{}]", n.id, n.cpus))
-            .collect();
-        let gpus: Vec<String> = t
-            .gpus
-            .iter()
-            .map(|g| match g.numa_node {
-                Some(n) => format!("{} on node {n}", g.address),
-                None => g.address.clone(),
-            })
-            .collect();
+        let (nodes, gpus) = super::simulate::nodes_and_gpus(&t);
         format!(
             "simulated host with NUMA {} and GPUs {} (sysfs tree {})",
             nodes.join(", "),

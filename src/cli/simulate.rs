@@ -46,19 +46,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
         .write(&dir)
         .map_err(|e| format!("cannot write the simulated host in {}: {e}", dir.display()))?;
     let topology = Topology::read(&SysfsRoot::new(&dir)).map_err(|e| e.to_string())?;
-    let nodes: Vec<String> = topology
-        .nodes
-        .iter()
-        .map(|n| format!("node {} [{}]", n.id, n.cpus))
-        .collect();
-    let gpus: Vec<String> = topology
-        .gpus
-        .iter()
-        .map(|g| match g.numa_node {
-            Some(n) => format!("{} on node {n}", g.address),
-            None => g.address.clone(),
-        })
-        .collect();
+    let (nodes, gpus) = nodes_and_gpus(&topology);
     if args.json {
         let out = json!({
             "sysfs_root": dir.to_string_lossy(),
@@ -79,4 +67,23 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
         println!("TLLM_AFFINITY_SYSFS_ROOT={}", dir.display());
     }
     Ok(())
+}
+
+/// The simulated host's NUMA nodes (`node 1 [1]`) and GPUs (`0000:3b:00.0 on node 1`), as
+/// `simulate` and `run --simulate` name them.
+pub fn nodes_and_gpus(topology: &Topology) -> (Vec<String>, Vec<String>) {
+    let nodes = topology
+        .nodes
+        .iter()
+        .map(|n| format!("node {} [{}]", n.id, n.cpus))
+        .collect();
+    let gpus = topology
+        .gpus
+        .iter()
+        .map(|g| match g.numa_node {
+            Some(n) => format!("{} on node {n}", g.address),
+            None => g.address.clone(),
+        })
+        .collect();
+    (nodes, gpus)
 }

@@ -185,15 +185,14 @@ pub fn allowed_cpus() -> CpuMask {
     tllm_affinity_core::engine::kernel::get_mask(0).expect("sched_getaffinity")
 }
 
-/// False, after printing why the test is skipped, when this process has fewer than two CPUs:
-/// `what` (a worker set narrower than the host, a constraint...) cannot be shown then.
+/// False, after saying why the test is skipped, when this process has fewer than two CPUs: `what`
+/// (a worker set narrower than the host, a constraint...) cannot be shown then. In CI it fails.
 pub fn two_cpus_or_skip(what: &str) -> bool {
     let all = allowed_cpus();
-    if all.count() < 2 {
-        println!("skipped: {what} needs two allowed CPUs, this process has [{all}]");
-        return false;
-    }
-    true
+    require(
+        all.count() >= 2,
+        &format!("two allowed CPUs ({what}; this process has [{all}])"),
+    )
 }
 
 /// A simulated host written to a temp dir: node0 = the lower half of the allowed CPUs, node1
