@@ -45,6 +45,9 @@ impl ThreadMasks for Still {
     fn set(&self, _tid: Tid, _mask: &CpuMask) -> Result<(), i32> {
         Ok(())
     }
+    fn thread_ids(&self) -> Vec<Tid> {
+        Vec::new()
+    }
 }
 
 /// Per-thread masks kept in memory (tid = index), answered without allocating, as the engine's
@@ -64,6 +67,10 @@ impl ThreadMasks for Remembering {
         let slot = masks.get_mut(tid as usize).ok_or(libc::ESRCH)?;
         slot.clone_from(mask);
         Ok(())
+    }
+    /// Every thread the masks describe, as `/proc/self/task` lists a real process's.
+    fn thread_ids(&self) -> Vec<Tid> {
+        (0..self.0.borrow().len() as Tid).collect()
     }
     fn differs_from(&self, tid: Tid, expected: &CpuMask) -> Result<Option<CpuMask>, i32> {
         let masks = self.0.borrow();

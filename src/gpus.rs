@@ -14,13 +14,12 @@
 
 #![forbid(unsafe_code)]
 
+use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::nvml::NvmlGpu;
 use crate::topology::{
     normalize_pci_address, LocalCpuSource, LocalCpus, PciGpu, SysfsRoot, Topology,
 };
-use spin::mutex::SpinMutex;
-use spin::relax::Yield;
 use std::fmt;
 use std::fs;
 
@@ -244,10 +243,10 @@ pub fn normalize_nvml_bus_id(bus_id: &str) -> Option<String> {
 
 /// NVML's answer for this process, asked once: the first `configure`, `plan` or `topo` loads it,
 /// later calls reuse the plain data (a fork child too, without touching NVML).
-static NVML_ANSWER: SpinMutex<Option<Result<Vec<NvmlGpu>, String>>, Yield> = SpinMutex::new(None);
+static NVML_ANSWER: EngineLock<Option<Result<Vec<NvmlGpu>, String>>> = EngineLock::new(None);
 
 /// For the engine's fork handlers.
-pub fn nvml_lock() -> &'static SpinMutex<Option<Result<Vec<NvmlGpu>, String>>, Yield> {
+pub fn nvml_lock() -> &'static EngineLock<Option<Result<Vec<NvmlGpu>, String>>> {
     &NVML_ANSWER
 }
 

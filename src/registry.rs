@@ -60,6 +60,10 @@ pub trait ThreadMasks {
     fn get(&self, tid: Tid) -> Result<CpuMask, i32>;
     fn set(&self, tid: Tid, mask: &CpuMask) -> Result<(), i32>;
 
+    /// Every thread of the process, as the kernel lists them (`/proc/self/task`), registered or
+    /// not.
+    fn thread_ids(&self) -> Vec<Tid>;
+
     /// Reads `tid`'s mask and returns it only when it differs from `expected` (`Ok(None)` when
     /// equal). Configure and release ask this once a thread; the engine answers without
     /// allocating.
@@ -220,6 +224,12 @@ pub struct Registry {
     /// Worker threads alive now, kept as roles change so the peak costs no walk.
     workers_alive: usize,
     history: History,
+    /// The threads that existed when the first open lease was opened (sorted): a thread the
+    /// library never saw that is not among them was born during the leases.
+    tids_at_first_lease: Vec<Tid>,
+    /// What such an unseen thread would have had without the library, when it was born on a
+    /// mask the library set: the launch mask within the cpuset (its creator is unknown).
+    unseen_natural: Option<SharedMask>,
 }
 
 impl Registry {
@@ -241,7 +251,14 @@ impl Registry {
                 threads_restored: 0,
                 threads_preserved: 0,
             },
+            tids_at_first_lease: Vec::new(),
+            unseen_natural: None,
         }
+    }
+
+    /// Sets the mask an unseen thread born on a library mask gets back at the last release.
+    pub fn set_unseen_natural(&mut self, mask: CpuMask) {
+        self.unseen_natural = (!mask.is_empty()).then(|| Arc::new(mask));
     }
 
     /// Starts publishing roles and placements into `table`, one record per slot.
@@ -559,7 +576,38 @@ impl Registry {
                 self.count_worker(false);
             }
             self.publish(slot);
+            self.skip_exited_creators(slot);
             self.reap(slot);
+        }
+    }
+
+    /// Links `slot` to its nearest live ancestor, past exited creators, freeing any that no
+    /// child needs any more. A tombstone that stays for its children then never points at
+    /// another tombstone, so threads that start their successor and exit keep one entry or two,
+    /// not the whole chain (SPEC §9: memory grows with the threads alive, not with all ever).
+    fn skip_exited_creators(&mut self, slot: Slot) {
+        loop {
+            let Some(creator) = self
+                .slots
+                .get(slot as usize)
+                .and_then(|e| e.as_ref()?.creator)
+            else {
+                return;
+            };
+            let Some(Some(c)) = self.slots.get(creator as usize) else {
+                return;
+            };
+            if c.alive {
+                return;
+            }
+            let grandparent = c.creator;
+            if let Some(Some(g)) = grandparent.and_then(|g| self.slots.get_mut(g as usize)) {
+                g.live_children += 1;
+            }
+            if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
+                e.creator = grandparent;
+            }
+            self.drop_child_of(creator);
         }
     }
 
@@ -666,6 +714,10 @@ impl Registry {
         worker_mask: Option<CpuMask>,
         kernel: &impl ThreadMasks,
     ) -> ConfigureOutcome {
+        if self.leases.is_empty() {
+            self.tids_at_first_lease = kernel.thread_ids();
+            self.tids_at_first_lease.sort_unstable();
+        }
         let lease = self.next_lease;
         self.next_lease += 1;
         self.history.leases_opened += 1;
@@ -873,6 +925,16 @@ impl Registry {
             last: true,
             ..Default::default()
         };
+        let library_masks: Vec<SharedMask> = self
+            .target
+            .iter()
+            .map(|t| t.mask.clone())
+            .chain(
+                self.live_threads()
+                    .filter(|(_, e)| e.placement.set_by_library())
+                    .map(|(_, e)| e.current.clone()),
+            )
+            .collect();
         if self.target.take().is_some() {
             self.epoch += 1;
         }
@@ -884,9 +946,40 @@ impl Registry {
                 self.restore(slot, kernel, &mut outcome);
             }
         }
+        self.restore_unseen(&library_masks, kernel, &mut outcome);
         self.history.threads_restored += outcome.restored as u64;
         self.history.threads_preserved += outcome.preserved as u64;
         Ok(outcome)
+    }
+
+    /// SPEC §2's one exception for unseen threads: a thread the library never saw (glibc's
+    /// timer, `aio` and `getaddrinfo_a` helpers, started from a worker by glibc itself), born
+    /// during the leases and still on a mask the library set, gets back the launch mask within
+    /// the cpuset. Threads that existed before the first lease, and unseen threads on any other
+    /// mask, are never touched.
+    fn restore_unseen(
+        &mut self,
+        library_masks: &[SharedMask],
+        kernel: &impl ThreadMasks,
+        outcome: &mut ReleaseOutcome,
+    ) {
+        let before = std::mem::take(&mut self.tids_at_first_lease);
+        let Some(natural) = self.unseen_natural.clone() else {
+            return;
+        };
+        let mut known: Vec<Tid> = self.live_threads().map(|(_, e)| e.tid).collect();
+        known.sort_unstable();
+        for tid in kernel.thread_ids() {
+            if known.binary_search(&tid).is_ok() || before.binary_search(&tid).is_ok() {
+                continue;
+            }
+            let Ok(Some(actual)) = kernel.differs_from(tid, &natural) else {
+                continue;
+            };
+            if library_masks.iter().any(|m| **m == actual) && kernel.set(tid, &natural).is_ok() {
+                outcome.restored += 1;
+            }
+        }
     }
 
     /// Pins one thread for SPEC §6 (`Step` or `Result`), remembering its natural mask.

@@ -14,15 +14,14 @@ use std::path::{Path, PathBuf};
 
 use crate::device::{resolve_device_on, DeviceEnv};
 use crate::engine::kernel::{self, Kernel};
-use crate::engine::{process, registry};
+use crate::engine::process;
+use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::plan::{self, StepPlacement};
 use crate::registry::{Placement, Slot};
 use crate::settings::StepCore;
 use crate::topology::{SysfsRoot, Topology};
 use crate::{log_error, log_info, log_warn};
-use spin::mutex::SpinMutex;
-use spin::relax::Yield;
 
 /// SPEC §6: `TLLM_AFFINITY_STEP_CORE=<cpu>` outside the process mask is a startup error; the
 /// returned line names the CPU and the mask.
@@ -97,7 +96,7 @@ pub fn pin_calling_thread(caller: Slot, device_id: i32, result: bool) -> i32 {
     } else {
         Placement::Step
     };
-    match registry().lock().pin(caller, mask.clone(), how, &Kernel) {
+    match crate::engine::lock_registry().pin(caller, mask.clone(), how, &Kernel) {
         Ok(()) => {
             log_info!(
                 "{what} thread {} pinned to CPU(s) [{mask}] for {target} ({})",
@@ -255,7 +254,7 @@ pub(crate) struct HeldLock {
 
 /// The GPU locks this process holds. A spinning lock, held across a fork by the engine's fork
 /// handlers like its own: a child must never inherit it held.
-pub(crate) static HELD: SpinMutex<Vec<HeldLock>, Yield> = SpinMutex::new(Vec::new());
+pub(crate) static HELD: EngineLock<Vec<HeldLock>> = EngineLock::new(Vec::new());
 
 /// Takes the lock of the GPU at `address` unless this process already holds it. A refused claim
 /// holds nothing, so a later pin call tries again (the holder may have exited by then).

@@ -23,8 +23,12 @@ use super::{objects, process, registry, State};
 use crate::mask::CpuMask;
 use crate::registry::{ChildPlan, Slot};
 
-/// The pthread key whose value is `slot + 1` for every registered thread; 0 until created.
+/// The pthread key whose value is `slot + 1` for every registered thread (with [`EXITING`] once
+/// its exit was first seen); `u32::MAX` until created.
 static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// Marks a key value whose destructor already ran once (see [`on_thread_exit`]).
+const EXITING: usize = 1 << (usize::BITS - 1);
 
 /// Forced unwinding (`pthread_exit`, cancellation) must be able to pass through the trampoline.
 type UnwindingStart = extern "C-unwind" fn(*mut c_void) -> *mut c_void;
@@ -47,7 +51,7 @@ pub fn current_slot() -> Option<Slot> {
     }
     // SAFETY: `key` came from pthread_key_create and is never deleted.
     let value = unsafe { libc::pthread_getspecific(key) } as usize;
-    value.checked_sub(1).map(|s| s as Slot)
+    (value & !EXITING).checked_sub(1).map(|s| s as Slot)
 }
 
 pub fn set_current_slot(slot: Slot) -> bool {
@@ -57,10 +61,24 @@ pub fn set_current_slot(slot: Slot) -> bool {
         && unsafe { libc::pthread_setspecific(key, (slot as usize + 1) as *const c_void) } == 0
 }
 
+/// The key's destructor. Other thread-specific-data destructors may run after ours in the same
+/// round and create threads (SPEC §2: such a thread is its creator's child like any other), so
+/// the first call only sets the value again, marked [`EXITING`]: glibc then runs another round
+/// of destructors (it allows `PTHREAD_DESTRUCTOR_ITERATIONS`, at least four), and the second call,
+/// after every destructor of the first round, unregisters the thread.
 extern "C" fn on_thread_exit(value: *mut c_void) {
-    if let Some(slot) = (value as usize).checked_sub(1) {
-        let _ = catch_unwind(|| registry().lock().thread_exited(slot as Slot));
+    let value = value as usize;
+    let Some(slot) = (value & !EXITING).checked_sub(1) else {
+        return;
+    };
+    if value & EXITING == 0 {
+        let key = THREAD_KEY.load(Ordering::Acquire);
+        // SAFETY: the key is ours and live; the value is an integer, never dereferenced.
+        if unsafe { libc::pthread_setspecific(key, (value | EXITING) as *const c_void) } == 0 {
+            return;
+        }
     }
+    let _ = catch_unwind(|| registry().lock().thread_exited(slot as Slot));
 }
 
 /// The interposed `pthread_create`. Fails open: whatever happens in here, the real function
@@ -112,7 +130,7 @@ pub unsafe fn pthread_create(
         // SAFETY: the thread was not created, so the packet is still ours alone.
         let packet = unsafe { packets::reclaim(packet) };
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            registry().lock().cancel_child(packet.plan)
+            super::lock_registry().cancel_child(packet.plan)
         }));
         kernel::set_errno(errno_after);
     }
@@ -126,9 +144,7 @@ fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPl
     let in_worker_lib = !settings.worker_libs.is_empty()
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
     let creator = current_slot();
-    registry()
-        .lock()
-        .plan_child(creator, in_worker_lib, explicit)
+    super::lock_registry().plan_child(creator, in_worker_lib, explicit)
 }
 
 /// The affinity set in the attr, if any; glibc reports "none set" as all ones.

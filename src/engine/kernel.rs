@@ -146,6 +146,14 @@ impl ThreadMasks for Kernel {
     fn set(&self, tid: Tid, mask: &CpuMask) -> Result<(), i32> {
         set_mask(tid, mask)
     }
+    fn thread_ids(&self) -> Vec<Tid> {
+        std::fs::read_dir("/proc/self/task")
+            .map(|dir| {
+                dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
     fn differs_from(&self, tid: Tid, expected: &CpuMask) -> Result<Option<CpuMask>, i32> {
         with_mask(tid, |bytes| {
             (!expected.equals_kernel_bytes(bytes)).then(|| CpuMask::from_kernel_bytes(bytes))

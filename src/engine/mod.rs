@@ -13,17 +13,16 @@ pub mod publish;
 pub mod real;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use spin::mutex::SpinMutex;
-use spin::relax::Yield;
+use crate::lock::{EngineGuard, EngineLock};
 
 use crate::cgroup;
 use crate::device::{resolve_device_on, DeviceEnv};
 use crate::mask::CpuMask;
 use crate::policy::{self, PolicyInput, Rule};
-use crate::registry::{LeaseKind, Registry, Role, Slot};
+use crate::registry::{LeaseKind, Registry, Role, Slot, ThreadMasks};
 use crate::report::Report;
 use crate::settings::{PolicyChoice, ProcessRole, Settings};
 use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
@@ -63,10 +62,30 @@ static PROCESS: OnceLock<Process> = OnceLock::new();
 /// One lock over the registry. It spins (yielding) instead of parking: parking_lot would park
 /// through a thread-local with a destructor, whose registration takes the loader lock, and a new
 /// thread in our trampoline must never wait for the loader.
-static REGISTRY: SpinMutex<Registry, Yield> = SpinMutex::new(Registry::new());
+static REGISTRY: EngineLock<Registry> = EngineLock::new(Registry::new());
 
-pub fn registry() -> &'static SpinMutex<Registry, Yield> {
+pub fn registry() -> &'static EngineLock<Registry> {
     &REGISTRY
+}
+
+/// The registry, with the application's mask changes that the observing shims queued taken in
+/// first. Every path takes it this way except a thread's birth and exit, which must not allocate
+/// (they use [`registry`]): a change queued then is taken in by the next operation, before it
+/// decides anything from that thread's mask.
+pub fn lock_registry() -> EngineGuard<'static, Registry> {
+    let mut reg = REGISTRY.lock();
+    observe::take_queued(&mut reg);
+    reg
+}
+
+/// The pid the registry describes: set at load and in a fork child. A `vfork` or
+/// `clone(CLONE_VM)` child runs on our memory with another pid until it execs.
+static OWN_PID: AtomicI32 = AtomicI32::new(0);
+
+/// Whether the caller runs in the process the registry describes (not in a child sharing its
+/// memory, nor in a child of `_Fork`/`clone` that skipped the fork handlers).
+pub fn in_own_process() -> bool {
+    OWN_PID.load(Ordering::Relaxed) == kernel::getpid()
 }
 
 /// The load-time facts; only called after `ensure_init` returned `Active`.
@@ -105,7 +124,8 @@ pub fn ensure_init() -> State {
     let outcome = catch_unwind(initialise).unwrap_or(State::Disabled);
     STATE.store(outcome as u8, Ordering::Release);
     if outcome == State::Active && process().settings.process_role == ProcessRole::Worker {
-        configure_dedicated_worker();
+        // Fails open like every entry point: a panic here must not abort the host program.
+        let _ = catch_unwind(configure_dedicated_worker);
     }
     outcome
 }
@@ -142,6 +162,7 @@ fn initialise() -> State {
         return State::Passive;
     }
     let pid = kernel::getpid();
+    OWN_PID.store(pid, Ordering::Relaxed);
     let main_mask = kernel::get_mask(pid).unwrap_or_default();
     let mask_at_load = launch_mask_through_exec(&main_mask).unwrap_or_else(|| main_mask.clone());
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
@@ -181,7 +202,11 @@ fn initialise() -> State {
     } else {
         0
     };
-    let main = REGISTRY.lock().register_root(pid, handle, role, main_mask);
+    let main = {
+        let mut reg = lock_registry();
+        reg.set_unseen_natural(mask_at_load.intersection(&cpuset));
+        reg.register_root(pid, handle, role, main_mask)
+    };
     if handle != 0 {
         create::set_current_slot(main);
     }
@@ -220,7 +245,7 @@ fn launch_mask_through_exec(main_mask: &CpuMask) -> Option<CpuMask> {
 
 fn configure_dedicated_worker() {
     let pid = kernel::getpid();
-    let Some(main) = REGISTRY.lock().find_tid(pid) else {
+    let Some(main) = lock_registry().find_tid(pid) else {
         return;
     };
     // From the constructor: NVML must not be loaded here, the driver's list and sysfs decide.
@@ -229,9 +254,12 @@ fn configure_dedicated_worker() {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
         return;
     }
-    let worker_mask = REGISTRY.lock().target().map(|t| t.mask.to_list());
-    // Only from the constructor on the main thread: setenv races with other threads' getenv.
-    if let Some(worker_mask) = worker_mask.filter(|_| kernel::gettid() == pid) {
+    let worker_mask = lock_registry().target().map(|t| t.mask.to_list());
+    // setenv races with any other thread's getenv (glibc may move `environ`): only on the main
+    // thread of a process that has no other thread yet. Another library's constructor may
+    // already have started one before ours ran; the carry-over is then given up.
+    let alone = kernel::gettid() == pid && Kernel.thread_ids().len() == 1;
+    if let Some(worker_mask) = worker_mask.filter(|_| alone) {
         let value = format!("{}/{worker_mask}", process().mask_at_load);
         std::env::set_var(LAUNCH_MASK_VAR, value);
     }
@@ -266,7 +294,7 @@ pub fn end_worker_scope(lease: i64) -> i32 {
     if ensure_init() != State::Active {
         return -libc::ENOENT;
     }
-    match catch_unwind(|| REGISTRY.lock().end_scope(lease)) {
+    match catch_unwind(|| lock_registry().end_scope(lease)) {
         Ok(Ok(tid)) => {
             log_info!(
                 "worker scope closed on thread {tid}: threads it creates take its role again (lease {lease} stays open until released)"
@@ -281,7 +309,7 @@ pub fn end_worker_scope(lease: i64) -> i32 {
 /// The calling thread's slot, registering it as a root if the library never saw it born.
 fn current_or_register() -> Slot {
     if let Some(slot) = create::current_slot() {
-        if REGISTRY.lock().entry(slot).is_some() {
+        if lock_registry().entry(slot).is_some() {
             return slot;
         }
     }
@@ -289,7 +317,7 @@ fn current_or_register() -> Slot {
     let mask = kernel::get_mask(0).unwrap_or_default();
     // SAFETY: pthread_self has no preconditions.
     let handle = unsafe { libc::pthread_self() } as u64;
-    let mut reg = REGISTRY.lock();
+    let mut reg = lock_registry();
     let slot = match reg.find_tid(tid) {
         Some(slot) => slot,
         None => reg.register_root(tid, handle, Role::Host, mask),
@@ -316,7 +344,7 @@ type SetKey = (i32, DeviceEnv, bool);
 /// (a program may set `CUDA_VISIBLE_DEVICES` after load), so a repeated configure with the same
 /// ones costs a few `getenv`s and no sysfs walk. NVML's answer is cached apart, in
 /// [`crate::gpus`].
-static WORKER_SETS: SpinMutex<Vec<(SetKey, WorkerSet)>, Yield> = SpinMutex::new(Vec::new());
+static WORKER_SETS: EngineLock<Vec<(SetKey, WorkerSet)>> = EngineLock::new(Vec::new());
 
 fn gpu_local_set(device_id: i32, nvml: bool) -> Result<WorkerSet, (i32, String)> {
     let key = (device_id, DeviceEnv::from_env(), nvml);
@@ -390,9 +418,7 @@ fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i
         gpu_local_named: p.settings.cpus_override.is_some(),
         cpuset: &p.cpuset,
     });
-    let outcome = REGISTRY
-        .lock()
-        .open(kind, caller, &set.device, decision.mask.clone(), &Kernel);
+    let outcome = lock_registry().open(kind, caller, &set.device, decision.mask.clone(), &Kernel);
     let pid = kernel::getpid();
     if kind == LeaseKind::WorkerScope {
         log_info!(
@@ -463,7 +489,7 @@ pub fn release(lease: i64) -> i32 {
     if ensure_init() != State::Active {
         return -libc::ENOENT;
     }
-    let result = catch_unwind(|| REGISTRY.lock().release(lease, &Kernel));
+    let result = catch_unwind(|| lock_registry().release(lease, &Kernel));
     match result {
         Ok(Ok(outcome)) => {
             if outcome.last {
@@ -485,7 +511,7 @@ pub fn role(tid: i32) -> i32 {
     if ensure_init() != State::Active {
         return -libc::ENOENT;
     }
-    let reg = REGISTRY.lock();
+    let reg = lock_registry();
     let slot = if tid == 0 {
         create::current_slot().filter(|&s| reg.entry(s).is_some())
     } else {
@@ -501,7 +527,7 @@ pub fn role(tid: i32) -> i32 {
 /// What language adapters said about themselves (`tllm_affinity_note_adapter`): the Python
 /// adapter records whether it found TensorRT-LLM's function to wrap, so a report shows a server
 /// the library silently changed nothing in.
-static ADAPTERS: SpinMutex<Vec<(String, String)>, Yield> = SpinMutex::new(Vec::new());
+static ADAPTERS: EngineLock<Vec<(String, String)>> = EngineLock::new(Vec::new());
 /// Adapters the report keeps; a name or state longer than this is refused.
 const MOST_ADAPTERS: usize = 8;
 const LONGEST_ADAPTER_WORD: usize = 32;
@@ -536,7 +562,7 @@ pub fn report_json() -> String {
     let state = ensure_init();
     let mut report = match (state, PROCESS.get()) {
         (State::Active, Some(p)) => {
-            let reg = REGISTRY.lock();
+            let reg = lock_registry();
             Report::build(state_name(state), Some(p), &reg, |tid| {
                 kernel::get_mask(tid).ok()
             })
@@ -556,7 +582,7 @@ fn state_name(state: State) -> &'static str {
     }
 }
 
-static TABLE_PATH: SpinMutex<Option<std::path::PathBuf>, Yield> = SpinMutex::new(None);
+static TABLE_PATH: EngineLock<Option<std::path::PathBuf>> = EngineLock::new(None);
 /// A fork child maps its own table only when it first creates a thread or configures: most
 /// children exec at once, and exec would strand the file.
 static TABLE_PENDING: AtomicBool = AtomicBool::new(false);
@@ -565,9 +591,7 @@ static TABLE_PENDING: AtomicBool = AtomicBool::new(false);
 fn publish_thread_table(dir: &std::path::Path) {
     let mapped = publish::map_table(dir);
     *TABLE_PATH.lock() = mapped.as_ref().map(|(_, path)| path.clone());
-    REGISTRY
-        .lock()
-        .publish_into(mapped.map(|(records, _)| records));
+    lock_registry().publish_into(mapped.map(|(records, _)| records));
 }
 
 /// Called on the paths where a fork child starts to matter (thread creation, configure).
@@ -609,42 +633,29 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
     .unwrap_or(-libc::EFAULT)
 }
 
-/// `prepare` takes a lock and forgets the guard, so that no other thread holds it across the fork.
-fn hold_for_fork<T>(lock: &SpinMutex<T, Yield>) {
-    std::mem::forget(lock.lock());
-}
-
-/// # Safety
-/// `prepare` of this same fork took `lock` with [`hold_for_fork`]; in the child only this thread
-/// exists.
-unsafe fn release_after_fork<T>(lock: &SpinMutex<T, Yield>) {
-    // SAFETY: per the contract, the guard was forgotten by this thread's `prepare`.
-    unsafe { lock.force_unlock() };
-}
-
 fn register_fork_handlers() {
     // Every lock of the engine, so that no other thread holds one across the fork: a child
     // would spin forever on a lock its holder is not there to release. No code path holds two
     // of them at once, so the order here cannot deadlock.
     extern "C" fn prepare() {
-        hold_for_fork(&objects::PUBLISHED);
-        hold_for_fork(&crate::step::HELD);
-        hold_for_fork(&WORKER_SETS);
-        hold_for_fork(crate::gpus::nvml_lock());
-        hold_for_fork(&TABLE_PATH);
-        hold_for_fork(&ADAPTERS);
-        hold_for_fork(&REGISTRY);
+        objects::PUBLISHED.hold_for_fork();
+        crate::step::HELD.hold_for_fork();
+        WORKER_SETS.hold_for_fork();
+        crate::gpus::nvml_lock().hold_for_fork();
+        TABLE_PATH.hold_for_fork();
+        ADAPTERS.hold_for_fork();
+        REGISTRY.hold_for_fork();
     }
     fn unlock_all() {
         // SAFETY: `prepare` of this same fork took each of them.
         unsafe {
-            release_after_fork(&REGISTRY);
-            release_after_fork(&ADAPTERS);
-            release_after_fork(&TABLE_PATH);
-            release_after_fork(crate::gpus::nvml_lock());
-            release_after_fork(&WORKER_SETS);
-            release_after_fork(&crate::step::HELD);
-            release_after_fork(&objects::PUBLISHED);
+            REGISTRY.force_unlock();
+            ADAPTERS.force_unlock();
+            TABLE_PATH.force_unlock();
+            crate::gpus::nvml_lock().force_unlock();
+            WORKER_SETS.force_unlock();
+            crate::step::HELD.force_unlock();
+            objects::PUBLISHED.force_unlock();
         }
     }
     extern "C" fn parent() {
@@ -652,12 +663,13 @@ fn register_fork_handlers() {
     }
     extern "C" fn child() {
         unlock_all();
+        OWN_PID.store(kernel::getpid(), Ordering::Relaxed);
         // SAFETY: pthread_self has no preconditions.
         let handle = unsafe { libc::pthread_self() } as u64;
         REGISTRY
             .lock()
             .reset_after_fork(create::current_slot(), kernel::gettid(), handle);
-        REGISTRY.lock().publish_into(None);
+        lock_registry().publish_into(None);
         *TABLE_PATH.lock() = None;
         TABLE_PENDING.store(true, Ordering::Release);
     }

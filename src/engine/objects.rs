@@ -12,8 +12,7 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use spin::mutex::SpinMutex;
-use spin::relax::Yield;
+use crate::lock::EngineLock;
 
 #[derive(Debug, Clone, Copy)]
 struct Segment {
@@ -34,7 +33,7 @@ static CURRENT: AtomicPtr<Snapshot> = AtomicPtr::new(std::ptr::null_mut());
 /// rescans one at a time (held across a fork by the engine's fork handlers). Boxed: CURRENT points at a snapshot, which must not move when the
 /// vector grows.
 #[allow(clippy::vec_box)]
-pub(super) static PUBLISHED: SpinMutex<Vec<Box<Snapshot>>, Yield> = SpinMutex::new(Vec::new());
+pub(super) static PUBLISHED: EngineLock<Vec<Box<Snapshot>>> = EngineLock::new(Vec::new());
 
 /// Answers whether `addr` lies in an object whose file name `is_worker` accepts.
 pub fn in_worker_object(addr: usize, is_worker: &dyn Fn(&str) -> bool) -> bool {

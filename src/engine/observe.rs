@@ -1,16 +1,34 @@
 //! The application's own `sched_setaffinity` / `pthread_setaffinity_np` calls, observed so that
 //! the library never overrides them nor "restores" over them (SPEC §2, placement `explicit`).
 //!
-//! The real call runs under the registry lock: a `configure` sweeping the process holds that lock
-//! while it reads a thread's mask and writes the worker mask, so the application's call can never
-//! land between the two and be overwritten.
+//! These shims can run where little is allowed: in a signal handler (`sched_setaffinity` is
+//! async-signal-safe, so a handler may call it while its thread is inside the library), and in a
+//! `vfork` or `clone(CLONE_VM)` child, which shares the parent's memory and thread-local state
+//! until it execs. So a shim never allocates and never waits for a lock its own thread holds: it
+//! makes the real call and queues the thread's tid in a fixed, lock-free queue; the next registry
+//! operation outside a thread's birth or exit takes the queue in (see [`super::lock_registry`])
+//! and marks those threads `explicit` with the mask the kernel then holds. A child sharing our
+//! memory (its pid is not ours) only makes the real call: it changes nothing of the parent's.
+//!
+//! Outside a signal handler the real call still runs under the registry lock: a `configure`
+//! sweeping the process takes the queue in and then holds that lock while it reads a thread's
+//! mask and writes the worker mask, so the application's call can never land between the two and
+//! be overwritten.
 
 use std::ffi::c_int;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use super::kernel;
-use super::{create, ensure_init, real, registry, State};
-use crate::registry::Slot;
+use super::{ensure_init, real, registry, State};
+use crate::lock;
+use crate::registry::{Registry, Tid};
+
+/// Threads whose masks the application set and the registry has not taken in yet. Far more than
+/// can be outstanding between two registry operations; when it is full, the change is still found
+/// later, as any change behind the library's back is (placement `external`), and never overridden.
+const QUEUE_LEN: usize = 64;
+static QUEUED: [AtomicI32; QUEUE_LEN] = [const { AtomicI32::new(0) }; QUEUE_LEN];
+static ANY_QUEUED: AtomicBool = AtomicBool::new(false);
 
 /// # Safety
 /// The arguments are those of `sched_setaffinity(2)`.
@@ -23,19 +41,10 @@ pub unsafe fn sched_setaffinity(
         kernel::set_errno(libc::ENOSYS);
         return -1;
     };
-    let tid = if pid == 0 { kernel::gettid() } else { pid };
-    let ok = observed(
-        // SAFETY: the caller's own arguments, passed on unchanged.
-        || unsafe { real_set(pid, size, mask) } == 0,
-        |reg| {
-            if pid == 0 {
-                create::current_slot().filter(|&s| reg.entry(s).is_some())
-            } else {
-                reg.find_tid(pid)
-            }
-            .map(|s| (s, tid))
-        },
-    );
+    // SAFETY: the caller's own arguments, passed on unchanged.
+    let call = || unsafe { real_set(pid, size, mask) } == 0;
+    // The raw syscall, not a cached tid: a vfork child has its parent's thread-local state.
+    let ok = observed(call, || if pid == 0 { kernel::gettid() } else { pid });
     if ok {
         0
     } else {
@@ -60,38 +69,56 @@ pub unsafe fn pthread_setaffinity_np(
             rc = unsafe { real_set(thread, size, mask) };
             rc == 0
         },
-        |reg| {
-            reg.find_handle(thread)
-                .and_then(|s| reg.entry(s).map(|e| (s, e.tid)))
-        },
+        || kernel::tid_of(thread),
     );
     rc
 }
 
-/// Runs `call` (the real function; true on success) and, when it succeeded, marks the thread
-/// `find` names `explicit` with the mask the kernel now holds (the request intersected with what
-/// the cpuset allows). Both happen under the registry lock once the library is active. `errno`
-/// is the real call's. Returns whether the call succeeded.
-fn observed(
-    call: impl FnOnce() -> bool,
-    find: impl FnOnce(&crate::registry::Registry) -> Option<(Slot, i32)>,
-) -> bool {
-    if ensure_init() != State::Active {
+/// Runs `call` (the real function; true on success) and, when it succeeded, queues the thread
+/// `tid` names. `errno` is the real call's. Returns whether the call succeeded.
+fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
+    if ensure_init() != State::Active || !super::in_own_process() {
         return call();
     }
-    let mut reg = registry().lock();
-    if !call() {
-        return false;
+    // A signal handler that interrupted the library on this thread: its lock is ours already.
+    let guard = (!lock::held_by_this_thread()).then(|| registry().lock());
+    let ok = call();
+    if ok {
+        let errno = kernel::errno();
+        queue(tid());
+        kernel::set_errno(errno);
     }
-    let errno = kernel::errno();
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Some((slot, tid)) = find(&reg) {
-            if let Ok(actual) = kernel::get_mask(tid) {
-                reg.observe_explicit(slot, actual);
-            }
+    drop(guard);
+    ok
+}
+
+fn queue(tid: Tid) {
+    for cell in &QUEUED {
+        if cell
+            .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            ANY_QUEUED.store(true, Ordering::Release);
+            return;
         }
-    }));
-    drop(reg);
-    kernel::set_errno(errno);
-    true
+    }
+}
+
+/// Takes the queued observations into `reg`: each named thread becomes `explicit` with the mask
+/// the kernel holds now. Called with the registry lock held, outside births and exits (it reads
+/// masks into new allocations).
+pub(super) fn take_queued(reg: &mut Registry) {
+    if !ANY_QUEUED.load(Ordering::Acquire) {
+        return;
+    }
+    ANY_QUEUED.store(false, Ordering::Release);
+    for cell in &QUEUED {
+        let tid = cell.swap(0, Ordering::AcqRel);
+        if tid == 0 {
+            continue;
+        }
+        if let (Some(slot), Ok(actual)) = (reg.find_tid(tid), kernel::get_mask(tid)) {
+            reg.observe_explicit(slot, actual);
+        }
+    }
 }

@@ -29,6 +29,9 @@ impl ThreadMasks for Fake {
             .map(|slot| *slot = mask.clone())
             .ok_or(libc::ESRCH)
     }
+    fn thread_ids(&self) -> Vec<Tid> {
+        self.masks.borrow().keys().copied().collect()
+    }
 }
 
 struct World {
@@ -303,6 +306,47 @@ fn a_grandchild_stays_a_descendant_after_its_parent_exits() {
     w.exit(worker);
     // The tombstone went with its last child: only the main thread is left.
     assert_eq!(w.reg.live_count(), 1);
+    assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 1);
+}
+
+/// Threads that start their successor and exit, one alive at a time: the registry holds a
+/// bounded number of entries however long the chain, and the last of it is still a descendant
+/// of the thread that started it.
+#[test]
+fn a_chain_of_successors_keeps_a_bounded_registry() {
+    let (mut w, main) = World::new("0-3");
+    let head = w.spawn(main);
+    let mut current = w.spawn(head);
+    for _ in 0..1000 {
+        let next = w.spawn(current);
+        w.exit(current);
+        current = next;
+        assert!(w.reg.slots.iter().filter(|s| s.is_some()).count() <= 4);
+    }
+    w.configure(head, "gpu0", "2-3");
+    assert_eq!(w.role(current), Role::Worker, "still the head's descendant");
+    assert_eq!(w.mask(current), "2-3");
+}
+
+/// An exited thread's tombstone goes as soon as its children are gone, also when a child is
+/// itself an exited thread with a live child of its own.
+#[test]
+fn an_exit_under_a_tombstone_frees_the_tombstone() {
+    let (mut w, main) = World::new("0-3");
+    let a = w.spawn(main);
+    let b = w.spawn(a);
+    let c = w.spawn(b);
+    w.exit(a);
+    w.exit(b);
+    // b relinked past a: a is gone, b stays for c.
+    assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 3);
+    w.configure(main, "gpu0", "2-3");
+    assert_eq!(
+        w.role(c),
+        Role::Worker,
+        "a descendant of main through two exits"
+    );
+    w.exit(c);
     assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 1);
 }
 
@@ -714,4 +758,27 @@ fn the_history_outlives_the_last_release_and_the_workers() {
     );
     // Nothing is left alive that says so: only the history does.
     assert!(w.reg.live_threads().all(|(_, e)| e.role == Role::Host));
+}
+
+/// A thread the library never saw, born from a worker during a lease (glibc's timer helper): at
+/// the last release it gets the launch mask within the cpuset; unseen threads from before the
+/// lease, or on a mask the library never set, keep theirs.
+#[test]
+fn unseen_threads_born_on_a_library_mask_get_the_launch_mask_back() {
+    let (mut w, main) = World::new("0-3");
+    w.reg.set_unseen_natural(m("0-3"));
+    w.kernel.masks.borrow_mut().insert(900, m("0-3"));
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    // Born by clone from the worker (the library sees no pthread_create) and from the host.
+    w.kernel.masks.borrow_mut().insert(901, m("2-3"));
+    w.kernel.masks.borrow_mut().insert(902, m("1"));
+    // An unseen thread from before the lease, moved onto the worker CPUs by hand.
+    w.kernel.set(900, &m("2-3")).unwrap();
+    let outcome = w.release(lease).unwrap();
+    let mask = |tid| w.kernel.get(tid).unwrap().to_list();
+    assert_eq!(mask(901), "0-3", "born on the worker mask: restored");
+    assert_eq!(mask(902), "1", "on a mask the library never set: kept");
+    assert_eq!(mask(900), "2-3", "there before the lease: never touched");
+    assert_eq!(outcome.restored, 2, "the worker and the unseen helper");
 }

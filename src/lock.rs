@@ -1,0 +1,214 @@
+//! The one lock type of the library: a futex mutex that a preloaded library can take anywhere.
+//!
+//! Why not the obvious ones: `std::sync::Mutex` cannot be unlocked in a fork child whose parent
+//! took it in a `pthread_atfork` prepare handler, and `parking_lot` parks through a thread-local
+//! with a destructor (registering it takes the loader lock, which a new thread in our trampoline
+//! must never wait for). A spinning lock has no such problem, but a `SCHED_FIFO` thread spinning
+//! on it starves a lower-priority holder on its core forever: `sched_yield` only yields to equal
+//! priorities. So waiters spin briefly, then sleep in the kernel (`FUTEX_WAIT`), which lets any
+//! holder run; the lock neither allocates nor touches a thread-local with a destructor.
+//!
+//! A signal handler may call an interposed function (`sched_setaffinity` is async-signal-safe)
+//! while its thread is inside the library holding a lock: waiting then would wait forever. Every
+//! acquisition counts itself in a plain thread-local counter *before* it takes the lock, so code
+//! reachable from a handler asks [`held_by_this_thread`] and takes another way.
+
+use std::cell::{Cell, UnsafeCell};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+const UNLOCKED: u32 = 0;
+const LOCKED: u32 = 1;
+/// Locked, and somebody may be asleep waiting for it: unlocking must wake one.
+const CONTENDED: u32 = 2;
+
+/// Spins before sleeping: the critical sections are short, and a futex round trip is not.
+const SPINS_BEFORE_SLEEP: u32 = 100;
+
+thread_local! {
+    /// Engine locks this thread holds or is acquiring. `const` with no destructor: reading it is
+    /// a plain TLS access, safe in a signal handler and in a thread that is still being born.
+    static HELD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether this thread holds, or is acquiring, any [`EngineLock`]. True in a signal handler that
+/// interrupted the library on this thread.
+pub fn held_by_this_thread() -> bool {
+    HELD.with(|h| h.get()) > 0
+}
+
+pub struct EngineLock<T> {
+    state: AtomicU32,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is only reached through a guard, and the state word admits one guard at a
+// time, so sharing the lock shares `T` between threads one at a time, as a Mutex does.
+unsafe impl<T: Send> Sync for EngineLock<T> {}
+// SAFETY: moving the lock moves the `T` it owns.
+unsafe impl<T: Send> Send for EngineLock<T> {}
+
+impl<T> EngineLock<T> {
+    pub const fn new(value: T) -> Self {
+        EngineLock {
+            state: AtomicU32::new(UNLOCKED),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    pub fn lock(&self) -> EngineGuard<'_, T> {
+        // Counted first: a signal arriving between the acquisition and the count would otherwise
+        // find the lock taken by its own thread and not know it.
+        HELD.with(|h| h.set(h.get() + 1));
+        if self
+            .state
+            .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+        EngineGuard { lock: self }
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        for _ in 0..SPINS_BEFORE_SLEEP {
+            if self.state.load(Ordering::Relaxed) == UNLOCKED
+                && self
+                    .state
+                    .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        // Drepper's "mutex 2": whoever takes the lock from here on marks it contended, so the
+        // holder's unlock wakes a sleeper.
+        while self.state.swap(CONTENDED, Ordering::Acquire) != UNLOCKED {
+            futex_wait(&self.state, CONTENDED);
+        }
+    }
+
+    fn unlock(&self) {
+        if self.state.swap(UNLOCKED, Ordering::Release) == CONTENDED {
+            futex_wake_one(&self.state);
+        }
+        HELD.with(|h| h.set(h.get().saturating_sub(1)));
+    }
+
+    /// Takes the lock for a fork: the guard is forgotten, so that the lock stays held until the
+    /// fork handlers release it with [`Self::force_unlock`] in the parent and in the child.
+    pub fn hold_for_fork(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// Releases a lock taken by [`Self::hold_for_fork`].
+    ///
+    /// # Safety
+    /// This thread took the lock with `hold_for_fork` and holds no guard of it.
+    pub unsafe fn force_unlock(&self) {
+        self.unlock();
+    }
+}
+
+pub struct EngineGuard<'a, T> {
+    lock: &'a EngineLock<T>,
+}
+
+impl<T> Deref for EngineGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard exists only while its thread holds the lock.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for EngineGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference through the guard.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for EngineGuard<'_, T> {
+    fn drop(&mut self) {
+        self.lock.unlock();
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32) {
+    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which outlives the call; it returns
+    // at once when the word no longer holds `expected`, and on a wake or a signal otherwise.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+fn futex_wake_one(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE only uses the address as a key; it touches no memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excludes_and_counts_what_this_thread_holds() {
+        let lock = EngineLock::new(0u64);
+        assert!(!held_by_this_thread());
+        {
+            let mut g = lock.lock();
+            *g += 1;
+            assert!(held_by_this_thread());
+        }
+        assert!(!held_by_this_thread());
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..20_000 {
+                        *lock.lock() += 1;
+                    }
+                });
+            }
+        });
+        assert_eq!(*lock.lock(), 80_001);
+    }
+
+    #[test]
+    fn a_lock_held_for_fork_is_released_by_force() {
+        let lock = EngineLock::new(());
+        lock.hold_for_fork();
+        assert!(held_by_this_thread());
+        // SAFETY: taken by hold_for_fork on this thread just above.
+        unsafe { lock.force_unlock() };
+        assert!(!held_by_this_thread());
+        drop(lock.lock());
+    }
+
+    #[test]
+    fn a_sleeping_waiter_is_woken() {
+        let lock = EngineLock::new(0u32);
+        let g = lock.lock();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| *lock.lock() + 1);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(g);
+            assert_eq!(waiter.join().unwrap(), 1);
+        });
+    }
+}
