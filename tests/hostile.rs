@@ -1,0 +1,173 @@
+//! The engine under hostile conditions, on real processes (`tests/programs/hostile.c`): signal
+//! handlers that call an interposed function while their thread is inside the library, `vfork`
+//! and `clone(CLONE_VM)` children, long chains of short-lived threads, glibc's own helper
+//! threads, threads created from thread-specific-data destructors, and a process that already
+//! has a thread the library never saw when it loads. Every run is bounded by a deadline: a hang
+//! fails the test.
+//!
+//! The simulated host (`Sysfs::two_nodes`) puts device 0's worker mask on node1 = {1}; host
+//! threads stay on every allowed CPU.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn hostile() -> PathBuf {
+    compile_lc("hostile", "hostile", &["-lrt"])
+}
+
+fn all_and_local(sysfs: &Sysfs) -> Option<(String, String)> {
+    two_cpus_or_skip("a worker mask narrower than the host's")
+        .then(|| (allowed_cpus().to_list(), sysfs.node1.to_list()))
+}
+
+/// A `SIGUSR1` handler calls `sched_setaffinity` (async-signal-safe) while its thread is in the
+/// library's setaffinity shim, in a thread creation or at a thread's exit, thousands of times:
+/// the program finishes, and the handler's calls took effect.
+#[test]
+fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
+    let sysfs = Sysfs::two_nodes();
+    let mut cmd = preloaded(hostile(), &sysfs);
+    cmd.args(["signals", "3000"]);
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let line = run.line("SIGNALS");
+    let handled: u64 = field(&line, "handled").parse().unwrap();
+    assert!(handled > 100, "the handler ran: {line}");
+    run.line("DONE");
+    let end = run.finish();
+    assert!(end.status.success(), "{}", end.stderr);
+}
+
+/// A worker's `vfork` child and `clone(CLONE_VM)` child each pin themselves before exiting: they
+/// share the worker's memory and thread-local state, but the worker stays the library's (placed
+/// `worker`, not `explicit`) and the last release restores it.
+#[test]
+fn vfork_and_clone_vm_children_leave_their_parent_as_it_was() {
+    let sysfs = Sysfs::two_nodes();
+    let Some((all, local)) = all_and_local(&sysfs) else {
+        return;
+    };
+    let mut cmd = preloaded(hostile(), &sysfs);
+    cmd.arg("vfork");
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let report = run.report("children");
+    let children = run.phase();
+    let w = children.thread("W").tid;
+    assert_eq!(report_thread(&report, w)["placement"], "worker", "{report}");
+    assert_eq!(children.mask("W"), local);
+    run.proceed();
+    let released = run.phase();
+    assert_eq!(released.mask("W"), all, "the release restored the worker");
+    assert!(run.finish().status.success());
+}
+
+/// 20 000 generations of threads that start their successor and exit: the heap (one arena, so
+/// the library's allocations are counted) does not grow with the generations.
+#[test]
+fn a_chain_of_short_lived_threads_keeps_memory_bounded() {
+    let sysfs = Sysfs::two_nodes();
+    let mut cmd = preloaded(hostile(), &sysfs);
+    cmd.args(["chain", "20000"]);
+    let mut run = Driver::spawn(cmd, Duration::from_secs(120));
+    let line = run.line("CHAIN");
+    let early: i64 = field(&line, "heap_at_1000").parse().unwrap();
+    let late: i64 = field(&line, "heap_at_end").parse().unwrap();
+    assert!(
+        late - early < 64 * 1024,
+        "the heap grew by {} bytes over 19 000 generations: {line}",
+        late - early
+    );
+    assert!(run.finish().status.success());
+}
+
+/// glibc starts a timer's `SIGEV_THREAD` helper and its `aio` helpers itself, from a worker,
+/// where the library cannot see them: they are born on the worker mask. The last release gives
+/// them the launch mask back; a thread that was there before the lease is untouched.
+#[test]
+fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
+    let sysfs = Sysfs::two_nodes();
+    let Some((all, local)) = all_and_local(&sysfs) else {
+        return;
+    };
+    let mut cmd = preloaded(hostile(), &sysfs);
+    cmd.arg("glibc");
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let unnamed = run.line("UNNAMED");
+    let configured = run.phase();
+    let helpers: Vec<&str> = configured
+        .threads
+        .keys()
+        .filter(|t| t.starts_with("helper"))
+        .map(String::as_str)
+        .collect();
+    assert!(!helpers.is_empty(), "glibc started helpers: {unnamed}");
+    for h in &helpers {
+        assert_eq!(configured.mask(h), local, "{h} was born on the worker mask");
+    }
+    assert_eq!(configured.mask("before"), all);
+    run.proceed();
+    let released = run.phase();
+    for h in &helpers {
+        assert_eq!(released.mask(h), all, "{h} after the last release");
+    }
+    assert_eq!(released.mask("W"), all);
+    assert_eq!(released.mask("before"), all);
+    assert!(run.finish().status.success());
+}
+
+/// A worker thread's thread-specific-data destructor (a key created after the library's)
+/// creates a thread as the worker exits: the new thread is the worker's child, a worker on the
+/// worker mask, and the last release restores it.
+#[test]
+fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
+    let sysfs = Sysfs::two_nodes();
+    let Some((all, local)) = all_and_local(&sysfs) else {
+        return;
+    };
+    let mut cmd = preloaded(hostile(), &sysfs);
+    cmd.arg("tsd");
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let configured = run.phase();
+    assert_eq!(configured.role("orphan"), 1, "a worker, as its creator was");
+    assert_eq!(configured.mask("orphan"), local);
+    run.proceed();
+    let released = run.phase();
+    assert_eq!(released.mask("orphan"), all, "restored at the last release");
+    assert!(run.finish().status.success());
+}
+
+/// A dedicated worker process records its launch mask for the images it execs with `setenv`,
+/// which races with any other thread's `getenv`: it does so only while it has no other thread.
+/// Here another object's constructor already started one the library could not see.
+#[test]
+fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
+    let sysfs = Sysfs::two_nodes();
+    if all_and_local(&sysfs).is_none() {
+        return;
+    }
+    let early = compile_lc(
+        "unseen_early_thread",
+        "libunseen_early_thread.so",
+        &["-shared", "-fPIC"],
+    );
+    let run = |preload: String| {
+        let mut cmd = preloaded(hostile(), &sysfs);
+        cmd.env("LD_PRELOAD", preload)
+            .env("TLLM_AFFINITY_PROCESS_ROLE", "worker")
+            .arg("launchvar");
+        let mut run = Driver::spawn(cmd, LIMIT);
+        let line = run.line("LAUNCHVAR");
+        assert!(run.finish().status.success());
+        line
+    };
+    let alone = run(library().display().to_string());
+    assert!(!alone.contains("(unset)"), "alone, it carries the mask: {alone}");
+    let crowded = run(format!("{}:{}", library().display(), early.display()));
+    assert!(crowded.contains("threads=2"), "{crowded}");
+    assert!(crowded.contains("(unset)"), "{crowded}");
+}

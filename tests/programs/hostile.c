@@ -1,0 +1,336 @@
+/* The engine under hostile conditions (tests/hostile.rs), one mode per condition:
+ *
+ *   hostile signals <ms>     a signal handler that calls sched_setaffinity interrupts threads that
+ *                            are inside the library (its setaffinity shim, thread creation, exit)
+ *   hostile vfork            a worker's vfork and clone(CLONE_VM) children call sched_setaffinity(0)
+ *   hostile chain <n>        threads that start their successor and exit, n generations
+ *   hostile glibc            glibc's own helper threads (timer_create SIGEV_THREAD, aio) started
+ *                            from a worker during a lease
+ *   hostile tsd              a worker's thread-specific-data destructor creates a thread
+ *   hostile launchvar        prints what the library left in TLLM_AFFINITY_LAUNCH_MASK
+ *
+ * Output: PHASE lines (the test reads the kernel's masks, then answers on stdin), REPORT lines
+ * and result lines, as in lc_common.h.
+ */
+#include "lc_common.h"
+
+#include <aio.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <sched.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+static int cpu_arg_local = 1;
+
+/* ---- signals ------------------------------------------------------------------------------ */
+
+static volatile sig_atomic_t handled;
+static volatile int stop_busy;
+
+static void on_signal(int sig) {
+    (void)sig;
+    int saved = errno;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (syscall(SYS_sched_getaffinity, 0, sizeof set, &set) > 0) sched_setaffinity(0, sizeof set, &set);
+    handled++;
+    errno = saved;
+}
+
+static void *trivial(void *arg) { return arg; }
+
+static void *busy(void *arg) {
+    (void)arg;
+    note(arg ? "busy_worker" : "busy_host");
+    long rounds = 0;
+    while (!stop_busy) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        syscall(SYS_sched_getaffinity, 0, sizeof set, &set);
+        sched_setaffinity(0, sizeof set, &set);
+        pthread_t t;
+        if (pthread_create(&t, NULL, trivial, NULL) == 0) pthread_join(t, NULL);
+        rounds++;
+    }
+    return (void *)rounds;
+}
+
+static pthread_t busy_threads[2];
+static void task_start_busy(agent_t *self, void *arg) {
+    (void)self;
+    pthread_create(&busy_threads[1], NULL, busy, arg);
+}
+
+static int mode_signals(int ms) {
+    note("main");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
+    agent_t *w = agent_new("W");
+    agent_do(w, task_configure, (void *)0);
+    pthread_create(&busy_threads[0], NULL, busy, NULL);
+    agent_do(w, task_start_busy, (void *)1);
+    uint64_t until = lc_now_ns() + (uint64_t)ms * 1000000ull;
+    long sent = 0;
+    while (lc_now_ns() < until) {
+        pthread_kill(busy_threads[sent & 1], SIGUSR1);
+        sent++;
+        if ((sent & 63) == 0) sched_yield();
+    }
+    stop_busy = 1;
+    void *r0, *r1;
+    pthread_join(busy_threads[0], &r0);
+    pthread_join(busy_threads[1], &r1);
+    lc_say("SIGNALS sent=%ld handled=%d rounds=%ld", sent, (int)handled, (long)r0 + (long)r1);
+    agent_do(w, task_release_all, NULL);
+    lc_say("DONE");
+    return 0;
+}
+
+/* ---- vfork and clone(CLONE_VM) ------------------------------------------------------------ */
+
+static void pin_self_to(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
+static int cloned_child(void *arg) {
+    pin_self_to((int)(intptr_t)arg);
+    return 0;
+}
+
+static void task_children(agent_t *self, void *arg) {
+    (void)self;
+    (void)arg;
+    int other = cpu_arg_local == 0 ? 1 : 0;
+    pid_t pid = vfork();
+    if (pid == 0) {
+        pin_self_to(other);
+        _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    size_t stack_len = 256 * 1024;
+    char *stack = mmap(NULL, stack_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    pid = clone(cloned_child, stack + stack_len, CLONE_VM | SIGCHLD, (void *)(intptr_t)other);
+    waitpid(pid, &status, 0);
+    munmap(stack, stack_len);
+    lc_say("CHILDREN vfork and clone done");
+}
+
+static int mode_vfork(void) {
+    note("main");
+    agent_t *w = agent_new("W");
+    agent_do(w, task_configure, (void *)0);
+    agent_do(w, task_children, NULL);
+    lc_report("children");
+    phase("children");
+    agent_do(w, task_release_all, NULL);
+    phase("released");
+    return 0;
+}
+
+/* ---- chain -------------------------------------------------------------------------------- */
+
+static long chain_length;
+static size_t heap_at_first_checkpoint, heap_at_end;
+static sem_t chain_done;
+
+/* Bytes in use, including the chunks malloc maps by themselves (a large vector's). */
+static size_t heap_in_use(void) {
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static void *chain_link(void *arg) {
+    long generation = (long)arg;
+    if (generation == 1000) heap_at_first_checkpoint = heap_in_use();
+    if (generation == chain_length) {
+        heap_at_end = heap_in_use();
+        sem_post(&chain_done);
+        return NULL;
+    }
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t next;
+    while (pthread_create(&next, &attr, chain_link, (void *)(generation + 1)) != 0) usleep(100);
+    pthread_attr_destroy(&attr);
+    return NULL;
+}
+
+static int mode_chain(long n) {
+    /* One arena: mallinfo2 then counts every thread's allocations, the library's included. */
+    mallopt(M_ARENA_MAX, 1);
+    chain_length = n;
+    sem_init(&chain_done, 0, 0);
+    chain_link((void *)0);
+    sem_wait(&chain_done);
+    lc_wait_tasks(1);
+    lc_say("CHAIN generations=%ld heap_at_1000=%zu heap_at_end=%zu", n, heap_at_first_checkpoint,
+           heap_at_end);
+    return 0;
+}
+
+/* ---- glibc's own helper threads ----------------------------------------------------------- */
+
+static sem_t timer_fired;
+static void on_timer(union sigval v) {
+    (void)v;
+    sem_post(&timer_fired);
+}
+
+/* Names every thread the program did not start itself (glibc's helpers). */
+static void note_unnamed(const char *prefix) {
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        pid_t tid = (pid_t)atoi(e->d_name);
+        int known = 0;
+        pthread_mutex_lock(&lc_named_lock);
+        for (int i = 0; i < lc_n_named; i++)
+            if (lc_named[i].tid == tid) known = 1;
+        pthread_mutex_unlock(&lc_named_lock);
+        if (!known) {
+            char name[24];
+            snprintf(name, sizeof name, "%s%d", prefix, n++);
+            note_tid(name, tid);
+        }
+    }
+    if (d) closedir(d);
+    lc_say("UNNAMED %d", n);
+}
+
+static void task_glibc_helpers(agent_t *self, void *arg) {
+    (void)self;
+    (void)arg;
+    sem_init(&timer_fired, 0, 0);
+    struct sigevent sev;
+    memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD;
+    sev.sigev_notify_function = on_timer;
+    timer_t timer;
+    if (timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) {
+        perror("timer_create");
+        exit(5);
+    }
+    struct itimerspec its;
+    memset(&its, 0, sizeof its);
+    its.it_value.tv_nsec = 1000000;
+    timer_settime(timer, 0, &its, NULL);
+    sem_wait(&timer_fired);
+
+    static char buf[16];
+    static struct aiocb cb;
+    int fd = open("/proc/self/stat", O_RDONLY);
+    memset(&cb, 0, sizeof cb);
+    cb.aio_fildes = fd;
+    cb.aio_buf = buf;
+    cb.aio_nbytes = sizeof buf;
+    if (aio_read(&cb) != 0) {
+        perror("aio_read");
+        exit(5);
+    }
+    const struct aiocb *list[1] = {&cb};
+    aio_suspend(list, 1, NULL);
+    aio_return(&cb);
+    close(fd);
+}
+
+static int mode_glibc(void) {
+    note("main");
+    agent_t *before = agent_new("before");
+    (void)before;
+    agent_t *w = agent_new("W");
+    agent_do(w, task_configure, (void *)0);
+    agent_do(w, task_glibc_helpers, NULL);
+    note_unnamed("helper");
+    phase("configured");
+    agent_do(w, task_release_all, NULL);
+    phase("released");
+    return 0;
+}
+
+/* ---- a thread created from a thread-specific-data destructor ------------------------------- */
+
+static pthread_key_t user_key;
+static sem_t orphan_started;
+
+static void *orphan(void *arg) {
+    (void)arg;
+    note("orphan");
+    sem_post(&orphan_started);
+    for (;;) pause();
+    return NULL;
+}
+
+static void user_destructor(void *value) {
+    (void)value;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    pthread_create(&t, &attr, orphan, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+static void *exiting_worker(void *arg) {
+    (void)arg;
+    note("exiting");
+    pthread_setspecific(user_key, (void *)1);
+    return NULL;
+}
+
+static void task_start_exiting(agent_t *self, void *arg) {
+    (void)self;
+    (void)arg;
+    pthread_t t;
+    pthread_create(&t, NULL, exiting_worker, NULL);
+    pthread_join(t, NULL);
+}
+
+static int mode_tsd(void) {
+    note("main");
+    /* Created after the library's own key: its destructor runs after the library's. */
+    pthread_key_create(&user_key, user_destructor);
+    sem_init(&orphan_started, 0, 0);
+    agent_t *w = agent_new("W");
+    agent_do(w, task_configure, (void *)0);
+    agent_do(w, task_start_exiting, NULL);
+    sem_wait(&orphan_started);
+    phase("configured");
+    agent_do(w, task_release_all, NULL);
+    phase("released");
+    return 0;
+}
+
+/* ---- launchvar ---------------------------------------------------------------------------- */
+
+static int mode_launchvar(void) {
+    const char *v = getenv("TLLM_AFFINITY_LAUNCH_MASK");
+    lc_say("LAUNCHVAR %s threads=%d", v ? v : "(unset)", lc_task_count());
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    lc_init();
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "signals")) return mode_signals(argc > 2 ? atoi(argv[2]) : 2000);
+    if (!strcmp(mode, "vfork")) return mode_vfork();
+    if (!strcmp(mode, "chain")) return mode_chain(argc > 2 ? atol(argv[2]) : 20000);
+    if (!strcmp(mode, "glibc")) return mode_glibc();
+    if (!strcmp(mode, "tsd")) return mode_tsd();
+    if (!strcmp(mode, "launchvar")) return mode_launchvar();
+    fprintf(stderr, "usage: hostile signals|vfork|chain|glibc|tsd|launchvar\n");
+    return 64;
+}
