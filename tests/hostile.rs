@@ -166,8 +166,32 @@ fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
         line
     };
     let alone = run(library().display().to_string());
-    assert!(!alone.contains("(unset)"), "alone, it carries the mask: {alone}");
+    assert!(
+        !alone.contains("(unset)"),
+        "alone, it carries the mask: {alone}"
+    );
     let crowded = run(format!("{}:{}", library().display(), early.display()));
     assert!(crowded.contains("threads=2"), "{crowded}");
     assert!(crowded.contains("(unset)"), "{crowded}");
+}
+
+/// Two `SCHED_FIFO` threads of different priorities on one CPU both create threads, so both
+/// take the library's locks. A waiter that only spun (even yielding) would never let the
+/// lower-priority holder run again on that CPU: the higher one must sleep until it is free.
+#[test]
+fn a_high_priority_fifo_waiter_lets_a_low_priority_holder_finish() {
+    let sysfs = Sysfs::two_nodes();
+    let mut cmd = preloaded(hostile(), &sysfs);
+    cmd.args(["fifo", "2000"]);
+    let mut run = Driver::spawn(cmd, Duration::from_secs(30));
+    let line = run.line("FIFO");
+    if !require(
+        !line.contains("unavailable"),
+        &format!("SCHED_FIFO ({line})"),
+    ) {
+        return;
+    }
+    let high: u64 = field(&line, "high").parse().unwrap();
+    assert!(high > 100, "the high-priority thread made progress: {line}");
+    assert!(run.finish().status.success());
 }

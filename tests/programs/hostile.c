@@ -8,6 +8,8 @@
  *                            from a worker during a lease
  *   hostile tsd              a worker's thread-specific-data destructor creates a thread
  *   hostile launchvar        prints what the library left in TLLM_AFFINITY_LAUNCH_MASK
+ *   hostile fifo <ms>        two SCHED_FIFO threads of different priorities on one CPU, both
+ *                            creating threads (so both take the library's locks)
  *
  * Output: PHASE lines (the test reads the kernel's masks, then answers on stdin), REPORT lines
  * and result lines, as in lc_common.h.
@@ -313,6 +315,72 @@ static int mode_tsd(void) {
     return 0;
 }
 
+/* ---- SCHED_FIFO threads of two priorities on one CPU -------------------------------------- */
+
+static volatile int stop_fifo;
+static volatile long fifo_rounds[2];
+
+static void *fifo_low(void *arg) {
+    (void)arg;
+    while (!stop_fifo) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, trivial, NULL) == 0) pthread_join(t, NULL);
+        fifo_rounds[0]++;
+    }
+    return NULL;
+}
+
+static void *fifo_high(void *arg) {
+    (void)arg;
+    while (!stop_fifo) {
+        /* Sleeps so the low-priority thread runs, and wakes (preempting it) now and then while it
+         * holds a lock of the library. */
+        struct timespec nap = {0, 200000};
+        nanosleep(&nap, NULL);
+        pthread_t t;
+        if (pthread_create(&t, NULL, trivial, NULL) == 0) pthread_join(t, NULL);
+        fifo_rounds[1]++;
+    }
+    return NULL;
+}
+
+static int start_fifo(pthread_t *t, int priority, void *(*fn)(void *)) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    pthread_attr_setaffinity_np(&attr, sizeof one, &one);
+    pthread_attr_setinheritsched(&attr, PTHREAD_EXPLICIT_SCHED);
+    pthread_attr_setschedpolicy(&attr, SCHED_FIFO);
+    struct sched_param param = {.sched_priority = priority};
+    pthread_attr_setschedparam(&attr, &param);
+    int rc = pthread_create(t, &attr, fn, NULL);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
+static int mode_fifo(int ms) {
+    pthread_t low, high;
+    int rc = start_fifo(&low, 1, fifo_low);
+    if (rc != 0) {
+        lc_say("FIFO unavailable: %s", strerror(rc));
+        return 0;
+    }
+    if ((rc = start_fifo(&high, 2, fifo_high)) != 0) {
+        stop_fifo = 1;
+        pthread_join(low, NULL);
+        lc_say("FIFO unavailable: %s", strerror(rc));
+        return 0;
+    }
+    usleep((useconds_t)ms * 1000);
+    stop_fifo = 1;
+    pthread_join(high, NULL);
+    pthread_join(low, NULL);
+    lc_say("FIFO done low=%ld high=%ld", fifo_rounds[0], fifo_rounds[1]);
+    return 0;
+}
+
 /* ---- launchvar ---------------------------------------------------------------------------- */
 
 static int mode_launchvar(void) {
@@ -331,6 +399,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "glibc")) return mode_glibc();
     if (!strcmp(mode, "tsd")) return mode_tsd();
     if (!strcmp(mode, "launchvar")) return mode_launchvar();
-    fprintf(stderr, "usage: hostile signals|vfork|chain|glibc|tsd|launchvar\n");
+    if (!strcmp(mode, "fifo")) return mode_fifo(argc > 2 ? atoi(argv[2]) : 2000);
+    fprintf(stderr, "usage: hostile signals|vfork|chain|glibc|tsd|launchvar|fifo\n");
     return 64;
 }
