@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use tllm_affinity_core::engine::{self, create, observe, real::StartRoutine};
+use tllm_affinity_core::engine::{self, create, objects, observe, real::StartRoutine};
 
 #[ctor::ctor(unsafe)]
 fn load() {
@@ -47,6 +47,14 @@ pub unsafe extern "C" fn pthread_setaffinity_np(
 ) -> c_int {
     // SAFETY: the caller's arguments, forwarded unchanged.
     unsafe { observe::pthread_setaffinity_np(thread, size, mask) }
+}
+
+/// # Safety
+/// Called by the program as `dlclose(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
+    // SAFETY: the caller's argument, forwarded unchanged.
+    unsafe { objects::dlclose(handle) }
 }
 
 #[no_mangle]

@@ -131,7 +131,9 @@ pub fn ensure_init() -> State {
 }
 
 fn initialise() -> State {
-    real::resolve_all();
+    if !real::resolve_all() {
+        return State::Disabled;
+    }
     if kernel::is_secure_execution() {
         return State::Disabled;
     }
@@ -664,6 +666,7 @@ fn register_fork_handlers() {
     extern "C" fn child() {
         unlock_all();
         OWN_PID.store(kernel::getpid(), Ordering::Relaxed);
+        objects::after_fork_in_child();
         // SAFETY: pthread_self has no preconditions.
         let handle = unsafe { libc::pthread_self() } as u64;
         REGISTRY

@@ -2,15 +2,16 @@
 //!
 //! `dladdr` per thread creation would take the loader lock every time. Instead the executable
 //! segments of every loaded object are kept, with their classification, in a snapshot that the
-//! hook reads without any lock. `dl_iterate_phdr` runs again only when an address falls outside
-//! all of them and the loader's object count (`dlpi_adds`) says something was loaded since; the
-//! new snapshot replaces the old one, which stays allocated because a creator may still be
-//! reading it: one per such rescan, bounded by the `dlopen`s that load new objects. Never called
-//! with the registry lock held: a thread inside `dlopen` holds the loader lock while its
-//! constructors create threads.
+//! hook reads without any lock. `dl_iterate_phdr` runs again when the snapshot is stale (an
+//! object was unloaded since: our `dlclose` shim counts unloads, and an address may now belong to
+//! another object mapped in the unloaded one's place), or when an address falls outside all of
+//! its segments and the loader's object count (`dlpi_adds`) says something was loaded since.
+//! A new snapshot replaces the old one, which is freed once no reader can still hold it (see
+//! [`publish`]). Never called with the registry lock held: a thread inside `dlopen` holds the
+//! loader lock while its constructors create threads.
 
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::lock::EngineLock;
 
@@ -24,41 +25,98 @@ struct Segment {
 pub(super) struct Snapshot {
     segments: Vec<Segment>,
     loads_seen: u64,
+    unloads_seen: u64,
 }
 
-/// The snapshot in force; null until the first scan. Never freed once published.
+/// The snapshot in force; null until the first scan.
 static CURRENT: AtomicPtr<Snapshot> = AtomicPtr::new(std::ptr::null_mut());
 
-/// Every snapshot ever published (owned here, so they stay reachable), and the lock that makes
-/// rescans one at a time (held across a fork by the engine's fork handlers). Boxed: CURRENT points at a snapshot, which must not move when the
-/// vector grows.
+/// Lookups between reading CURRENT and their last use of the snapshot it pointed to.
+static READERS: AtomicUsize = AtomicUsize::new(0);
+
+/// `dlclose` calls that returned; a snapshot scanned before the last one is stale.
+static UNLOADS: AtomicU64 = AtomicU64::new(0);
+
+/// Snapshots replaced but perhaps still read (owned here until freed), and the lock that makes
+/// publications one at a time (held across a fork by the engine's fork handlers).
 #[allow(clippy::vec_box)]
 pub(super) static PUBLISHED: EngineLock<Vec<Box<Snapshot>>> = EngineLock::new(Vec::new());
 
 /// Answers whether `addr` lies in an object whose file name `is_worker` accepts.
 pub fn in_worker_object(addr: usize, is_worker: &dyn Fn(&str) -> bool) -> bool {
-    // SAFETY: a non-null CURRENT points into a Box owned by PUBLISHED, which is never dropped
-    // nor shrunk (a fork child inherits it whole), and snapshots are immutable once published.
-    let current = unsafe { CURRENT.load(Ordering::Acquire).as_ref() };
-    if let Some(snapshot) = current {
-        if let Some(worker) = lookup(&snapshot.segments, addr) {
-            return worker;
-        }
+    let unloads = UNLOADS.load(Ordering::Acquire);
+    READERS.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: a non-null CURRENT points to a snapshot leaked from a Box; a writer frees it only
+    // after replacing it and then seeing no reader in flight, and this reader is counted from
+    // before its load of CURRENT until after its last use (the argument is at [`publish`]).
+    // Snapshots are immutable once published.
+    let seen = unsafe { CURRENT.load(Ordering::SeqCst).as_ref() }
+        .filter(|s| s.unloads_seen == unloads)
+        .map(|s| (lookup(&s.segments, addr), s.loads_seen));
+    READERS.fetch_sub(1, Ordering::SeqCst);
+    match seen {
+        Some((Some(worker), _)) => return worker,
+        // A miss, and nothing was loaded since the scan: the address is in no object.
+        Some((None, loads_seen)) if loads_seen == loads_so_far() => return false,
+        _ => {}
     }
-    let loads = loads_so_far();
-    if current.is_some_and(|s| s.loads_seen == loads) {
-        return false;
-    }
-    let snapshot = Box::new(Snapshot {
-        segments: scan(is_worker),
-        loads_seen: loads,
-    });
+    let snapshot = scan(is_worker);
     let answer = lookup(&snapshot.segments, addr).unwrap_or(false);
-    let mut published = PUBLISHED.lock();
-    let raw = &*snapshot as *const Snapshot as *mut Snapshot;
-    published.push(snapshot);
-    CURRENT.store(raw, Ordering::Release);
+    publish(Box::new(snapshot));
     answer
+}
+
+/// Makes `snapshot` CURRENT and frees the replaced ones no reader can still hold.
+///
+/// Why a zero count frees every retired snapshot: all the accesses to CURRENT and READERS here
+/// and in [`in_worker_object`] are SeqCst, so they fall in one total order. A reader that got a
+/// retired pointer P loaded CURRENT before the swap that replaced P, which is at or before this
+/// swap, which is before this load of READERS; its increment came before its load. So this load
+/// sees its increment, and reads zero only if its decrement (after its last use of P) came
+/// before too, which then happens-before the free. Readers that come later load a newer pointer.
+fn publish(snapshot: Box<Snapshot>) {
+    let fresh = Box::into_raw(snapshot);
+    let mut retired = PUBLISHED.lock();
+    let old = CURRENT.swap(fresh, Ordering::SeqCst);
+    if !old.is_null() {
+        // SAFETY: every non-null CURRENT came from Box::into_raw above, and the swap took it out
+        // of CURRENT, so this is its only owner.
+        retired.push(unsafe { Box::from_raw(old) });
+    }
+    let free = if READERS.load(Ordering::SeqCst) == 0 {
+        std::mem::take(&mut *retired)
+    } else {
+        Vec::new()
+    };
+    drop(retired);
+    // Freed outside the lock: nothing can reach them any more.
+    drop(free);
+}
+
+/// After the real `dlclose` returned: every snapshot scanned before is stale.
+pub fn unloaded() {
+    UNLOADS.fetch_add(1, Ordering::Release);
+}
+
+/// The interposed `dlclose`: the real one, then the snapshot marked stale. Its return value,
+/// `errno` and `dlerror` state reach the caller untouched (the counter touches none of them).
+///
+/// # Safety
+/// The argument is that of `dlclose(3)`.
+pub unsafe fn dlclose(handle: *mut c_void) -> c_int {
+    let Some(real) = super::real::dlclose() else {
+        return -1;
+    };
+    // SAFETY: the caller's handle, passed on unchanged.
+    let rc = unsafe { real(handle) };
+    unloaded();
+    rc
+}
+
+/// In a fork child only the forking thread exists, and it is in no lookup (none calls out of
+/// the library): readers counted by the parent's other threads are gone with them.
+pub(super) fn after_fork_in_child() {
+    READERS.store(0, Ordering::SeqCst);
 }
 
 fn lookup(segments: &[Segment], addr: usize) -> Option<bool> {
@@ -79,10 +137,14 @@ fn loads_so_far() -> u64 {
     adds
 }
 
-fn scan(is_worker: &dyn Fn(&str) -> bool) -> Vec<Segment> {
+/// Every loaded object's executable segments, with the loader's object count and the unload
+/// count as they were before the walk (so an object that comes or goes during it is seen late
+/// at worst: the snapshot is then stale, never wrong for long).
+fn scan(is_worker: &dyn Fn(&str) -> bool) -> Snapshot {
     struct Scan<'a> {
         is_worker: &'a dyn Fn(&str) -> bool,
         segments: Vec<Segment>,
+        loads: Option<u64>,
     }
     extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
         // SAFETY: `data` is the `Scan` passed below, alive for the call; the loader passes a valid
@@ -91,6 +153,7 @@ fn scan(is_worker: &dyn Fn(&str) -> bool) -> Vec<Segment> {
         unsafe {
             let scan = &mut *(data as *mut Scan);
             let info = &*info;
+            scan.loads.get_or_insert(info.dlpi_adds);
             let name = if info.dlpi_name.is_null() {
                 ""
             } else {
@@ -112,26 +175,48 @@ fn scan(is_worker: &dyn Fn(&str) -> bool) -> Vec<Segment> {
         }
         0
     }
+    let unloads_seen = UNLOADS.load(Ordering::Acquire);
     let mut scan = Scan {
         is_worker,
         segments: Vec::new(),
+        loads: None,
     };
     // SAFETY: the callback only touches `scan`, alive for the call.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut scan as *mut Scan as *mut c_void) };
     scan.segments.sort_by_key(|s| s.start);
-    scan.segments
+    Snapshot {
+        segments: scan.segments,
+        loads_seen: scan.loads.unwrap_or(0),
+        unloads_seen,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    // One test: the tests of this module share the snapshot.
     #[test]
-    fn finds_the_object_that_holds_a_function() {
+    fn a_hit_is_never_older_than_the_last_unload_and_replaced_snapshots_are_freed() {
         let in_libc = libc::getpid as *const () as usize;
-        let here = finds_the_object_that_holds_a_function as *const () as usize;
-        assert!(in_worker_object(in_libc, &|f| f.starts_with("libc.so")));
-        assert!(!in_worker_object(here, &|f| f.starts_with("libc.so")));
+        let here = a_hit_is_never_older_than_the_last_unload_and_replaced_snapshots_are_freed
+            as *const () as usize;
+        let libc_is_worker = |f: &str| f.starts_with("libc.so");
+        assert!(in_worker_object(in_libc, &libc_is_worker));
+        assert!(!in_worker_object(here, &libc_is_worker));
         assert!(!in_worker_object(1, &|_| true));
+        // A hit answers from the snapshot: the classifier is not asked again...
+        assert!(in_worker_object(in_libc, &|_| false));
+        // ...until an unload makes it stale.
+        unloaded();
+        assert!(!in_worker_object(in_libc, &|_| false));
+        for _ in 0..100 {
+            unloaded();
+            assert!(in_worker_object(in_libc, &libc_is_worker));
+        }
+        assert!(
+            PUBLISHED.lock().is_empty(),
+            "replaced snapshots must be freed when no reader is in flight"
+        );
     }
 }

@@ -4,6 +4,11 @@
 //! (the loader lock may be held by whoever is creating it). `sched_setaffinity` and
 //! `pthread_setaffinity_np` are asked for by version: older glibc hands `dlsym` callers the
 //! two-argument GLIBC_2.3.3 ABI.
+//!
+//! Two copies of the library in one process (`LD_PRELOAD=/a/lib.so:/b/lib.so`): the first in
+//! the symbol search order acts, any later one finds at load that `tllm_affinity_version` is not
+//! its own and stays inert ([`resolve_all`]). The acting copy's `RTLD_NEXT` would find the inert
+//! copy's shims; what lies in another copy is asked of libc itself instead.
 
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,26 +24,79 @@ pub type SchedSetaffinity =
     unsafe extern "C" fn(libc::pid_t, libc::size_t, *const libc::cpu_set_t) -> c_int;
 pub type PthreadSetaffinity =
     unsafe extern "C" fn(libc::pthread_t, libc::size_t, *const libc::cpu_set_t) -> c_int;
+pub type Dlclose = unsafe extern "C" fn(*mut c_void) -> c_int;
 
 static PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
 static SCHED_SETAFFINITY: AtomicUsize = AtomicUsize::new(0);
 static PTHREAD_SETAFFINITY: AtomicUsize = AtomicUsize::new(0);
+static DLCLOSE: AtomicUsize = AtomicUsize::new(0);
+
+/// The exported symbol every copy of the library defines, which names a copy.
+const MARK: &CStr = c"tllm_affinity_version";
 
 fn resolve(cache: &AtomicUsize, name: &CStr, version: Option<&CStr>) -> usize {
     let known = cache.load(Ordering::Acquire);
     if known != 0 {
         return known;
     }
-    // SAFETY: both names are NUL-terminated; RTLD_NEXT asks for the next definition after this
-    // object, so it never returns our own shim.
-    let found = unsafe {
-        match version {
-            Some(v) => libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), v.as_ptr()),
-            None => libc::dlsym(libc::RTLD_NEXT, name.as_ptr()),
-        }
-    } as usize;
+    // RTLD_NEXT asks for the next definition after this object, so never our own shim.
+    let mut found = lookup(libc::RTLD_NEXT, name, version);
+    let next_copy = object_of(lookup(libc::RTLD_NEXT, MARK, None));
+    if found != 0 && next_copy != 0 && object_of(found) == next_copy {
+        // The next definition is another copy's shim (the next object that defines our mark
+        // defines this too): running it would hook every thread twice. Kept when glibc's own
+        // objects do not answer: the inert copy passes every call through.
+        found = Some(from_libc(name, version))
+            .filter(|&f| f != 0)
+            .unwrap_or(found);
+    }
     cache.store(found, Ordering::Release);
     found
+}
+
+fn lookup(handle: *mut c_void, name: &CStr, version: Option<&CStr>) -> usize {
+    // SAFETY: both names are NUL-terminated; `handle` is RTLD_NEXT, RTLD_DEFAULT or a live
+    // handle from dlopen.
+    (unsafe {
+        match version {
+            Some(v) => libc::dlvsym(handle, name.as_ptr(), v.as_ptr()),
+            None => libc::dlsym(handle, name.as_ptr()),
+        }
+    }) as usize
+}
+
+/// The load address of the object that holds `addr`; 0 for none.
+fn object_of(addr: usize) -> usize {
+    if addr == 0 {
+        return 0;
+    }
+    // SAFETY: an all-zero Dl_info is a valid value; dladdr only writes into it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr reads no memory at `addr`, it only looks the address up.
+    let found = unsafe { libc::dladdr(addr as *const c_void, &mut info) };
+    if found == 0 {
+        0
+    } else {
+        info.dli_fbase as usize
+    }
+}
+
+/// `name` from glibc's own objects, asked by handle so that no preloaded object answers: libc,
+/// then libpthread and libdl for glibc before 2.34, which kept pthread_create and dlclose there.
+fn from_libc(name: &CStr, version: Option<&CStr>) -> usize {
+    for object in [c"libc.so.6", c"libpthread.so.0", c"libdl.so.2"] {
+        // SAFETY: a NUL-terminated name; RTLD_NOLOAD only finds an object already loaded (glibc's
+        // are never unloaded, so the handle is not closed).
+        let handle = unsafe { libc::dlopen(object.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        if handle.is_null() {
+            continue;
+        }
+        let found = lookup(handle, name, version);
+        if found != 0 {
+            return found;
+        }
+    }
+    0
 }
 
 pub fn pthread_create() -> Option<PthreadCreate> {
@@ -68,9 +126,28 @@ pub fn pthread_setaffinity_np() -> Option<PthreadSetaffinity> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, PthreadSetaffinity>(addr) })
 }
 
+pub fn dlclose() -> Option<Dlclose> {
+    let addr = resolve(&DLCLOSE, c"dlclose", None);
+    // SAFETY: a non-null address from dlsym for this name is glibc's dlclose, whose ABI is the
+    // declared type.
+    (addr != 0).then(|| unsafe { std::mem::transmute::<usize, Dlclose>(addr) })
+}
+
 /// Resolves everything up front, from the constructor, so that hooks rarely need the loader.
-pub fn resolve_all() {
+/// False when another copy of the library comes first in the symbol search order: this one
+/// then stays inert, and the program's calls reach the other.
+pub fn resolve_all() -> bool {
     pthread_create();
     sched_setaffinity();
     pthread_setaffinity_np();
+    dlclose();
+    let first = object_of(lookup(libc::RTLD_DEFAULT, MARK, None));
+    // Null when no copy is in the global scope (this one loaded RTLD_LOCAL): it acts.
+    let acting = first == 0 || first == object_of(resolve_all as fn() -> bool as usize);
+    if !acting {
+        crate::log_debug!(
+            "another copy of the library comes first in the search order: this one stays inert"
+        );
+    }
+    acting
 }
