@@ -381,6 +381,11 @@ fn malformed_configure_time_variables_give_one_line_and_an_errno() {
     println!("bad input: {tried} configure-time runs");
 }
 
+/// The calls program (`tests/programs/calls.c`): runs the library calls its arguments name.
+fn calls() -> std::path::PathBuf {
+    compile_c("calls", false)
+}
+
 /// A TLLM_AFFINITY_GPU that is neither a CUDA device number nor a PCI address is a bad setting
 /// at load, like any other (SPEC §9): one line, passive, status 2 under STRICT, even in a
 /// program that never configures and so never needs it.
@@ -479,5 +484,40 @@ fn every_valid_gpu_form_is_accepted_at_load_and_used_by_configure() {
         let lease: i64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
         assert!(lease > 0, "{value:?}: {line}");
         assert_eq!(&field(line, "mask"), mask, "{value:?}: {line}");
+    }
+}
+
+/// A second configure whose worker set is empty changes nothing and says nothing new (SPEC §5):
+/// the "no worker mask pinned" warning comes once per device; later ones are debug lines.
+#[test]
+fn a_repeated_empty_configure_warns_once() {
+    let sysfs = Sysfs::two_nodes();
+    for level in ["warn", "debug"] {
+        let mut cmd = preloaded(calls(), &sysfs);
+        cmd.env("TLLM_AFFINITY_LOG", level)
+            .env("TLLM_AFFINITY_CPUS", "1000")
+            .args(["configure", "0", "configure", "0", "configure", "-1"]);
+        let end = run_bounded(cmd, LIMIT);
+        assert!(end.status.success(), "{level}: {}", end.stderr);
+        let leases: Vec<i64> = end
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("CONFIGURE "))
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(leases.len(), 3, "{level}: {}", end.stdout);
+        assert!(leases.iter().all(|&l| l > 0), "{level}: {leases:?}");
+        let said: Vec<String> = library_lines(&end.stderr)
+            .into_iter()
+            .filter(|l| l.contains("no worker mask pinned"))
+            .collect();
+        let warnings = said.iter().filter(|l| l.contains("warning:")).count();
+        assert_eq!(warnings, 1, "{level}: one warning\n{}", end.stderr);
+        assert!(said[0].contains("TLLM_AFFINITY_CPUS [1000]"), "{}", said[0]);
+        if level == "debug" {
+            assert_eq!(said.len(), 3, "later ones at debug\n{}", end.stderr);
+        } else {
+            assert_eq!(said.len(), 1, "{}", end.stderr);
+        }
     }
 }

@@ -306,6 +306,8 @@ struct WorkerSet {
     device: String,
     gpu_local: CpuMask,
     note: Option<String>,
+    /// A configure already warned that the policy leaves this device no worker CPU.
+    empty_warned: bool,
 }
 
 /// What a worker set was resolved from: the device id, the CUDA variables as they were, and
@@ -339,6 +341,7 @@ fn resolve_worker_set(
             device: format!("TLLM_AFFINITY_CPUS={cpus}"),
             gpu_local: cpus.clone(),
             note: None,
+            empty_warned: false,
         });
     }
     let root = SysfsRoot::new(settings.sysfs_root.clone());
@@ -366,7 +369,21 @@ fn resolve_worker_set(
         device: resolved.address,
         gpu_local: local.cpus,
         note,
+        empty_warned: false,
     })
+}
+
+/// True the first time a configure finds `device`'s worker set empty: a repeated configure logs
+/// no warning (SPEC §5), whichever device id or CUDA variables led to the same device.
+fn first_empty_for(device: &str) -> bool {
+    let mut sets = WORKER_SETS.lock();
+    let first = !sets
+        .iter()
+        .any(|(_, s)| s.device == device && s.empty_warned);
+    for (_, set) in sets.iter_mut().filter(|(_, s)| s.device == device) {
+        set.empty_warned = true;
+    }
+    first
 }
 
 fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i64 {
@@ -411,7 +428,11 @@ fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i
         return outcome.lease;
     }
     if let Some(reason) = &decision.empty_reason {
-        log_warn!("{call} for {}: {reason}; no worker mask pinned", set.device);
+        if first_empty_for(&set.device) {
+            log_warn!("{call} for {}: {reason}; no worker mask pinned", set.device);
+        } else {
+            log_debug!("{call} for {}: {reason}; no worker mask pinned", set.device);
+        }
     }
     if let Some(note) = &set.note {
         log_info!("{note}");
