@@ -185,7 +185,7 @@ fn initialise() -> State {
     if handle != 0 {
         create::set_current_slot(main);
     }
-    publish_thread_table(&settings.lock_dir);
+    // The thread table is mapped later, by `publish_table_if_pending`.
     // SAFETY: registering a plain extern "C" function with no arguments.
     unsafe { libc::atexit(at_exit) };
     log_debug!(
@@ -219,6 +219,7 @@ fn launch_mask_through_exec(main_mask: &CpuMask) -> Option<CpuMask> {
 }
 
 fn configure_dedicated_worker() {
+    publish_table_if_pending();
     let pid = kernel::getpid();
     let Some(main) = REGISTRY.lock().find_tid(pid) else {
         return;
@@ -253,7 +254,7 @@ fn open_for_caller(device_id: i32, kind: LeaseKind) -> i64 {
         return -(libc::ENOTSUP as i64);
     }
     catch_unwind(|| {
-        publish_if_forked();
+        publish_table_if_pending();
         let caller = current_or_register();
         configure_for(caller, device_id, kind, true)
     })
@@ -578,9 +579,12 @@ fn state_name(state: State) -> &'static str {
 }
 
 static TABLE_PATH: SpinMutex<Option<std::path::PathBuf>, Yield> = SpinMutex::new(None);
-/// A fork child maps its own table only when it first creates a thread or configures: most
-/// children exec at once, and exec would strand the file.
-static TABLE_PENDING: AtomicBool = AtomicBool::new(false);
+/// The table is mapped only when the process first creates a thread, configures, opens a worker
+/// scope or pins: most preloaded processes are short single-threaded tools (every shell of a
+/// launch script) that would pay an 8 MiB file and a scan of `/dev/shm` for a table nobody
+/// reads. A fork child starts pending again: most children exec at once, and exec would strand
+/// the file.
+static TABLE_PENDING: AtomicBool = AtomicBool::new(true);
 
 /// Maps the thread table `tllm-affinity ps` reads; without it `ps` still shows masks.
 fn publish_thread_table(dir: &std::path::Path) {
@@ -591,12 +595,18 @@ fn publish_thread_table(dir: &std::path::Path) {
         .publish_into(mapped.map(|(records, _)| records));
 }
 
-/// Called on the paths where a fork child starts to matter (thread creation, configure).
-pub fn publish_if_forked() {
-    if TABLE_PENDING.load(Ordering::Relaxed) && TABLE_PENDING.swap(false, Ordering::AcqRel) {
-        if let Some(p) = PROCESS.get() {
-            publish_thread_table(&p.settings.lock_dir);
-        }
+/// Called on the paths where a process starts to matter (thread creation, configure, worker
+/// scope, pin). The registry publishes every slot it holds when the table arrives, so threads
+/// registered before it (the main thread) are shown too.
+pub fn publish_table_if_pending() {
+    if !TABLE_PENDING.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(p) = PROCESS.get() else {
+        return;
+    };
+    if TABLE_PENDING.swap(false, Ordering::AcqRel) {
+        publish_thread_table(&p.settings.lock_dir);
     }
 }
 
@@ -624,6 +634,7 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
         return -libc::ENOTSUP;
     }
     catch_unwind(AssertUnwindSafe(|| {
+        publish_table_if_pending();
         let caller = current_or_register();
         crate::step::pin_calling_thread(caller, device_id, result)
     }))
