@@ -9,7 +9,8 @@
 #![forbid(unsafe_code)]
 
 use crate::gpus::{GpuSource, GpuView, HostGpu};
-use crate::topology::{normalize_pci_address, PciGpu, SysfsRoot};
+use crate::settings::{parse_gpu, parse_index, GpuChoice, GPU_EXPECTED};
+use crate::topology::{PciGpu, SysfsRoot};
 use std::fmt;
 
 /// The launcher variables holding the process's local rank, in the order they are consulted.
@@ -166,15 +167,17 @@ fn resolve(
         .as_deref()
         .filter(|v| !v.trim().is_empty())
     {
-        let text = value.trim();
-        if text.contains(':') {
-            return by_address(value, &list.gpus);
-        }
-        return match parse_index(text) {
-            Some(index) => by_cuda_index(index, env, list, format!("TLLM_AFFINITY_GPU={text}: ")),
-            None => Err(DeviceError::new(format!(
-                "TLLM_AFFINITY_GPU='{value}': expected a CUDA device number (0, 1, ...) or a PCI \
-                 address like 0000:3b:00.0"
+        return match parse_gpu(value) {
+            Ok(Some(GpuChoice::Index(index))) => by_cuda_index(
+                index,
+                env,
+                list,
+                format!("TLLM_AFFINITY_GPU={}: ", value.trim()),
+            ),
+            Ok(Some(GpuChoice::Address(wanted))) => by_address(value, &wanted, &list.gpus),
+            // Refused at load already; seen here only when the program set it since.
+            Ok(None) | Err(_) => Err(DeviceError::new(format!(
+                "TLLM_AFFINITY_GPU='{value}': expected {GPU_EXPECTED}"
             ))),
         };
     }
@@ -357,13 +360,8 @@ fn by_cuda_index(
     })
 }
 
-fn by_address(value: &str, gpus: &[HostGpu]) -> Result<ResolvedDevice, DeviceError> {
-    let Some(wanted) = normalize_pci_address(value) else {
-        return Err(DeviceError::new(format!(
-            "TLLM_AFFINITY_GPU='{value}': expected a CUDA device number or a PCI address like \
-             0000:3b:00.0"
-        )));
-    };
+/// `wanted`: `value`, normalised by [`parse_gpu`].
+fn by_address(value: &str, wanted: &str, gpus: &[HostGpu]) -> Result<ResolvedDevice, DeviceError> {
     let Some(gpu_index) = gpus.iter().position(|g| g.address == wanted) else {
         let found: Vec<&str> = gpus.iter().map(|g| g.address.as_str()).collect();
         return Err(DeviceError::new(format!(
@@ -377,7 +375,7 @@ fn by_address(value: &str, gpus: &[HostGpu]) -> Result<ResolvedDevice, DeviceErr
             "TLLM_AFFINITY_GPU={} = GPU {gpu_index} ({wanted})",
             value.trim()
         ),
-        address: wanted,
+        address: wanted.to_string(),
     })
 }
 
@@ -387,14 +385,6 @@ fn no_visible_gpu(env: &DeviceEnv) -> DeviceError {
          comma-separated device indices or GPU UUIDs",
         env.cuda_visible_devices.as_deref().unwrap_or_default()
     ))
-}
-
-/// A plain non-negative decimal number (no sign, no spaces), as CUDA reads an index.
-fn parse_index(text: &str) -> Option<usize> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
 }
 
 #[cfg(test)]

@@ -52,6 +52,42 @@ pub enum ProcessRole {
     Worker,
 }
 
+/// `TLLM_AFFINITY_GPU`: the GPU `configure(-1)` and a dedicated worker mean (SPEC §4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuChoice {
+    /// A CUDA device number, mapped through `CUDA_VISIBLE_DEVICES`.
+    Index(usize),
+    /// A PCI address, normalised (`0000:3b:00.0`); it bypasses visibility.
+    Address(String),
+}
+
+/// What a malformed `TLLM_AFFINITY_GPU` is told it should have been.
+pub const GPU_EXPECTED: &str =
+    "a CUDA device number (0, 1, ...) or a PCI address like 0000:3b:00.0";
+
+/// The one parser of `TLLM_AFFINITY_GPU`, used at load (to refuse a malformed value) and at
+/// configure (which reads the variable as it is then). `Ok(None)`: blank, which means unset.
+pub fn parse_gpu(value: &str) -> Result<Option<GpuChoice>, &'static str> {
+    let text = value.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if let Some(index) = parse_index(text) {
+        return Ok(Some(GpuChoice::Index(index)));
+    }
+    crate::topology::normalize_pci_address(text)
+        .map(|address| Some(GpuChoice::Address(address)))
+        .ok_or(GPU_EXPECTED)
+}
+
+/// A plain non-negative decimal number (no sign, no spaces), as CUDA reads an index.
+pub fn parse_index(text: &str) -> Option<usize> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 /// The sonames whose threads are workers when `TLLM_AFFINITY_WORKER_LIBS` is unset: the progress
 /// threads of NCCL, UCX, MPI (Open MPI's PAL/RTE, MPICH, Intel MPI) and libfabric.
 pub const DEFAULT_WORKER_LIBS: &str = "libnccl*.so*,libucp*.so*,libuct*.so*,libucs*.so*,\
@@ -260,6 +296,13 @@ impl Settings {
                 },
             }
         }
+        // Validated here so a typo shows at load (SPEC §9); configure re-reads the variable,
+        // which the program may set after load (SPEC §4).
+        if let Some(v) = lookup("TLLM_AFFINITY_GPU") {
+            if let Err(expected) = parse_gpu(&v) {
+                fail("TLLM_AFFINITY_GPU", &v, expected);
+            }
+        }
         if let Some(v) = lookup("TLLM_AFFINITY_LOCK_DIR") {
             let path = PathBuf::from(&v);
             if v.is_empty() || !path.is_dir() {
@@ -341,6 +384,8 @@ mod tests {
             ("TLLM_AFFINITY_PROCESS_ROLE", "boss"),
             ("TLLM_AFFINITY_STEP_CORE", "-3"),
             ("TLLM_AFFINITY_LOCK_DIR", "/nonexistent/dir"),
+            ("TLLM_AFFINITY_GPU", "zz:qq:00.0"),
+            ("TLLM_AFFINITY_GPU", "-1"),
         ];
         for (var, value) in cases {
             let (_, errors) = parse(&[(var, value)]);
@@ -380,6 +425,24 @@ mod tests {
         ]);
         let cosmetic: Vec<_> = errors.iter().map(SettingError::is_cosmetic).collect();
         assert_eq!(cosmetic, [true, true, false, true], "{errors:?}");
+    }
+
+    #[test]
+    fn gpu_forms() {
+        assert_eq!(parse_gpu("2"), Ok(Some(GpuChoice::Index(2))));
+        for text in ["0000:3b:00.0", "3B:00.0", " 3b:00.0 "] {
+            assert_eq!(
+                parse_gpu(text),
+                Ok(Some(GpuChoice::Address("0000:3b:00.0".into()))),
+                "{text}"
+            );
+        }
+        assert_eq!(parse_gpu(" "), Ok(None));
+        for text in ["zz:qq:00.0", "zz:zz", "first", "+1", "3b:00", "1.5"] {
+            assert_eq!(parse_gpu(text), Err(GPU_EXPECTED), "{text}");
+        }
+        let (_, errors) = parse(&[("TLLM_AFFINITY_GPU", "0000:3b:00.0")]);
+        assert!(errors.is_empty(), "{errors:?}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The live thread table: how a running process shows `tllm-affinity ps` the roles and
 //! placements its library holds.
 //!
-//! At load the library maps a small shared file, `tllm-affinity.<pid>.threads`, in `/dev/shm`
+//! At its first thread, configure, worker scope or pin (not at load: see
+//! `engine::publish_table_if_pending`) the library maps a small shared file, `tllm-affinity.<pid>.threads`, in `/dev/shm`
 //! (else in `TLLM_AFFINITY_LOCK_DIR`). The registry keeps one 8-byte record per slot in it:
 //! a thread's birth costs one store, its exit another. The file is sparse, so untouched
 //! records cost no memory. `ps` reads the file and joins it with `/proc/<pid>/task`, where the

@@ -7,7 +7,7 @@
 //! the library is passive, except for a cosmetic variable (log level, strict, report path), which
 //! falls back to its default while the library stays active. With TLLM_AFFINITY_STRICT=1: the
 //! same line and exit status 2.
-//! Configure-time variables (TLLM_AFFINITY_GPU, the local rank, CUDA_VISIBLE_DEVICES,
+//! Configure-time variables (a well-formed TLLM_AFFINITY_GPU naming no GPU, the local rank, CUDA_VISIBLE_DEVICES,
 //! CUDA_DEVICE_ORDER; a TLLM_AFFINITY_CPUS outside the cpuset): one line at configure naming the
 //! variable and the value, configure returns -errno (or pins nothing), no mask changes, the exit
 //! status is the program's own, STRICT or not (STRICT is about settings read at load).
@@ -273,13 +273,6 @@ fn malformed_configure_time_variables_give_one_line_and_an_errno() {
     let all = allowed_cpus().to_list();
     let cases: Vec<ConfigureCase> = vec![
         (
-            vec![("TLLM_AFFINITY_GPU", "banana")],
-            "-1",
-            -19,
-            "TLLM_AFFINITY_GPU",
-            "banana",
-        ),
-        (
             vec![("TLLM_AFFINITY_GPU", "7")],
             "-1",
             -19,
@@ -292,13 +285,6 @@ fn malformed_configure_time_variables_give_one_line_and_an_errno() {
             -19,
             "TLLM_AFFINITY_GPU",
             "0000:99:00.0",
-        ),
-        (
-            vec![("TLLM_AFFINITY_GPU", "zz:zz")],
-            "-1",
-            -19,
-            "TLLM_AFFINITY_GPU",
-            "zz:zz",
         ),
         (vec![("LOCAL_RANK", "x")], "-1", -19, "LOCAL_RANK", "x"),
         (vec![("LOCAL_RANK", "-1")], "-1", -19, "LOCAL_RANK", "-1"),
@@ -393,4 +379,145 @@ fn malformed_configure_time_variables_give_one_line_and_an_errno() {
         }
     }
     println!("bad input: {tried} configure-time runs");
+}
+
+/// The calls program (`tests/programs/calls.c`): runs the library calls its arguments name.
+fn calls() -> std::path::PathBuf {
+    compile_c("calls", false)
+}
+
+/// A TLLM_AFFINITY_GPU that is neither a CUDA device number nor a PCI address is a bad setting
+/// at load, like any other (SPEC §9): one line, passive, status 2 under STRICT, even in a
+/// program that never configures and so never needs it.
+#[test]
+fn a_malformed_gpu_is_refused_at_load_even_when_nothing_needs_it() {
+    let sysfs = Sysfs::two_nodes();
+    let expected = "a CUDA device number (0, 1, ...) or a PCI address like 0000:3b:00.0";
+    for value in ["zz:qq:00.0", "zz:zz", "banana", "-1", "0x1", "3b:00", "1.5"] {
+        let vars = [("TLLM_AFFINITY_GPU", value)];
+        let head = format!("TLLM_AFFINITY_GPU='{value}' is not valid: expected {expected}");
+        for (what, program) in [
+            ("C", c_program(&sysfs, &["exit", "3"])),
+            ("sh", shell(&sysfs)),
+        ] {
+            let end = run(program, &vars, false);
+            assert_eq!(
+                end.status.code(),
+                Some(3),
+                "{value} in {what}: {}",
+                end.stderr
+            );
+            let lines = library_lines(&end.stderr);
+            assert_eq!(
+                lines.len(),
+                1,
+                "{value} in {what}: one line\n{}",
+                end.stderr
+            );
+            assert!(lines[0].contains(&head), "{value} in {what}: {}", lines[0]);
+            assert!(
+                lines[0].contains("passive"),
+                "{value} in {what}: {}",
+                lines[0]
+            );
+            if what == "C" {
+                assert!(
+                    end.stdout.contains("\"state\":\"passive\""),
+                    "{value}: {}",
+                    end.stdout
+                );
+            }
+        }
+        for program in [c_program(&sysfs, &["exit", "3"]), shell(&sysfs)] {
+            let strict = run(program, &vars, true);
+            assert_eq!(
+                strict.status.code(),
+                Some(2),
+                "{value} strict: {}",
+                strict.stderr
+            );
+            let lines = library_lines(&strict.stderr);
+            assert_eq!(lines.len(), 1, "{value} strict:\n{}", strict.stderr);
+            assert!(lines[0].contains(&head), "{value} strict: {}", lines[0]);
+            assert!(!strict.stdout.contains("REPORT"), "stopped at load");
+        }
+    }
+}
+
+/// Every form SPEC §4 names still loads quietly under STRICT and picks its GPU at configure(-1):
+/// an index (through visibility), a PCI address with or without its domain, in either case.
+/// A blank value means unset.
+#[test]
+fn every_valid_gpu_form_is_accepted_at_load_and_used_by_configure() {
+    let sysfs = Sysfs::two_nodes();
+    // GPU 0 (0000:3b:00.0) is local to node1, GPU 1 (0000:86:00.0) to node0.
+    let gpu0 = sysfs.gpu0_local().to_list();
+    let gpu1 = sysfs.node0.to_list();
+    let cases = [
+        ("0", &gpu0),
+        ("1", &gpu1),
+        (" 1 ", &gpu1),
+        ("0000:3b:00.0", &gpu0),
+        ("3b:00.0", &gpu0),
+        ("0000:86:00.0", &gpu1),
+        ("86:00.0", &gpu1),
+        ("0000:3B:00.0", &gpu0),
+        ("", &gpu0),
+    ];
+    for (value, mask) in cases {
+        let end = run(
+            c_program(&sysfs, &["exit", "3", "-1"]),
+            &[("TLLM_AFFINITY_GPU", value)],
+            true,
+        );
+        assert_eq!(end.status.code(), Some(3), "{value:?}: {}", end.stderr);
+        assert!(
+            library_lines(&end.stderr).is_empty(),
+            "{value:?}: no line\n{}",
+            end.stderr
+        );
+        let line = end
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("CONFIGURE main"))
+            .unwrap_or_else(|| panic!("{value:?}: {}", end.stdout));
+        let lease: i64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(lease > 0, "{value:?}: {line}");
+        assert_eq!(&field(line, "mask"), mask, "{value:?}: {line}");
+    }
+}
+
+/// A second configure whose worker set is empty changes nothing and says nothing new (SPEC §5):
+/// the "no worker mask pinned" warning comes once per device; later ones are debug lines.
+#[test]
+fn a_repeated_empty_configure_warns_once() {
+    let sysfs = Sysfs::two_nodes();
+    for level in ["warn", "debug"] {
+        let mut cmd = preloaded(calls(), &sysfs);
+        cmd.env("TLLM_AFFINITY_LOG", level)
+            .env("TLLM_AFFINITY_CPUS", "1000")
+            .args(["configure", "0", "configure", "0", "configure", "-1"]);
+        let end = run_bounded(cmd, LIMIT);
+        assert!(end.status.success(), "{level}: {}", end.stderr);
+        let leases: Vec<i64> = end
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("CONFIGURE "))
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(leases.len(), 3, "{level}: {}", end.stdout);
+        assert!(leases.iter().all(|&l| l > 0), "{level}: {leases:?}");
+        let said: Vec<String> = library_lines(&end.stderr)
+            .into_iter()
+            .filter(|l| l.contains("no worker mask pinned"))
+            .collect();
+        let warnings = said.iter().filter(|l| l.contains("warning:")).count();
+        assert_eq!(warnings, 1, "{level}: one warning\n{}", end.stderr);
+        assert!(said[0].contains("TLLM_AFFINITY_CPUS [1000]"), "{}", said[0]);
+        if level == "debug" {
+            assert_eq!(said.len(), 3, "later ones at debug\n{}", end.stderr);
+        } else {
+            assert_eq!(said.len(), 1, "{}", end.stderr);
+        }
+    }
 }

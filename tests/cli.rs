@@ -811,13 +811,14 @@ fn ps_sees_a_fork_childs_own_table() {
     assert!(child.wait().unwrap().success());
 }
 
-/// A process killed by a signal leaves its thread table behind; the next process that loads the
-/// library removes it, so tables never pile up in /dev/shm.
+/// A process killed by a signal leaves its thread table behind; the next process that maps one
+/// (here at its first thread) removes it, so tables never pile up in /dev/shm.
 #[test]
 fn a_killed_processs_thread_table_is_removed_by_the_next_one() {
     let dir = tllm_affinity_core::threadtable::directory(std::path::Path::new("/tmp"));
-    let killed = clean("sh")
-        .args(["-c", "kill -KILL $$"])
+    let calls = compile_c("calls", false);
+    let killed = clean(&calls)
+        .args(["thread", "kill"])
         .env("LD_PRELOAD", library())
         .status()
         .unwrap();
@@ -837,7 +838,11 @@ fn a_killed_processs_thread_table_is_removed_by_the_next_one() {
         "the killed process left no table in {}",
         dir.display()
     );
-    let next = clean("true").env("LD_PRELOAD", library()).status().unwrap();
+    let next = clean(&calls)
+        .arg("thread")
+        .env("LD_PRELOAD", library())
+        .status()
+        .unwrap();
     assert!(next.success());
     for path in left {
         assert!(!path.exists(), "{} is still there", path.display());

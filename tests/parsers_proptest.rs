@@ -466,3 +466,38 @@ fn settings_parser_names_every_bad_variable_in_one_line() {
         },
     );
 }
+
+/// One parser decides what a malformed TLLM_AFFINITY_GPU is: a value the load-time check refuses
+/// is the one configure(-1) would call malformed, and nothing it accepts is called so later.
+#[test]
+fn load_and_configure_agree_on_a_malformed_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    tllm_affinity_core::simulated::two_node_one_gpu(&CpuMask::parse_list("0-3").unwrap())
+        .write(dir.path())
+        .unwrap();
+    let root = SysfsRoot::new(dir.path());
+    let topo = Topology::read(&root).unwrap();
+    let value = prop_oneof![
+        any::<String>(),
+        "[0-9a-fA-Fz:. +\\-]{0,14}",
+        "(0000:)?[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]",
+    ];
+    fuzz(
+        "TLLM_AFFINITY_GPU at load and at configure",
+        3000,
+        value,
+        |v| {
+            let lookup = |name: &str| (name == "TLLM_AFFINITY_GPU").then(|| v.clone());
+            let (_, errors) = Settings::from_lookup(lookup);
+            let env = DeviceEnv::from_lookup(lookup);
+            let malformed_at_configure = resolve_device_in(-1, &env, &topo.gpus, &root)
+                .err()
+                .is_some_and(|e| {
+                    e.to_string()
+                        .contains("expected a CUDA device number (0, 1, ...) or a PCI address")
+                });
+            prop_assert_eq!(!errors.is_empty(), malformed_at_configure, "{:?}", v);
+            Ok(())
+        },
+    );
+}

@@ -45,6 +45,8 @@ pub struct Snapshot {
     pub name: String,
     /// Why roles are unknown, when the process has no table.
     pub no_table: Option<String>,
+    /// Whether the library is mapped in the process; `None` when its maps are not ours to read.
+    pub library_loaded: Option<bool>,
     /// The host's online CPUs: the grid's columns.
     pub cpus: Vec<usize>,
     pub threads: Vec<ThreadRow>,
@@ -119,10 +121,18 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
     for t in &threads {
         cpus = cpus.union(&t.mask);
     }
+    let library_loaded = std::fs::read_to_string(proc_dir.join("maps"))
+        .ok()
+        .map(|maps| {
+            maps.lines()
+                .filter_map(|l| l.rsplit('/').next())
+                .any(|file| file.starts_with("libtllm_affinity"))
+        });
     Ok(Snapshot {
         pid,
         name,
         no_table,
+        library_loaded,
         cpus: cpus.iter().collect(),
         threads,
     })
@@ -255,12 +265,8 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         s.threads.len(),
         if s.threads.len() == 1 { "" } else { "s" }
     );
-    if let Some(reason) = &s.no_table {
-        let _ = writeln!(
-            out,
-            "note: libtllm_affinity.so is not loaded in process {} ({reason})",
-            s.pid
-        );
+    if let Some(note) = note(s) {
+        let _ = writeln!(out, "note: {note}");
     }
     let w_name = s
         .threads
@@ -356,12 +362,31 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
     out
 }
 
+/// Why a process shows no roles. The library maps its table only at the process's first thread,
+/// configure, worker scope or pin, so a loaded library with no table is no fault.
+fn note(s: &Snapshot) -> Option<String> {
+    let reason = s.no_table.as_ref()?;
+    let pid = s.pid;
+    Some(match s.library_loaded {
+        Some(true) => format!(
+            "libtllm_affinity.so is loaded in process {pid} but has published no thread table: \
+             it publishes one at the process's first thread, configure, worker scope or pin \
+             ({reason})"
+        ),
+        Some(false) => format!("libtllm_affinity.so is not loaded in process {pid} ({reason})"),
+        None => format!(
+            "process {pid} has no thread table: libtllm_affinity.so is not loaded there, or has \
+             seen no thread, configure, worker scope or pin yet ({reason})"
+        ),
+    })
+}
+
 pub fn to_json(s: &Snapshot) -> Value {
     json!({
         "pid": s.pid,
         "name": s.name,
         "table": s.no_table.is_none(),
-        "note": s.no_table.as_ref().map(|r| format!("libtllm_affinity.so is not loaded in this process ({r})")),
+        "note": note(s),
         "cpus": CpuMask::from_cpus(s.cpus.iter().copied()).to_list(),
         "threads": s.threads.iter().map(|t| json!({
             "tid": t.tid,
@@ -392,6 +417,7 @@ mod tests {
             pid: 10,
             name: "server".into(),
             no_table: None,
+            library_loaded: Some(true),
             cpus: (0..12).collect(),
             threads: vec![
                 row(10, Some((Role::Host, Placement::Inherited)), "0-11"),

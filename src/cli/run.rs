@@ -30,9 +30,9 @@ use serde_json::{json, Map, Value};
 
 use super::Failure;
 use crate::engine::kernel;
-use crate::settings::Settings;
+use crate::settings::{parse_gpu, GpuChoice, Settings, GPU_EXPECTED};
 use crate::simulated;
-use crate::topology::{normalize_pci_address, SysfsRoot, Topology};
+use crate::topology::{SysfsRoot, Topology};
 
 pub const LIBRARY_FILE: &str = "libtllm_affinity.so";
 
@@ -349,20 +349,16 @@ fn cpus_outside_this_process(list: &str) -> Option<String> {
     })
 }
 
-/// `--gpu`: a CUDA device number, or a PCI address (normalised to the kernel's form).
+/// `--gpu`: a CUDA device number, or a PCI address (normalised to the kernel's form), read by
+/// the library's own parser.
 fn gpu_value(text: &str) -> Result<OsString, Failure> {
-    let trimmed = text.trim();
-    if !trimmed.is_empty() && trimmed.bytes().all(|b| b.is_ascii_digit()) {
-        return Ok(trimmed.into());
+    match parse_gpu(text) {
+        Ok(Some(GpuChoice::Index(index))) => Ok(index.to_string().into()),
+        Ok(Some(GpuChoice::Address(address))) => Ok(address.into()),
+        Ok(None) | Err(_) => Err(Failure::usage(format!(
+            "--gpu '{text}' is not valid: expected {GPU_EXPECTED}"
+        ))),
     }
-    normalize_pci_address(trimmed)
-        .map(Into::into)
-        .ok_or_else(|| {
-            Failure::usage(format!(
-                "--gpu '{text}' is not valid: expected a CUDA device number or a PCI address such \
-                 as 0000:3b:00.0"
-            ))
-        })
 }
 
 fn print_dry_run(args: &RunArgs, library: &Path, env: &[(String, OsString)]) {

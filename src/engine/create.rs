@@ -138,7 +138,7 @@ pub unsafe fn pthread_create(
 }
 
 fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPlan {
-    super::publish_if_forked();
+    super::publish_table_if_pending();
     let settings = &process().settings;
     let explicit = explicit_mask(attr);
     let in_worker_lib = !settings.worker_libs.is_empty()

@@ -212,7 +212,7 @@ fn initialise() -> State {
     if handle != 0 {
         create::set_current_slot(main);
     }
-    publish_thread_table(&settings.lock_dir);
+    // The thread table is mapped later, by `publish_table_if_pending`.
     // SAFETY: registering a plain extern "C" function with no arguments.
     unsafe { libc::atexit(at_exit) };
     log_debug!(
@@ -246,6 +246,7 @@ fn launch_mask_through_exec(main_mask: &CpuMask) -> Option<CpuMask> {
 }
 
 fn configure_dedicated_worker() {
+    publish_table_if_pending();
     let pid = kernel::getpid();
     let Some(main) = lock_registry().find_tid(pid) else {
         return;
@@ -283,7 +284,7 @@ fn open_for_caller(device_id: i32, kind: LeaseKind) -> i64 {
         return -(libc::ENOTSUP as i64);
     }
     catch_unwind(|| {
-        publish_if_forked();
+        publish_table_if_pending();
         let caller = current_or_register();
         configure_for(caller, device_id, kind, true)
     })
@@ -336,6 +337,8 @@ struct WorkerSet {
     device: String,
     gpu_local: CpuMask,
     note: Option<String>,
+    /// A configure already warned that the policy leaves this device no worker CPU.
+    empty_warned: bool,
 }
 
 /// What a worker set was resolved from: the device id, the CUDA variables as they were, and
@@ -369,6 +372,7 @@ fn resolve_worker_set(
             device: format!("TLLM_AFFINITY_CPUS={cpus}"),
             gpu_local: cpus.clone(),
             note: None,
+            empty_warned: false,
         });
     }
     let root = SysfsRoot::new(settings.sysfs_root.clone());
@@ -396,7 +400,21 @@ fn resolve_worker_set(
         device: resolved.address,
         gpu_local: local.cpus,
         note,
+        empty_warned: false,
     })
+}
+
+/// True the first time a configure finds `device`'s worker set empty: a repeated configure logs
+/// no warning (SPEC §5), whichever device id or CUDA variables led to the same device.
+fn first_empty_for(device: &str) -> bool {
+    let mut sets = WORKER_SETS.lock();
+    let first = !sets
+        .iter()
+        .any(|(_, s)| s.device == device && s.empty_warned);
+    for (_, set) in sets.iter_mut().filter(|(_, s)| s.device == device) {
+        set.empty_warned = true;
+    }
+    first
 }
 
 fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i64 {
@@ -439,7 +457,11 @@ fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i
         return outcome.lease;
     }
     if let Some(reason) = &decision.empty_reason {
-        log_warn!("{call} for {}: {reason}; no worker mask pinned", set.device);
+        if first_empty_for(&set.device) {
+            log_warn!("{call} for {}: {reason}; no worker mask pinned", set.device);
+        } else {
+            log_debug!("{call} for {}: {reason}; no worker mask pinned", set.device);
+        }
     }
     if let Some(note) = &set.note {
         log_info!("{note}");
@@ -585,9 +607,12 @@ fn state_name(state: State) -> &'static str {
 }
 
 static TABLE_PATH: EngineLock<Option<std::path::PathBuf>> = EngineLock::new(None);
-/// A fork child maps its own table only when it first creates a thread or configures: most
-/// children exec at once, and exec would strand the file.
-static TABLE_PENDING: AtomicBool = AtomicBool::new(false);
+/// The table is mapped only when the process first creates a thread, configures, opens a worker
+/// scope or pins: most preloaded processes are short single-threaded tools (every shell of a
+/// launch script) that would pay an 8 MiB file and a scan of `/dev/shm` for a table nobody
+/// reads. A fork child starts pending again: most children exec at once, and exec would strand
+/// the file.
+static TABLE_PENDING: AtomicBool = AtomicBool::new(true);
 
 /// Maps the thread table `tllm-affinity ps` reads; without it `ps` still shows masks.
 fn publish_thread_table(dir: &std::path::Path) {
@@ -596,12 +621,18 @@ fn publish_thread_table(dir: &std::path::Path) {
     lock_registry().publish_into(mapped.map(|(records, _)| records));
 }
 
-/// Called on the paths where a fork child starts to matter (thread creation, configure).
-pub fn publish_if_forked() {
-    if TABLE_PENDING.load(Ordering::Relaxed) && TABLE_PENDING.swap(false, Ordering::AcqRel) {
-        if let Some(p) = PROCESS.get() {
-            publish_thread_table(&p.settings.lock_dir);
-        }
+/// Called on the paths where a process starts to matter (thread creation, configure, worker
+/// scope, pin). The registry publishes every slot it holds when the table arrives, so threads
+/// registered before it (the main thread) are shown too.
+pub fn publish_table_if_pending() {
+    if !TABLE_PENDING.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(p) = PROCESS.get() else {
+        return;
+    };
+    if TABLE_PENDING.swap(false, Ordering::AcqRel) {
+        publish_thread_table(&p.settings.lock_dir);
     }
 }
 
@@ -629,6 +660,7 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
         return -libc::ENOTSUP;
     }
     catch_unwind(AssertUnwindSafe(|| {
+        publish_table_if_pending();
         let caller = current_or_register();
         crate::step::pin_calling_thread(caller, device_id, result)
     }))
