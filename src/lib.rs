@@ -11,6 +11,7 @@ pub mod cli;
 pub mod device;
 pub mod engine;
 pub mod gpus;
+pub mod launch;
 pub mod lock;
 pub mod log;
 pub mod mask;

@@ -191,22 +191,13 @@ impl CpuMask {
     /// Formats as a cpulist with ranges (`0-3,8`), the inverse of [`CpuMask::parse_list`].
     pub fn to_list(&self) -> String {
         let mut out = String::new();
-        let mut cpus = self.iter().peekable();
-        while let Some(start) = cpus.next() {
-            let mut end = start;
-            while cpus.peek() == Some(&(end + 1)) {
-                end = cpus.next().unwrap_or(end);
-            }
-            if !out.is_empty() {
-                out.push(',');
-            }
-            if start == end {
-                out.push_str(&start.to_string());
-            } else {
-                out.push_str(&format!("{start}-{end}"));
-            }
-        }
+        let _ = write_cpulist(&mut out, &self.words);
         out
+    }
+
+    /// The mask as 64-bit words: CPU n is bit n % 64 of word n / 64.
+    pub fn words(&self) -> &[u64] {
+        &self.words
     }
 
     /// Parses the kernel's hex mask format (`Cpus_allowed: ff,ffffffff`).
@@ -298,6 +289,38 @@ fn kernel_words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
     chunks
         .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
         .chain(last)
+}
+
+/// A cpulist with ranges (`0-3,8`) from 64-bit words, without allocating.
+pub fn write_cpulist(out: &mut impl std::fmt::Write, words: &[u64]) -> std::fmt::Result {
+    let set = |cpu: usize| {
+        words
+            .get(cpu / 64)
+            .is_some_and(|w| w & (1 << (cpu % 64)) != 0)
+    };
+    let total = words.len() * 64;
+    let (mut cpu, mut first) = (0, true);
+    while cpu < total {
+        if !set(cpu) {
+            cpu += 1;
+            continue;
+        }
+        let start = cpu;
+        while cpu + 1 < total && set(cpu + 1) {
+            cpu += 1;
+        }
+        if !first {
+            out.write_char(',')?;
+        }
+        first = false;
+        if start == cpu {
+            write!(out, "{start}")?;
+        } else {
+            write!(out, "{start}-{cpu}")?;
+        }
+        cpu += 1;
+    }
+    Ok(())
 }
 
 /// Test shorthand: the mask of a cpulist known to be valid.

@@ -206,6 +206,8 @@ pub struct History {
     pub threads_restored: u64,
     /// Threads a last release left alone because someone else changed their mask.
     pub threads_preserved: u64,
+    /// Threads the library saw being born (`pthread_create`).
+    pub threads_created: u64,
 }
 
 #[derive(Debug, Default)]
@@ -250,6 +252,7 @@ impl Registry {
                 leases_released: 0,
                 threads_restored: 0,
                 threads_preserved: 0,
+                threads_created: 0,
             },
             tids_at_first_lease: Vec::new(),
             unseen_natural: None,
@@ -564,6 +567,7 @@ impl Registry {
             live_children: 0,
             alive: true,
         };
+        self.history.threads_created += 1;
         self.insert(entry)
     }
 

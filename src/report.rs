@@ -9,12 +9,14 @@
 //!                "mask": "0-1", "natural": "0-1", "kernel_mask": "0-1"}],
 //!   "adapters": {"trtllm": "engaged"},
 //!   "peak_workers": 7, "leases_opened": 1, "leases_released": 1,
-//!   "threads_restored": 7, "threads_preserved": 0 }
+//!   "threads_restored": 7, "threads_preserved": 0, "threads_created": 9,
+//!   "launch": "1200-88172" }
 //! ```
 //! `mask` is what the library believes the thread holds, `kernel_mask` what the kernel said when
 //! the report was made (absent if the thread was gone), `natural` what restoration puts back.
 //! The history fields count over the process's life, so a report written at exit, after the last
-//! release restored everything, still says what happened.
+//! release restored everything, still says what happened. `launch` names the launch the process
+//! belongs to (its first process's pid and start time, see [`crate::launch`]).
 
 use std::io::Write;
 use std::path::Path;
@@ -52,6 +54,8 @@ pub struct Report {
     pub adapters: std::collections::BTreeMap<String, String>,
     #[serde(flatten)]
     pub history: History,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch: Option<String>,
 }
 
 impl Report {
@@ -86,8 +90,39 @@ impl Report {
             threads,
             adapters: Default::default(),
             history: registry.history(),
+            launch: None,
         }
     }
+}
+
+/// Whether a process did anything with the library: opened a lease or saw a thread born. A
+/// wrapper (`bash -c`, `timeout`, `env`) does neither.
+pub fn used_the_library(history: &History) -> bool {
+    history.leases_opened > 0 || history.threads_created > 0
+}
+
+/// The largest report read back at exit; a bigger file is not one of ours to keep.
+const MOST_REPORT_BYTES: u64 = 64 << 20;
+
+/// Whether `path` holds the report of a process of `launch` that used the library: a wrapper
+/// of the same launch exiting after it must not overwrite it (SPEC §12).
+pub fn a_user_of_the_launch_wrote(path: &Path, launch: Option<&str>) -> bool {
+    use std::io::Read;
+    let Some(launch) = launch else {
+        return false;
+    };
+    let mut text = String::new();
+    let read =
+        std::fs::File::open(path).and_then(|f| f.take(MOST_REPORT_BYTES).read_to_string(&mut text));
+    let Ok(json) = read
+        .map_err(drop)
+        .and_then(|_| serde_json::from_str::<serde_json::Value>(&text).map_err(drop))
+    else {
+        return false;
+    };
+    let count = |field: &str| json[field].as_u64().unwrap_or(0);
+    json["launch"].as_str() == Some(launch)
+        && (count("leases_opened") > 0 || count("threads_created") > 0)
 }
 
 /// Writes the report without following a symlink at `path`, mode 0644 whatever the umask. What

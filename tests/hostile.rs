@@ -141,9 +141,10 @@ fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
     assert!(run.finish().status.success());
 }
 
-/// A dedicated worker process records its launch mask for the images it execs with `setenv`,
-/// which races with any other thread's `getenv`: it does so only while it has no other thread.
-/// Here another object's constructor already started one the library could not see.
+/// A dedicated worker process records its launch (and its launch mask) for the programs it
+/// starts with `setenv`, which races with any other thread's `getenv`: it does so only while it
+/// has no other thread. Here another object's constructor already started one the library could
+/// not see.
 #[test]
 fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
     let sysfs = Sysfs::two_nodes();

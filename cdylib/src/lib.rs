@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use tllm_affinity_core::engine::{self, create, objects, observe, real::StartRoutine};
+use tllm_affinity_core::engine::{self, create, exec, objects, observe, real::StartRoutine};
 
 #[ctor::ctor(unsafe)]
 fn load() {
@@ -55,6 +55,88 @@ pub unsafe extern "C" fn pthread_setaffinity_np(
 pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     // SAFETY: the caller's argument, forwarded unchanged.
     unsafe { objects::dlclose(handle) }
+}
+
+/// # Safety
+/// Called by the program as `execve(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { exec::execve(path, argv, envp) }
+}
+
+/// # Safety
+/// Called by the program as `execv(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { exec::execv(path, argv) }
+}
+
+/// # Safety
+/// Called by the program as `execvp(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { exec::execvp(file, argv) }
+}
+
+/// # Safety
+/// Called by the program as `execvpe(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { exec::execvpe(file, argv, envp) }
+}
+
+/// # Safety
+/// Called by the program as `fexecve(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { exec::fexecve(fd, argv, envp) }
+}
+
+/// # Safety
+/// Called by the program as `posix_spawn(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { exec::posix_spawn(false, pid, path, actions, attr, argv, envp) }
+}
+
+/// # Safety
+/// Called by the program as `posix_spawnp(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { exec::posix_spawn(true, pid, file, actions, attr, argv, envp) }
 }
 
 #[no_mangle]

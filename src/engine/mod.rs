@@ -5,6 +5,7 @@
 //! constructor can create a thread before ours has run. Every entry point fails open.
 
 pub mod create;
+pub mod exec;
 pub mod kernel;
 pub mod objects;
 pub mod observe;
@@ -20,6 +21,7 @@ use crate::lock::{EngineGuard, EngineLock};
 
 use crate::cgroup;
 use crate::device::{resolve_device_on, DeviceEnv};
+use crate::launch::{self, LaunchId};
 use crate::mask::CpuMask;
 use crate::policy::{self, PolicyInput, Rule};
 use crate::registry::{LeaseKind, Registry, Role, Slot, ThreadMasks};
@@ -127,6 +129,7 @@ pub fn ensure_init() -> State {
         // Fails open like every entry point: a panic here must not abort the host program.
         let _ = catch_unwind(configure_dedicated_worker);
     }
+    let _ = catch_unwind(|| hand_over_at_load(outcome));
     outcome
 }
 
@@ -137,6 +140,13 @@ fn initialise() -> State {
     if kernel::is_secure_execution() {
         return State::Disabled;
     }
+    let pid = kernel::getpid();
+    OWN_PID.store(pid, Ordering::Relaxed);
+    let main_mask = kernel::get_mask(pid).unwrap_or_default();
+    let launch = learn_launch(pid, &main_mask);
+    let mask_at_load = launch.launch.clone();
+    let said_already = launch.said_already;
+    let _ = exec::LAUNCH.set(launch.facts());
     let (settings, errors) = Settings::from_env();
     crate::log::set_level(settings.log);
     // A malformed cosmetic variable (log level, strict, report path) changes no placement: it
@@ -146,15 +156,21 @@ fn initialise() -> State {
         .into_iter()
         .partition(|e| e.is_cosmetic() && !settings.strict);
     for e in &cosmetic {
-        log_error!("{e}; using its default");
+        setting_line(said_already, &format!("{e}; using its default"));
     }
     if !errors.is_empty() {
         // One line per malformed variable, saying what follows from it.
         for e in &errors {
             if settings.strict {
-                log_error!("{e}; stopping with status 2 (TLLM_AFFINITY_STRICT=1)");
+                setting_line(
+                    said_already,
+                    &format!("{e}; stopping with status 2 (TLLM_AFFINITY_STRICT=1)"),
+                );
             } else {
-                log_error!("{e}; staying passive: no thread mask will be changed");
+                setting_line(
+                    said_already,
+                    &format!("{e}; staying passive: no thread mask will be changed"),
+                );
             }
         }
         if settings.strict {
@@ -163,10 +179,6 @@ fn initialise() -> State {
         }
         return State::Passive;
     }
-    let pid = kernel::getpid();
-    OWN_PID.store(pid, Ordering::Relaxed);
-    let main_mask = kernel::get_mask(pid).unwrap_or_default();
-    let mask_at_load = launch_mask_through_exec(&main_mask).unwrap_or_else(|| main_mask.clone());
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
         .ok()
         .and_then(|t| CpuMask::parse_list(&t).ok())
@@ -181,7 +193,7 @@ fn initialise() -> State {
     let step_core_invalid = match crate::step::check_at_load(settings.step_core, &mask_at_load) {
         Ok(()) => false,
         Err(line) => {
-            log_error!("{line}");
+            setting_line(said_already, &line);
             if settings.strict {
                 // SAFETY: as above: TLLM_AFFINITY_STRICT asks to stop at a bad setting.
                 unsafe { libc::_exit(2) };
@@ -228,21 +240,92 @@ fn initialise() -> State {
     State::Active
 }
 
-/// Carries a dedicated worker's launch mask across `exec`: `<mask at launch>/<worker mask>`.
-///
-/// The kernel keeps a thread's mask across exec, so an image exec'd by a configured worker (a
-/// pyenv or conda shim execing the real interpreter, a wrapper script) would capture the worker
-/// mask at load and judge itself constrained by it — the false "constrained" of the seed bug.
-pub const LAUNCH_MASK_VAR: &str = "TLLM_AFFINITY_LAUNCH_MASK";
+/// What this image learned of its launch at load (SPEC §2, §12; see [`crate::launch`]).
+struct LaunchAtLoad {
+    id: LaunchId,
+    fingerprint: u64,
+    /// The mask "constrained" is judged on: the launch's, when this image was started from a
+    /// worker thread and its main thread is still on that worker mask; its own otherwise.
+    launch: CpuMask,
+    /// An earlier image of the launch already printed the messages these settings give.
+    said_already: bool,
+}
 
-/// The launch mask an earlier image of this process recorded, when the main thread is still on
-/// the worker mask that image set (otherwise someone else chose the mask since, and it stands).
-fn launch_mask_through_exec(main_mask: &CpuMask) -> Option<CpuMask> {
-    let value = std::env::var(LAUNCH_MASK_VAR).ok()?;
-    let (launch, worker) = value.split_once('/')?;
-    let launch = CpuMask::parse_list(launch).ok()?;
-    let worker = CpuMask::parse_list(worker).ok()?;
-    (worker == *main_mask && !launch.is_empty()).then_some(launch)
+impl LaunchAtLoad {
+    fn facts(&self) -> exec::LaunchFacts {
+        exec::LaunchFacts {
+            id: self.id,
+            fingerprint: self.fingerprint,
+            launch: self.launch.clone(),
+        }
+    }
+}
+
+fn learn_launch(pid: i32, main_mask: &CpuMask) -> LaunchAtLoad {
+    let handed = std::env::var(launch::VAR)
+        .ok()
+        .and_then(|v| launch::Handed::parse(&v));
+    let vars: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(n, v)| Some((n.into_string().ok()?, v.to_string_lossy().into_owned())))
+        .filter(|(n, _)| launch::is_setting(n))
+        .collect();
+    let fingerprint =
+        launch::settings_fingerprint(vars.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    let id = handed.as_ref().map(|h| h.id).unwrap_or(LaunchId {
+        pid: pid as u32,
+        start: crate::threadtable::start_time(pid as u32).unwrap_or(0),
+    });
+    LaunchAtLoad {
+        id,
+        fingerprint,
+        launch: handed
+            .as_ref()
+            .and_then(|h| h.launch_mask_for(main_mask))
+            .unwrap_or_else(|| main_mask.clone()),
+        said_already: handed.is_some_and(|h| h.said == Some(fingerprint)),
+    }
+}
+
+/// A warning or error about a setting: printed by the first image of a launch that meets it, at
+/// `debug` by the later ones, which still act on it (SPEC §12).
+fn setting_line(said_already: bool, line: &str) {
+    if said_already {
+        log_debug!("{line} (an earlier program of this launch reported it)");
+    } else {
+        log_error!("{line}");
+    }
+}
+
+/// Puts the launch's state in the environment, for every program this process starts however
+/// it starts it: only from the main thread of a process with no other thread yet, because
+/// `setenv` races with any other thread's `getenv` (glibc may move `environ`). Another
+/// library's constructor may already have started one before ours ran; the programs this
+/// process starts then learn the state only through the exec shims ([`exec`]).
+fn hand_over_at_load(state: State) {
+    let Some(facts) = exec::LAUNCH.get() else {
+        return;
+    };
+    let pid = kernel::getpid();
+    if state == State::Disabled || kernel::gettid() != pid || Kernel.thread_ids().len() != 1 {
+        return;
+    }
+    let main_mask = kernel::get_mask(0).unwrap_or_default();
+    // The main thread is on the worker mask: a dedicated worker configured at load, or an image
+    // started from a worker whose launch mask it took over.
+    let placed = (state == State::Active && main_mask != facts.launch).then_some(&main_mask);
+    let mut line = String::new();
+    let written = launch::write_value(
+        &mut line,
+        facts.id,
+        facts.fingerprint,
+        placed.map(|p| (facts.launch.words(), p.words())),
+    );
+    let Some((_, value)) = line.split_once('=').filter(|_| written.is_ok()) else {
+        return;
+    };
+    if std::env::var(launch::VAR).ok().as_deref() != Some(value) {
+        std::env::set_var(launch::VAR, value);
+    }
 }
 
 fn configure_dedicated_worker() {
@@ -256,15 +339,6 @@ fn configure_dedicated_worker() {
     if lease < 0 {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
         return;
-    }
-    let worker_mask = lock_registry().target().map(|t| t.mask.to_list());
-    // setenv races with any other thread's getenv (glibc may move `environ`): only on the main
-    // thread of a process that has no other thread yet. Another library's constructor may
-    // already have started one before ours ran; the carry-over is then given up.
-    let alone = kernel::gettid() == pid && Kernel.thread_ids().len() == 1;
-    if let Some(worker_mask) = worker_mask.filter(|_| alone) {
-        let value = format!("{}/{worker_mask}", process().mask_at_load);
-        std::env::set_var(LAUNCH_MASK_VAR, value);
     }
 }
 
@@ -438,7 +512,12 @@ fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i
         gpu_local_named: p.settings.cpus_override.is_some(),
         cpuset: &p.cpuset,
     });
-    let outcome = lock_registry().open(kind, caller, &set.device, decision.mask.clone(), &Kernel);
+    let outcome = {
+        let mut reg = lock_registry();
+        let outcome = reg.open(kind, caller, &set.device, decision.mask.clone(), &Kernel);
+        exec::publish_target(reg.target().map(|t| &*t.mask));
+        outcome
+    };
     let pid = kernel::getpid();
     if kind == LeaseKind::WorkerScope {
         log_info!(
@@ -513,7 +592,12 @@ pub fn release(lease: i64) -> i32 {
     if ensure_init() != State::Active {
         return -libc::ENOENT;
     }
-    let result = catch_unwind(|| lock_registry().release(lease, &Kernel));
+    let result = catch_unwind(|| {
+        let mut reg = lock_registry();
+        let outcome = reg.release(lease, &Kernel);
+        exec::publish_target(reg.target().map(|t| &*t.mask));
+        outcome
+    });
     match result {
         Ok(Ok(outcome)) => {
             if outcome.last {
@@ -594,6 +678,7 @@ pub fn report_json() -> String {
         _ => Report::build(state_name(state), None, &Registry::new(), |_| None),
     };
     report.adapters = ADAPTERS.lock().iter().cloned().collect();
+    report.launch = exec::LAUNCH.get().map(|f| f.id.to_string());
     serde_json::to_string(&report).unwrap_or_else(|_| "{}".into())
 }
 
@@ -637,6 +722,11 @@ pub fn publish_table_if_pending() {
 }
 
 extern "C" fn at_exit() {
+    // A child of `_Fork` or a raw `clone` that skipped our fork handlers holds its parent's
+    // registry and table path: neither is its to write or remove (SPEC §12).
+    if !in_own_process() {
+        return;
+    }
     write_report_at_exit();
     if let Some(path) = TABLE_PATH.lock().take() {
         let _ = std::fs::remove_file(path);
@@ -648,6 +738,15 @@ fn write_report_at_exit() {
         let Some(path) = PROCESS.get().and_then(|p| p.settings.report_path.clone()) else {
             return;
         };
+        let used = crate::report::used_the_library(&REGISTRY.lock().history());
+        let launch = exec::LAUNCH.get().map(|f| f.id.to_string());
+        if !used && crate::report::a_user_of_the_launch_wrote(&path, launch.as_deref()) {
+            log_debug!(
+                "TLLM_AFFINITY_REPORT='{}': kept the report of the program of this launch that used the library",
+                path.display()
+            );
+            return;
+        }
         if let Err(e) = crate::report::write_file(&path, &report_json()) {
             log_error!("TLLM_AFFINITY_REPORT='{}': {e}", path.display());
         }
@@ -701,9 +800,11 @@ fn register_fork_handlers() {
         objects::after_fork_in_child();
         // SAFETY: pthread_self has no preconditions.
         let handle = unsafe { libc::pthread_self() } as u64;
-        REGISTRY
-            .lock()
-            .reset_after_fork(create::current_slot(), kernel::gettid(), handle);
+        {
+            let mut reg = REGISTRY.lock();
+            reg.reset_after_fork(create::current_slot(), kernel::gettid(), handle);
+            exec::publish_target(reg.target().map(|t| &*t.mask));
+        }
         lock_registry().publish_into(None);
         *TABLE_PATH.lock() = None;
         TABLE_PENDING.store(true, Ordering::Release);

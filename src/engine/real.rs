@@ -10,7 +10,7 @@
 //! its own and stays inert ([`resolve_all`]). The acting copy's `RTLD_NEXT` would find the inert
 //! copy's shims; what lies in another copy is asked of libc itself instead.
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
@@ -25,11 +25,30 @@ pub type SchedSetaffinity =
 pub type PthreadSetaffinity =
     unsafe extern "C" fn(libc::pthread_t, libc::size_t, *const libc::cpu_set_t) -> c_int;
 pub type Dlclose = unsafe extern "C" fn(*mut c_void) -> c_int;
+type Argv = *const *const c_char;
+pub type Execve = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
+pub type Execv = unsafe extern "C" fn(*const c_char, Argv) -> c_int;
+pub type Fexecve = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
+pub type PosixSpawn = unsafe extern "C" fn(
+    *mut libc::pid_t,
+    *const c_char,
+    *const libc::posix_spawn_file_actions_t,
+    *const libc::posix_spawnattr_t,
+    Argv,
+    Argv,
+) -> c_int;
 
 static PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
 static SCHED_SETAFFINITY: AtomicUsize = AtomicUsize::new(0);
 static PTHREAD_SETAFFINITY: AtomicUsize = AtomicUsize::new(0);
 static DLCLOSE: AtomicUsize = AtomicUsize::new(0);
+static EXECVE: AtomicUsize = AtomicUsize::new(0);
+static EXECV: AtomicUsize = AtomicUsize::new(0);
+static EXECVP: AtomicUsize = AtomicUsize::new(0);
+static EXECVPE: AtomicUsize = AtomicUsize::new(0);
+static FEXECVE: AtomicUsize = AtomicUsize::new(0);
+static POSIX_SPAWN: AtomicUsize = AtomicUsize::new(0);
+static POSIX_SPAWNP: AtomicUsize = AtomicUsize::new(0);
 
 /// The exported symbol every copy of the library defines, which names a copy.
 const MARK: &CStr = c"tllm_affinity_version";
@@ -133,6 +152,28 @@ pub fn dlclose() -> Option<Dlclose> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, Dlclose>(addr) })
 }
 
+/// The exec family, resolved at load only: a `vfork` child must never enter the loader.
+macro_rules! exec_family {
+    ($($fn:ident, $cache:ident, $name:literal, $ty:ty;)*) => {$(
+        pub fn $fn() -> Option<$ty> {
+            let addr = resolve(&$cache, $name, None);
+            // SAFETY: a non-null address from dlsym for this name is glibc's function of that
+            // name, whose ABI is the declared type.
+            (addr != 0).then(|| unsafe { std::mem::transmute::<usize, $ty>(addr) })
+        }
+    )*};
+}
+
+exec_family! {
+    execve, EXECVE, c"execve", Execve;
+    execv, EXECV, c"execv", Execv;
+    execvp, EXECVP, c"execvp", Execv;
+    execvpe, EXECVPE, c"execvpe", Execve;
+    fexecve, FEXECVE, c"fexecve", Fexecve;
+    posix_spawn, POSIX_SPAWN, c"posix_spawn", PosixSpawn;
+    posix_spawnp, POSIX_SPAWNP, c"posix_spawnp", PosixSpawn;
+}
+
 /// Resolves everything up front, from the constructor, so that hooks rarely need the loader.
 /// False when another copy of the library comes first in the symbol search order: this one
 /// then stays inert, and the program's calls reach the other.
@@ -141,6 +182,13 @@ pub fn resolve_all() -> bool {
     sched_setaffinity();
     pthread_setaffinity_np();
     dlclose();
+    execve();
+    execv();
+    execvp();
+    execvpe();
+    fexecve();
+    posix_spawn();
+    posix_spawnp();
     let first = object_of(lookup(libc::RTLD_DEFAULT, MARK, None));
     // Null when no copy is in the global scope (this one loaded RTLD_LOCAL): it acts.
     let acting = first == 0 || first == object_of(resolve_all as fn() -> bool as usize);

@@ -7,7 +7,7 @@
  *   hostile glibc            glibc's own helper threads (timer_create SIGEV_THREAD, aio) started
  *                            from a worker during a lease
  *   hostile tsd              a worker's thread-specific-data destructor creates a thread
- *   hostile launchvar        prints what the library left in TLLM_AFFINITY_LAUNCH_MASK
+ *   hostile launchvar        prints what the library left in TLLM_AFFINITY_LAUNCH
  *   hostile fifo <ms>        two SCHED_FIFO threads of different priorities on one CPU, both
  *                            creating threads (so both take the library's locks)
  *
@@ -384,7 +384,7 @@ static int mode_fifo(int ms) {
 /* ---- launchvar ---------------------------------------------------------------------------- */
 
 static int mode_launchvar(void) {
-    const char *v = getenv("TLLM_AFFINITY_LAUNCH_MASK");
+    const char *v = getenv("TLLM_AFFINITY_LAUNCH");
     lc_say("LAUNCHVAR %s threads=%d", v ? v : "(unset)", lc_task_count());
     return 0;
 }
