@@ -338,7 +338,6 @@ fn configure_dedicated_worker() {
     let lease = configure_for(main, -1, LeaseKind::Configure, false);
     if lease < 0 {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
-        return;
     }
 }
 
