@@ -193,9 +193,47 @@ fn a_child_that_skipped_the_fork_handlers_leaves_the_parents_table() {
         return;
     }
     let program = compile_lc("fork_without_handlers", "fork_without_handlers", &[]);
-    let mut run = Driver::spawn(preloaded(program, &sysfs), LIMIT);
+    let mut cmd = preloaded(program, &sysfs);
+    cmd.arg("exit");
+    let mut run = Driver::spawn(cmd, LIMIT);
     let line = run.line("TABLE");
     assert!(line.contains("before=1"), "{line}");
     assert!(line.contains("after=1"), "{line}");
+    assert!(run.finish().status.success());
+}
+
+/// A child made by `_Fork()` that creates a thread starts as a fork child then: its thread is
+/// in no record of the parent's table, which the child still has mapped.
+#[test]
+fn a_child_that_skipped_the_fork_handlers_never_writes_the_parents_table() {
+    let sysfs = Sysfs::two_nodes();
+    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm") {
+        return;
+    }
+    let program = compile_lc("fork_without_handlers", "fork_without_handlers", &[]);
+    let mut cmd = preloaded(program, &sysfs);
+    cmd.arg("thread");
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let child = run.line("CHILD");
+    let child_thread: i32 = child.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let table = run.line("TABLE");
+    let path = table.split_whitespace().nth(1).unwrap().to_string();
+    let bytes = std::fs::read(&path).unwrap();
+    let tids: Vec<i32> = bytes[tllm_affinity_core::threadtable::HEADER_BYTES..]
+        .chunks_exact(8)
+        .filter_map(|c| {
+            tllm_affinity_core::threadtable::decode(u64::from_le_bytes(c.try_into().unwrap()))
+        })
+        .map(|(tid, _, _)| tid)
+        .collect();
+    assert!(
+        !tids.contains(&child_thread),
+        "the child's thread {child_thread} is in the parent's table: {tids:?}"
+    );
+    let parent = task_tids(run.pid());
+    assert!(
+        tids.iter().all(|t| parent.contains(t)),
+        "{tids:?} vs {parent:?}"
+    );
     assert!(run.finish().status.success());
 }

@@ -709,6 +709,13 @@ fn publish_thread_table(dir: &std::path::Path) {
 /// scope, pin). The registry publishes every slot it holds when the table arrives, so threads
 /// registered before it (the main thread) are shown too.
 pub fn publish_table_if_pending() {
+    // A child of `_Fork` or a raw `clone` ran no fork handler: it would publish into its
+    // parent's table, which it still has mapped. It starts as a fork child now, on the first
+    // path that needs it (a thread creation, a configure; never in a `vfork` child, which may
+    // only exec or exit).
+    if !in_own_process() && state() == State::Active {
+        start_as_fork_child();
+    }
     if !TABLE_PENDING.load(Ordering::Relaxed) {
         return;
     }
@@ -765,6 +772,23 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
     .unwrap_or(-libc::EFAULT)
 }
 
+/// What a fork child does before anything else: the registry keeps only this thread (SPEC §5),
+/// and the parent's table, still mapped, is left to the parent.
+fn start_as_fork_child() {
+    OWN_PID.store(kernel::getpid(), Ordering::Relaxed);
+    objects::after_fork_in_child();
+    // SAFETY: pthread_self has no preconditions.
+    let handle = unsafe { libc::pthread_self() } as u64;
+    {
+        let mut reg = REGISTRY.lock();
+        reg.reset_after_fork(create::current_slot(), kernel::gettid(), handle);
+        exec::publish_target(reg.target().map(|t| &*t.mask));
+    }
+    lock_registry().publish_into(None);
+    *TABLE_PATH.lock() = None;
+    TABLE_PENDING.store(true, Ordering::Release);
+}
+
 fn register_fork_handlers() {
     // Every lock of the engine, so that no other thread holds one across the fork: a child
     // would spin forever on a lock its holder is not there to release. No code path holds two
@@ -795,18 +819,7 @@ fn register_fork_handlers() {
     }
     extern "C" fn child() {
         unlock_all();
-        OWN_PID.store(kernel::getpid(), Ordering::Relaxed);
-        objects::after_fork_in_child();
-        // SAFETY: pthread_self has no preconditions.
-        let handle = unsafe { libc::pthread_self() } as u64;
-        {
-            let mut reg = REGISTRY.lock();
-            reg.reset_after_fork(create::current_slot(), kernel::gettid(), handle);
-            exec::publish_target(reg.target().map(|t| &*t.mask));
-        }
-        lock_registry().publish_into(None);
-        *TABLE_PATH.lock() = None;
-        TABLE_PENDING.store(true, Ordering::Release);
+        start_as_fork_child();
     }
     // SAFETY: three plain extern "C" functions with no arguments.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
