@@ -10,6 +10,7 @@ pub mod objects;
 pub mod observe;
 pub mod packets;
 pub mod publish;
+pub mod pyhook;
 pub mod real;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
