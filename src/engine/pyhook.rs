@@ -19,18 +19,19 @@ pub fn at_load() {
     if state() != State::Active {
         return;
     }
-    // setenv races with any other thread's getenv: only while this is the process's one thread,
-    // which it is in a constructor unless another library's constructor started one.
-    let pid = kernel::getpid();
-    if kernel::gettid() != pid || Kernel.thread_ids().len() != 1 {
-        return;
-    }
     let Some(library) = own_file() else { return };
     let existing = std::env::var_os("PYTHONPATH");
     let switch = std::env::var_os(pyhook::SWITCH);
-    if let Some(value) =
+    // Decided first: on a host (no hook beside the library) this is one stat, and nothing more.
+    let Some(value) =
         pyhook::python_path_at_load(Path::new(&library), existing.as_deref(), switch.as_deref())
-    {
+    else {
+        return;
+    };
+    // setenv races with any other thread's getenv: only while this is the process's one thread,
+    // which it is in a constructor unless another library's constructor started one.
+    let pid = kernel::getpid();
+    if kernel::gettid() == pid && Kernel.thread_ids().len() == 1 {
         std::env::set_var("PYTHONPATH", value);
     }
 }
