@@ -9,6 +9,7 @@
 pub mod cgroup;
 pub mod cli;
 pub mod device;
+pub mod elf;
 pub mod engine;
 pub mod gpus;
 pub mod launch;
@@ -19,6 +20,7 @@ pub mod nvml;
 pub mod plan;
 pub mod policy;
 pub mod probe;
+pub mod pyhook;
 pub mod registry;
 pub mod report;
 pub mod settings;

@@ -29,11 +29,18 @@ pub fn file_name(pid: u32) -> String {
 
 /// Where a process publishes its table: `/dev/shm` when it is a directory, else `fallback`.
 pub fn directory(fallback: &Path) -> PathBuf {
-    let shm = Path::new("/dev/shm");
+    directory_in(Path::new("/"), fallback)
+}
+
+/// [`directory`] as a process whose root is `root` sees it (`/proc/<pid>/root` for a process in
+/// a container, whose `/dev/shm` is its own): both paths are taken inside `root`.
+pub fn directory_in(root: &Path, fallback: &Path) -> PathBuf {
+    let inside = |path: &Path| root.join(path.strip_prefix("/").unwrap_or(path));
+    let shm = inside(Path::new("/dev/shm"));
     if shm.is_dir() {
-        shm.to_path_buf()
+        shm
     } else {
-        fallback.to_path_buf()
+        inside(fallback)
     }
 }
 
@@ -139,6 +146,17 @@ pub fn remove_stale(dir: &Path, uid: u32) -> usize {
 
 /// Roles and placements a live process published, by tid.
 pub fn read(pid: u32, dir: &Path) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
+    read_as(pid, pid, dir)
+}
+
+/// [`read`] for a process that is `pid` in its own PID namespace (a container's) and `proc_pid`
+/// in ours: the file and its header carry `pid` and the tids of that namespace, while its start
+/// time is read from `/proc/<proc_pid>` (clock ticks since boot, the same in every namespace).
+pub fn read_as(
+    pid: u32,
+    proc_pid: u32,
+    dir: &Path,
+) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
     let path = dir.join(file_name(pid));
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
@@ -149,7 +167,7 @@ pub fn read(pid: u32, dir: &Path) -> Result<BTreeMap<Tid, (Role, Placement)>, St
     }
     let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
     let file_pid = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or([0; 4]));
-    if file_pid != pid || Some(word(16)) != start_time(pid) {
+    if file_pid != pid || Some(word(16)) != start_time(proc_pid) {
         return Err(format!(
             "{}: left by an earlier process with pid {pid}",
             path.display()

@@ -10,6 +10,8 @@ use tllm_affinity_core::engine::{self, create, exec, objects, observe, real::Sta
 #[ctor::ctor(unsafe)]
 fn load() {
     engine::ensure_init();
+    // Fails open: a panic here must not reach the loader.
+    let _ = std::panic::catch_unwind(engine::pyhook::at_load);
 }
 
 /// # Safety

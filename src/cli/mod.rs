@@ -1,4 +1,4 @@
-//! The `tllm-affinity` command line: `run`, `simulate`, `topo`, `plan`, `ps` and `probe`.
+//! The `tllm-affinity` command line: `run`, `simulate`, `topo`, `plan`, `ps`, `probe` and `cdi`.
 //!
 //! Each subcommand lives in its own module with its clap arguments and a `run` function; this
 //! module only parses and turns failures into one line on stderr (a JSON object under `--json`)
@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod cdi;
 pub mod plan;
 pub mod probe;
 pub mod ps;
@@ -26,7 +27,8 @@ pub const NO_GPU_HINT: &str = "no GPU found on this host; try --simulate (tllm-a
     long_about = "Role-aware CPU affinity for the threads of GPU inference servers.\n\n\
         `run` starts a program under libtllm_affinity.so; `simulate` writes a simulated host for \
         machines without a GPU; `topo`, `plan`, `ps` and `probe` show what the library sees and \
-        does. Every subcommand takes --json."
+        does; `cdi` writes the Container Device Interface spec that brings the library into \
+        containers. Every subcommand takes --json."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -48,6 +50,9 @@ pub enum Command {
     Ps(ps::PsArgs),
     /// Measure thread handoff latency and read idle states; recommend TLLM_AFFINITY_STEP_CORE.
     Probe(probe::ProbeArgs),
+    /// Write a Container Device Interface spec (device tllm-affinity.dev/preload=default) that
+    /// preloads the library into any glibc container, images unchanged.
+    Cdi(cdi::CdiArgs),
 }
 
 /// A subcommand that failed: the line to print and the exit status.
@@ -83,6 +88,7 @@ impl Command {
             Command::Plan(args) => args.json,
             Command::Ps(args) => args.json,
             Command::Probe(args) => args.json,
+            Command::Cdi(args) => args.json,
         }
     }
 }
@@ -105,6 +111,7 @@ pub fn main() -> ExitCode {
         Command::Plan(args) => ("plan", plan::run(args).map(|()| 0).map_err(Failure::from)),
         Command::Ps(args) => ("ps", ps::run(args).map(|()| 0).map_err(Failure::from)),
         Command::Probe(args) => ("probe", probe::run(args).map(|()| 0).map_err(Failure::from)),
+        Command::Cdi(args) => ("cdi", cdi::run(args).map(|()| 0)),
     };
     match outcome {
         Ok(status) => ExitCode::from(status),

@@ -30,6 +30,8 @@ pub struct PsArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ThreadRow {
     pub tid: Tid,
+    /// The thread's id in the process's own PID namespace, when that is not ours.
+    pub namespace_tid: Option<Tid>,
     pub name: String,
     /// `None`: the table does not list it (or there is no table).
     pub known: Option<(Role, Placement)>,
@@ -42,6 +44,8 @@ pub struct ThreadRow {
 #[derive(Debug)]
 pub struct Snapshot {
     pub pid: u32,
+    /// The process's pid in its own PID namespace, when that is not ours (a container).
+    pub namespace_pid: Option<u32>,
     pub name: String,
     /// Why roles are unknown, when the process has no table.
     pub no_table: Option<String>,
@@ -73,13 +77,21 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         .map_err(|e| format!("no process {pid}: {e}"))?
         .trim_end()
         .to_string();
-    let dir = threadtable::directory(&lock_dir(pid));
-    let file = dir.join(threadtable::file_name(pid));
+    // A process in another PID namespace (a container) published its table under its own pid,
+    // in its own /dev/shm, with its own tids: found through its root and its NSpid lines.
+    let namespace_pid = innermost_id(&proc_dir).filter(|&inner| inner != pid);
+    let root = match namespace_pid {
+        Some(_) => proc_dir.join("root"),
+        None => PathBuf::from("/"),
+    };
+    let published_pid = namespace_pid.unwrap_or(pid);
+    let dir = threadtable::directory_in(&root, &lock_dir(pid));
+    let file = dir.join(threadtable::file_name(published_pid));
     let (table, no_table) = if !file.exists() {
         let reason = format!("no thread table at {}", file.display());
         (BTreeMap::new(), Some(reason))
     } else {
-        match threadtable::read(pid, &dir) {
+        match threadtable::read_as(published_pid, pid, &dir) {
             Ok(t) => (t, None),
             Err(reason) => (BTreeMap::new(), Some(reason)),
         }
@@ -106,10 +118,14 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         let name = std::fs::read_to_string(task.join("comm"))
             .map(|c| c.trim_end().to_string())
             .unwrap_or_default();
+        let namespace_tid = namespace_pid
+            .and_then(|_| nspid_last(&status))
+            .map(|t| t as Tid);
         threads.push(ThreadRow {
             tid,
+            namespace_tid,
             name,
-            known: table.get(&tid).copied(),
+            known: table.get(&namespace_tid.unwrap_or(tid)).copied(),
             mask: CpuMask::parse_list(&mask_text).unwrap_or_default(),
             mask_text,
         });
@@ -130,12 +146,28 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         });
     Ok(Snapshot {
         pid,
+        namespace_pid,
         name,
         no_table,
         library_loaded,
         cpus: cpus.iter().collect(),
         threads,
     })
+}
+
+/// The last `NSpid:` entry of `/proc/<pid>/status`: the id in the innermost PID namespace.
+fn innermost_id(proc_dir: &Path) -> Option<u32> {
+    nspid_last(&std::fs::read_to_string(proc_dir.join("status")).ok()?)
+}
+
+fn nspid_last(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 /// Where the process published its table when `/dev/shm` is missing: its own
@@ -257,9 +289,13 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         None => "roles from the library's thread table".to_string(),
         Some(_) => "no thread table: roles unknown".to_string(),
     };
+    let namespace = match s.namespace_pid {
+        Some(inner) => format!(", pid {inner} in its PID namespace"),
+        None => String::new(),
+    };
     let _ = writeln!(
         out,
-        "process {} ({}): {} thread{}; {source}",
+        "process {} ({}{namespace}): {} thread{}; {source}",
         s.pid,
         s.name,
         s.threads.len(),
@@ -384,12 +420,14 @@ fn note(s: &Snapshot) -> Option<String> {
 pub fn to_json(s: &Snapshot) -> Value {
     json!({
         "pid": s.pid,
+        "namespace_pid": s.namespace_pid,
         "name": s.name,
         "table": s.no_table.is_none(),
         "note": note(s),
         "cpus": CpuMask::from_cpus(s.cpus.iter().copied()).to_list(),
         "threads": s.threads.iter().map(|t| json!({
             "tid": t.tid,
+            "namespace_tid": t.namespace_tid,
             "name": t.name,
             "role": role_name(t.known),
             "placement": placement_name(t.known),
@@ -405,6 +443,7 @@ mod tests {
     fn row(tid: Tid, known: Option<(Role, Placement)>, mask: &str) -> ThreadRow {
         ThreadRow {
             tid,
+            namespace_tid: None,
             name: format!("t{tid}"),
             known,
             mask_text: mask.to_string(),
@@ -415,6 +454,7 @@ mod tests {
     fn snapshot() -> Snapshot {
         Snapshot {
             pid: 10,
+            namespace_pid: None,
             name: "server".into(),
             no_table: None,
             library_loaded: Some(true),

@@ -30,6 +30,7 @@ use serde_json::{json, Map, Value};
 
 use super::Failure;
 use crate::engine::kernel;
+use crate::pyhook;
 use crate::settings::{parse_gpu, GpuChoice, Settings, GPU_EXPECTED};
 use crate::simulated;
 use crate::topology::{SysfsRoot, Topology};
@@ -182,25 +183,25 @@ fn python_hook_env(off: bool) -> Vec<(String, OsString)> {
     }
     let Some(hook_dir) = find_python_hook_dir() else {
         eprintln!(
-            "tllm-affinity run: the Python package's start-up hook (tllm_affinity/{SITECUSTOMIZE_DIR}) \
+            "tllm-affinity run: the Python package's start-up hook (tllm_affinity/{}) \
              is not beside this binary; Python servers run without it (`pip install ./python` from \
-             the repository, in the server's environment, brings it)"
+             the repository, in the server's environment, brings it)",
+            pyhook::SITECUSTOMIZE_DIR
         );
         return Vec::new();
     };
     let existing = std::env::var_os("PYTHONPATH").unwrap_or_default();
     vec![(
         "PYTHONPATH".to_string(),
-        python_path_value(&hook_dir, &existing),
+        pyhook::python_path_value(&hook_dir, &existing),
     )]
 }
 
-pub const PYTHON_HOOKS_VAR: &str = "TLLM_AFFINITY_PYTHON_HOOKS";
-const SITECUSTOMIZE_DIR: &str = "_sitecustomize";
+pub const PYTHON_HOOKS_VAR: &str = pyhook::SWITCH;
 
 /// `tllm_affinity/_sitecustomize` of the Python package: in the build tree (`python/` beside
 /// `target/<profile>/`), or in the site-packages of the environment this binary is installed in.
-fn find_python_hook_dir() -> Option<PathBuf> {
+pub fn find_python_hook_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
     let mut packages = vec![dir
@@ -211,8 +212,7 @@ fn find_python_hook_dir() -> Option<PathBuf> {
     packages.extend(installed_packages(dir));
     packages
         .into_iter()
-        .map(|package| package.join(SITECUSTOMIZE_DIR))
-        .find(|c| c.join("sitecustomize.py").is_file())
+        .find_map(|package| pyhook::sitecustomize_in(package.parent()?))
         .and_then(|c| c.canonicalize().ok())
 }
 
@@ -234,19 +234,6 @@ fn installed_packages(bin_dir: &Path) -> Vec<PathBuf> {
         }
     }
     packages
-}
-
-/// `PYTHONPATH` with `hook_dir` first, once; the other entries kept in their order.
-fn python_path_value(hook_dir: &Path, existing: &OsStr) -> OsString {
-    let mut value = hook_dir.as_os_str().to_os_string();
-    for entry in existing.as_bytes().split(|&b| b == b':') {
-        if entry.is_empty() || Path::new(OsStr::from_bytes(entry)) == hook_dir {
-            continue;
-        }
-        value.push(":");
-        value.push(OsStr::from_bytes(entry));
-    }
-    value
 }
 
 /// `LD_PRELOAD` with `library` first and no other copy of the library, the other entries kept in
@@ -584,19 +571,6 @@ mod tests {
             OsStr::new("/opt/tllm/libtllm_affinity.so:/a/libfoo.so:/b/libbar.so")
         );
         assert!(preload_value(Path::new("/with space/libtllm_affinity.so"), None).is_err());
-    }
-
-    #[test]
-    fn the_hook_leads_python_path_once() {
-        let hook = Path::new("/opt/t/tllm_affinity/_sitecustomize");
-        assert_eq!(python_path_value(hook, OsStr::new("")), hook.as_os_str());
-        assert_eq!(
-            python_path_value(
-                hook,
-                OsStr::new("/a:/opt/t/tllm_affinity/_sitecustomize::/b")
-            ),
-            OsStr::new("/opt/t/tllm_affinity/_sitecustomize:/a:/b")
-        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod objects;
 pub mod observe;
 pub mod packets;
 pub mod publish;
+pub mod pyhook;
 pub mod real;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -296,6 +297,13 @@ fn setting_line(said_already: bool, line: &str) {
     }
 }
 
+/// Whether the caller is the main thread of a process with no other thread: the only time the
+/// library may call `setenv`, which races with any other thread's `getenv` (glibc may move
+/// `environ`). True in a constructor, unless another library's constructor started a thread.
+pub fn alone() -> bool {
+    kernel::gettid() == kernel::getpid() && Kernel.thread_ids().len() == 1
+}
+
 /// Puts the launch's state in the environment, for every program this process starts however
 /// it starts it: only from the main thread of a process with no other thread yet, because
 /// `setenv` races with any other thread's `getenv` (glibc may move `environ`). Another
@@ -305,8 +313,7 @@ fn hand_over_at_load(state: State) {
     let Some(facts) = exec::LAUNCH.get() else {
         return;
     };
-    let pid = kernel::getpid();
-    if state == State::Disabled || kernel::gettid() != pid || Kernel.thread_ids().len() != 1 {
+    if state == State::Disabled || !alone() {
         return;
     }
     let main_mask = kernel::get_mask(0).unwrap_or_default();

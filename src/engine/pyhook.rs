@@ -1,0 +1,47 @@
+//! At load, a library that brings its own Python start-up hook beside it (the container layout
+//! of `tllm-affinity cdi`: `/opt/tllm-affinity/libtllm_affinity.so` and
+//! `/opt/tllm-affinity/python/`) puts the hook in front of `PYTHONPATH`, keeping the image's own
+//! entries ([`crate::pyhook::python_path_at_load`] decides). Every process of the container loads
+//! the library through `/etc/ld.so.preload`, so every interpreter reads the variable after this
+//! ran, and its children inherit it.
+
+use std::ffi::{c_void, CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use super::{state, State};
+use crate::pyhook;
+
+/// Called once from the library's constructor, after initialisation.
+pub fn at_load() {
+    if state() != State::Active {
+        return;
+    }
+    let Some(library) = own_file() else { return };
+    let existing = std::env::var_os("PYTHONPATH");
+    let switch = std::env::var_os(pyhook::SWITCH);
+    // Decided first: on a host (no hook beside the library) this is one stat, and nothing more.
+    let Some(value) =
+        pyhook::python_path_at_load(Path::new(&library), existing.as_deref(), switch.as_deref())
+    else {
+        return;
+    };
+    if super::alone() {
+        std::env::set_var("PYTHONPATH", value);
+    }
+}
+
+/// The file this library was loaded from, as the loader names it.
+fn own_file() -> Option<std::ffi::OsString> {
+    // SAFETY: a zeroed Dl_info is a valid out-parameter; dladdr only reads the address (a
+    // function of this object) and fills the struct. The name it points to belongs to the loader
+    // and lives as long as the object, which is loaded for the process's life; it is copied at once.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        let here = at_load as fn() as *const c_void;
+        if libc::dladdr(here, &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        Some(OsStr::from_bytes(CStr::from_ptr(info.dli_fname).to_bytes()).to_os_string())
+    }
+}
