@@ -2,11 +2,14 @@
 //! placements its library holds.
 //!
 //! At its first thread, configure, worker scope or pin (not at load: see
-//! `engine::publish_table_if_pending`) the library maps a small shared file, `tllm-affinity.<pid>.threads`, in `/dev/shm`
-//! (else in `TLLM_AFFINITY_LOCK_DIR`). The registry keeps one 8-byte record per slot in it:
+//! `engine::publish_table_if_pending`) the library maps a small shared file,
+//! `tllm-affinity.<pid namespace>.<pid>.threads`, in `/dev/shm` (else in
+//! `TLLM_AFFINITY_LOCK_DIR`); the namespace (its inode) keeps two processes with one pid number in
+//! two PID namespaces sharing `/dev/shm` apart. The registry keeps one 8-byte record per slot in it:
 //! a thread's birth costs one store, its exit another. The file is sparse, so untouched
 //! records cost no memory. `ps` reads the file and joins it with `/proc/<pid>/task`, where the
-//! kernel's masks are. The header carries the process start time, so a file left by a killed
+//! kernel's masks are; it believes a file only when the process's owner owns it, and reads the
+//! header and the records it needs, never more than the capacity. The header carries the process start time, so a file left by a killed
 //! process is never mistaken for a live one that reused its pid.
 //!
 //! Layout (little-endian): magic `TLLMAFT1`, pid (u32), 4 reserved bytes, start time in clock
@@ -23,8 +26,29 @@ pub const HEADER_BYTES: usize = 64;
 /// Records for this many slots; a process with more live threads publishes the first ones.
 pub const CAPACITY: usize = 1 << 20;
 
-pub fn file_name(pid: u32) -> String {
-    format!("tllm-affinity.{pid}.threads")
+/// The table's file name for `pid` in the PID namespace `namespace` (the namespace's inode): a
+/// process in another namespace that shares `/dev/shm` (`--ipc=host`) may have the same pid
+/// number, never the same name.
+pub fn file_name(pid: u32, namespace: u64) -> String {
+    format!("tllm-affinity.{namespace}.{pid}.threads")
+}
+
+/// The inode of the PID namespace of the process whose `/proc` directory is `proc_dir`
+/// (`/proc/self`, `/proc/<pid>`): the same number seen from every namespace.
+pub fn pid_namespace(proc_dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(proc_dir.join("ns/pid"))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// The name's pid and namespace, for a file named by [`file_name`].
+fn parse_file_name(name: &str) -> Option<(u32, u64)> {
+    let rest = name
+        .strip_prefix("tllm-affinity.")?
+        .strip_suffix(".threads")?;
+    let (namespace, pid) = rest.split_once('.')?;
+    Some((pid.parse().ok()?, namespace.parse().ok()?))
 }
 
 /// Where a process publishes its table: `/dev/shm` when it is a directory, else `fallback`.
@@ -99,7 +123,9 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// Removes the tables in `dir` that processes of this user left when they ended without running
 /// their exit handlers (`_exit`, a signal): a table whose pid is gone, or now names a process
 /// that started at another time. Run by each process as it maps its own, so they never pile up.
-pub fn remove_stale(dir: &Path, uid: u32) -> usize {
+/// Only tables of `namespace`, our own PID namespace, can be judged: another namespace's pids
+/// mean other processes, and its tables are left to its own processes.
+pub fn remove_stale(dir: &Path, uid: u32, namespace: u64) -> usize {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -110,9 +136,9 @@ pub fn remove_stale(dir: &Path, uid: u32) -> usize {
         let name = entry.file_name();
         let Some(pid) = name
             .to_str()
-            .and_then(|n| n.strip_prefix("tllm-affinity."))
-            .and_then(|n| n.strip_suffix(".threads"))
-            .and_then(|n| n.parse::<u32>().ok())
+            .and_then(parse_file_name)
+            .filter(|&(_, ns)| ns == namespace)
+            .map(|(pid, _)| pid)
         else {
             continue;
         };
@@ -144,40 +170,73 @@ pub fn remove_stale(dir: &Path, uid: u32) -> usize {
     removed
 }
 
-/// Roles and placements a live process published, by tid.
-pub fn read(pid: u32, dir: &Path) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
-    read_as(pid, pid, dir)
+/// Who a table must belong to, and which threads to look for in it.
+pub struct Expect<'a> {
+    /// The pid in the process's own PID namespace (the file and its header carry it).
+    pub pid: u32,
+    /// The pid in ours, where `/proc` tells its start time and owner.
+    pub proc_pid: u32,
+    /// The process's PID namespace (the file's name carries it).
+    pub namespace: u64,
+    /// The effective uid of the process: a table owned by anyone else is not believed.
+    pub owner: u32,
+    /// The threads to find (tids of the process's namespace): reading stops once all are found.
+    pub tids: &'a [Tid],
 }
 
-/// [`read`] for a process that is `pid` in its own PID namespace (a container's) and `proc_pid`
-/// in ours: the file and its header carry `pid` and the tids of that namespace, while its start
-/// time is read from `/proc/<proc_pid>` (clock ticks since boot, the same in every namespace).
-pub fn read_as(
-    pid: u32,
-    proc_pid: u32,
-    dir: &Path,
-) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
-    let path = dir.join(file_name(pid));
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if bytes.len() < HEADER_BYTES || &bytes[..8] != MAGIC {
+/// Roles and placements a live process published, for the threads `expect` names. Reads the
+/// header and then the records only as far as needed: never more than [`CAPACITY`] of them,
+/// whatever size the file claims (anybody may plant a sparse file of any size at the path).
+pub fn read(dir: &Path, expect: &Expect) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let path = dir.join(file_name(expect.pid, expect.namespace));
+    let shown = path.display();
+    let meta = std::fs::symlink_metadata(&path).map_err(|e| format!("{shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("{shown}: not a regular file: not believed"));
+    }
+    if meta.uid() != expect.owner {
         return Err(format!(
-            "{}: not a tllm-affinity thread table",
-            path.display()
+            "{shown}: owned by uid {}, not by the process's owner (uid {}): not believed",
+            meta.uid(),
+            expect.owner
         ));
     }
-    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
-    let file_pid = u32::from_le_bytes(bytes[8..12].try_into().unwrap_or([0; 4]));
-    if file_pid != pid || Some(word(16)) != start_time(proc_pid) {
+    let file = std::fs::File::open(&path).map_err(|e| format!("{shown}: {e}"))?;
+    let mut reader = file.take((HEADER_BYTES + CAPACITY * 8) as u64);
+    let mut head = [0u8; HEADER_BYTES];
+    if reader.read_exact(&mut head).is_err() || &head[..8] != MAGIC {
+        return Err(format!("{shown}: not a tllm-affinity thread table"));
+    }
+    let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or([0; 8]));
+    let file_pid = u32::from_le_bytes(head[8..12].try_into().unwrap_or([0; 4]));
+    if file_pid != expect.pid || Some(word(16)) != start_time(expect.proc_pid) {
         return Err(format!(
-            "{}: left by an earlier process with pid {pid}",
-            path.display()
+            "{shown}: left by an earlier process with pid {}",
+            expect.pid
         ));
     }
-    Ok(bytes[HEADER_BYTES..]
-        .chunks_exact(8)
-        .filter_map(|c| decode(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))
-        .map(|(tid, role, placement)| (tid, (role, placement)))
-        .collect())
+    let mut found = BTreeMap::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    while found.len() < expect.tids.len() {
+        let n = reader
+            .read(&mut chunk)
+            .map_err(|e| format!("{shown}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        for record in chunk[..n - n % 8].chunks_exact(8) {
+            if let Some((tid, role, placement)) =
+                decode(u64::from_le_bytes(record.try_into().unwrap_or([0; 8])))
+            {
+                if expect.tids.contains(&tid) {
+                    found.insert(tid, (role, placement));
+                }
+            }
+        }
+    }
+    Ok(found)
 }
 
 #[cfg(test)]
@@ -196,6 +255,10 @@ mod tests {
         assert!(start_time(std::process::id()).is_some());
     }
 
+    fn ns() -> u64 {
+        pid_namespace(Path::new("/proc/self")).unwrap()
+    }
+
     #[test]
     fn stale_tables_are_removed_and_live_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
@@ -205,41 +268,72 @@ mod tests {
         });
         let uid = uid.unwrap();
         let me = std::process::id();
+        let name = |pid| file_name(pid, ns());
         std::fs::write(
-            dir.path().join(file_name(me)),
+            dir.path().join(name(me)),
             header(me, start_time(me).unwrap()),
         )
         .unwrap();
-        std::fs::write(dir.path().join(file_name(me)).with_extension("x"), b"other").unwrap();
+        std::fs::write(dir.path().join(name(me)).with_extension("x"), b"other").unwrap();
         // A pid reused by a process that started at another time, and a pid that is gone.
-        std::fs::write(dir.path().join(file_name(1)), header(1, 12345)).unwrap();
-        std::fs::write(
-            dir.path().join(file_name(u32::MAX - 1)),
-            header(u32::MAX - 1, 1),
-        )
-        .unwrap();
-        assert_eq!(remove_stale(dir.path(), uid), 2);
-        assert!(dir.path().join(file_name(me)).exists());
-        assert!(!dir.path().join(file_name(1)).exists());
+        std::fs::write(dir.path().join(name(1)), header(1, 12345)).unwrap();
+        std::fs::write(dir.path().join(name(u32::MAX - 1)), header(u32::MAX - 1, 1)).unwrap();
+        // Another namespace's table: its pid means another process; never judged here.
+        let foreign = dir.path().join(file_name(1, ns() + 1));
+        std::fs::write(&foreign, header(1, 12345)).unwrap();
+        assert_eq!(remove_stale(dir.path(), uid, ns()), 2);
+        assert!(dir.path().join(name(me)).exists());
+        assert!(!dir.path().join(name(1)).exists());
+        assert!(foreign.exists());
+    }
+
+    fn expect(tids: &[Tid]) -> Expect<'_> {
+        use std::os::unix::fs::MetadataExt;
+        let pid = std::process::id();
+        Expect {
+            pid,
+            proc_pid: pid,
+            namespace: ns(),
+            owner: std::fs::metadata("/proc/self").unwrap().uid(),
+            tids,
+        }
     }
 
     #[test]
     fn reads_a_table_and_refuses_a_stale_one() {
         let dir = tempfile::tempdir().unwrap();
         let pid = std::process::id();
+        let path = dir.path().join(file_name(pid, ns()));
         let mut bytes = header(pid, start_time(pid).unwrap()).to_vec();
         bytes.extend_from_slice(&encode(7, Role::Host, Placement::Inherited).to_le_bytes());
         bytes.extend_from_slice(&0u64.to_le_bytes());
         bytes.extend_from_slice(&encode(9, Role::Worker, Placement::Worker).to_le_bytes());
-        std::fs::write(dir.path().join(file_name(pid)), &bytes).unwrap();
-        let table = read(pid, dir.path()).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        let table = read(dir.path(), &expect(&[7, 9, 11])).unwrap();
         assert_eq!(table.len(), 2);
         assert_eq!(table[&9], (Role::Worker, Placement::Worker));
+        assert_eq!(read(dir.path(), &expect(&[9])).unwrap().len(), 1);
         let mut stale = header(pid, 1).to_vec();
         stale.extend_from_slice(&bytes[HEADER_BYTES..]);
-        std::fs::write(dir.path().join(file_name(pid)), &stale).unwrap();
-        assert!(read(pid, dir.path())
+        std::fs::write(&path, &stale).unwrap();
+        assert!(read(dir.path(), &expect(&[7]))
             .unwrap_err()
             .contains("earlier process"));
+    }
+
+    #[test]
+    fn a_table_of_another_owner_is_not_believed() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        std::fs::write(
+            dir.path().join(file_name(pid, ns())),
+            header(pid, start_time(pid).unwrap()),
+        )
+        .unwrap();
+        let mut other = expect(&[7]);
+        other.owner = other.owner.wrapping_add(1);
+        assert!(read(dir.path(), &other)
+            .unwrap_err()
+            .contains("not believed"));
     }
 }

@@ -855,6 +855,7 @@ fn pid_of(table: &std::path::Path) -> u32 {
         .and_then(|n| n.to_str())
         .and_then(|n| n.strip_prefix("tllm-affinity."))
         .and_then(|n| n.strip_suffix(".threads"))
-        .and_then(|n| n.parse().ok())
+        .and_then(|n| n.rsplit_once('.'))
+        .and_then(|(_, pid)| pid.parse().ok())
         .unwrap_or(0)
 }

@@ -35,7 +35,10 @@ fn seen_while_waiting(mut cmd: Command, lock_dir: &Path) -> Seen {
     let line = run.line("WAIT ");
     let pid: u32 = line["WAIT ".len()..].trim().parse().unwrap();
     assert_eq!(pid, run.pid(), "{line}");
-    let name = threadtable::file_name(pid);
+    let name = threadtable::file_name(
+        pid,
+        threadtable::pid_namespace(Path::new(&format!("/proc/{pid}"))).unwrap(),
+    );
     let file = threadtable::directory(lock_dir).join(&name).exists();
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let mapped = maps.contains(&name);

@@ -347,7 +347,10 @@ fn table_run(sysfs: &Sysfs, umask: bool) -> (Driver, PathBuf) {
         .env_remove("LD_PRELOAD")
         .env_remove("TLLM_AFFINITY_PROCESS_ROLE");
     let run = Driver::spawn(cmd, LIMIT);
-    let path = PathBuf::from(format!("/dev/shm/tllm-affinity.{}.threads", run.pid()));
+    let path = Path::new("/dev/shm").join(tllm_affinity_core::threadtable::file_name(
+        run.pid(),
+        tllm_affinity_core::threadtable::pid_namespace(Path::new("/proc/self")).unwrap(),
+    ));
     (run, path)
 }
 
@@ -397,4 +400,150 @@ fn the_thread_table_never_follows_links_never_hangs_and_is_0644() {
         assert!(end.status.success(), "{what:?}: {}", end.stderr);
         check();
     }
+}
+
+// ---- Thread tables that nobody else can break (the launch rules) ----------------------------
+
+fn calls(args: &[&str], sysfs: &Sysfs) -> Command {
+    let mut cmd = preloaded(compile_c("calls", false), sysfs);
+    cmd.args(args);
+    cmd
+}
+
+fn ps_json(pid: u32) -> serde_json::Value {
+    let out = clean(cli())
+        .args(["ps", &pid.to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn roles(ps: &serde_json::Value) -> Vec<String> {
+    ps["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["role"].as_str().unwrap_or("-").to_string())
+        .collect()
+}
+
+/// The pid of the only child of `pid` (the program `unshare --fork` starts).
+fn only_child(pid: u32) -> u32 {
+    for _ in 0..500 {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            return child.parse().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("process {pid} started no child");
+}
+
+/// Two processes in two PID namespaces sharing `/dev/shm` (`--ipc=host` in a container), both
+/// pid 1 there: the second never removes or takes over the first's table, and `ps` on the first
+/// shows its roles.
+#[test]
+fn a_process_in_another_pid_namespace_with_the_same_pid_keeps_its_own_table() {
+    let sysfs = Sysfs::two_nodes();
+    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm")
+        || !require_command("unshare")
+        || !two_cpus_or_skip("a worker role that ps can tell from a host")
+    {
+        return;
+    }
+    let in_namespace = |args: &[&str]| {
+        let mut cmd = preloaded("unshare", &sysfs);
+        cmd.args(["--pid", "--fork", "--mount-proc"])
+            .arg(compile_c("calls", false))
+            .args(args);
+        cmd
+    };
+    let mut first = Driver::spawn(in_namespace(&["thread", "configure", "0", "wait"]), LIMIT);
+    assert_eq!(first.line("WAIT"), "WAIT 1", "pid 1 in its namespace");
+    let first_pid = only_child(first.pid());
+    assert_eq!(roles(&ps_json(first_pid)), ["worker"], "before the second");
+    let mut second = Driver::spawn(in_namespace(&["thread", "wait"]), LIMIT);
+    assert_eq!(second.line("WAIT"), "WAIT 1");
+    let second_pid = only_child(second.pid());
+    let ps = ps_json(first_pid);
+    assert_eq!(roles(&ps), ["worker"], "after the second: {ps}");
+    assert_eq!(roles(&ps_json(second_pid)), ["host"]);
+    assert!(first.finish().status.success());
+    assert!(second.finish().status.success());
+}
+
+/// A table that is not the process's owner's is not believed: `ps` shows masks without roles
+/// and says why.
+#[test]
+fn ps_believes_a_table_only_from_the_processs_owner() {
+    let sysfs = Sysfs::two_nodes();
+    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm")
+        || !two_cpus_or_skip("a worker role that ps can tell from a host")
+    {
+        return;
+    }
+    let mut run = Driver::spawn(calls(&["thread", "configure", "0", "wait"], &sysfs), LIMIT);
+    run.line("WAIT");
+    let pid = run.pid();
+    assert_eq!(roles(&ps_json(pid)), ["worker"]);
+    let table = Path::new("/dev/shm").join(tllm_affinity_core::threadtable::file_name(
+        pid,
+        tllm_affinity_core::threadtable::pid_namespace(Path::new("/proc/self")).unwrap(),
+    ));
+    std::os::unix::fs::chown(&table, Some(65534), None).unwrap();
+    let ps = ps_json(pid);
+    // Given back before judging: a table left to another user is not ours to remove later.
+    std::os::unix::fs::chown(&table, Some(0), None).unwrap();
+    assert_eq!(roles(&ps), ["unknown"], "{ps}");
+    assert!(ps.to_string().contains("not believed"), "{ps}");
+    assert!(run.finish().status.success());
+}
+
+/// Anybody may plant a sparse file of any size at a process's table path: `ps` reads the
+/// header and the records it needs, never the whole file (its peak RSS stays far below it).
+#[test]
+fn ps_reads_a_bounded_amount_of_a_planted_table() {
+    let sysfs = Sysfs::two_nodes();
+    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm") {
+        return;
+    }
+    let mut run = Driver::spawn(calls(&["wait"], &sysfs), LIMIT);
+    run.line("WAIT");
+    let pid = run.pid();
+    let header = tllm_affinity_core::threadtable::header(
+        pid,
+        tllm_affinity_core::threadtable::start_time(pid).unwrap(),
+    );
+    let namespace =
+        tllm_affinity_core::threadtable::pid_namespace(Path::new("/proc/self")).unwrap();
+    let planted =
+        Path::new("/dev/shm").join(tllm_affinity_core::threadtable::file_name(pid, namespace));
+    let file = std::fs::File::create(&planted).unwrap();
+    std::io::Write::write_all(&mut &file, &header).unwrap();
+    file.set_len(2 << 30).unwrap();
+    let child = clean(cli())
+        .args(["ps", &pid.to_string(), "--json"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid out-parameter; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for the child spawned above, with valid out-pointers.
+    let waited = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let _ = std::fs::remove_file(&planted);
+    assert_eq!(waited, child.id() as i32);
+    assert_eq!(status, 0, "ps succeeded");
+    let peak_mib = usage.ru_maxrss / 1024;
+    assert!(
+        peak_mib < 64,
+        "ps peaked at {peak_mib} MiB on a 2 GiB table"
+    );
+    assert!(run.finish().status.success());
 }

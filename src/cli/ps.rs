@@ -49,6 +49,8 @@ pub struct Snapshot {
     pub name: String,
     /// Why roles are unknown, when the process has no table.
     pub no_table: Option<String>,
+    /// A table is there but is not believed (another owner, an earlier process, not a table).
+    pub table_refused: bool,
     /// Whether the library is mapped in the process; `None` when its maps are not ours to read.
     pub library_loaded: Option<bool>,
     /// The host's online CPUs: the grid's columns.
@@ -85,29 +87,51 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         None => PathBuf::from("/"),
     };
     let published_pid = namespace_pid.unwrap_or(pid);
-    let dir = threadtable::directory_in(&root, &lock_dir(pid));
-    let file = dir.join(threadtable::file_name(published_pid));
-    let (table, no_table) = if !file.exists() {
-        let reason = format!("no thread table at {}", file.display());
-        (BTreeMap::new(), Some(reason))
-    } else {
-        match threadtable::read_as(published_pid, pid, &dir) {
-            Ok(t) => (t, None),
-            Err(reason) => (BTreeMap::new(), Some(reason)),
-        }
-    };
     let mut tids: Vec<Tid> = std::fs::read_dir(proc_dir.join("task"))
         .map_err(|e| format!("cannot list the threads of process {pid}: {e}"))?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .collect();
     tids.sort_unstable();
-    let mut threads = Vec::with_capacity(tids.len());
-    for tid in tids {
-        // A thread may exit while we read: it is simply not shown.
-        let task = proc_dir.join(format!("task/{tid}"));
-        let Ok(status) = std::fs::read_to_string(task.join("status")) else {
-            continue;
+    let statuses: Vec<(Tid, String)> = tids
+        .iter()
+        .filter_map(|&tid| {
+            // A thread may exit while we read: it is simply not shown.
+            let status = std::fs::read_to_string(proc_dir.join(format!("task/{tid}/status")));
+            Some((tid, status.ok()?))
+        })
+        .collect();
+    let dir = threadtable::directory_in(&root, &lock_dir(pid));
+    let namespace = threadtable::pid_namespace(&proc_dir).unwrap_or(0);
+    let file = dir.join(threadtable::file_name(published_pid, namespace));
+    let table_refused = std::fs::symlink_metadata(&file).is_ok();
+    let (table, no_table) = if !table_refused {
+        let reason = format!("no thread table at {}", file.display());
+        (BTreeMap::new(), Some(reason))
+    } else {
+        let wanted: Vec<Tid> = statuses
+            .iter()
+            .map(|(tid, status)| {
+                namespace_pid
+                    .and_then(|_| nspid_last(status))
+                    .map_or(*tid, |t| t as Tid)
+            })
+            .collect();
+        let expect = threadtable::Expect {
+            pid: published_pid,
+            proc_pid: pid,
+            namespace,
+            owner: owner_of(&proc_dir).unwrap_or(u32::MAX),
+            tids: &wanted,
         };
+        match threadtable::read(&dir, &expect) {
+            Ok(t) => (t, None),
+            Err(reason) => (BTreeMap::new(), Some(reason)),
+        }
+    };
+    let table_refused = table_refused && no_table.is_some();
+    let mut threads = Vec::with_capacity(statuses.len());
+    for (tid, status) in statuses {
+        let task = proc_dir.join(format!("task/{tid}"));
         let Some(mask_text) = status
             .lines()
             .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
@@ -149,10 +173,24 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         namespace_pid,
         name,
         no_table,
+        table_refused,
         library_loaded,
         cpus: cpus.iter().collect(),
         threads,
     })
+}
+
+/// The effective uid of the process (`Uid:` in `/proc/<pid>/status`, as our namespace sees it):
+/// the library creates its table as that user.
+fn owner_of(proc_dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(proc_dir.join("status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// The last `NSpid:` entry of `/proc/<pid>/status`: the id in the innermost PID namespace.
@@ -403,6 +441,11 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
 fn note(s: &Snapshot) -> Option<String> {
     let reason = s.no_table.as_ref()?;
     let pid = s.pid;
+    if s.table_refused {
+        return Some(format!(
+            "the thread table of process {pid} is not believed, so roles are not shown: {reason}"
+        ));
+    }
     Some(match s.library_loaded {
         Some(true) => format!(
             "libtllm_affinity.so is loaded in process {pid} but has published no thread table: \
@@ -457,6 +500,7 @@ mod tests {
             namespace_pid: None,
             name: "server".into(),
             no_table: None,
+            table_refused: false,
             library_loaded: Some(true),
             cpus: (0..12).collect(),
             threads: vec![

@@ -16,9 +16,10 @@ use crate::threadtable::{self, CAPACITY, HEADER_BYTES};
 pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)> {
     let pid = std::process::id();
     let dir = threadtable::directory(fallback_dir);
+    let namespace = threadtable::pid_namespace(Path::new("/proc/self")).unwrap_or(0);
     // SAFETY: geteuid has no preconditions.
-    threadtable::remove_stale(&dir, unsafe { libc::geteuid() });
-    let path = dir.join(threadtable::file_name(pid));
+    threadtable::remove_stale(&dir, unsafe { libc::geteuid() }, namespace);
+    let path = dir.join(threadtable::file_name(pid, namespace));
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)

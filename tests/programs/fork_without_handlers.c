@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,8 +34,11 @@ int main(int argc, char **argv) {
     /* The first thread creation maps the table. */
     pthread_create(&t, NULL, nothing, NULL);
     pthread_join(t, NULL);
-    char path[128];
-    snprintf(path, sizeof path, "/dev/shm/tllm-affinity.%d.threads", (int)getpid());
+    char path[160];
+    struct stat ns;
+    if (stat("/proc/self/ns/pid", &ns) != 0) return 3;
+    snprintf(path, sizeof path, "/dev/shm/tllm-affinity.%llu.%d.threads",
+             (unsigned long long)ns.st_ino, (int)getpid());
     int before = access(path, F_OK) == 0;
     if (pipe(ready) != 0) return 3;
     pid_t pid = _Fork();
