@@ -527,6 +527,8 @@ fn ps_reads_a_bounded_amount_of_a_planted_table() {
     let file = std::fs::File::create(&planted).unwrap();
     std::io::Write::write_all(&mut &file, &header).unwrap();
     file.set_len(2 << 30).unwrap();
+    // Reaped with wait4 below, which also gives its peak RSS (std's wait does not).
+    #[allow(clippy::zombie_processes)]
     let child = clean(cli())
         .args(["ps", &pid.to_string(), "--json"])
         .stdout(std::process::Stdio::null())
