@@ -5,6 +5,7 @@
 //! constructor can create a thread before ours has run. Every entry point fails open.
 
 pub mod create;
+pub mod environ;
 pub mod kernel;
 pub mod objects;
 pub mod observe;
@@ -132,6 +133,7 @@ pub fn ensure_init() -> State {
 
 fn initialise() -> State {
     real::resolve_all();
+    environ::resolve_all();
     if kernel::is_secure_execution() {
         return State::Disabled;
     }
@@ -192,6 +194,7 @@ fn initialise() -> State {
         return State::Disabled;
     }
     register_fork_handlers();
+    environ::capture();
     let role = match settings.process_role {
         ProcessRole::Worker => Role::Worker,
         ProcessRole::Host => Role::Host,
@@ -254,6 +257,7 @@ fn configure_dedicated_worker() {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
         return;
     }
+    environ::note_dedicated_lease(lease);
     let worker_mask = lock_registry().target().map(|t| t.mask.to_list());
     // setenv races with any other thread's getenv (glibc may move `environ`): only on the main
     // thread of a process that has no other thread yet. Another library's constructor may
@@ -341,13 +345,14 @@ struct WorkerSet {
 type SetKey = (i32, DeviceEnv, bool);
 
 /// Worker sets already resolved. The CUDA variables are part of the key, read at every configure
-/// (a program may set `CUDA_VISIBLE_DEVICES` after load), so a repeated configure with the same
-/// ones costs a few `getenv`s and no sysfs walk. NVML's answer is cached apart, in
+/// (a program may set `CUDA_VISIBLE_DEVICES` after load) from [`environ`]'s copy, never with a
+/// `getenv` that another thread's `setenv` could race, so a repeated configure with the same ones
+/// costs a copy of a few strings and no sysfs walk. NVML's answer is cached apart, in
 /// [`crate::gpus`].
 static WORKER_SETS: EngineLock<Vec<(SetKey, WorkerSet)>> = EngineLock::new(Vec::new());
 
 fn gpu_local_set(device_id: i32, nvml: bool) -> Result<WorkerSet, (i32, String)> {
-    let key = (device_id, DeviceEnv::from_env(), nvml);
+    let key = (device_id, environ::device_env(), nvml);
     if let Some((_, set)) = WORKER_SETS.lock().iter().find(|(k, _)| *k == key) {
         return Ok(set.clone());
     }
@@ -641,6 +646,7 @@ fn register_fork_handlers() {
         objects::PUBLISHED.hold_for_fork();
         crate::step::HELD.hold_for_fork();
         WORKER_SETS.hold_for_fork();
+        environ::shadow_lock().hold_for_fork();
         crate::gpus::nvml_lock().hold_for_fork();
         TABLE_PATH.hold_for_fork();
         ADAPTERS.hold_for_fork();
@@ -653,6 +659,7 @@ fn register_fork_handlers() {
             ADAPTERS.force_unlock();
             TABLE_PATH.force_unlock();
             crate::gpus::nvml_lock().force_unlock();
+            environ::shadow_lock().force_unlock();
             WORKER_SETS.force_unlock();
             crate::step::HELD.force_unlock();
             objects::PUBLISHED.force_unlock();
@@ -663,6 +670,7 @@ fn register_fork_handlers() {
     }
     extern "C" fn child() {
         unlock_all();
+        environ::after_fork_child();
         OWN_PID.store(kernel::getpid(), Ordering::Relaxed);
         // SAFETY: pthread_self has no preconditions.
         let handle = unsafe { libc::pthread_self() } as u64;
