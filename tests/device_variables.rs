@@ -157,3 +157,29 @@ fn configure_reads_the_device_variables_as_they_are_at_the_call() {
         }
     }
 }
+
+/// A dedicated worker's `vfork` child that sets `CUDA_VISIBLE_DEVICES` before exiting shares the
+/// worker's memory but is not the worker: nothing moves, and the library's copy of the variables
+/// is not the child's doing (the worker's own `setenv` of the same value afterwards does move its
+/// threads). A failing `setenv`/`unsetenv` keeps its return code and `errno` (EINVAL).
+#[test]
+fn a_vfork_child_setting_the_variables_moves_nothing_and_errno_passes_through() {
+    let sysfs = Sysfs::two_nodes();
+    let Some(c) = cpus(&sysfs) else { return };
+    let mut cmd = preloaded(compile_lc("dv_vfork", "dv_vfork", &[]), &sysfs);
+    cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let vforked = run.phase();
+    run.proceed();
+    let set = run.phase();
+    run.proceed();
+    let errno = run.line("ERRNO ");
+    let end = run.finish();
+    assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
+    all_on(&vforked, 1, &c.gpu0, &end.stderr);
+    all_on(&set, 1, &c.gpu1, &end.stderr);
+    assert_eq!(
+        errno,
+        format!("ERRNO setenv=-1/{0} unsetenv=-1/{0}", libc::EINVAL)
+    );
+}

@@ -7,7 +7,7 @@
 //! The simulated host (`Sysfs::two_nodes`): GPU 0 is local to CPU 1, GPU 1 to CPU 0; a task's
 //! device is its `SLURM_LOCALID` modulo the two GPUs (`configure(-1)`).
 //!
-//! What Slurm gives a task here (measured, docs in /work/shared/notes): under `task/cgroup`
+//! What Slurm gives a task here (measured on this machine kind, docs/runtimes.md): under `task/cgroup`
 //! with `ConstrainCores=yes`, `-n1 -c1 --cpu-bind=cores` makes the step cpuset the task's one CPU
 //! (not constrained), `-n2 -c1 --cpu-bind=cores` and `-n1 -c2 --cpu-bind=map_cpu:1` leave the
 //! cpuset wider than the task's mask (constrained); under `task/affinity` alone every binding is
@@ -60,7 +60,9 @@ const BINDINGS: [Binding; 4] = [
     },
 ];
 
-type Policy = (&'static str, &'static [(&'static str, &'static str)]);
+/// Variables added to srun's environment.
+type Env = &'static [(&'static str, &'static str)];
+type Policy = (&'static str, Env);
 
 const POLICIES: [Policy; 6] = [
     ("unset", &[]),
@@ -171,7 +173,7 @@ fn run_tasks(
 
 /// The GPU-local set of device `rank % 2` on the simulated host.
 fn gpu_local(sysfs: &Sysfs, rank: usize) -> CpuMask {
-    if rank % 2 == 0 {
+    if rank.is_multiple_of(2) {
         sysfs.node1.clone()
     } else {
         sysfs.node0.clone()
@@ -328,7 +330,7 @@ fn dedicated_worker_tasks_pick_their_gpu_by_slurm_localid() {
     let sysfs = Sysfs::two_nodes();
     // The role through srun's --export, for the tasks alone: srun itself stays a host process.
     let role = "--export=ALL,TLLM_AFFINITY_PROCESS_ROLE=worker";
-    let cases: [(&[&str], &[(&str, &str)]); 2] = [
+    let cases: [(&[&str], Env); 2] = [
         (
             &["-n2", "-c1", "--cpu-bind=cores", role],
             &[("TLLM_NUMA_AWARE_WORKER_AFFINITY", "1")],
