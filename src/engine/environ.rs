@@ -94,9 +94,15 @@ fn record(name: &'static str, value: Option<String>, keep: bool) -> bool {
     changed
 }
 
-/// Whether this call, made after the real one succeeded, should be acted on.
+/// Whether this call, made after the real one succeeded, should be acted on: not before the
+/// library is active (the copy made at load will see the value), not in a child sharing our
+/// memory, and not on a thread that is already inside the library holding one of its locks (a
+/// signal handler that interrupted it: waiting for that lock would wait forever).
 fn acting() -> bool {
-    state() == State::Active && CAPTURED.load(Ordering::Acquire) && in_own_process()
+    state() == State::Active
+        && CAPTURED.load(Ordering::Acquire)
+        && in_own_process()
+        && !crate::lock::held_by_this_thread()
 }
 
 /// After a successful real call: `changes` are the tracked variables it set or unset.
