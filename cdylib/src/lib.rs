@@ -5,7 +5,9 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use tllm_affinity_core::engine::{self, create, exec, objects, observe, real::StartRoutine};
+use tllm_affinity_core::engine::{
+    self, create, environ, exec, objects, observe, real::StartRoutine,
+};
 
 #[ctor::ctor(unsafe)]
 fn load() {
@@ -139,6 +141,42 @@ pub unsafe extern "C" fn posix_spawnp(
 ) -> c_int {
     // SAFETY: the caller's arguments, forwarded unchanged.
     unsafe { exec::posix_spawn(true, pid, file, actions, attr, argv, envp) }
+}
+
+/// # Safety
+/// Called by the program as `setenv(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn setenv(
+    name: *const c_char,
+    value: *const c_char,
+    overwrite: c_int,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { environ::setenv(name, value, overwrite) }
+}
+
+/// # Safety
+/// Called by the program as `putenv(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn putenv(string: *mut c_char) -> c_int {
+    // SAFETY: the caller's argument, forwarded unchanged.
+    unsafe { environ::putenv(string) }
+}
+
+/// # Safety
+/// Called by the program as `unsetenv(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn unsetenv(name: *const c_char) -> c_int {
+    // SAFETY: the caller's argument, forwarded unchanged.
+    unsafe { environ::unsetenv(name) }
+}
+
+/// # Safety
+/// Called by the program as `clearenv(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn clearenv() -> c_int {
+    // SAFETY: no arguments.
+    unsafe { environ::clearenv() }
 }
 
 #[no_mangle]

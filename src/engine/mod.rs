@@ -5,6 +5,7 @@
 //! constructor can create a thread before ours has run. Every entry point fails open.
 
 pub mod create;
+pub mod environ;
 pub mod exec;
 pub mod kernel;
 pub mod objects;
@@ -135,6 +136,7 @@ pub fn ensure_init() -> State {
 }
 
 fn initialise() -> State {
+    environ::resolve_all();
     if !real::resolve_all() {
         return State::Disabled;
     }
@@ -207,6 +209,7 @@ fn initialise() -> State {
         return State::Disabled;
     }
     register_fork_handlers();
+    environ::capture();
     let role = match settings.process_role {
         ProcessRole::Worker => Role::Worker,
         ProcessRole::Host => Role::Host,
@@ -345,7 +348,9 @@ fn configure_dedicated_worker() {
     let lease = configure_for(main, -1, LeaseKind::Configure, false);
     if lease < 0 {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
+        return;
     }
+    environ::note_dedicated_lease(lease);
 }
 
 /// `tllm_affinity_configure`: makes the caller a worker and applies the policy (SPEC §3–§5).
@@ -426,13 +431,14 @@ struct WorkerSet {
 type SetKey = (i32, DeviceEnv, bool);
 
 /// Worker sets already resolved. The CUDA variables are part of the key, read at every configure
-/// (a program may set `CUDA_VISIBLE_DEVICES` after load), so a repeated configure with the same
-/// ones costs a few `getenv`s and no sysfs walk. NVML's answer is cached apart, in
+/// (a program may set `CUDA_VISIBLE_DEVICES` after load) from [`environ`]'s copy, never with a
+/// `getenv` that another thread's `setenv` could race, so a repeated configure with the same ones
+/// costs a copy of a few strings and no sysfs walk. NVML's answer is cached apart, in
 /// [`crate::gpus`].
 static WORKER_SETS: EngineLock<Vec<(SetKey, WorkerSet)>> = EngineLock::new(Vec::new());
 
 fn gpu_local_set(device_id: i32, nvml: bool) -> Result<WorkerSet, (i32, String)> {
-    let key = (device_id, DeviceEnv::from_env(), nvml);
+    let key = (device_id, environ::device_env(), nvml);
     if let Some((_, set)) = WORKER_SETS.lock().iter().find(|(k, _)| *k == key) {
         return Ok(set.clone());
     }
@@ -782,6 +788,7 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
 /// What a fork child does before anything else: the registry keeps only this thread (SPEC §5),
 /// and the parent's table, still mapped, is left to the parent.
 fn start_as_fork_child() {
+    environ::after_fork_child();
     OWN_PID.store(kernel::getpid(), Ordering::Relaxed);
     objects::after_fork_in_child();
     // SAFETY: pthread_self has no preconditions.
@@ -804,6 +811,7 @@ fn register_fork_handlers() {
         objects::PUBLISHED.hold_for_fork();
         crate::step::HELD.hold_for_fork();
         WORKER_SETS.hold_for_fork();
+        environ::shadow_lock().hold_for_fork();
         crate::gpus::nvml_lock().hold_for_fork();
         TABLE_PATH.hold_for_fork();
         ADAPTERS.hold_for_fork();
@@ -816,6 +824,7 @@ fn register_fork_handlers() {
             ADAPTERS.force_unlock();
             TABLE_PATH.force_unlock();
             crate::gpus::nvml_lock().force_unlock();
+            environ::shadow_lock().force_unlock();
             WORKER_SETS.force_unlock();
             crate::step::HELD.force_unlock();
             objects::PUBLISHED.force_unlock();

@@ -3,6 +3,8 @@
 //! are read from `/proc`.
 #![allow(dead_code)]
 
+pub mod slurm;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

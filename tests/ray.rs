@@ -1,0 +1,147 @@
+//! Ray actors (Ray from PyPI, a local cluster started by the test's driver with
+//! `ray.init(num_cpus=2, num_gpus=2)`), the real library preloaded into the driver as a host
+//! process and into each actor through `runtime_env={"env_vars": {"LD_PRELOAD": ...,
+//! "TLLM_AFFINITY_PROCESS_ROLE": "worker"}}`: `tests/programs/ray_actors.py`. Ray sets
+//! `CUDA_VISIBLE_DEVICES` inside the actor from Python when it assigns the GPU, after the library
+//! loaded; each actor must end up on its own GPU's CPUs (SPEC §4), every one of its threads a
+//! worker, and every thread of the driver a host on the CPUs it had.
+//!
+//! The simulated host (`Sysfs::two_nodes`): GPU 0 is local to node1 = {1}, GPU 1 to node0 = {0}.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+fn ray_installed() -> bool {
+    let found = Command::new(python())
+        .args(["-c", "import ray"])
+        .env_remove("PYTHONPATH")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    require(
+        found,
+        "Ray for python3 (`python3 -m pip install ray==2.60.0`, as scripts/setup does)",
+    )
+}
+
+/// Two actors of one GPU each, dedicated worker processes: actor on GPU 0 → every thread on
+/// CPU 1, actor on GPU 1 → every thread on CPU 0 (before the fix both stayed on GPU 0's, the
+/// device they were configured for at load); one open lease each, for its GPU; the driver's
+/// threads stay hosts on every CPU.
+#[test]
+fn ray_actors_each_end_up_on_their_own_gpus_cpus() {
+    if !two_cpus_or_skip("two GPUs with different local CPUs") || !ray_installed() {
+        return;
+    }
+    let sysfs = Sysfs::two_nodes();
+    // Short: Ray's socket paths live under it and must fit in sun_path.
+    let temp = tempfile::Builder::new()
+        .prefix("tllm-ray.")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let library = library();
+    let mut cmd = clean(python());
+    cmd.arg(program("ray_actors.py"))
+        .arg(&library)
+        .arg(sysfs.path())
+        .arg(temp.path())
+        .env("LD_PRELOAD", &library)
+        .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+        .env("TLLM_AFFINITY_LOG", "info")
+        .env("RAY_DEDUP_LOGS", "0")
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        .env_remove("PYTHONPATH");
+    let start = std::time::Instant::now();
+    let end = run_bounded(cmd, LIMIT);
+    println!("the driver ran {:?}", start.elapsed());
+    let context = format!("stdout:\n{}\nstderr:\n{}", end.stdout, end.stderr);
+    assert!(end.status.success(), "{:?}\n{context}", end.status);
+    let parsed = |tag: &str| -> Vec<Value> {
+        end.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(tag))
+            .map(|json| serde_json::from_str(json).unwrap())
+            .collect()
+    };
+    let actors = parsed("ACTOR ");
+    assert_eq!(actors.len(), 2, "{context}");
+    let local = |gpu: i64| {
+        if gpu == 0 {
+            sysfs.node1.to_list()
+        } else {
+            sysfs.node0.to_list()
+        }
+    };
+    let address = |gpu: i64| {
+        if gpu == 0 {
+            "0000:3b:00.0"
+        } else {
+            "0000:86:00.0"
+        }
+    };
+    let mut gpus = BTreeSet::new();
+    for actor in &actors {
+        let ids = actor["gpu_ids"].as_array().unwrap();
+        assert_eq!(ids.len(), 1, "{actor}");
+        let gpu = ids[0].as_i64().unwrap();
+        gpus.insert(gpu);
+        assert_eq!(actor["cuda_visible_devices"], gpu.to_string(), "{actor}");
+        let threads = actor["threads"].as_object().unwrap();
+        assert!(
+            threads.contains_key(&actor["own_thread"].to_string()),
+            "{actor}"
+        );
+        for (tid, t) in threads {
+            assert_eq!(
+                (t["role"].as_str(), t["mask"].as_str()),
+                (Some("worker"), Some(local(gpu).as_str())),
+                "actor on GPU {gpu}, thread {tid} {}\n{context}",
+                t["name"]
+            );
+        }
+        let report = &actor["report"];
+        assert_eq!(
+            report["leases"].as_array().map(|l| l.len()),
+            Some(1),
+            "{report}"
+        );
+        assert_eq!(report["leases"][0]["device"], address(gpu), "{report}");
+        assert_eq!(report["constrained"], false, "{report}");
+        println!(
+            "actor pid {} on GPU {gpu} (CUDA_VISIBLE_DEVICES={}): {} threads, every one a worker on [{}]",
+            actor["pid"],
+            actor["cuda_visible_devices"],
+            threads.len(),
+            local(gpu)
+        );
+    }
+    assert_eq!(gpus, BTreeSet::from([0, 1]), "two actors, two GPUs");
+    assert!(
+        end.stderr
+            .contains("retargeting worker threads from 0000:3b:00.0 to 0000:86:00.0"),
+        "{context}"
+    );
+    let driver = &parsed("DRIVER ")[0];
+    let all = allowed_cpus().to_list();
+    let threads = driver["threads"].as_object().unwrap();
+    for (tid, t) in threads {
+        assert_eq!(
+            (t["role"].as_str(), t["mask"].as_str()),
+            (Some("host"), Some(all.as_str())),
+            "driver thread {tid} {}",
+            t["name"]
+        );
+    }
+    println!(
+        "driver pid {}: {} threads, every one a host on [{all}]",
+        driver["pid"],
+        threads.len()
+    );
+}
