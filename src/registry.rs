@@ -64,6 +64,11 @@ pub trait ThreadMasks {
     /// not.
     fn thread_ids(&self) -> Vec<Tid>;
 
+    /// How many threads the process has; cheaper than listing them (one small read).
+    fn thread_count(&self) -> usize {
+        self.thread_ids().len()
+    }
+
     /// Reads `tid`'s mask and returns it only when it differs from `expected` (`Ok(None)` when
     /// equal). Configure and release ask this once a thread; the engine answers without
     /// allocating.
@@ -719,8 +724,14 @@ impl Registry {
         kernel: &impl ThreadMasks,
     ) -> ConfigureOutcome {
         if self.leases.is_empty() {
-            self.tids_at_first_lease = kernel.thread_ids();
-            self.tids_at_first_lease.sort_unstable();
+            self.tids_at_first_lease = self
+                .unseen_threads_exist(kernel)
+                .then(|| {
+                    let mut tids = kernel.thread_ids();
+                    tids.sort_unstable();
+                    tids
+                })
+                .unwrap_or_default();
         }
         let lease = self.next_lease;
         self.next_lease += 1;
@@ -971,6 +982,9 @@ impl Registry {
         let Some(natural) = self.unseen_natural.clone() else {
             return;
         };
+        if !self.unseen_threads_exist(kernel) {
+            return;
+        }
         let mut known: Vec<Tid> = self.live_threads().map(|(_, e)| e.tid).collect();
         known.sort_unstable();
         for tid in kernel.thread_ids() {
@@ -984,6 +998,27 @@ impl Registry {
                 outcome.restored += 1;
             }
         }
+    }
+
+    /// Whether the process has threads the registry does not hold: counting first spares a
+    /// process of thousands of threads listing them at every first lease and last release.
+    fn unseen_threads_exist(&self, kernel: &impl ThreadMasks) -> bool {
+        kernel.thread_count() > self.live_count()
+    }
+
+    /// The thread in `slot` is exiting; its later thread-specific-data destructors may still
+    /// create threads. When such a thread would differ from one with an unknown creator (a host
+    /// on the kernel's mask) — the exiting thread is a worker, or its scope is open — the entry
+    /// stays and this answers false: call [`Self::thread_exited`] once those have run. Otherwise
+    /// the thread is unregistered now and this answers true.
+    pub fn thread_exiting(&mut self, slot: Slot) -> bool {
+        let needs_its_entry = self
+            .entry(slot)
+            .is_some_and(|e| e.role == Role::Worker || e.scope.is_some());
+        if !needs_its_entry {
+            self.thread_exited(slot);
+        }
+        !needs_its_entry
     }
 
     /// Pins one thread for SPEC §6 (`Step` or `Result`), remembering its natural mask.

@@ -63,15 +63,22 @@ pub fn set_current_slot(slot: Slot) -> bool {
 
 /// The key's destructor. Other thread-specific-data destructors may run after ours in the same
 /// round and create threads (SPEC §2: such a thread is its creator's child like any other), so
-/// the first call only sets the value again, marked [`EXITING`]: glibc then runs another round
-/// of destructors (it allows `PTHREAD_DESTRUCTOR_ITERATIONS`, at least four), and the second call,
-/// after every destructor of the first round, unregisters the thread.
+/// for a thread whose children differ from an unknown creator's (a worker) the first call only
+/// sets the value again, marked [`EXITING`]: glibc then runs another round of destructors (it
+/// allows `PTHREAD_DESTRUCTOR_ITERATIONS`, at least four), and the second call, after every
+/// destructor of the first round, unregisters the thread. A host thread is unregistered at once:
+/// a thread it creates after that is a host on its mask all the same, and its exit costs no
+/// second round.
 extern "C" fn on_thread_exit(value: *mut c_void) {
     let value = value as usize;
     let Some(slot) = (value & !EXITING).checked_sub(1) else {
         return;
     };
     if value & EXITING == 0 {
+        let done = catch_unwind(|| registry().lock().thread_exiting(slot as Slot)).unwrap_or(false);
+        if done {
+            return;
+        }
         let key = THREAD_KEY.load(Ordering::Acquire);
         // SAFETY: the key is ours and live; the value is an integer, never dereferenced.
         if unsafe { libc::pthread_setspecific(key, (value | EXITING) as *const c_void) } == 0 {

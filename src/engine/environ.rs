@@ -17,7 +17,7 @@
 
 use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use super::kernel::{self, Kernel};
 use super::{in_own_process, lock_registry, state, State};
@@ -142,45 +142,13 @@ fn text_of(ptr: *const c_char) -> String {
         .into_owned()
 }
 
-type SetenvFn = unsafe extern "C" fn(*const c_char, *const c_char, c_int) -> c_int;
-type PutenvFn = unsafe extern "C" fn(*mut c_char) -> c_int;
-type UnsetenvFn = unsafe extern "C" fn(*const c_char) -> c_int;
-type ClearenvFn = unsafe extern "C" fn() -> c_int;
-
-static REAL_SETENV: AtomicUsize = AtomicUsize::new(0);
-static REAL_PUTENV: AtomicUsize = AtomicUsize::new(0);
-static REAL_UNSETENV: AtomicUsize = AtomicUsize::new(0);
-static REAL_CLEARENV: AtomicUsize = AtomicUsize::new(0);
-
-fn real(cache: &AtomicUsize, name: &CStr) -> usize {
-    let known = cache.load(Ordering::Acquire);
-    if known != 0 {
-        return known;
-    }
-    // SAFETY: a NUL-terminated name; RTLD_NEXT never returns our own shim.
-    let found = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-    cache.store(found, Ordering::Release);
-    found
-}
-
-/// Resolves the real functions at load, so that the shims rarely need the loader.
-pub fn resolve_all() {
-    real(&REAL_SETENV, c"setenv");
-    real(&REAL_PUTENV, c"putenv");
-    real(&REAL_UNSETENV, c"unsetenv");
-    real(&REAL_CLEARENV, c"clearenv");
-}
-
 /// # Safety
 /// The arguments are those of `setenv(3)`.
 pub unsafe fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int) -> c_int {
-    let addr = real(&REAL_SETENV, c"setenv");
-    if addr == 0 {
+    let Some(real_setenv) = super::real::setenv() else {
         kernel::set_errno(libc::ENOSYS);
         return -1;
-    }
-    // SAFETY: glibc's setenv, whose ABI is the declared type.
-    let real_setenv = unsafe { std::mem::transmute::<usize, SetenvFn>(addr) };
+    };
     // SAFETY: the caller's arguments, passed on unchanged.
     let rc = unsafe { real_setenv(name, value, overwrite) };
     if rc == 0 && !value.is_null() {
@@ -195,13 +163,10 @@ pub unsafe fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int
 /// # Safety
 /// The argument is that of `putenv(3)`.
 pub unsafe fn putenv(string: *mut c_char) -> c_int {
-    let addr = real(&REAL_PUTENV, c"putenv");
-    if addr == 0 {
+    let Some(real_putenv) = super::real::putenv() else {
         kernel::set_errno(libc::ENOSYS);
         return -1;
-    }
-    // SAFETY: glibc's putenv, whose ABI is the declared type.
-    let real_putenv = unsafe { std::mem::transmute::<usize, PutenvFn>(addr) };
+    };
     // SAFETY: the caller's argument, passed on unchanged.
     let rc = unsafe { real_putenv(string) };
     if rc == 0 && !string.is_null() {
@@ -228,13 +193,10 @@ pub unsafe fn putenv(string: *mut c_char) -> c_int {
 /// # Safety
 /// The argument is that of `unsetenv(3)`.
 pub unsafe fn unsetenv(name: *const c_char) -> c_int {
-    let addr = real(&REAL_UNSETENV, c"unsetenv");
-    if addr == 0 {
+    let Some(real_unsetenv) = super::real::unsetenv() else {
         kernel::set_errno(libc::ENOSYS);
         return -1;
-    }
-    // SAFETY: glibc's unsetenv, whose ABI is the declared type.
-    let real_unsetenv = unsafe { std::mem::transmute::<usize, UnsetenvFn>(addr) };
+    };
     // SAFETY: the caller's argument, passed on unchanged.
     let rc = unsafe { real_unsetenv(name) };
     if rc == 0 {
@@ -249,13 +211,10 @@ pub unsafe fn unsetenv(name: *const c_char) -> c_int {
 /// # Safety
 /// As `clearenv(3)`.
 pub unsafe fn clearenv() -> c_int {
-    let addr = real(&REAL_CLEARENV, c"clearenv");
-    if addr == 0 {
+    let Some(real_clearenv) = super::real::clearenv() else {
         kernel::set_errno(libc::ENOSYS);
         return -1;
-    }
-    // SAFETY: glibc's clearenv, whose ABI is the declared type.
-    let real_clearenv = unsafe { std::mem::transmute::<usize, ClearenvFn>(addr) };
+    };
     // SAFETY: no arguments.
     let rc = unsafe { real_clearenv() };
     if rc == 0 {

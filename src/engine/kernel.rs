@@ -146,6 +146,16 @@ impl ThreadMasks for Kernel {
     fn set(&self, tid: Tid, mask: &CpuMask) -> Result<(), i32> {
         set_mask(tid, mask)
     }
+    fn thread_count(&self) -> usize {
+        // Field 20 of /proc/self/stat, counted from the last ')' (the name may hold spaces).
+        std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|stat| {
+                let after = &stat[stat.rfind(')')? + 1..];
+                after.split_whitespace().nth(17)?.parse().ok()
+            })
+            .unwrap_or_else(|| self.thread_ids().len())
+    }
     fn thread_ids(&self) -> Vec<Tid> {
         std::fs::read_dir("/proc/self/task")
             .map(|dir| {

@@ -136,7 +136,6 @@ pub fn ensure_init() -> State {
 }
 
 fn initialise() -> State {
-    environ::resolve_all();
     if !real::resolve_all() {
         return State::Disabled;
     }

@@ -29,6 +29,10 @@ type Argv = *const *const c_char;
 pub type Execve = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
 pub type Execv = unsafe extern "C" fn(*const c_char, Argv) -> c_int;
 pub type Fexecve = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
+pub type Setenv = unsafe extern "C" fn(*const c_char, *const c_char, c_int) -> c_int;
+pub type Putenv = unsafe extern "C" fn(*mut c_char) -> c_int;
+pub type Unsetenv = unsafe extern "C" fn(*const c_char) -> c_int;
+pub type Clearenv = unsafe extern "C" fn() -> c_int;
 pub type PosixSpawn = unsafe extern "C" fn(
     *mut libc::pid_t,
     *const c_char,
@@ -49,6 +53,10 @@ static EXECVPE: AtomicUsize = AtomicUsize::new(0);
 static FEXECVE: AtomicUsize = AtomicUsize::new(0);
 static POSIX_SPAWN: AtomicUsize = AtomicUsize::new(0);
 static POSIX_SPAWNP: AtomicUsize = AtomicUsize::new(0);
+static SETENV: AtomicUsize = AtomicUsize::new(0);
+static PUTENV: AtomicUsize = AtomicUsize::new(0);
+static UNSETENV: AtomicUsize = AtomicUsize::new(0);
+static CLEARENV: AtomicUsize = AtomicUsize::new(0);
 
 /// The exported symbol every copy of the library defines, which names a copy.
 const MARK: &CStr = c"tllm_affinity_version";
@@ -152,8 +160,9 @@ pub fn dlclose() -> Option<Dlclose> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, Dlclose>(addr) })
 }
 
-/// The exec family, resolved at load only: a `vfork` child must never enter the loader.
-macro_rules! exec_family {
+/// Functions looked up by name alone, resolved at load: a `vfork` child (which may exec or set
+/// its environment) must never enter the loader.
+macro_rules! by_name {
     ($($fn:ident, $cache:ident, $name:literal, $ty:ty;)*) => {$(
         pub fn $fn() -> Option<$ty> {
             let addr = resolve(&$cache, $name, None);
@@ -164,7 +173,11 @@ macro_rules! exec_family {
     )*};
 }
 
-exec_family! {
+by_name! {
+    setenv, SETENV, c"setenv", Setenv;
+    putenv, PUTENV, c"putenv", Putenv;
+    unsetenv, UNSETENV, c"unsetenv", Unsetenv;
+    clearenv, CLEARENV, c"clearenv", Clearenv;
     execve, EXECVE, c"execve", Execve;
     execv, EXECV, c"execv", Execv;
     execvp, EXECVP, c"execvp", Execv;
@@ -189,6 +202,10 @@ pub fn resolve_all() -> bool {
     fexecve();
     posix_spawn();
     posix_spawnp();
+    setenv();
+    putenv();
+    unsetenv();
+    clearenv();
     let first = object_of(lookup(libc::RTLD_DEFAULT, MARK, None));
     // Null when no copy is in the global scope (this one loaded RTLD_LOCAL): it acts.
     let acting = first == 0 || first == object_of(resolve_all as fn() -> bool as usize);

@@ -784,3 +784,20 @@ fn unseen_threads_born_on_a_library_mask_get_the_launch_mask_back() {
     assert_eq!(mask(900), "2-3", "there before the lease: never touched");
     assert_eq!(outcome.restored, 2, "the worker and the unseen helper");
 }
+
+/// An exiting host is unregistered at once; an exiting worker stays until its later
+/// thread-specific-data destructors have run, so a thread they create is still its child.
+#[test]
+fn an_exiting_worker_stays_for_its_destructors_and_a_host_goes_at_once() {
+    let (mut w, main) = World::new("0-3");
+    let host = w.spawn(main);
+    let worker = w.spawn(main);
+    w.configure(worker, "gpu0", "2-3");
+    assert!(w.reg.thread_exiting(host));
+    assert!(w.reg.entry(host).is_none());
+    assert!(!w.reg.thread_exiting(worker));
+    let late = w.spawn(worker);
+    assert_eq!((w.role(late), w.mask(late)), (Role::Worker, "2-3".to_string()));
+    w.reg.thread_exited(worker);
+    assert!(w.reg.entry(worker).is_none());
+}
