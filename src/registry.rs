@@ -724,14 +724,13 @@ impl Registry {
         kernel: &impl ThreadMasks,
     ) -> ConfigureOutcome {
         if self.leases.is_empty() {
-            self.tids_at_first_lease = self
-                .unseen_threads_exist(kernel)
-                .then(|| {
-                    let mut tids = kernel.thread_ids();
-                    tids.sort_unstable();
-                    tids
-                })
-                .unwrap_or_default();
+            self.tids_at_first_lease = if self.unseen_threads_exist(kernel) {
+                let mut tids = kernel.thread_ids();
+                tids.sort_unstable();
+                tids
+            } else {
+                Vec::new()
+            };
         }
         let lease = self.next_lease;
         self.next_lease += 1;

@@ -797,7 +797,10 @@ fn an_exiting_worker_stays_for_its_destructors_and_a_host_goes_at_once() {
     assert!(w.reg.entry(host).is_none());
     assert!(!w.reg.thread_exiting(worker));
     let late = w.spawn(worker);
-    assert_eq!((w.role(late), w.mask(late)), (Role::Worker, "2-3".to_string()));
+    assert_eq!(
+        (w.role(late), w.mask(late)),
+        (Role::Worker, "2-3".to_string())
+    );
     w.reg.thread_exited(worker);
     assert!(w.reg.entry(worker).is_none());
 }
