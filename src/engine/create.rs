@@ -151,7 +151,21 @@ fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPl
     let in_worker_lib = !settings.worker_libs.is_empty()
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
     let creator = current_slot();
-    super::lock_registry().plan_child(creator, in_worker_lib, explicit)
+    // SAFETY: pthread_self has no preconditions.
+    let me = kernel::tid_of(unsafe { libc::pthread_self() });
+    let mut reg = super::lock_registry();
+    // The creator's entry names another tid than its descriptor: a child of `_Fork` or a raw
+    // `clone`, where no fork handler ran.
+    if creator
+        .and_then(|s| reg.entry(s))
+        .is_some_and(|e| e.tid != me)
+    {
+        drop(reg);
+        super::adopt_if_forked_without_handlers();
+        super::publish_table_if_pending();
+        reg = super::lock_registry();
+    }
+    reg.plan_child(creator, in_worker_lib, explicit)
 }
 
 /// The affinity set in the attr, if any; glibc reports "none set" as all ones.

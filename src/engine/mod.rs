@@ -368,6 +368,7 @@ fn open_for_caller(device_id: i32, kind: LeaseKind) -> i64 {
         return -(libc::ENOTSUP as i64);
     }
     catch_unwind(|| {
+        adopt_if_forked_without_handlers();
         publish_table_if_pending();
         let caller = current_or_register();
         configure_for(caller, device_id, kind, true)
@@ -717,17 +718,21 @@ fn publish_thread_table(dir: &std::path::Path) {
     lock_registry().publish_into(mapped.map(|(records, _)| records));
 }
 
+/// A child of `_Fork` or a raw `clone` ran no fork handler: it would publish into its parent's
+/// table, which it still has mapped. It starts as a fork child on the first path that needs it
+/// (a thread creation, a configure; never in a `vfork` child, which may only exec or exit).
+/// `getpid` is a system call: the thread-creation path asks only when its registry entry names
+/// another tid than the thread's own descriptor (which `_Fork` updates).
+pub fn adopt_if_forked_without_handlers() {
+    if !in_own_process() && state() == State::Active {
+        start_as_fork_child();
+    }
+}
+
 /// Called on the paths where a process starts to matter (thread creation, configure, worker
 /// scope, pin). The registry publishes every slot it holds when the table arrives, so threads
 /// registered before it (the main thread) are shown too.
 pub fn publish_table_if_pending() {
-    // A child of `_Fork` or a raw `clone` ran no fork handler: it would publish into its
-    // parent's table, which it still has mapped. It starts as a fork child now, on the first
-    // path that needs it (a thread creation, a configure; never in a `vfork` child, which may
-    // only exec or exit).
-    if !in_own_process() && state() == State::Active {
-        start_as_fork_child();
-    }
     if !TABLE_PENDING.load(Ordering::Relaxed) {
         return;
     }
@@ -777,6 +782,7 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
         return -libc::ENOTSUP;
     }
     catch_unwind(AssertUnwindSafe(|| {
+        adopt_if_forked_without_handlers();
         publish_table_if_pending();
         let caller = current_or_register();
         crate::step::pin_calling_thread(caller, device_id, result)
