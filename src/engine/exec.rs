@@ -92,32 +92,22 @@ fn same_words(a: &[u64], b: &[u64]) -> bool {
     (0..n).all(|i| a.get(i).copied().unwrap_or(0) == b.get(i).copied().unwrap_or(0))
 }
 
-/// The variable to add for a program started by the calling thread now: only when the thread
-/// is on the library's worker mask, and that mask is not the launch mask itself.
-fn handover(text: &mut StackText<1024>) -> bool {
-    let Some(facts) = LAUNCH.get() else {
-        return false;
-    };
+/// The worker mask in force, when the calling thread is on it and it is not the launch mask
+/// itself: a program this thread starts now is handed the launch mask.
+fn worker_mask_of_caller(facts: &LaunchFacts) -> Option<([u64; WORDS], usize)> {
     let (mut target, mut mine) = ([0u64; WORDS], [0u64; WORDS]);
-    let (Some(target_len), Some(mine_len)) = (read_target(&mut target), own_mask(&mut mine)) else {
-        return false;
-    };
-    let (target, mine) = (&target[..target_len], &mine[..mine_len]);
-    if !same_words(target, mine) || same_words(target, facts.launch.words()) {
-        return false;
-    }
-    launch::write_value(
-        text,
-        facts.id,
-        facts.fingerprint,
-        Some((facts.launch.words(), target)),
-    )
-    .is_ok()
+    let target_len = read_target(&mut target)?;
+    let mine_len = own_mask(&mut mine)?;
+    let (placed, own) = (&target[..target_len], &mine[..mine_len]);
+    (same_words(placed, own) && !same_words(placed, facts.launch.words()))
+        .then_some((target, target_len))
 }
 
-/// Most environment entries a new environment built here holds; past that, the caller's own
-/// is used unchanged.
-const MOST_ENTRIES: usize = 1024;
+/// Most environment entries a new environment built here holds, and the longest entry of ours;
+/// past either, the caller's own environment is used unchanged. Both live on the stack of the
+/// thread that execs, only when there is something to hand over.
+const MOST_ENTRIES: usize = 512;
+const LONGEST_ENTRY: usize = 768;
 
 /// Runs `exec` with `envp` plus the hand-over, when there is one to add; otherwise with `envp`
 /// itself. An entry of ours already in `envp` is replaced.
@@ -128,11 +118,36 @@ unsafe fn with_handover<R>(
     envp: *const *const c_char,
     exec: impl FnOnce(*const *const c_char) -> R,
 ) -> R {
-    let mut text = StackText::<1024>::new();
-    if envp.is_null() || !handover(&mut text) {
+    let Some(facts) = LAUNCH.get().filter(|_| !envp.is_null()) else {
         return exec(envp);
-    }
-    let Some(ours) = text.as_c_bytes() else {
+    };
+    let Some((target, len)) = worker_mask_of_caller(facts) else {
+        return exec(envp);
+    };
+    // SAFETY: the caller's contract on `envp`, passed on.
+    unsafe { exec_handing_over(envp, facts, &target[..len], exec) }
+}
+
+/// [`with_handover`] once there is something to hand over: the new environment is built here,
+/// out of line, so that a thread with a small stack that execs without one never reserves it.
+///
+/// # Safety
+/// As for [`with_handover`]; `envp` is not null.
+#[inline(never)]
+unsafe fn exec_handing_over<R>(
+    envp: *const *const c_char,
+    facts: &LaunchFacts,
+    worker_mask: &[u64],
+    exec: impl FnOnce(*const *const c_char) -> R,
+) -> R {
+    let mut text = StackText::<LONGEST_ENTRY>::new();
+    let written = launch::write_value(
+        &mut text,
+        facts.id,
+        facts.fingerprint,
+        Some((facts.launch.words(), worker_mask)),
+    );
+    let Some(ours) = text.as_c_bytes().filter(|_| written.is_ok()) else {
         return exec(envp);
     };
     let prefix = b"TLLM_AFFINITY_LAUNCH=";
