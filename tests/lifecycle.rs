@@ -783,8 +783,8 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
 /// 1 000 worker threads holds the registry lock for milliseconds. The child moves itself onto the
 /// worker mask before it takes the lock (the move can migrate it) and registers after the sweep:
 /// it must be born as if after the release, back on the host mask, since no later release would
-/// restore it. `raced=1` marks rounds where the child's routine started after the release
-/// returned; at least one must, or the race was not exercised.
+/// restore it. `raced=1` marks rounds where the child registered after the release began (its
+/// routine started on the host mask); at least one must, or the race was not exercised.
 #[test]
 fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
     if !two_cpus_or_skip("a worker mask narrower than the host mask") {

@@ -10,8 +10,9 @@
  *   lc_birth_race <worker library> <rounds> <parked workers>
  *
  * Prints "ROUND <r> tid=<tid> role=<role> mask=<list> raced=<0|1>" per round, where raced=1 says
- * the child's routine started after the release returned (so it registered during or after the
- * sweep), then "DONE".
+ * the child registered after the release began: its routine started on the host mask, where only
+ * a registration that saw no lease puts a worker-library thread (one that registered during the
+ * lease starts on the worker mask, and the release moves it back later). Then "DONE".
  */
 #include "lc_common.h"
 
@@ -19,7 +20,7 @@ static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t c = PTHREAD_COND_INITIALIZER;
 static int parked_count, leave, child_leave;
 static pid_t child_tid;
-static uint64_t child_started;
+static char child_start_mask[64];
 
 static void *parked(void *unused) {
     (void)unused;
@@ -33,9 +34,10 @@ static void *parked(void *unused) {
 
 static void *raced_child(void *unused) {
     (void)unused;
-    uint64_t t = lc_now_ns();
+    char start_mask[64];
+    lc_mask_of(lc_tid(), start_mask, sizeof start_mask);
     pthread_mutex_lock(&m);
-    child_started = t;
+    memcpy(child_start_mask, start_mask, sizeof start_mask);
     child_tid = lc_tid();
     pthread_cond_broadcast(&c);
     while (!child_leave) pthread_cond_wait(&c, &m);
@@ -78,6 +80,8 @@ int main(int argc, char **argv) {
     parked_target = atoi(argv[3]);
     parked_threads = calloc((size_t)parked_target, sizeof *parked_threads);
     struct lc_closure closure = {raced_child, NULL};
+    char host_mask[64];
+    lc_mask_of(lc_tid(), host_mask, sizeof host_mask);
     pthread_t conf;
     if (pthread_create(&conf, NULL, configurer, NULL)) abort();
     for (int r = 0; r < rounds; r++) {
@@ -94,12 +98,11 @@ int main(int argc, char **argv) {
         pthread_t child;
         if (pthread_create(&child, NULL, in_lib, &closure)) abort();
         lc_release(l);
-        uint64_t released = lc_now_ns();
 
         pthread_mutex_lock(&m);
         while (!child_tid) pthread_cond_wait(&c, &m);
         pid_t tid = child_tid;
-        int raced = child_started > released;
+        int raced = !strcmp(child_start_mask, host_mask);
         pthread_mutex_unlock(&m);
         char mask[64];
         lc_mask_of(tid, mask, sizeof mask);
