@@ -25,7 +25,8 @@ use std::collections::BTreeMap;
 
 use crate::cgroup::CpuQuota;
 use crate::mask::CpuMask;
-use crate::settings::StepCore;
+use crate::policy::{self, Decision};
+use crate::settings::{Settings, StepCore};
 use crate::topology::{LocalCpuSource, Topology};
 
 /// Where one GPU's step and result threads go.
@@ -221,8 +222,12 @@ pub struct CpuPlan {
     /// Process mask ∩ cpuset ∩ online CPUs.
     pub allowed: CpuMask,
     pub quota: Option<CpuQuota>,
-    /// The NUMA-aware worker set as `configure` would choose it: GPU-local CPUs ∩ allowed.
-    pub worker: CpuMask,
+    /// The worker set `configure` applies ([`policy::worker_set`]): `None` when the policy keeps
+    /// the workers' masks, or when nothing can be pinned (`decision.empty_reason` says why).
+    pub worker: Option<CpuMask>,
+    pub decision: Decision,
+    /// The process mask is narrower than the cpuset ([`policy::is_constrained`]).
+    pub constrained: bool,
     pub worker_source: LocalCpuSource,
     pub step_core: StepCore,
     /// This GPU's step and result CPUs under `step_core` (`Err` with the reason when none, or
@@ -244,6 +249,8 @@ pub struct PlanInput<'a> {
     pub step_core: StepCore,
     /// Index into `topology.gpus` (the resolved device).
     pub gpu_index: usize,
+    /// The policy settings the process would run with.
+    pub settings: &'a Settings,
 }
 
 pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
@@ -254,7 +261,12 @@ pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
         .intersection(&topology.online);
     let gpu = &topology.gpus[input.gpu_index];
     let local = topology.gpu_local_cpus(gpu);
-    let worker = local.cpus.intersection(&allowed);
+    let constrained = policy::is_constrained(input.process_mask, input.cpuset);
+    let decision = policy::worker_set(input.settings, &local.cpus, constrained, input.cpuset);
+    let worker = decision.mask.clone();
+    // Pools are sized on where the workers run: their set, or, when the policy keeps their masks,
+    // the CPUs the process may use.
+    let worker_cpus_of = worker.clone().unwrap_or_else(|| allowed.clone());
     let all_gpus = auto_placement(topology, &allowed);
     let placement = match input.step_core {
         StepCore::Off => Err("TLLM_AFFINITY_STEP_CORE is off: nothing pinned".to_string()),
@@ -277,7 +289,7 @@ pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
             .fold(CpuMask::new(), |acc, p| acc.union(&pinned_of(p))),
         _ => mine.clone(),
     };
-    let worker_cpus = worker.difference(&mine).count();
+    let worker_cpus = worker_cpus_of.difference(&mine).count();
     let quota_cpus = input.quota.map(|q| q.cpus().floor() as usize);
     let busy = placement
         .as_ref()
@@ -299,6 +311,8 @@ pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
         allowed,
         quota: input.quota,
         worker,
+        decision,
+        constrained,
         worker_source: local.source,
         step_core: input.step_core,
         placement,
@@ -544,6 +558,7 @@ mod tests {
         let t = dgx_h100_like().topology();
         let process_mask = mask("0-223");
         let cpuset = mask("0-223");
+        let settings = Settings::default();
         let input = PlanInput {
             topology: &t,
             process_mask: &process_mask,
@@ -551,10 +566,15 @@ mod tests {
             quota: None,
             step_core: StepCore::Auto,
             gpu_index: 0,
+            settings: &settings,
         };
         let p = plan(&input);
         assert_eq!(p.address, "0000:18:00.0");
-        assert_eq!(p.worker, mask("0-55,112-167"));
+        assert_eq!(p.worker, Some(mask("0-55,112-167")));
+        assert_eq!(
+            (p.decision.rule, p.constrained),
+            (policy::Rule::Numa, false)
+        );
         assert_eq!(p.worker_source, LocalCpuSource::PciLocalCpulist);
         let placed = p.placement.as_ref().unwrap();
         assert_eq!(
@@ -597,7 +617,7 @@ mod tests {
             ..input.clone()
         });
         assert_eq!(p.allowed, cpuset);
-        assert_eq!(p.worker, cpuset);
+        assert_eq!(p.worker, Some(cpuset.clone()));
         assert!(p.all_gpus[0].placement.is_ok());
 
         // <cpu> mode.
@@ -627,6 +647,7 @@ mod tests {
             }),
             step_core: StepCore::Auto,
             gpu_index: 0,
+            settings: &Settings::default(),
         });
         assert_eq!(p.pools.quota_cpus, Some(1));
         assert_eq!(p.pools.worker_cpus, 2);

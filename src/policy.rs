@@ -1,7 +1,7 @@
 //! The policy table of SPEC §3: which mask worker threads get, decided in one place.
 
 use crate::mask::CpuMask;
-use crate::settings::{NumaAwareFlag, PolicyChoice};
+use crate::settings::{NumaAwareFlag, PolicyChoice, Settings};
 
 /// What the table says to do with worker threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +95,36 @@ pub fn decide(input: &PolicyInput<'_>) -> Decision {
         rule,
         mask: Some(wanted),
         empty_reason: None,
+    }
+}
+
+/// The worker set a `configure` applies: the settings (`TLLM_AFFINITY_POLICY`,
+/// `TLLM_NUMA_AWARE_WORKER_AFFINITY`, `TLLM_AFFINITY_CPUS`), the device's GPU-local CPUs, and
+/// what the process was at load (constrained, its cpuset). The engine and `tllm-affinity plan`
+/// both ask this, so the plan shows the mask `configure` applies.
+pub fn worker_set(
+    settings: &Settings,
+    gpu_local: &CpuMask,
+    constrained: bool,
+    cpuset: &CpuMask,
+) -> Decision {
+    decide(&PolicyInput {
+        choice: settings.policy,
+        numa_flag: &settings.numa_aware,
+        constrained,
+        gpu_local: settings.cpus_override.as_ref().unwrap_or(gpu_local),
+        gpu_local_named: settings.cpus_override.is_some(),
+        cpuset,
+    })
+}
+
+impl Rule {
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::Numa => "numa",
+            Rule::Clear => "clear",
+            Rule::Keep => "keep",
+        }
     }
 }
 

@@ -94,6 +94,9 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         (topology.online.clone(), None)
     };
     let (step_core, source) = step_core_from_env()?;
+    // The policy as the library would read it in a process started here, malformed values at
+    // their defaults (the library itself would say so at load, and stay passive).
+    let (settings, _) = Settings::from_env();
     let plan = plan::plan(&PlanInput {
         topology: &topology,
         process_mask: &process_mask,
@@ -101,6 +104,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         quota,
         step_core,
         gpu_index,
+        settings: &settings,
     });
     let context = Context {
         device: args.gpu,
@@ -210,13 +214,26 @@ fn to_text(plan: &CpuPlan, cx: &Context<'_>) -> String {
         None => "none".to_string(),
     };
     let _ = writeln!(out, "  CPU quota:     {quota}");
-    let _ = writeln!(
-        out,
-        "  worker set:    {} ({} CPUs: {}, within the allowed CPUs)",
-        plan.worker,
-        plan.worker.count(),
-        plan.worker_source
-    );
+    let constrained = if plan.constrained {
+        "constrained"
+    } else {
+        "not constrained"
+    };
+    let _ = match (&plan.worker, &plan.decision.empty_reason) {
+        (Some(worker), _) => writeln!(
+            out,
+            "  worker set:    {worker} ({} CPUs; policy {}, {constrained}; GPU-local CPUs from {})",
+            worker.count(),
+            plan.decision.rule.name(),
+            plan.worker_source
+        ),
+        (None, Some(reason)) => writeln!(out, "  worker set:    none pinned: {reason}"),
+        (None, None) => writeln!(
+            out,
+            "  worker set:    unchanged (policy {}: worker threads keep their masks)",
+            plan.decision.rule.name()
+        ),
+    };
     let _ = writeln!(
         out,
         "  step core:     {} ({})",
@@ -347,7 +364,10 @@ fn to_json(plan: &CpuPlan, cx: &Context<'_>) -> Value {
             "cpus": q.cpus(),
         })),
         "worker": {
-            "cpus": plan.worker.to_list(),
+            "cpus": plan.worker.as_ref().map(|w| w.to_list()),
+            "rule": plan.decision.rule.name(),
+            "constrained": plan.constrained,
+            "empty_reason": plan.decision.empty_reason,
             "source": plan.worker_source.to_string(),
         },
         "step_core": setting_text(plan.step_core),
@@ -388,6 +408,7 @@ mod tests {
                 quota: None,
                 step_core: StepCore::Auto,
                 gpu_index: 0,
+                settings: &Settings::default(),
             });
             let cx = Context {
                 device: 0,

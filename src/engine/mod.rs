@@ -25,7 +25,7 @@ use crate::cgroup;
 use crate::device::{resolve_device_on, DeviceEnv};
 use crate::launch::{self, LaunchId};
 use crate::mask::CpuMask;
-use crate::policy::{self, PolicyInput, Rule};
+use crate::policy::{self, Rule};
 use crate::registry::{LeaseKind, Registry, Role, Slot, ThreadMasks};
 use crate::report::Report;
 use crate::settings::{PolicyChoice, ProcessRole, Settings};
@@ -516,14 +516,7 @@ fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i
             return -(errno as i64);
         }
     };
-    let decision = policy::decide(&PolicyInput {
-        choice: p.settings.policy,
-        numa_flag: &p.settings.numa_aware,
-        constrained: p.constrained,
-        gpu_local: &set.gpu_local,
-        gpu_local_named: p.settings.cpus_override.is_some(),
-        cpuset: &p.cpuset,
-    });
+    let decision = policy::worker_set(&p.settings, &set.gpu_local, p.constrained, &p.cpuset);
     let outcome = {
         let mut reg = lock_registry();
         let outcome = reg.open(kind, caller, &set.device, decision.mask.clone(), &Kernel);
