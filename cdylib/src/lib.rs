@@ -3,6 +3,9 @@
 //! Every function here only translates arguments and calls the engine in
 //! `tllm_affinity_core::engine`; the rules live there. All symbols are exported unversioned.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::{c_char, c_int, c_void};
 
 use tllm_affinity_core::engine::{

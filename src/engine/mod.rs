@@ -213,8 +213,8 @@ fn initialise() -> State {
         ProcessRole::Worker => Role::Worker,
         ProcessRole::Host => Role::Host,
     };
-    // SAFETY: pthread_self has no preconditions.
     let handle = if kernel::gettid() == pid {
+        // SAFETY: pthread_self has no preconditions.
         (unsafe { libc::pthread_self() }) as u64
     } else {
         0
