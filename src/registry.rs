@@ -981,7 +981,10 @@ impl Registry {
         let Some(natural) = self.unseen_natural.clone() else {
             return;
         };
-        if !self.unseen_threads_exist(kernel) {
+        // A thread being born is not registered yet, but it is no unseen thread: it may have
+        // moved itself onto the worker mask already, and registers believing so. Its tid is not
+        // known until then, so while any birth is pending the sweep waits for a later release.
+        if self.births_pending > 0 || !self.unseen_threads_exist(kernel) {
             return;
         }
         let mut known: Vec<Tid> = self.live_threads().map(|(_, e)| e.tid).collect();

@@ -804,3 +804,21 @@ fn an_exiting_worker_stays_for_its_destructors_and_a_host_goes_at_once() {
     w.reg.thread_exited(worker);
     assert!(w.reg.entry(worker).is_none());
 }
+
+/// A thread being born — it moved itself onto the worker mask, and has not registered yet — is
+/// no unseen thread: a last release then leaves it alone, so that, registering under the next
+/// lease, the registry's belief and the kernel's mask agree (found by the stress test).
+#[test]
+fn a_thread_being_born_across_a_release_and_a_configure_is_not_taken_for_an_unseen_one() {
+    let (mut w, main) = World::new("0-3");
+    w.reg.set_unseen_natural(m("0-3"));
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let child = moved_then(&mut w, main, |w| {
+        w.release(lease).unwrap();
+        w.configure(worker, "gpu0", "2-3");
+    });
+    let current = w.reg.entry(child).unwrap().current.to_list();
+    assert_eq!(w.mask(child), current, "the kernel's mask is the one the registry believes");
+    assert_eq!((current.as_str(), w.placement(child)), ("2-3", Placement::Worker));
+}
