@@ -819,6 +819,13 @@ fn a_thread_being_born_across_a_release_and_a_configure_is_not_taken_for_an_unse
         w.configure(worker, "gpu0", "2-3");
     });
     let current = w.reg.entry(child).unwrap().current.to_list();
-    assert_eq!(w.mask(child), current, "the kernel's mask is the one the registry believes");
-    assert_eq!((current.as_str(), w.placement(child)), ("2-3", Placement::Worker));
+    assert_eq!(
+        w.mask(child),
+        current,
+        "the kernel's mask is the one the registry believes"
+    );
+    assert_eq!(
+        (current.as_str(), w.placement(child)),
+        ("2-3", Placement::Worker)
+    );
 }
