@@ -30,8 +30,6 @@ const CDI_DIR: &str = "/var/run/cdi";
 const IN_CONTAINER_LIBRARY: &str = "/opt/tllm-affinity/libtllm_affinity.so";
 /// Where the test programs sit inside the images.
 const OPT: &str = "/opt/test";
-const ROOTFS_CACHE: &str = "/var/cache/tllm-affinity";
-const MIRROR: &str = "http://deb.debian.org/debian";
 
 // ---- podman and the device ----
 
@@ -1026,7 +1024,9 @@ fn an_image_with_an_older_glibc_runs_with_the_wheels_library() {
     let Some(wheel_library) = wheel_library() else {
         return;
     };
-    let Some(bullseye) = bullseye() else { return };
+    let Some(bullseye) = bullseye_rootfs() else {
+        return;
+    };
     let copy = tempfile::tempdir_in(ROOTFS_CACHE).unwrap();
     let root = copy.path().join("root");
     let status = Command::new("cp")
@@ -1092,41 +1092,6 @@ fn wheel_library() -> Option<PathBuf> {
     let lib = repo().join("target/zig/x86_64-unknown-linux-gnu/wheel/libtllm_affinity.so");
     assert!(lib.is_file(), "{} missing", lib.display());
     Some(lib)
-}
-
-/// Debian bullseye from debootstrap, made once in /var/cache/tllm-affinity (shared with
-/// tests/wheel.rs, which makes it the same way).
-fn bullseye() -> Option<PathBuf> {
-    use std::os::fd::AsRawFd;
-    let cache = Path::new(ROOTFS_CACHE);
-    let rootfs = cache.join("bullseye-minbase");
-    std::fs::create_dir_all(cache).unwrap();
-    let lock = std::fs::File::create(cache.join("bullseye.lock")).unwrap();
-    // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-    if rootfs.join("usr/bin/true").is_file() {
-        return Some(rootfs);
-    }
-    if !require_command("debootstrap") {
-        return None;
-    }
-    let partial = cache.join(format!("bullseye.partial.{}", std::process::id()));
-    let out = Command::new("debootstrap")
-        .args(["--variant=minbase", "bullseye"])
-        .arg(&partial)
-        .arg(MIRROR)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        let _ = std::fs::remove_dir_all(&partial);
-        require(
-            false,
-            &format!("debootstrap bullseye {MIRROR}: {}", text(&out)),
-        );
-        return None;
-    }
-    std::fs::rename(&partial, &rootfs).unwrap();
-    Some(rootfs)
 }
 
 /// tests/programs/old_glibc.c linked against glibc 2.17 by zig, to run in bullseye.

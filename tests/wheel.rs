@@ -344,55 +344,6 @@ fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() 
 
 // ---- An old glibc, and no libgcc ----
 
-const ROOTFS_CACHE: &str = "/var/cache/tllm-affinity";
-const MIRROR: &str = "http://deb.debian.org/debian";
-
-/// Debian bullseye (glibc 2.31), `debootstrap --variant=minbase`, made once and kept in
-/// `/var/cache/tllm-affinity/bullseye-minbase` for every checkout. None (a skip; a failure in
-/// CI) when it cannot be made: not root, no debootstrap, or the mirror out of reach.
-fn bullseye() -> Option<PathBuf> {
-    use std::os::fd::AsRawFd;
-    let cache = Path::new(ROOTFS_CACHE);
-    let rootfs = cache.join("bullseye-minbase");
-    // SAFETY: geteuid has no preconditions.
-    if !require(unsafe { libc::geteuid() } == 0, "root (chroot)") {
-        return None;
-    }
-    std::fs::create_dir_all(cache).unwrap();
-    let lock = std::fs::File::create(cache.join("bullseye.lock")).unwrap();
-    // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-    if rootfs.join("usr/bin/true").is_file() {
-        return Some(rootfs);
-    }
-    if !require_command("debootstrap") {
-        return None;
-    }
-    let partial = cache.join(format!("bullseye.partial.{}", std::process::id()));
-    let out = Command::new("debootstrap")
-        .args(["--variant=minbase", "bullseye"])
-        .arg(&partial)
-        .arg(MIRROR)
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        let _ = std::fs::remove_dir_all(&partial);
-        let log = text(&out);
-        let tail: Vec<&str> = log.lines().rev().take(3).collect();
-        require(
-            false,
-            &format!(
-                "a Debian bullseye root filesystem: `debootstrap --variant=minbase bullseye {MIRROR}` \
-                 failed (is the mirror reachable?): {}",
-                tail.join(" | ")
-            ),
-        );
-        return None;
-    }
-    std::fs::rename(&partial, &rootfs).unwrap();
-    Some(rootfs)
-}
-
 /// `tests/programs/old_glibc.c` linked against glibc 2.17 by zig (the wheel's toolchain), so that
 /// it runs in the old root filesystem.
 fn old_glibc_program(to: &Path) {
@@ -423,7 +374,9 @@ fn in_root(root: &Path, env: &[(&str, &str)], program: &[&str]) -> Output {
 #[test]
 fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
     let Some(wheel) = wheel() else { return };
-    let Some(rootfs) = bullseye() else { return };
+    let Some(rootfs) = bullseye_rootfs() else {
+        return;
+    };
     if !require_command("chroot") {
         return;
     }
