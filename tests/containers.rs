@@ -178,25 +178,7 @@ fn container_phase(run: &mut Driver, pid: u32) -> Phase {
     let line = run.line("PHASE ");
     std::thread::sleep(Duration::from_millis(50));
     let host = tids_by_namespace_tid(pid);
-    let mut words = line.split_whitespace().skip(1);
-    let name = words.next().unwrap().to_string();
-    let threads = words
-        .filter_map(|w| {
-            let (thread, rest) = w.split_once('=')?;
-            let (tid, role) = rest.split_once(':')?;
-            let host_tid = *host.get(&tid.parse().ok()?)?;
-            let mask = try_kernel_mask(pid, host_tid)?;
-            Some((
-                thread.to_string(),
-                ThreadSeen {
-                    tid: host_tid,
-                    role: role.parse().ok()?,
-                    mask,
-                },
-            ))
-        })
-        .collect();
-    Phase { name, threads }
+    parse_phase(&line["PHASE ".len()..], pid, |tid| host.get(&tid).copied())
 }
 
 // ---- Root filesystems ----
@@ -1092,19 +1074,6 @@ fn wheel_library() -> Option<PathBuf> {
     let lib = repo().join("target/zig/x86_64-unknown-linux-gnu/wheel/libtllm_affinity.so");
     assert!(lib.is_file(), "{} missing", lib.display());
     Some(lib)
-}
-
-/// tests/programs/old_glibc.c linked against glibc 2.17 by zig, to run in bullseye.
-fn old_glibc_program(to: &Path) {
-    let out = Command::new(python())
-        .args(["-m", "ziglang", "cc", "-target", "x86_64-linux-gnu.2.17"])
-        .args(["-O1", "-Wall", "-pthread", "-o"])
-        .arg(to)
-        .arg(programs_dir().join("old_glibc.c"))
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "zig cc: {}", text(&out));
 }
 
 // ---- The zero-code Python hook ----

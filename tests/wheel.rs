@@ -344,20 +344,6 @@ fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() 
 
 // ---- An old glibc, and no libgcc ----
 
-/// `tests/programs/old_glibc.c` linked against glibc 2.17 by zig (the wheel's toolchain), so that
-/// it runs in the old root filesystem.
-fn old_glibc_program(to: &Path) {
-    let out = Command::new(python())
-        .args(["-m", "ziglang", "cc", "-target", "x86_64-linux-gnu.2.17"])
-        .args(["-O1", "-Wall", "-pthread", "-o"])
-        .arg(to)
-        .arg(programs_dir().join("old_glibc.c"))
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "zig cc: {}", text(&out));
-}
-
 /// `program` run by chroot in `root` with a bare environment plus `env`.
 fn in_root(root: &Path, env: &[(&str, &str)], program: &[&str]) -> Output {
     let mut cmd = Command::new("chroot");

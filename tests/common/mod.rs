@@ -311,6 +311,32 @@ impl Phase {
     }
 }
 
+/// A `PHASE` line's words after the prefix (`<name> <thread>=<tid>:<role> ...`), each named
+/// thread's mask read from `/proc/<pid>/task/<tid>`, where `tid` is what `host_tid` makes of the
+/// printed one (the identity, or a container's namespace tid mapped to ours). Threads gone since
+/// they were noted are left out.
+pub fn parse_phase(words: &str, pid: u32, host_tid: impl Fn(i32) -> Option<i32>) -> Phase {
+    let mut words = words.split_whitespace();
+    let name = words.next().unwrap_or_default().to_string();
+    let threads = words
+        .filter_map(|w| {
+            let (thread, rest) = w.split_once('=')?;
+            let (tid, role) = rest.split_once(':')?;
+            let tid = host_tid(tid.parse().ok()?)?;
+            let mask = try_kernel_mask(pid, tid)?;
+            Some((
+                thread.to_string(),
+                ThreadSeen {
+                    tid,
+                    role: role.parse().ok()?,
+                    mask,
+                },
+            ))
+        })
+        .collect();
+    Phase { name, threads }
+}
+
 /// A program that prints `PHASE <name> <thread>=<tid>:<role> ...` and waits for a line on stdin.
 pub struct Population {
     child: Child,
@@ -386,27 +412,7 @@ impl Population {
     /// Waits for the next checkpoint and reads every named thread's mask from `/proc`.
     pub fn phase(&mut self) -> Phase {
         let line = self.line("PHASE ");
-        let mut words = line.split_whitespace();
-        let name = words.next().unwrap().to_string();
-        let pid = self.pid();
-        // Threads that have exited since they were noted are left out.
-        let threads = words
-            .filter_map(|w| {
-                let (thread, rest) = w.split_once('=').unwrap();
-                let (tid, role) = rest.split_once(':').unwrap();
-                let tid: i32 = tid.parse().unwrap();
-                let mask = try_kernel_mask(pid, tid)?;
-                Some((
-                    thread.to_string(),
-                    ThreadSeen {
-                        tid,
-                        role: role.parse().unwrap(),
-                        mask,
-                    },
-                ))
-            })
-            .collect();
-        Phase { name, threads }
+        parse_phase(&line, self.pid(), Some)
     }
 
     /// Lets the program go on to its next phase.
@@ -730,26 +736,7 @@ impl Driver {
     /// The next PHASE line, with every named thread's mask read from `/proc`.
     pub fn phase(&mut self) -> Phase {
         let line = self.line("PHASE ");
-        let pid = self.pid();
-        let mut words = line.split_whitespace().skip(1);
-        let name = words.next().unwrap().to_string();
-        let threads = words
-            .filter_map(|w| {
-                let (thread, rest) = w.split_once('=')?;
-                let (tid, role) = rest.split_once(':')?;
-                let tid: i32 = tid.parse().ok()?;
-                let mask = try_kernel_mask(pid, tid)?;
-                Some((
-                    thread.to_string(),
-                    ThreadSeen {
-                        tid,
-                        role: role.parse().ok()?,
-                        mask,
-                    },
-                ))
-            })
-            .collect();
-        Phase { name, threads }
+        parse_phase(&line["PHASE ".len()..], self.pid(), Some)
     }
 
     /// The next `REPORT <tag> <json>` line, parsed.
@@ -1034,4 +1021,23 @@ pub fn bullseye_rootfs() -> Option<PathBuf> {
     }
     std::fs::rename(&partial, &rootfs).unwrap();
     Some(rootfs)
+}
+
+/// `tests/programs/old_glibc.c` linked against glibc 2.17 by zig (the wheel's toolchain), so that
+/// it runs in the old root filesystem.
+pub fn old_glibc_program(to: &Path) {
+    let out = Command::new(python())
+        .args(["-m", "ziglang", "cc", "-target", "x86_64-linux-gnu.2.17"])
+        .args(["-O1", "-Wall", "-pthread", "-o"])
+        .arg(to)
+        .arg(programs_dir().join("old_glibc.c"))
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "zig cc: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
