@@ -18,7 +18,7 @@ REPO = assemble_wheel.REPO
 # What the cargo build and the wheel need: the workspace (benches/ because Cargo.toml names a
 # bench), the header, the Python package, and this backend.
 SDIST_FILES = [
-    "Cargo.toml", "Cargo.lock", "README.md", "pyproject.toml", "src", "cdylib", "benches",
+    "Cargo.toml", "Cargo.lock", "README.md", "pyproject.toml", "src", "cdylib", "cli", "benches",
     "include", "python", "scripts/assemble_wheel.py", "scripts/pep517.py", "scripts/wheel",
 ]
 LEFT_OUT = ("__pycache__", "build", "target")

@@ -5,7 +5,7 @@
 //! engine that the preload shims in `cdylib/` call. The compiler refuses `unsafe` everywhere but
 //! in the modules marked `allow(unsafe_code)` below: the engine (raw syscalls, the
 //! `pthread_create` trampoline, the interposed functions), the lock, NVML's `dlopen`, the log's
-//! raw `write`, the step lock's `flock`, and the CLI's signal and `mkdtemp` calls. Every unsafe
+//! raw `write` and the step lock's `flock`. Every unsafe
 //! block carries a `// SAFETY:` line, and an unsafe fn's body is checked like any other code.
 
 #![deny(unsafe_code)]
@@ -13,8 +13,6 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cgroup;
-#[allow(unsafe_code)]
-pub mod cli;
 pub mod device;
 pub mod elf;
 #[allow(unsafe_code)]
@@ -35,6 +33,7 @@ pub mod pyhook;
 pub mod registry;
 pub mod report;
 pub mod settings;
+#[cfg(any(test, feature = "simulated"))]
 pub mod simulated;
 #[allow(unsafe_code)]
 pub mod step;

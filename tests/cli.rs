@@ -6,6 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -208,20 +209,15 @@ fn run_passes_a_signal_through() {
         .output()
         .unwrap();
     assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?}", out.status);
-    // --simulate waits for the program: 128 + the signal, as shells report it.
+    // --simulate execs too: the program is the process.
     let out = tllm_affinity(&["run", "--simulate", "--", "sh", "-c", "kill -TERM $$"])
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(128 + libc::SIGTERM),
-        "{:?}",
-        out.status
-    );
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?}", out.status);
 }
 
 #[test]
-fn run_forwards_a_signal_sent_to_it_under_simulate() {
+fn run_simulate_is_the_program_so_a_signal_sent_to_it_ends_the_program() {
     let mut child = tllm_affinity(&[
         "run",
         "--simulate",
@@ -242,7 +238,7 @@ fn run_forwards_a_signal_sent_to_it_under_simulate() {
     // SAFETY: kill with a pid we own and a valid signal number.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
 }
 
 const SHOW_ENV: &str = "import json, os, tllm_affinity; print(json.dumps({\
@@ -313,7 +309,7 @@ fn run_preloads_the_library_and_sets_the_variables() {
 }
 
 #[test]
-fn run_simulate_gives_a_worker_the_simulated_gpus_cpus_and_cleans_up() {
+fn run_simulate_gives_a_worker_the_simulated_gpus_cpus_from_one_cached_tree() {
     let python = python().to_str().unwrap().to_string();
     let code = "import json, os, threading, tllm_affinity\n\
         root = os.environ['TLLM_AFFINITY_SYSFS_ROOT']\n\
@@ -325,18 +321,23 @@ fn run_simulate_gives_a_worker_the_simulated_gpus_cpus_and_cleans_up() {
         t = threading.Thread(target=w); t.start(); t.join()\n\
         out['main'] = sorted(os.sched_getaffinity(0))\n\
         print(json.dumps(out))";
-    let out = tllm_affinity(&[
-        "run",
-        "--simulate",
-        "--policy",
-        "numa",
-        "--",
-        &python,
-        "-c",
-        code,
-    ])
-    .output()
-    .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let run = || {
+        tllm_affinity(&[
+            "run",
+            "--simulate",
+            "--policy",
+            "numa",
+            "--",
+            &python,
+            "-c",
+            code,
+        ])
+        .env("XDG_CACHE_HOME", cache.path())
+        .output()
+        .unwrap()
+    };
+    let out = run();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(
         stderr_of(&out).contains("--simulate: simulated host"),
@@ -347,7 +348,18 @@ fn run_simulate_gives_a_worker_the_simulated_gpus_cpus_and_cleans_up() {
     assert_eq!(v["exists"], true);
     assert!(v["lease"].as_i64().unwrap() > 0);
     let root = Path::new(v["root"].as_str().unwrap());
-    assert!(!root.exists(), "{} left behind", root.display());
+    assert!(
+        root.starts_with(cache.path().join("tllm-affinity")),
+        "{}",
+        root.display()
+    );
+    // Kept in the cache, and found there by the next run rather than written again.
+    let second: Value = serde_json::from_str(&stdout_of(&run())).unwrap();
+    assert_eq!(second["root"], v["root"]);
+    let entries = std::fs::read_dir(cache.path().join("tllm-affinity"))
+        .unwrap()
+        .count();
+    assert_eq!(entries, 1, "one tree, no partial copies left");
     // The same tree the tests write: device 0 is local to the upper half of this process's CPUs.
     let sim = Sysfs::two_nodes();
     assert_eq!(mask_of(&v["mask"]), sim.gpu0_local());
@@ -441,7 +453,7 @@ fn every_json_output_parses() {
         "true",
     ]));
     assert_eq!(dry["simulate"], true);
-    assert_eq!(dry["exec"], false);
+    assert_eq!(dry["exec"], true);
 
     // A subcommand error under --json: one JSON line naming the subcommand, status 2.
     let out = tllm_affinity(&["plan", "--gpu", "9", "--json", "--sysfs-root", root])
@@ -491,6 +503,26 @@ fn a_closed_pipe_ends_ps_and_topo_quietly() {
             out.status
         );
     }
+}
+
+#[test]
+fn run_simulate_refuses_a_shared_cache_directory_that_others_may_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let planted = tmp.path().join(format!("tllm-affinity-{uid}"));
+    std::fs::create_dir(&planted).unwrap();
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = tllm_affinity(&["run", "--simulate", "--", "true"])
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("HOME")
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    let err = stderr_of(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not a private directory"), "{err}");
+    assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
 }
 
 #[test]

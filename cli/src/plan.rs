@@ -1,4 +1,4 @@
-//! `tllm-affinity plan --gpu N [--json]`: the CPU plan of [`crate::plan`] for one GPU, with the
+//! `tllm-affinity plan --gpu N [--json]`: the CPU plan of [`tllm_affinity_core::plan`] for one GPU, with the
 //! `auto` step and result CPUs of every GPU of the host.
 
 use std::fmt::Write as _;
@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::cgroup;
-use crate::device::{resolve_device_on, DeviceEnv};
-use crate::engine::kernel;
-use crate::mask::CpuMask;
-use crate::plan::{self, CpuPlan, GpuPlacement, PlanInput, StepPlacement};
-use crate::settings::{Settings, StepCore};
-use crate::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::cgroup;
+use tllm_affinity_core::device::{resolve_device_on, DeviceEnv};
+use tllm_affinity_core::engine::kernel;
+use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::plan::{self, CpuPlan, GpuPlacement, PlanInput, StepPlacement};
+use tllm_affinity_core::settings::{Settings, StepCore};
+use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
@@ -52,7 +52,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
             root.path("sys/bus/pci/devices").display()
         ));
     }
-    let view = crate::gpus::current_view(&root, &topology, true);
+    let view = tllm_affinity_core::gpus::current_view(&root, &topology, true);
     let resolved = resolve_device_on(args.gpu, &DeviceEnv::from_env(), &view, &root)
         .map_err(|e| e.to_string())?;
     // The plan is laid over sysfs's GPUs (the whole host); NVML or the driver picked which.
@@ -386,7 +386,7 @@ fn to_json(plan: &CpuPlan, cx: &Context<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulated::dgx_h100_like;
+    use tllm_affinity_core::simulated::dgx_h100_like;
 
     #[test]
     fn text_and_json_for_the_dgx_under_several_masks() {

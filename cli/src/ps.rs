@@ -1,5 +1,5 @@
 //! `tllm-affinity ps PID [--json] [--no-color]`: every thread of a live process with its role and
-//! placement (from the thread table the library publishes, see [`crate::threadtable`]) and its
+//! placement (from the thread table the library publishes, see [`tllm_affinity_core::threadtable`]) and its
 //! mask exactly as the kernel reports it (`Cpus_allowed_list` of `/proc/PID/task/TID/status`),
 //! drawn as a grid: one row per thread, one column per CPU of the host.
 
@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::mask::CpuMask;
-use crate::registry::{Placement, Role, Tid};
-use crate::threadtable;
+use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::registry::{Placement, Role, Tid};
+use tllm_affinity_core::threadtable;
 
 #[derive(clap::Args, Debug)]
 pub struct PsArgs {

@@ -7,33 +7,27 @@
 //! docs/reference.md), checked with the library's own parser so that a typo fails here, not in
 //! the child.
 //!
-//! Without `--simulate`, `run` execs the program: the program's exit status and signal are the
-//! process's own. With `--simulate`, `run` writes a simulated host into a fresh temporary directory
-//! (removed after the program ends), so it spawns the program and waits. It then exits with the
-//! program's status, or 128 + the signal number when the program died of a signal (the shells'
-//! convention). Signals sent to `run` by another process (`kill`) are forwarded to the program;
-//! those the kernel sends to the terminal's whole process group (Ctrl-C, hangup) already reach the
-//! program and are not sent twice.
+//! `run` execs the program: the program's exit status and signals are the process's own. With
+//! `--simulate` it first points `TLLM_AFFINITY_SYSFS_ROOT` at the built-in simulated host, kept in
+//! the user's cache directory (`simulate::cached_tree`), so nothing is left to clean up after the
+//! program and `run` need not outlive it.
 //!
 //! `--dry-run` prints what would be set and run instead (`--json` makes that JSON); without
 //! `--dry-run`, `--json` is accepted and ignored, since the output is the program's own.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicI32, Ordering};
 
 use serde_json::{json, Map, Value};
 
 use super::Failure;
-use crate::engine::kernel;
-use crate::pyhook;
-use crate::settings::{parse_gpu, GpuChoice, Settings, GPU_EXPECTED};
-use crate::simulated;
-use crate::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::engine::kernel;
+use tllm_affinity_core::pyhook;
+use tllm_affinity_core::settings::{parse_gpu, GpuChoice, Settings, GPU_EXPECTED};
 
 pub const LIBRARY_FILE: &str = "libtllm_affinity.so";
 
@@ -120,14 +114,16 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
     }
     let mut command = Command::new(&args.command[0]);
     command.args(&args.command[1..]).envs(env.iter().cloned());
-    if !args.simulate {
-        let error = command.exec();
-        return Err(cannot_run(&args.command[0], &error));
+    if args.simulate {
+        let tree = super::simulate::cached_tree().map_err(Failure::usage)?;
+        eprintln!(
+            "tllm-affinity run: --simulate: {}",
+            super::simulate::describe(&tree)
+        );
+        command.env("TLLM_AFFINITY_SYSFS_ROOT", &tree);
     }
-    let dir = SimulatedTree::create()?;
-    command.env("TLLM_AFFINITY_SYSFS_ROOT", dir.path());
-    eprintln!("tllm-affinity run: --simulate: {}", dir.describe());
-    spawn_and_wait(&mut command, &args.command[0])
+    let error = command.exec();
+    Err(cannot_run(&args.command[0], &error))
 }
 
 /// The library to preload: `TLLM_AFFINITY_LIB`, else beside this binary (a build tree), else
@@ -326,7 +322,7 @@ fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure
 /// A warning when `--cpus` names no CPU this process may run on: the library would pin nothing,
 /// and the list is the user's, not "the GPU-local CPUs".
 fn cpus_outside_this_process(list: &str) -> Option<String> {
-    let wanted = crate::mask::CpuMask::parse_list(list).ok()?;
+    let wanted = tllm_affinity_core::mask::CpuMask::parse_list(list).ok()?;
     let allowed = kernel::get_mask(0).ok()?;
     wanted.intersection(&allowed).is_empty().then(|| {
         format!(
@@ -365,7 +361,7 @@ fn print_dry_run(args: &RunArgs, library: &Path, env: &[(String, OsString)]) {
             "library": lossy(library.as_os_str()),
             "env": vars,
             "simulate": args.simulate,
-            "exec": !args.simulate,
+            "exec": true,
             "command": args.command.iter().map(|a| lossy(a)).collect::<Vec<_>>(),
         });
         println!(
@@ -382,14 +378,14 @@ fn print_dry_run(args: &RunArgs, library: &Path, env: &[(String, OsString)]) {
         let _ = writeln!(out, "TLLM_AFFINITY_SYSFS_ROOT={SIMULATED_ROOT_PLACEHOLDER}");
     }
     let words: Vec<String> = args.command.iter().map(|a| shell_word(&lossy(a))).collect();
-    let how = if args.simulate { "spawn" } else { "exec" };
-    let _ = writeln!(out, "{how}: {}", words.join(" "));
+    let _ = writeln!(out, "exec: {}", words.join(" "));
     print!("{out}");
 }
 
-/// What `--dry-run` shows for the simulated tree, which exists only once the program runs.
+/// What `--dry-run` shows for the simulated tree, which is written (or found) only once the
+/// program runs.
 const SIMULATED_ROOT_PLACEHOLDER: &str =
-    "<a simulated host, written to a temporary directory when the program runs>";
+    "<the simulated host, in the cache directory when the program runs>";
 
 /// `word` quoted for a POSIX shell when it needs to be.
 fn shell_word(word: &str) -> String {
@@ -415,140 +411,6 @@ fn cannot_run(program: &OsStr, error: &std::io::Error) -> Failure {
         status,
         message: format!("cannot run '{}': {error}", program.to_string_lossy()),
     }
-}
-
-/// The simulated host of `--simulate`; the directory is removed when this is dropped.
-struct SimulatedTree {
-    dir: PathBuf,
-}
-
-impl SimulatedTree {
-    /// `simulated::two_node_one_gpu` over this process's CPUs, in a fresh `mkdtemp` directory.
-    fn create() -> Result<SimulatedTree, Failure> {
-        let allowed = kernel::get_mask(0).map_err(|errno| {
-            Failure::usage(format!(
-                "cannot read this process's CPU mask: {}",
-                std::io::Error::from_raw_os_error(errno)
-            ))
-        })?;
-        let template = std::env::temp_dir().join("tllm-affinity-simulated.XXXXXX");
-        let mut bytes = template.into_os_string().into_vec();
-        bytes.push(0);
-        // SAFETY: `bytes` is a writable NUL-terminated template ending in XXXXXX, as mkdtemp
-        // requires; it rewrites those six bytes in place and keeps the length.
-        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
-        if made.is_null() {
-            return Err(Failure::usage(format!(
-                "cannot create a temporary directory in {}: {}",
-                std::env::temp_dir().display(),
-                std::io::Error::last_os_error()
-            )));
-        }
-        bytes.pop();
-        let tree = SimulatedTree {
-            dir: PathBuf::from(OsString::from_vec(bytes)),
-        };
-        simulated::two_node_one_gpu(&allowed)
-            .write(&tree.dir)
-            .map_err(|e| {
-                Failure::usage(format!(
-                    "cannot write the simulated host in {}: {e}",
-                    tree.dir.display()
-                ))
-            })?;
-        Ok(tree)
-    }
-
-    fn path(&self) -> &Path {
-        &self.dir
-    }
-
-    /// One line: the made-up nodes and GPUs, so nobody mistakes the demo for the real host.
-    fn describe(&self) -> String {
-        let Ok(t) = Topology::read(&SysfsRoot::new(&self.dir)) else {
-            return format!("simulated host in {}", self.dir.display());
-        };
-        let (nodes, gpus) = super::simulate::nodes_and_gpus(&t);
-        format!(
-            "simulated host with NUMA {} and GPUs {} (sysfs tree {})",
-            nodes.join(", "),
-            gpus.join(", "),
-            self.dir.display()
-        )
-    }
-}
-
-impl Drop for SimulatedTree {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The program `run` waits for, for the forwarding handler; 0 before it exists.
-static CHILD: AtomicI32 = AtomicI32::new(0);
-/// A signal to forward that arrived before the program existed.
-static PENDING: AtomicI32 = AtomicI32::new(0);
-
-/// Signals `run` passes on to the program while it waits.
-const FORWARDED: [libc::c_int; 6] = [
-    libc::SIGTERM,
-    libc::SIGINT,
-    libc::SIGQUIT,
-    libc::SIGHUP,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-];
-
-/// Sends the signal on when another process sent it (`si_code <= 0`: `kill`, `sigqueue`,
-/// `tgkill`). A signal the kernel raised for the terminal (Ctrl-C, hangup) went to the program's
-/// process group too, and forwarding it would deliver it twice.
-extern "C" fn forward(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    let from_process = info.is_null() || unsafe { (*info).si_code } <= 0;
-    if !from_process {
-        return;
-    }
-    match CHILD.load(Ordering::Relaxed) {
-        0 => PENDING.store(signal, Ordering::Relaxed),
-        // SAFETY: kill is async-signal-safe and takes plain integers.
-        child => unsafe {
-            libc::kill(child, signal);
-        },
-    }
-}
-
-fn spawn_and_wait(command: &mut Command, program: &OsStr) -> Result<u8, Failure> {
-    for signal in FORWARDED {
-        // SAFETY: a zeroed sigaction is a valid starting value; the handler is an extern "C"
-        // function of the SA_SIGINFO shape that only touches atomics and calls kill. Caught
-        // signals return to their default action in the program at exec.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = forward
-                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                as libc::sighandler_t;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
-    }
-    let mut child = command.spawn().map_err(|e| cannot_run(program, &e))?;
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
-    // `run` has one thread, so the handler ran either wholly before the store (and left the signal
-    // here) or after it (and sent it itself).
-    let pending = PENDING.swap(0, Ordering::Relaxed);
-    if pending != 0 {
-        // SAFETY: kill with the pid of the child we just spawned and a signal number we caught.
-        unsafe { libc::kill(child.id() as i32, pending) };
-    }
-    let status = child
-        .wait()
-        .map_err(|e| Failure::usage(format!("waiting for the program: {e}")))?;
-    Ok(match (status.code(), status.signal()) {
-        (Some(code), _) => code as u8,
-        (None, Some(signal)) => 128u8.saturating_add(signal as u8),
-        (None, None) => 1,
-    })
 }
 
 #[cfg(test)]

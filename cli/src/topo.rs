@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::cgroup::{self, CgroupLimits, CgroupVersion};
-use crate::device::{visible_in_view, DeviceEnv};
-use crate::engine::kernel;
-use crate::gpus::{GpuSource, GpuView};
-use crate::mask::CpuMask;
-use crate::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::cgroup::{self, CgroupLimits, CgroupVersion};
+use tllm_affinity_core::device::{visible_in_view, DeviceEnv};
+use tllm_affinity_core::engine::kernel;
+use tllm_affinity_core::gpus::{GpuSource, GpuView};
+use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
 pub struct TopoArgs {
@@ -32,7 +32,7 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
         }
     };
     let topology = Topology::read(&root).map_err(|e| e.to_string())?;
-    let view = crate::gpus::current_view(&root, &topology, true);
+    let view = tllm_affinity_core::gpus::current_view(&root, &topology, true);
     let host = Host {
         view: &view,
         env: DeviceEnv::from_env(),
@@ -275,7 +275,7 @@ fn visible_text(h: &Host<'_>, out: &mut String) {
         Ok(visible) => {
             for (cuda, &i) in visible.iter().enumerate() {
                 let g = &v.gpus[i];
-                let local = crate::gpus::local_cpus(h.topology, g);
+                let local = tllm_affinity_core::gpus::local_cpus(h.topology, g);
                 let _ = writeln!(
                     out,
                     "  CUDA device {cuda}: {}{}, local CPUs [{}] from {}",
@@ -307,7 +307,7 @@ fn visible_json(h: &Host<'_>) -> Value {
                 .enumerate()
                 .map(|(cuda, &i)| {
                     let g = &v.gpus[i];
-                    let local = crate::gpus::local_cpus(h.topology, g);
+                    let local = tllm_affinity_core::gpus::local_cpus(h.topology, g);
                     json!({
                         "cuda_device": cuda,
                         "address": g.address,
@@ -413,7 +413,7 @@ fn to_json(h: &Host<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulated::dgx_h100_like;
+    use tllm_affinity_core::simulated::dgx_h100_like;
 
     fn masks(lists: &[&str]) -> Vec<CpuMask> {
         lists
@@ -442,7 +442,7 @@ mod tests {
         dgx_h100_like().write(dir.path()).unwrap();
         let root = SysfsRoot::new(dir.path());
         let t = Topology::read(&root).unwrap();
-        let view = crate::gpus::view(&root, &t.gpus, None);
+        let view = tllm_affinity_core::gpus::view(&root, &t.gpus, None);
         let host = Host {
             view: &view,
             env: DeviceEnv::default(),

@@ -4,17 +4,21 @@
 //! module only parses and turns failures into one line on stderr (a JSON object under `--json`)
 //! and an exit status.
 
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub mod cdi;
-pub mod plan;
-pub mod probe;
-pub mod ps;
-pub mod run;
-pub mod simulate;
-pub mod topo;
+mod cdi;
+mod plan;
+mod probe;
+mod ps;
+mod run;
+mod simulate;
+mod topo;
 
 /// What `plan` and `topo` add when the host shows no GPU: how to look at a simulated one.
 pub const NO_GPU_HINT: &str = "no GPU found on this host; try --simulate (tllm-affinity run), or     `tllm-affinity simulate DIR` and then --sysfs-root DIR (or TLLM_AFFINITY_SYSFS_ROOT=DIR)";
@@ -94,7 +98,8 @@ impl Command {
 }
 
 /// Parses the process arguments and runs the subcommand.
-pub fn main() -> ExitCode {
+#[allow(unsafe_code)]
+fn main() -> ExitCode {
     // Rust ignores SIGPIPE, so `ps PID | head` would end in a panic on the closed pipe; with the
     // default action the process ends quietly, as coreutils do. Programs `run` execs get the
     // default action either way.

@@ -1,11 +1,11 @@
 //! `tllm-affinity probe [--json] [--rounds N]`: thread handoff latency and cpuidle exit latencies,
-//! with a recommendation for `TLLM_AFFINITY_STEP_CORE` (see [`crate::probe`]).
+//! with a recommendation for `TLLM_AFFINITY_STEP_CORE` (see [`tllm_affinity_core::probe`]).
 
 use std::path::PathBuf;
 
-use crate::engine::kernel;
-use crate::probe;
-use crate::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::engine::kernel;
+use tllm_affinity_core::probe;
+use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {

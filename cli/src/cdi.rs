@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 
 use super::run::{find_library, find_python_hook_dir, LIBRARY_FILE};
 use super::Failure;
-use crate::elf;
+use tllm_affinity_core::elf;
 
 pub const KIND: &str = "tllm-affinity.dev/preload";
 pub const DEVICE: &str = "default";
@@ -122,7 +122,10 @@ fn spec(name: &str, library: &Path, preload: &Path, hook: Option<&HookSources>) 
         mount(preload, "/etc/ld.so.preload".to_string()),
     ];
     if let Some(hook) = hook {
-        let python = format!("{CONTAINER_DIR}/{}", crate::pyhook::PYTHON_BESIDE_LIBRARY);
+        let python = format!(
+            "{CONTAINER_DIR}/{}",
+            tllm_affinity_core::pyhook::PYTHON_BESIDE_LIBRARY
+        );
         mounts.push(mount(&hook.package, format!("{python}/tllm_affinity")));
         mounts.push(mount(
             &hook.module,
