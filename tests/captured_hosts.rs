@@ -168,7 +168,7 @@ impl Hwloc {
     /// NUMA nodes with their CPUs: a node is a memory child of the object whose PUs it serves.
     fn nodes(&self) -> BTreeMap<usize, CpuMask> {
         self.of_kind("NUMANode")
-            .map(|(i, o)| (o.os_index().unwrap(), self.pus(o.parent.unwrap())))
+            .map(|(_, o)| (o.os_index().unwrap(), self.pus(o.parent.unwrap())))
             .collect()
     }
 
@@ -232,36 +232,61 @@ impl Captured {
         )
     }
 
-    /// hwloc's GPUs in PCI order: (bus id, local CPUs, NUMA node).
-    fn hwloc_gpus(&self, hw: &Hwloc) -> Vec<(String, CpuMask, Option<usize>)> {
+    /// hwloc's GPUs in PCI order.
+    fn hwloc_gpus(&self, hw: &Hwloc) -> Vec<HwGpu> {
         let Some(class) = self.gpu_class else {
             return Vec::new();
         };
-        let mut gpus: Vec<_> = hw
+        let mut gpus: Vec<HwGpu> = hw
             .of_kind("PCI")
             .filter(|(_, o)| o.attr("class") == Some(class))
-            .map(|(i, o)| {
-                (
-                    o.attr("busid").unwrap().to_string(),
-                    hw.pus(hw.io_locality(i)),
-                    hw.io_node(i),
-                )
+            .map(|(i, o)| HwGpu {
+                busid: o.attr("busid").unwrap().to_string(),
+                local_cpus: hw.pus(hw.io_locality(i)),
+                node: hw.io_node(i),
             })
             .collect();
-        gpus.sort_by(|a, b| a.0.cmp(&b.0));
+        gpus.sort_by(|a, b| a.busid.cmp(&b.busid));
         gpus
     }
+}
+
+/// A GPU as hwloc places it: the PUs and the NUMA node of the object it hangs off.
+struct HwGpu {
+    busid: String,
+    local_cpus: CpuMask,
+    node: Option<usize>,
 }
 
 /// What a reader made of a tree, from `topo --json` or from [`Topology`].
 struct Seen {
     online: CpuMask,
-    /// id → (CPUs, has memory, distance row in node id order).
-    nodes: BTreeMap<usize, (CpuMask, bool, Vec<u32>)>,
-    /// CPU → (core id, package id, node, siblings).
-    cpus: BTreeMap<usize, (Option<usize>, Option<usize>, Option<usize>, CpuMask)>,
-    /// (address, numa_node, local CPUs) in PCI order.
-    gpus: Vec<(String, Option<usize>, CpuMask)>,
+    /// By node id.
+    nodes: BTreeMap<usize, SeenNode>,
+    /// By CPU number.
+    cpus: BTreeMap<usize, SeenCpu>,
+    /// In PCI order.
+    gpus: Vec<SeenGpu>,
+}
+
+struct SeenNode {
+    cpus: CpuMask,
+    has_memory: bool,
+    /// In node id order.
+    distances: Vec<u32>,
+}
+
+struct SeenCpu {
+    core_id: Option<usize>,
+    package_id: Option<usize>,
+    node: Option<usize>,
+    siblings: CpuMask,
+}
+
+struct SeenGpu {
+    address: String,
+    numa_node: Option<usize>,
+    local_cpus: CpuMask,
 }
 
 fn list(value: &Value) -> CpuMask {
@@ -276,55 +301,46 @@ fn index(value: &Value) -> Option<usize> {
     value.as_u64().map(|v| v as usize)
 }
 
+fn array(value: &Value) -> &Vec<Value> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {value}"))
+}
+
 impl Seen {
     fn from_topo_json(v: &Value) -> Seen {
-        let nodes = v["nodes"]
-            .as_array()
-            .unwrap()
+        let nodes = array(&v["nodes"])
             .iter()
             .map(|n| {
-                let distances = n["distances"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|d| d.as_u64().unwrap() as u32)
-                    .collect();
-                (
-                    index(&n["id"]).unwrap(),
-                    (
-                        list(&n["cpus"]),
-                        n["has_memory"].as_bool().unwrap(),
-                        distances,
-                    ),
-                )
+                let node = SeenNode {
+                    cpus: list(&n["cpus"]),
+                    has_memory: n["has_memory"].as_bool().unwrap(),
+                    distances: array(&n["distances"])
+                        .iter()
+                        .map(|d| d.as_u64().unwrap() as u32)
+                        .collect(),
+                };
+                (index(&n["id"]).unwrap(), node)
             })
             .collect();
-        let cpus = v["cpus"]
-            .as_array()
-            .unwrap()
+        let cpus = array(&v["cpus"])
             .iter()
             .map(|c| {
-                (
-                    index(&c["cpu"]).unwrap(),
-                    (
-                        index(&c["core_id"]),
-                        index(&c["package_id"]),
-                        index(&c["node"]),
-                        list(&c["siblings"]),
-                    ),
-                )
+                let cpu = SeenCpu {
+                    core_id: index(&c["core_id"]),
+                    package_id: index(&c["package_id"]),
+                    node: index(&c["node"]),
+                    siblings: list(&c["siblings"]),
+                };
+                (index(&c["cpu"]).unwrap(), cpu)
             })
             .collect();
-        let gpus = v["gpus"]
-            .as_array()
-            .unwrap()
+        let gpus = array(&v["gpus"])
             .iter()
-            .map(|g| {
-                (
-                    g["address"].as_str().unwrap().to_string(),
-                    index(&g["numa_node"]),
-                    list(&g["local_cpus"]),
-                )
+            .map(|g| SeenGpu {
+                address: g["address"].as_str().unwrap().to_string(),
+                numa_node: index(&g["numa_node"]),
+                local_cpus: list(&g["local_cpus"]),
             })
             .collect();
         Seen {
@@ -336,40 +352,40 @@ impl Seen {
     }
 
     fn from_topology(t: &Topology) -> Seen {
+        let nodes = t.nodes.iter().map(|n| {
+            let node = SeenNode {
+                cpus: n.cpus.clone(),
+                has_memory: n.has_memory,
+                distances: n.distances.clone(),
+            };
+            (n.id, node)
+        });
+        let cpus = t.cpus.iter().map(|c| {
+            let cpu = SeenCpu {
+                core_id: c.core_id,
+                package_id: c.package_id,
+                node: t.node_of_cpu(c.id),
+                siblings: c.siblings.clone(),
+            };
+            (c.id, cpu)
+        });
+        let gpus = t.gpus.iter().map(|g| SeenGpu {
+            address: g.address.clone(),
+            numa_node: g.numa_node,
+            local_cpus: t.gpu_local_cpus(g).cpus,
+        });
         Seen {
             online: t.online.clone(),
-            nodes: t
-                .nodes
-                .iter()
-                .map(|n| (n.id, (n.cpus.clone(), n.has_memory, n.distances.clone())))
-                .collect(),
-            cpus: t
-                .cpus
-                .iter()
-                .map(|c| {
-                    (
-                        c.id,
-                        (
-                            c.core_id,
-                            c.package_id,
-                            t.node_of_cpu(c.id),
-                            c.siblings.clone(),
-                        ),
-                    )
-                })
-                .collect(),
-            gpus: t
-                .gpus
-                .iter()
-                .map(|g| (g.address.clone(), g.numa_node, t.gpu_local_cpus(g).cpus))
-                .collect(),
+            nodes: nodes.collect(),
+            cpus: cpus.collect(),
+            gpus: gpus.collect(),
         }
     }
 
     /// Distance from node `from` to node `to`, by the row's node-id order.
     fn distance(&self, from: usize, to: usize) -> Option<u32> {
         let position = self.nodes.keys().position(|&id| id == to)?;
-        self.nodes[&from].2.get(position).copied()
+        self.nodes[&from].distances.get(position).copied()
     }
 }
 
@@ -387,23 +403,31 @@ fn assert_matches_hwloc(seen: &Seen, host: &Captured, hw: &Hwloc) {
             .nodes
             .get(&id)
             .unwrap_or_else(|| panic!("{what}: no node {id}"));
-        assert_eq!(node.0, cpus, "{what}: CPUs of NUMA node {id}");
+        assert_eq!(node.cpus, cpus, "{what}: CPUs of NUMA node {id}");
         for cpu in cpus.iter() {
-            assert_eq!(seen.cpus[&cpu].2, Some(id), "{what}: node of CPU {cpu}");
+            assert_eq!(seen.cpus[&cpu].node, Some(id), "{what}: node of CPU {cpu}");
         }
+    }
+    for (_, o) in hw.of_kind("NUMANode") {
+        let id = o.os_index().unwrap();
+        let local_memory = o.attr("local").is_some_and(|m| !m.starts_with('0'));
+        assert_eq!(
+            seen.nodes[&id].has_memory, local_memory,
+            "{what}: memory of node {id}"
+        );
     }
     for (id, node) in &seen.nodes {
         assert!(
-            node.0.is_subset(&seen.online),
+            node.cpus.is_subset(&seen.online),
             "{what}: node {id} lists CPUs [{}] that are not online [{}]",
-            node.0,
+            node.cpus,
             seen.online
         );
     }
     for (i, package) in hw.of_kind("Package") {
         for cpu in hw.pus(i).iter() {
             assert_eq!(
-                seen.cpus[&cpu].1,
+                seen.cpus[&cpu].package_id,
                 package.os_index(),
                 "{what}: package of CPU {cpu}"
             );
@@ -412,9 +436,16 @@ fn assert_matches_hwloc(seen: &Seen, host: &Captured, hw: &Hwloc) {
     for (i, core) in hw.of_kind("Core") {
         let threads = hw.pus(i);
         for cpu in threads.iter() {
-            let (core_id, _, _, siblings) = &seen.cpus[&cpu];
-            assert_eq!(*core_id, core.os_index(), "{what}: core of CPU {cpu}");
-            assert_eq!(*siblings, threads, "{what}: SMT siblings of CPU {cpu}");
+            let seen_cpu = &seen.cpus[&cpu];
+            assert_eq!(
+                seen_cpu.core_id,
+                core.os_index(),
+                "{what}: core of CPU {cpu}"
+            );
+            assert_eq!(
+                seen_cpu.siblings, threads,
+                "{what}: SMT siblings of CPU {cpu}"
+            );
         }
     }
     assert_eq!(
@@ -437,18 +468,18 @@ fn assert_matches_hwloc(seen: &Seen, host: &Captured, hw: &Hwloc) {
         }
     }
     let gpus = host.hwloc_gpus(hw);
-    let addresses: Vec<&str> = seen.gpus.iter().map(|g| g.0.as_str()).collect();
-    let expected: Vec<&str> = gpus.iter().map(|g| g.0.as_str()).collect();
+    let addresses: Vec<&str> = seen.gpus.iter().map(|g| g.address.as_str()).collect();
+    let expected: Vec<&str> = gpus.iter().map(|g| g.busid.as_str()).collect();
     assert_eq!(addresses, expected, "{what}: GPUs in PCI order");
-    for ((address, numa_node, local), (_, hw_local, hw_node)) in seen.gpus.iter().zip(&gpus) {
-        assert_eq!(local, hw_local, "{what}: local CPUs of GPU {address}");
-        let expected_node = if host.gpu_numa_node_files {
-            *hw_node
-        } else {
-            None
-        };
+    for (gpu, hw_gpu) in seen.gpus.iter().zip(&gpus) {
+        let address = &gpu.address;
         assert_eq!(
-            *numa_node, expected_node,
+            gpu.local_cpus, hw_gpu.local_cpus,
+            "{what}: local CPUs of GPU {address}"
+        );
+        let expected_node = hw_gpu.node.filter(|_| host.gpu_numa_node_files);
+        assert_eq!(
+            gpu.numa_node, expected_node,
             "{what}: numa_node of GPU {address}"
         );
     }
@@ -505,21 +536,19 @@ fn plan_cli_agrees_with_hwloc(host: &Captured) -> Vec<Value> {
     let gpus = host.hwloc_gpus(&hw);
     assert!(!gpus.is_empty(), "{}: hwloc lists no GPU", host.dir);
     let mut plans = Vec::new();
-    for (n, (address, local, _)) in gpus.iter().enumerate() {
+    for (n, gpu) in gpus.iter().enumerate() {
         let v = json_on(
             host,
             &["plan", "--gpu", &n.to_string(), "--cpus", &online, "--json"],
         );
-        assert_eq!(v["gpu"]["address"], address.as_str(), "{v}");
+        assert_eq!(v["gpu"]["address"], gpu.busid.as_str(), "{v}");
         assert_eq!(v["allowed"], online.as_str(), "{v}");
-        assert_eq!(list(&v["worker"]["cpus"]), *local, "{v}");
-        let listed: Vec<&str> = v["gpus"]
-            .as_array()
-            .unwrap()
+        assert_eq!(list(&v["worker"]["cpus"]), gpu.local_cpus, "{v}");
+        let listed: Vec<&str> = array(&v["gpus"])
             .iter()
             .map(|g| g["address"].as_str().unwrap())
             .collect();
-        let expected: Vec<&str> = gpus.iter().map(|g| g.0.as_str()).collect();
+        let expected: Vec<&str> = gpus.iter().map(|g| g.busid.as_str()).collect();
         assert_eq!(listed, expected, "{v}");
         plans.push(v);
     }
@@ -553,7 +582,7 @@ fn x86_gpu_server_plan_keeps_every_gpu_on_socket_0_and_pins_no_step_thread() {
     let gpus_on_0 = X86_GPU_SERVER
         .hwloc_gpus(&hw)
         .iter()
-        .filter(|g| g.2 == Some(0))
+        .filter(|g| g.node == Some(0))
         .count();
     let why =
         format!("NUMA node 0 has {cores_on_0} allowed core(s) for the {gpus_on_0} GPU(s) on it");
