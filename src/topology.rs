@@ -100,6 +100,7 @@ pub struct Cpu {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NumaNode {
     pub id: usize,
+    /// The node's online CPUs: its `cpulist` within `cpu/online`.
     pub cpus: CpuMask,
     /// The node's `distance` row: entry `i` is the distance to the `i`-th node of
     /// [`Topology::nodes`] (node ids ascending, as the kernel writes them).
@@ -427,7 +428,11 @@ fn read_nodes(root: &SysfsRoot, online: &CpuMask) -> Result<Vec<NumaNode>, Topol
     let mut nodes = Vec::with_capacity(ids.len());
     for id in ids {
         let node_dir = dir.join(format!("node{id}"));
-        let cpus = read_cpulist(&node_dir.join("cpulist"))?.unwrap_or_default();
+        // A node's cpulist may name CPUs that are not online (powerpc keeps offline CPUs there);
+        // they cannot be pinned to.
+        let cpus = read_cpulist(&node_dir.join("cpulist"))?
+            .unwrap_or_default()
+            .intersection(online);
         let distances = read_parsed(&node_dir.join("distance"), "distances", |t| {
             t.split_whitespace()
                 .map(|d| d.parse::<u32>().ok())
@@ -877,6 +882,7 @@ mod tests {
         put_gpu(dir.path(), "0000:01:00.0", "1", Some("2-3,6-7"));
         let t = read(dir.path());
         assert_eq!(t.cpus.len(), 7);
+        assert_eq!(t.nodes[1].cpus, mask("2-3,6"));
         assert_eq!(t.gpu_local_cpus(&t.gpus[0]).cpus, mask("2-3,6"));
     }
 
