@@ -9,17 +9,17 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::device::{resolve_device_on, DeviceEnv};
-use crate::engine::kernel::{self, Kernel};
+use crate::engine::kernel::Kernel;
 use crate::engine::process;
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::plan::{self, StepPlacement};
 use crate::registry::{Placement, Slot};
 use crate::settings::StepCore;
+use crate::sys;
 use crate::topology::{SysfsRoot, Topology};
 use crate::{log_error, log_info, log_warn};
 
@@ -100,7 +100,7 @@ pub fn pin_calling_thread(caller: Slot, device_id: i32, result: bool) -> i32 {
         Ok(()) => {
             log_info!(
                 "{what} thread {} pinned to CPU(s) [{mask}] for {target} ({})",
-                kernel::gettid(),
+                sys::gettid(),
                 placement.why
             );
             mask.count() as i32
@@ -233,10 +233,7 @@ pub fn try_lock(path: &Path) -> Result<File, LockError> {
     if !file.metadata().map_err(io_err)?.file_type().is_file() {
         return Err(LockError::NotRegular(path.to_path_buf()));
     }
-    // SAFETY: flock on a file descriptor this function owns and keeps open; no memory is passed.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = sys::try_flock_exclusive(&file) {
         return Err(match e.raw_os_error() {
             Some(libc::EWOULDBLOCK) => LockError::Held(path.to_path_buf()),
             _ => LockError::Io(path.to_path_buf(), e),
@@ -260,7 +257,7 @@ pub(crate) static HELD: EngineLock<Vec<HeldLock>> = EngineLock::new(Vec::new());
 /// holds nothing, so a later pin call tries again (the holder may have exited by then).
 fn claim_gpu(dir: &Path, address: &str) -> Result<(), LockError> {
     let mut held = HELD.lock();
-    let pid = kernel::getpid();
+    let pid = sys::getpid();
     // A forked child shares its parent's open file, and with it the lock: it is another process
     // on the GPU and must win the lock on its own.
     held.retain(|h| h.pid == pid);
@@ -349,9 +346,7 @@ mod tests {
         assert!(!dir.path().join("created-by-us").exists());
 
         let fifo = lock_path(dir.path(), "0000:3a:00.0");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: mkfifo reads a NUL-terminated path that lives across the call.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        sys::make_fifo(&fifo).unwrap();
         assert!(matches!(try_lock(&fifo), Err(LockError::NotRegular(_))));
     }
 

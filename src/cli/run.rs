@@ -20,7 +20,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,10 +29,10 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use serde_json::{json, Map, Value};
 
 use super::Failure;
-use crate::engine::kernel;
 use crate::pyhook;
 use crate::settings::{parse_gpu, GpuChoice, Settings, GPU_EXPECTED};
 use crate::simulated;
+use crate::sys;
 use crate::topology::{SysfsRoot, Topology};
 
 pub const LIBRARY_FILE: &str = "libtllm_affinity.so";
@@ -327,7 +327,7 @@ fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure
 /// and the list is the user's, not "the GPU-local CPUs".
 fn cpus_outside_this_process(list: &str) -> Option<String> {
     let wanted = crate::mask::CpuMask::parse_list(list).ok()?;
-    let allowed = kernel::get_mask(0).ok()?;
+    let allowed = sys::get_mask(0).ok()?;
     wanted.intersection(&allowed).is_empty().then(|| {
         format!(
             "--cpus {wanted} names no CPU this process may use (allowed: {allowed}); worker \
@@ -425,29 +425,20 @@ struct SimulatedTree {
 impl SimulatedTree {
     /// `simulated::two_node_one_gpu` over this process's CPUs, in a fresh `mkdtemp` directory.
     fn create() -> Result<SimulatedTree, Failure> {
-        let allowed = kernel::get_mask(0).map_err(|errno| {
+        let allowed = sys::get_mask(0).map_err(|errno| {
             Failure::usage(format!(
                 "cannot read this process's CPU mask: {}",
                 std::io::Error::from_raw_os_error(errno)
             ))
         })?;
-        let template = std::env::temp_dir().join("tllm-affinity-simulated.XXXXXX");
-        let mut bytes = template.into_os_string().into_vec();
-        bytes.push(0);
-        // SAFETY: `bytes` is a writable NUL-terminated template ending in XXXXXX, as mkdtemp
-        // requires; it rewrites those six bytes in place and keeps the length.
-        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
-        if made.is_null() {
-            return Err(Failure::usage(format!(
-                "cannot create a temporary directory in {}: {}",
-                std::env::temp_dir().display(),
-                std::io::Error::last_os_error()
-            )));
-        }
-        bytes.pop();
-        let tree = SimulatedTree {
-            dir: PathBuf::from(OsString::from_vec(bytes)),
-        };
+        let dir = sys::make_temp_dir(&std::env::temp_dir().join("tllm-affinity-simulated."))
+            .map_err(|e| {
+                Failure::usage(format!(
+                    "cannot create a temporary directory in {}: {e}",
+                    std::env::temp_dir().display()
+                ))
+            })?;
+        let tree = SimulatedTree { dir };
         simulated::two_node_one_gpu(&allowed)
             .write(&tree.dir)
             .map_err(|e| {
@@ -502,44 +493,29 @@ const FORWARDED: [libc::c_int; 6] = [
 /// Sends the signal on when another process sent it (`si_code <= 0`: `kill`, `sigqueue`,
 /// `tgkill`). A signal the kernel raised for the terminal (Ctrl-C, hangup) went to the program's
 /// process group too, and forwarding it would deliver it twice.
-extern "C" fn forward(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    let from_process = info.is_null() || unsafe { (*info).si_code } <= 0;
-    if !from_process {
+/// Runs in the signal handler: only atomics and `kill`.
+fn forward(signal: libc::c_int, sent_by_a_process: bool) {
+    if !sent_by_a_process {
         return;
     }
     match CHILD.load(Ordering::Relaxed) {
         0 => PENDING.store(signal, Ordering::Relaxed),
-        // SAFETY: kill is async-signal-safe and takes plain integers.
-        child => unsafe {
-            libc::kill(child, signal);
-        },
+        child => {
+            let _ = sys::kill(child, signal);
+        }
     }
 }
 
 fn spawn_and_wait(command: &mut Command, program: &OsStr) -> Result<u8, Failure> {
-    for signal in FORWARDED {
-        // SAFETY: a zeroed sigaction is a valid starting value; the handler is an extern "C"
-        // function of the SA_SIGINFO shape that only touches atomics and calls kill. Caught
-        // signals return to their default action in the program at exec.
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = forward
-                as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-                as libc::sighandler_t;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut());
-        }
-    }
+    // Caught signals return to their default action in the program at exec.
+    sys::on_signals(&FORWARDED, forward);
     let mut child = command.spawn().map_err(|e| cannot_run(program, &e))?;
     CHILD.store(child.id() as i32, Ordering::Relaxed);
     // `run` has one thread, so the handler ran either wholly before the store (and left the signal
     // here) or after it (and sent it itself).
     let pending = PENDING.swap(0, Ordering::Relaxed);
     if pending != 0 {
-        // SAFETY: kill with the pid of the child we just spawned and a signal number we caught.
-        unsafe { libc::kill(child.id() as i32, pending) };
+        let _ = sys::kill(child.id() as i32, pending);
     }
     let status = child
         .wait()

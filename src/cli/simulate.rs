@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use crate::engine::kernel;
 use crate::simulated;
+use crate::sys;
 use crate::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
@@ -36,7 +36,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
     let dir = dir
         .canonicalize()
         .map_err(|e| format!("'{}': {e}", dir.display()))?;
-    let allowed = kernel::get_mask(0).map_err(|errno| {
+    let allowed = sys::get_mask(0).map_err(|errno| {
         format!(
             "cannot read this process's CPU mask: {}",
             std::io::Error::from_raw_os_error(errno)

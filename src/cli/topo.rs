@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 
 use crate::cgroup::{self, CgroupLimits, CgroupVersion};
 use crate::device::{visible_in_view, DeviceEnv};
-use crate::engine::kernel;
 use crate::gpus::{GpuSource, GpuView};
 use crate::mask::CpuMask;
+use crate::sys;
 use crate::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
@@ -39,7 +39,7 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
         real: root.root() == Path::new("/"),
         root: &root,
         topology: &topology,
-        process_mask: kernel::get_mask(0).ok(),
+        process_mask: sys::get_mask(0).ok(),
         limits: cgroup::read_limits(),
     };
     if args.json {

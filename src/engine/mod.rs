@@ -29,6 +29,7 @@ use crate::policy::{self, Rule};
 use crate::registry::{LeaseKind, Registry, Role, Slot, ThreadMasks};
 use crate::report::Report;
 use crate::settings::{PolicyChoice, ProcessRole, Settings};
+use crate::sys;
 use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
 use crate::{log_debug, log_error, log_info, log_warn};
 use kernel::Kernel;
@@ -89,7 +90,7 @@ static OWN_PID: AtomicI32 = AtomicI32::new(0);
 /// Whether the caller runs in the process the registry describes (not in a child sharing its
 /// memory, nor in a child of `_Fork`/`clone` that skipped the fork handlers).
 pub fn in_own_process() -> bool {
-    OWN_PID.load(Ordering::Relaxed) == kernel::getpid()
+    OWN_PID.load(Ordering::Relaxed) == sys::getpid()
 }
 
 /// The load-time facts; only called after `ensure_init` returned `Active`.
@@ -139,12 +140,12 @@ fn initialise() -> State {
     if !real::resolve_all() {
         return State::Disabled;
     }
-    if kernel::is_secure_execution() {
+    if sys::is_secure_execution() {
         return State::Disabled;
     }
-    let pid = kernel::getpid();
+    let pid = sys::getpid();
     OWN_PID.store(pid, Ordering::Relaxed);
-    let main_mask = kernel::get_mask(pid).unwrap_or_default();
+    let main_mask = sys::get_mask(pid).unwrap_or_default();
     let launch = learn_launch(pid, &main_mask);
     let mask_at_load = launch.launch.clone();
     let said_already = launch.said_already;
@@ -176,8 +177,8 @@ fn initialise() -> State {
             }
         }
         if settings.strict {
-            // SAFETY: _exit ends the process at once; TLLM_AFFINITY_STRICT asked for exactly this.
-            unsafe { libc::_exit(2) };
+            // TLLM_AFFINITY_STRICT asked for exactly this.
+            sys::exit_now(2);
         }
         return State::Passive;
     }
@@ -197,8 +198,8 @@ fn initialise() -> State {
         Err(line) => {
             setting_line(said_already, &line);
             if settings.strict {
-                // SAFETY: as above: TLLM_AFFINITY_STRICT asks to stop at a bad setting.
-                unsafe { libc::_exit(2) };
+                // As above: TLLM_AFFINITY_STRICT asks to stop at a bad setting.
+                sys::exit_now(2);
             }
             true
         }
@@ -213,9 +214,8 @@ fn initialise() -> State {
         ProcessRole::Worker => Role::Worker,
         ProcessRole::Host => Role::Host,
     };
-    let handle = if kernel::gettid() == pid {
-        // SAFETY: pthread_self has no preconditions.
-        (unsafe { libc::pthread_self() }) as u64
+    let handle = if sys::gettid() == pid {
+        sys::pthread_self() as u64
     } else {
         0
     };
@@ -228,8 +228,7 @@ fn initialise() -> State {
         create::set_current_slot(main);
     }
     // The thread table is mapped later, by `publish_table_if_pending`.
-    // SAFETY: registering a plain extern "C" function with no arguments.
-    unsafe { libc::atexit(at_exit) };
+    sys::at_exit(at_exit);
     log_debug!(
         "loaded: mask at load [{mask_at_load}], cpuset [{cpuset}], constrained: {constrained}"
     );
@@ -303,7 +302,7 @@ fn setting_line(said_already: bool, line: &str) {
 /// library may call `setenv`, which races with any other thread's `getenv` (glibc may move
 /// `environ`). True in a constructor, unless another library's constructor started a thread.
 pub fn alone() -> bool {
-    kernel::gettid() == kernel::getpid() && Kernel.thread_ids().len() == 1
+    sys::gettid() == sys::getpid() && Kernel.thread_ids().len() == 1
 }
 
 /// Puts the launch's state in the environment, for every program this process starts however
@@ -318,7 +317,7 @@ fn hand_over_at_load(state: State) {
     if state == State::Disabled || !alone() {
         return;
     }
-    let main_mask = kernel::get_mask(0).unwrap_or_default();
+    let main_mask = sys::get_mask(0).unwrap_or_default();
     // The main thread is on the worker mask: a dedicated worker configured at load, or an image
     // started from a worker whose launch mask it took over.
     let placed = (state == State::Active && main_mask != facts.launch).then_some(&main_mask);
@@ -339,7 +338,7 @@ fn hand_over_at_load(state: State) {
 
 fn configure_dedicated_worker() {
     publish_table_if_pending();
-    let pid = kernel::getpid();
+    let pid = sys::getpid();
     let Some(main) = lock_registry().find_tid(pid) else {
         return;
     };
@@ -401,10 +400,9 @@ fn current_or_register() -> Slot {
             return slot;
         }
     }
-    let tid = kernel::gettid();
-    let mask = kernel::get_mask(0).unwrap_or_default();
-    // SAFETY: pthread_self has no preconditions.
-    let handle = unsafe { libc::pthread_self() } as u64;
+    let tid = sys::gettid();
+    let mask = sys::get_mask(0).unwrap_or_default();
+    let handle = sys::pthread_self() as u64;
     let mut reg = lock_registry();
     let slot = match reg.find_tid(tid) {
         Some(slot) => slot,
@@ -523,11 +521,11 @@ fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i
         exec::publish_target(reg.target().map(|t| &*t.mask));
         outcome
     };
-    let pid = kernel::getpid();
+    let pid = sys::getpid();
     if kind == LeaseKind::WorkerScope {
         log_info!(
             "worker scope opened on thread {} for {}: threads it creates are workers (lease {})",
-            kernel::gettid(),
+            sys::gettid(),
             set.device,
             outcome.lease
         );
@@ -677,7 +675,7 @@ pub fn report_json() -> String {
         (State::Active, Some(p)) => {
             let reg = lock_registry();
             Report::build(state_name(state), Some(p), &reg, |tid| {
-                kernel::get_mask(tid).ok()
+                sys::get_mask(tid).ok()
             })
         }
         _ => Report::build(state_name(state), None, &Registry::new(), |_| None),
@@ -787,13 +785,12 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
 /// and the parent's table, still mapped, is left to the parent.
 fn start_as_fork_child() {
     environ::after_fork_child();
-    OWN_PID.store(kernel::getpid(), Ordering::Relaxed);
+    OWN_PID.store(sys::getpid(), Ordering::Relaxed);
     objects::after_fork_in_child();
-    // SAFETY: pthread_self has no preconditions.
-    let handle = unsafe { libc::pthread_self() } as u64;
+    let handle = sys::pthread_self() as u64;
     {
         let mut reg = REGISTRY.lock();
-        reg.reset_after_fork(create::current_slot(), kernel::gettid(), handle);
+        reg.reset_after_fork(create::current_slot(), sys::gettid(), handle);
         exec::publish_target(reg.target().map(|t| &*t.mask));
     }
     lock_registry().publish_into(None);
@@ -835,6 +832,5 @@ fn register_fork_handlers() {
         unlock_all();
         start_as_fork_child();
     }
-    // SAFETY: three plain extern "C" functions with no arguments.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    sys::at_fork(prepare, parent, child);
 }
