@@ -27,6 +27,7 @@ pub mod engine;
 pub mod gpus;
 pub mod identity;
 pub mod launch;
+pub mod load_facts;
 #[allow(unsafe_code)]
 pub mod lock;
 pub mod log;

@@ -9,7 +9,7 @@
 //! [`recommend`]'s rule.
 //!
 //! The measuring threads pin themselves with the raw `sched_setaffinity` of
-//! [`crate::engine::kernel`]; the CLI does not preload the library.
+//! [`crate::sys`]; the CLI does not preload the library.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;

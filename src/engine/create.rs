@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use super::kernel::Kernel;
 use super::packets::{self, StartPacket};
 use super::real::{self, StartRoutine};
-use super::{objects, process, registry, State};
+use super::{load_facts, objects, registry, State};
 use crate::mask::CpuMask;
 use crate::registry::{ChildPlan, Slot};
 use crate::sys;
@@ -147,7 +147,7 @@ pub unsafe fn pthread_create(
 
 fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPlan {
     super::publish_table_if_pending();
-    let settings = &process().settings;
+    let settings = &load_facts().settings;
     let explicit = explicit_mask(attr);
     let in_worker_lib = !settings.worker_libs.is_empty()
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));

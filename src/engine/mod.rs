@@ -14,6 +14,7 @@ pub mod packets;
 pub mod publish;
 pub mod pyhook;
 pub mod real;
+pub mod step_pin;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
@@ -24,6 +25,7 @@ use crate::lock::{EngineGuard, EngineLock};
 use crate::cgroup;
 use crate::device::{resolve_device_on, DeviceEnv};
 use crate::launch::{self, LaunchId};
+use crate::load_facts::LoadFacts;
 use crate::mask::CpuMask;
 use crate::policy::{self, Rule};
 use crate::registry::{LeaseKind, Registry, Role, Slot, ThreadMasks};
@@ -49,20 +51,7 @@ pub enum State {
 
 static STATE: AtomicU8 = AtomicU8::new(State::Uninitialised as u8);
 
-/// What the library learned about the process at load.
-#[derive(Debug)]
-pub struct Process {
-    pub settings: Settings,
-    /// The main thread's mask when the library loaded, before it changed anything.
-    pub mask_at_load: CpuMask,
-    /// What the cgroup cpuset allows (the online CPUs where no cpuset is readable).
-    pub cpuset: CpuMask,
-    pub constrained: bool,
-    /// `TLLM_AFFINITY_STEP_CORE=<cpu>` names a CPU outside the mask at load: pins return -EINVAL.
-    pub step_core_invalid: bool,
-}
-
-static PROCESS: OnceLock<Process> = OnceLock::new();
+static LOAD_FACTS: OnceLock<LoadFacts> = OnceLock::new();
 
 /// One lock over the registry. It spins (yielding) instead of parking: parking_lot would park
 /// through a thread-local with a destructor, whose registration takes the loader lock, and a new
@@ -94,8 +83,8 @@ pub fn in_own_process() -> bool {
 }
 
 /// The load-time facts; only called after `ensure_init` returned `Active`.
-pub fn process() -> &'static Process {
-    PROCESS.get().expect("engine used before initialisation")
+pub fn load_facts() -> &'static LoadFacts {
+    LOAD_FACTS.get().expect("engine used before initialisation")
 }
 
 pub fn state() -> State {
@@ -128,7 +117,7 @@ pub fn ensure_init() -> State {
     }
     let outcome = catch_unwind(initialise).unwrap_or(State::Disabled);
     STATE.store(outcome as u8, Ordering::Release);
-    if outcome == State::Active && process().settings.process_role == ProcessRole::Worker {
+    if outcome == State::Active && load_facts().settings.process_role == ProcessRole::Worker {
         // Fails open like every entry point: a panic here must not abort the host program.
         let _ = catch_unwind(configure_dedicated_worker);
     }
@@ -232,7 +221,7 @@ fn initialise() -> State {
     log_debug!(
         "loaded: mask at load [{mask_at_load}], cpuset [{cpuset}], constrained: {constrained}"
     );
-    let _ = PROCESS.set(Process {
+    let _ = LOAD_FACTS.set(LoadFacts {
         settings,
         mask_at_load,
         cpuset,
@@ -450,7 +439,7 @@ fn resolve_worker_set(
     env: &DeviceEnv,
     nvml: bool,
 ) -> Result<WorkerSet, (i32, String)> {
-    let settings = &process().settings;
+    let settings = &load_facts().settings;
     if let Some(cpus) = &settings.cpus_override {
         return Ok(WorkerSet {
             device: format!("TLLM_AFFINITY_CPUS={cpus}"),
@@ -502,7 +491,7 @@ fn first_empty_for(device: &str) -> bool {
 }
 
 fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml: bool) -> i64 {
-    let p = process();
+    let p = load_facts();
     let call = match kind {
         LeaseKind::Configure => "configure",
         LeaseKind::WorkerScope => "begin_worker_scope",
@@ -671,7 +660,7 @@ pub fn note_adapter(name: &[u8], state: &[u8]) -> i32 {
 /// A JSON snapshot of the process as the library sees it, with the kernel's current masks.
 pub fn report_json() -> String {
     let state = ensure_init();
-    let mut report = match (state, PROCESS.get()) {
+    let mut report = match (state, LOAD_FACTS.get()) {
         (State::Active, Some(p)) => {
             let reg = lock_registry();
             Report::build(state_name(state), Some(p), &reg, |tid| {
@@ -727,7 +716,7 @@ pub fn publish_table_if_pending() {
     if !TABLE_PENDING.load(Ordering::Relaxed) {
         return;
     }
-    let Some(p) = PROCESS.get() else {
+    let Some(p) = LOAD_FACTS.get() else {
         return;
     };
     if TABLE_PENDING.swap(false, Ordering::AcqRel) {
@@ -749,7 +738,10 @@ extern "C" fn at_exit() {
 
 fn write_report_at_exit() {
     let _ = catch_unwind(|| {
-        let Some(path) = PROCESS.get().and_then(|p| p.settings.report_path.clone()) else {
+        let Some(path) = LOAD_FACTS
+            .get()
+            .and_then(|p| p.settings.report_path.clone())
+        else {
             return;
         };
         let used = crate::report::used_the_library(&REGISTRY.lock().history());
@@ -776,7 +768,7 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
         adopt_if_forked_without_handlers();
         publish_table_if_pending();
         let caller = current_or_register();
-        crate::step::pin_calling_thread(caller, device_id, result)
+        step_pin::pin_calling_thread(caller, device_id, result)
     }))
     .unwrap_or(-libc::EFAULT)
 }
