@@ -290,7 +290,7 @@ fn retarget_dedicated() {
     };
     // As at load, without NVML: the call may come from a library's constructor, under the
     // loader lock, where NVML must not be loaded.
-    let lease = super::configure_for(main, -1, LeaseKind::Configure, false);
+    let lease = super::api::configure_for(main, -1, LeaseKind::Configure, false);
     if lease < 0 {
         let target = lock_registry().target().map(|t| t.device.clone());
         log_warn!(
