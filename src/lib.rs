@@ -3,10 +3,16 @@
 //! The safe core lives here: CPU masks, the host topology read from sysfs, the cgroup limits,
 //! the CUDA device mapping, the policy table, the registry model of roles and placements, and the
 //! engine that the preload shims in `cdylib/` call. The compiler refuses `unsafe` everywhere but
-//! in the modules marked `allow(unsafe_code)` below: the engine (raw syscalls, the
-//! `pthread_create` trampoline, the interposed functions), the lock, NVML's `dlopen`, the log's
-//! raw `write` and the step lock's `flock`. Every unsafe
-//! block carries a `// SAFETY:` line, and an unsafe fn's body is checked like any other code.
+//! in the modules marked `allow(unsafe_code)` below:
+//! - [`sys`]: the raw system calls every safe layer uses (affinity, ids, errno, the log's
+//!   `write`, the step lock's `flock`, the CLI's `SIGPIPE` and user id), each behind a safe fn;
+//! - [`engine`]: the `pthread_create` trampoline, the interposed functions resolved with
+//!   `dlsym`, the pthread key, the shared-memory thread table, the exec and spawn shims;
+//! - [`lock`]: the spinning lock's `UnsafeCell` and its fork-time `force_unlock`;
+//! - [`nvml`]: NVML's `dlopen` and the foreign calls through it.
+//!
+//! Every unsafe block carries a `// SAFETY:` line, and an unsafe fn's body is checked like any
+//! other code. `tests/layers.rs` holds these modules to that list and the layers to their order.
 
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -18,10 +24,11 @@ pub mod elf;
 #[allow(unsafe_code)]
 pub mod engine;
 pub mod gpus;
+pub mod identity;
 pub mod launch;
+pub mod load_facts;
 #[allow(unsafe_code)]
 pub mod lock;
-#[allow(unsafe_code)]
 pub mod log;
 pub mod mask;
 #[allow(unsafe_code)]
@@ -35,7 +42,8 @@ pub mod report;
 pub mod settings;
 #[cfg(any(test, feature = "simulated"))]
 pub mod simulated;
-#[allow(unsafe_code)]
 pub mod step;
+#[allow(unsafe_code)]
+pub mod sys;
 pub mod threadtable;
 pub mod topology;

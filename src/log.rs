@@ -1,7 +1,7 @@
 //! One line per event on stderr, prefixed `[tllm-affinity]`, filtered by `TLLM_AFFINITY_LOG`.
 //!
-//! Lines go out with a single raw `write(2)`: no buffered stream, no lock that a fork or a
-//! signal could leave held.
+//! Lines go out with a single raw `write(2)` ([`crate::sys::write_stderr`]): no buffered stream,
+//! no lock that a fork or a signal could leave held.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -31,19 +31,7 @@ pub fn emit(level: LogLevel, message: &str) {
         LogLevel::Debug | LogLevel::Off => "debug",
     };
     let line = format!("{PREFIX} {tag}: {}\n", message.trim_end());
-    write_stderr(line.as_bytes());
-}
-
-fn write_stderr(mut bytes: &[u8]) {
-    while !bytes.is_empty() {
-        // SAFETY: the pointer and length describe a live byte slice; fd 2 may be closed, in
-        // which case write fails and the line is dropped.
-        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
-        if n <= 0 {
-            return;
-        }
-        bytes = &bytes[n as usize..];
-    }
+    crate::sys::write_stderr(line.as_bytes());
 }
 
 /// Formats only when the level is enabled: configure and release log on every call.

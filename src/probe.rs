@@ -9,7 +9,7 @@
 //! [`recommend`]'s rule.
 //!
 //! The measuring threads pin themselves with the raw `sched_setaffinity` of
-//! [`crate::engine::kernel`]; the CLI does not preload the library.
+//! [`crate::sys`]; the CLI does not preload the library.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::engine::kernel;
 use crate::mask::CpuMask;
+use crate::sys;
 use crate::topology::{CpuIdleState, Topology};
 
 /// How long the woken thread has been blocked before each wake-up: long enough for its core to
@@ -191,7 +191,7 @@ struct Shared {
 }
 
 fn pin_to(cpu: usize) -> Result<(), String> {
-    kernel::set_mask(0, &CpuMask::from_cpus([cpu])).map_err(|errno| {
+    sys::set_mask(0, &CpuMask::from_cpus([cpu])).map_err(|errno| {
         format!(
             "cannot pin a thread to CPU {cpu}: {}",
             std::io::Error::from_raw_os_error(errno)
@@ -698,7 +698,7 @@ mod tests {
 
     #[test]
     fn measures_a_real_handoff_on_this_machine() {
-        let mine = kernel::get_mask(0).unwrap();
+        let mine = sys::get_mask(0).unwrap();
         let cpu = mine.first().unwrap();
         let l = measure_handoff(cpu, cpu, 20, Duration::from_micros(50)).unwrap();
         assert_eq!(l.samples, 40);
@@ -712,7 +712,7 @@ mod tests {
 
     #[test]
     fn a_cpu_outside_the_mask_fails_the_case_without_hanging() {
-        let mine = kernel::get_mask(0).unwrap();
+        let mine = sys::get_mask(0).unwrap();
         let outside = (0..).find(|c| !mine.contains(*c)).unwrap();
         let e = measure_handoff(mine.first().unwrap(), outside, 5, Duration::ZERO).unwrap_err();
         assert!(e.contains(&format!("CPU {outside}")), "{e}");

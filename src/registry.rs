@@ -11,48 +11,14 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub use crate::identity::{Placement, Role, Tid};
 use crate::mask::CpuMask;
 use crate::threadtable;
 
-pub type Tid = i32;
 pub type SharedMask = Arc<CpuMask>;
 
 /// Index of a thread's entry; the engine stores `slot + 1` in the thread's pthread key.
 pub type Slot = u32;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Host,
-    Worker,
-}
-
-/// Who chose a thread's current mask (SPEC §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Placement {
-    Inherited,
-    Worker,
-    Step,
-    Result,
-    Explicit,
-    External,
-}
-
-impl Placement {
-    /// Masks the library chose, and so must put back.
-    pub fn set_by_library(self) -> bool {
-        matches!(
-            self,
-            Placement::Worker | Placement::Step | Placement::Result
-        )
-    }
-
-    /// Masks somebody else chose, which the library never overrides.
-    pub fn chosen_by_others(self) -> bool {
-        matches!(self, Placement::Explicit | Placement::External)
-    }
-}
 
 /// The kernel's per-thread masks, as the model needs them. Errors are positive errno values.
 pub trait ThreadMasks {

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::engine::Process;
+use crate::load_facts::LoadFacts;
 use crate::mask::CpuMask;
 use crate::registry::{History, LeaseInfo, Registry, Role, ThreadView, Tid};
 
@@ -61,7 +61,7 @@ pub struct Report {
 impl Report {
     pub fn build(
         state: &'static str,
-        process: Option<&Process>,
+        facts: Option<&LoadFacts>,
         registry: &Registry,
         kernel_mask: impl Fn(Tid) -> Option<CpuMask>,
     ) -> Report {
@@ -79,9 +79,9 @@ impl Report {
             library: env!("CARGO_PKG_VERSION"),
             pid: std::process::id(),
             state,
-            mask_at_load: process.map(|p| p.mask_at_load.to_list()),
-            cpuset: process.map(|p| p.cpuset.to_list()),
-            constrained: process.map(|p| p.constrained),
+            mask_at_load: facts.map(|p| p.mask_at_load.to_list()),
+            cpuset: facts.map(|p| p.cpuset.to_list()),
+            constrained: facts.map(|p| p.constrained),
             worker_mask: registry.target().map(|t| t.mask.to_list()),
             worker_device: registry.target().map(|t| t.device.clone()),
             leases: registry.leases().to_vec(),

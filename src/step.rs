@@ -3,25 +3,25 @@
 //! from pinning to the same CPUs under `auto`.
 //!
 //! Which CPUs is decided by [`crate::plan`] (the same code `tllm-affinity plan` prints); this
-//! module reads the inputs, takes the lock and pins the calling thread through the registry, whose
-//! birth rule keeps the pinned thread's children off its core.
+//! module reads the inputs and takes the lock ([`choose`]). The engine pins the calling thread
+//! through the registry (`engine::step_pin`), whose birth rule keeps the pinned thread's children
+//! off its core.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::device::{resolve_device_on, DeviceEnv};
-use crate::engine::kernel::{self, Kernel};
-use crate::engine::process;
+use crate::identity::Placement;
+use crate::load_facts::LoadFacts;
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::plan::{self, StepPlacement};
-use crate::registry::{Placement, Slot};
 use crate::settings::StepCore;
+use crate::sys;
 use crate::topology::{SysfsRoot, Topology};
-use crate::{log_error, log_info, log_warn};
+use crate::{log_error, log_warn};
 
 /// SPEC §6: `TLLM_AFFINITY_STEP_CORE=<cpu>` outside the process mask is a startup error; the
 /// returned line names the CPU and the mask.
@@ -34,47 +34,71 @@ pub fn check_at_load(step_core: StepCore, mask_at_load: &CpuMask) -> Result<(), 
     }
 }
 
-/// Pins the calling thread for `device_id` (resolved like `configure`'s; only `auto` looks at it,
-/// since `<cpu>` names the same CPUs for every device); returns the number of CPUs pinned to, 0
-/// when not pinned (with a warning saying why), or `-errno`.
-pub fn pin_calling_thread(caller: Slot, device_id: i32, result: bool) -> i32 {
-    let what = if result { "result" } else { "step" };
-    let p = process();
-    if p.step_core_invalid {
+/// Where a step or result thread goes: one CPU set, and the words the pin's log line gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepPin {
+    pub mask: CpuMask,
+    pub how: Placement,
+    /// What the CPUs were chosen for: `GPU <address>` or `TLLM_AFFINITY_STEP_CORE=<cpu>`.
+    pub target: String,
+    /// Why these CPUs, from the plan.
+    pub why: String,
+}
+
+/// `"step"` or `"result"`, as the log lines name the thread.
+pub fn thread_word(result: bool) -> &'static str {
+    if result {
+        "result"
+    } else {
+        "step"
+    }
+}
+
+/// Chooses the CPUs for the calling thread's pin for `device_id` (resolved like `configure`'s;
+/// only `auto` looks at it, since `<cpu>` names the same CPUs for every device), taking the GPU's
+/// lock under `auto`. `Err` carries the pin's return value: 0 when not pinned (with a warning
+/// saying why), or `-errno`. The engine pins the thread under the registry lock.
+pub fn choose(facts: &LoadFacts, device_id: i32, result: bool) -> Result<StepPin, i32> {
+    let what = thread_word(result);
+    if facts.step_core_invalid {
         log_warn!(
             "{what} thread for device {device_id} not pinned: TLLM_AFFINITY_STEP_CORE names a \
              CPU outside the process mask (see the error at load)"
         );
-        return -libc::EINVAL;
+        return Err(-libc::EINVAL);
     }
-    let setting = p.settings.step_core;
+    let setting = facts.settings.step_core;
     if setting == StepCore::Off {
         log_warn!(
             "TLLM_AFFINITY_STEP_CORE is off: {what} thread for device {device_id} not pinned"
         );
-        return 0;
+        return Err(0);
     }
-    let root = SysfsRoot::new(p.settings.sysfs_root.clone());
+    let root = SysfsRoot::new(facts.settings.sysfs_root.clone());
     let topology = match Topology::read(&root) {
         Ok(t) => t,
         Err(e) => {
             log_error!("{what} thread for device {device_id} not pinned: {e}");
-            return -libc::EIO;
+            return Err(-libc::EIO);
         }
     };
-    let allowed = p.mask_at_load.intersection(&p.cpuset);
+    let allowed = facts.mask_at_load.intersection(&facts.cpuset);
     let (placement, target) = match setting {
         StepCore::Cpu(cpu) => match plan::explicit_placement(&topology, &allowed, cpu) {
             Ok(placement) => (placement, format!("TLLM_AFFINITY_STEP_CORE={cpu}")),
             Err(reason) => {
                 log_warn!("{what} thread for device {device_id} not pinned: {reason}");
-                return -libc::EINVAL;
+                return Err(-libc::EINVAL);
             }
         },
-        _ => match auto(&topology, &root, &allowed, device_id, what) {
-            Ok(found) => found,
-            Err(rc) => return rc,
-        },
+        _ => auto(
+            &topology,
+            &root,
+            &allowed,
+            &facts.settings.lock_dir,
+            device_id,
+            what,
+        )?,
     };
     let mask = if result {
         match placement.result {
@@ -85,7 +109,7 @@ pub fn pin_calling_thread(caller: Slot, device_id: i32, result: bool) -> i32 {
                      core besides the step core [{}]",
                     placement.step
                 );
-                return 0;
+                return Err(0);
             }
         }
     } else {
@@ -96,24 +120,12 @@ pub fn pin_calling_thread(caller: Slot, device_id: i32, result: bool) -> i32 {
     } else {
         Placement::Step
     };
-    match crate::engine::lock_registry().pin(caller, mask.clone(), how, &Kernel) {
-        Ok(()) => {
-            log_info!(
-                "{what} thread {} pinned to CPU(s) [{mask}] for {target} ({})",
-                kernel::gettid(),
-                placement.why
-            );
-            mask.count() as i32
-        }
-        Err(errno) => {
-            log_warn!(
-                "{what} thread for {target} not pinned: setting its mask to [{mask}] failed \
-                 ({})",
-                io::Error::from_raw_os_error(errno)
-            );
-            -errno
-        }
-    }
+    Ok(StepPin {
+        mask,
+        how,
+        target,
+        why: placement.why,
+    })
 }
 
 /// `auto`: this GPU's placement from the host-wide plan, once this process holds the GPU's lock.
@@ -122,6 +134,7 @@ fn auto(
     topology: &Topology,
     root: &SysfsRoot,
     allowed: &CpuMask,
+    lock_dir: &Path,
     device_id: i32,
     what: &str,
 ) -> Result<(StepPlacement, String), i32> {
@@ -149,7 +162,7 @@ fn auto(
             return Err(0);
         }
     };
-    if let Err(e) = claim_gpu(&process().settings.lock_dir, &resolved.address) {
+    if let Err(e) = claim_gpu(lock_dir, &resolved.address) {
         log_warn!("{what} thread for {target} not pinned: {e}");
         return Err(0);
     }
@@ -233,10 +246,7 @@ pub fn try_lock(path: &Path) -> Result<File, LockError> {
     if !file.metadata().map_err(io_err)?.file_type().is_file() {
         return Err(LockError::NotRegular(path.to_path_buf()));
     }
-    // SAFETY: flock on a file descriptor this function owns and keeps open; no memory is passed.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
+    if let Err(e) = sys::try_flock_exclusive(&file) {
         return Err(match e.raw_os_error() {
             Some(libc::EWOULDBLOCK) => LockError::Held(path.to_path_buf()),
             _ => LockError::Io(path.to_path_buf(), e),
@@ -260,7 +270,7 @@ pub(crate) static HELD: EngineLock<Vec<HeldLock>> = EngineLock::new(Vec::new());
 /// holds nothing, so a later pin call tries again (the holder may have exited by then).
 fn claim_gpu(dir: &Path, address: &str) -> Result<(), LockError> {
     let mut held = HELD.lock();
-    let pid = kernel::getpid();
+    let pid = sys::getpid();
     // A forked child shares its parent's open file, and with it the lock: it is another process
     // on the GPU and must win the lock on its own.
     held.retain(|h| h.pid == pid);
@@ -349,9 +359,7 @@ mod tests {
         assert!(!dir.path().join("created-by-us").exists());
 
         let fifo = lock_path(dir.path(), "0000:3a:00.0");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: mkfifo reads a NUL-terminated path that lives across the call.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        sys::make_fifo(&fifo).unwrap();
         assert!(matches!(try_lock(&fifo), Err(LockError::NotRegular(_))));
     }
 

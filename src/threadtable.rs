@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::registry::{Placement, Role, Tid};
+use crate::identity::{Placement, Role, Tid};
 
 pub const MAGIC: &[u8; 8] = b"TLLMAFT1";
 pub const HEADER_BYTES: usize = 64;

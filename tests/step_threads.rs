@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
-use tllm_affinity_core::engine::kernel;
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::simulated::{two_node_one_gpu, SimulatedHost};
+use tllm_affinity_core::sys;
 
 fn step_pin() -> PathBuf {
     program("step_pin.py")
@@ -23,7 +23,7 @@ fn step_pin() -> PathBuf {
 
 /// The two lowest CPUs this test may use (they become the simulated host's CPUs).
 fn two_cpus() -> (usize, usize) {
-    let mask = kernel::get_mask(0).expect("this thread's mask");
+    let mask = sys::get_mask(0).expect("this thread's mask");
     let cpus: Vec<usize> = mask.iter().take(2).collect();
     assert!(
         cpus.len() == 2,
@@ -293,7 +293,7 @@ fn auto_pins_step_and_result_cores_when_the_pool_has_two_cores_per_gpu() {
 fn a_cpu_outside_the_mask_fails_at_startup_and_pins_return_einval() {
     let (a, b) = two_cpus();
     let host = Host::new(&two_node_one_gpu(&cpus(&[a, b])));
-    let mask = kernel::get_mask(0).unwrap();
+    let mask = sys::get_mask(0).unwrap();
     let outside = (5..).find(|&c| !mask.contains(c)).unwrap();
     let text = outside.to_string();
     let run = host

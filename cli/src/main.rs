@@ -98,13 +98,11 @@ impl Command {
 }
 
 /// Parses the process arguments and runs the subcommand.
-#[allow(unsafe_code)]
 fn main() -> ExitCode {
     // Rust ignores SIGPIPE, so `ps PID | head` would end in a panic on the closed pipe; with the
     // default action the process ends quietly, as coreutils do. Programs `run` execs get the
     // default action either way.
-    // SAFETY: setting a signal's disposition to SIG_DFL before any thread exists.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    tllm_affinity_core::sys::default_sigpipe();
     let cli = Cli::parse();
     let (name, outcome) = match &cli.command {
         Command::Run(args) => ("run", run::run(args)),

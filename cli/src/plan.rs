@@ -8,10 +8,10 @@ use serde_json::{json, Value};
 
 use tllm_affinity_core::cgroup;
 use tllm_affinity_core::device::{resolve_device_on, DeviceEnv};
-use tllm_affinity_core::engine::kernel;
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::plan::{self, CpuPlan, GpuPlacement, PlanInput, StepPlacement};
 use tllm_affinity_core::settings::{Settings, StepCore};
+use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
@@ -72,7 +72,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
             Ok(_) => return Err(format!("--cpus '{list}': expected a non-empty cpulist")),
             Err(e) => return Err(format!("--cpus: {e}")),
         },
-        None => kernel::get_mask(0).map_err(|errno| {
+        None => sys::get_mask(0).map_err(|errno| {
             format!(
                 "cannot read the process mask: {}",
                 std::io::Error::from_raw_os_error(errno)

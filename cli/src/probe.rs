@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use tllm_affinity_core::engine::kernel;
 use tllm_affinity_core::probe;
+use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
@@ -31,7 +31,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), String> {
         }
     };
     let topology = Topology::read(&root).map_err(|e| e.to_string())?;
-    let mask = kernel::get_mask(0).map_err(|errno| {
+    let mask = sys::get_mask(0).map_err(|errno| {
         format!(
             "cannot read the process mask: {}",
             std::io::Error::from_raw_os_error(errno)
@@ -60,7 +60,7 @@ mod tests {
             .and_then(|r| r.parse().ok())
             .unwrap_or(50);
         let topology = Topology::read(&SysfsRoot::default()).unwrap();
-        let mask = kernel::get_mask(0).unwrap();
+        let mask = sys::get_mask(0).unwrap();
         let report = probe::run(&topology, &mask, rounds);
         let text = report.to_text();
         println!("$ tllm-affinity probe --rounds {rounds}\n{text}");

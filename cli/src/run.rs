@@ -25,9 +25,9 @@ use std::process::Command;
 use serde_json::{json, Map, Value};
 
 use super::Failure;
-use tllm_affinity_core::engine::kernel;
 use tllm_affinity_core::pyhook;
 use tllm_affinity_core::settings::{parse_gpu, GpuChoice, Settings, GPU_EXPECTED};
+use tllm_affinity_core::sys;
 
 pub const LIBRARY_FILE: &str = "libtllm_affinity.so";
 
@@ -323,7 +323,7 @@ fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure
 /// and the list is the user's, not "the GPU-local CPUs".
 fn cpus_outside_this_process(list: &str) -> Option<String> {
     let wanted = tllm_affinity_core::mask::CpuMask::parse_list(list).ok()?;
-    let allowed = kernel::get_mask(0).ok()?;
+    let allowed = sys::get_mask(0).ok()?;
     wanted.intersection(&allowed).is_empty().then(|| {
         format!(
             "--cpus {wanted} names no CPU this process may use (allowed: {allowed}); worker \

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use tllm_affinity_core::engine::kernel;
 use tllm_affinity_core::simulated;
+use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
@@ -86,7 +86,7 @@ pub fn nodes_and_gpus(topology: &Topology) -> (Vec<String>, Vec<String>) {
 
 /// The built-in simulated host over this process's CPUs.
 fn simulated_host() -> Result<simulated::SimulatedHost, String> {
-    let allowed = kernel::get_mask(0).map_err(|errno| {
+    let allowed = sys::get_mask(0).map_err(|errno| {
         format!(
             "cannot read this process's CPU mask: {}",
             std::io::Error::from_raw_os_error(errno)
@@ -149,10 +149,7 @@ fn cache_dir() -> Result<PathBuf, String> {
             return Ok(dir);
         }
     }
-    // /proc/self belongs to this process's effective uid.
-    let uid = std::fs::metadata("/proc/self")
-        .map_err(|e| format!("cannot read /proc/self: {e}"))?
-        .uid();
+    let uid = sys::effective_uid();
     let dir = std::env::temp_dir().join(format!("tllm-affinity-{uid}"));
     let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
     let meta = std::fs::symlink_metadata(&dir).map_err(|e| format!("'{}': {e}", dir.display()))?;

@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 
 use tllm_affinity_core::cgroup::{self, CgroupLimits, CgroupVersion};
 use tllm_affinity_core::device::{visible_in_view, DeviceEnv};
-use tllm_affinity_core::engine::kernel;
 use tllm_affinity_core::gpus::{GpuSource, GpuView};
 use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
@@ -39,7 +39,7 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
         real: root.root() == Path::new("/"),
         root: &root,
         topology: &topology,
-        process_mask: kernel::get_mask(0).ok(),
+        process_mask: sys::get_mask(0).ok(),
         limits: cgroup::read_limits(),
     };
     if args.json {

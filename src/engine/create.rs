@@ -16,12 +16,13 @@ use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::kernel::{self, Kernel};
+use super::kernel::Kernel;
 use super::packets::{self, StartPacket};
 use super::real::{self, StartRoutine};
-use super::{objects, process, registry, State};
+use super::{load_facts, objects, registry, State};
 use crate::mask::CpuMask;
 use crate::registry::{ChildPlan, Slot};
+use crate::sys;
 
 /// The pthread key whose value is `slot + 1` for every registered thread (with [`EXITING`] once
 /// its exit was first seen); `u32::MAX` until created.
@@ -107,19 +108,19 @@ pub unsafe fn pthread_create(
         // SAFETY: the caller's own arguments, passed on unchanged.
         return unsafe { real_create(thread, attr, None, arg) };
     };
-    let saved_errno = kernel::errno();
+    let saved_errno = sys::errno();
     let plan = if super::ensure_init() == State::Active {
         catch_unwind(AssertUnwindSafe(|| plan_child(attr, start))).ok()
     } else {
         None
     };
     let Some(plan) = plan else {
-        kernel::set_errno(saved_errno);
+        sys::set_errno(saved_errno);
         // SAFETY: the caller's own arguments, passed on unchanged.
         return unsafe { real_create(thread, attr, Some(start), arg) };
     };
     let packet = packets::hand_over(StartPacket { start, arg, plan });
-    kernel::set_errno(saved_errno);
+    sys::set_errno(saved_errno);
     // SAFETY: the trampoline has the start-routine ABI (C-unwind only adds permission to unwind)
     // and takes ownership of the packet, which stays alive until it does.
     let rc = unsafe {
@@ -133,26 +134,26 @@ pub unsafe fn pthread_create(
         )
     };
     if rc != 0 {
-        let errno_after = kernel::errno();
+        let errno_after = sys::errno();
         // SAFETY: the thread was not created, so the packet is still ours alone.
         let packet = unsafe { packets::reclaim(packet) };
         let _ = catch_unwind(AssertUnwindSafe(|| {
             super::lock_registry().cancel_child(packet.plan)
         }));
-        kernel::set_errno(errno_after);
+        sys::set_errno(errno_after);
     }
     rc
 }
 
 fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPlan {
     super::publish_table_if_pending();
-    let settings = &process().settings;
+    let settings = &load_facts().settings;
     let explicit = explicit_mask(attr);
     let in_worker_lib = !settings.worker_libs.is_empty()
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
     let creator = current_slot();
     // SAFETY: pthread_self has no preconditions.
-    let me = kernel::tid_of(unsafe { libc::pthread_self() });
+    let me = sys::tid_of(unsafe { libc::pthread_self() });
     let mut reg = super::lock_registry();
     // The creator's entry names another tid than its descriptor: a child of `_Fork` or a raw
     // `clone`, where no fork handler ran.
@@ -183,7 +184,7 @@ fn explicit_mask(attr: *const libc::pthread_attr_t) -> Option<CpuMask> {
         let unset = small.iter().all(|&b| b == 0xff);
         return (!unset).then(|| CpuMask::from_kernel_bytes(&small));
     }
-    let mut big = vec![0u8; kernel::mask_bytes().max(256)];
+    let mut big = vec![0u8; sys::mask_bytes().max(256)];
     // SAFETY: as above with a buffer of `big.len()` bytes.
     let rc = unsafe { libc::pthread_attr_getaffinity_np(attr, big.len(), big.as_mut_ptr().cast()) };
     let unset = big.iter().all(|&b| b == 0xff);
@@ -205,11 +206,11 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
 fn register_self(mut plan: ChildPlan) {
     // SAFETY: pthread_self has no preconditions.
     let handle = unsafe { libc::pthread_self() };
-    let tid = kernel::tid_of(handle);
+    let tid = sys::tid_of(handle);
     // Outside the registry lock: the move can migrate this thread to another CPU.
     if plan
         .move_at_birth()
-        .is_some_and(|mask| kernel::set_mask(tid, mask).is_ok())
+        .is_some_and(|mask| sys::set_mask(tid, mask).is_ok())
     {
         plan.mark_moved();
     }

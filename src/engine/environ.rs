@@ -19,11 +19,12 @@ use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use super::kernel::{self, Kernel};
+use super::kernel::Kernel;
 use super::{in_own_process, lock_registry, state, State};
 use crate::device::{DeviceEnv, LOCAL_RANK_VARS};
 use crate::lock::EngineLock;
 use crate::registry::LeaseKind;
+use crate::sys;
 use crate::{log_debug, log_warn};
 
 /// The variables that decide which GPU a device number (or `-1`) means.
@@ -110,7 +111,7 @@ fn after(changes: impl FnOnce() -> Vec<(&'static str, Option<String>, bool)>) {
     if !acting() {
         return;
     }
-    let saved = kernel::errno();
+    let saved = sys::errno();
     // Fails open like every entry point: the program's setenv already happened.
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let mut changed = Vec::new();
@@ -123,7 +124,7 @@ fn after(changes: impl FnOnce() -> Vec<(&'static str, Option<String>, bool)>) {
             follow(&changed);
         }
     }));
-    kernel::set_errno(saved);
+    sys::set_errno(saved);
 }
 
 fn name_of(ptr: *const c_char) -> Option<&'static str> {
@@ -146,7 +147,7 @@ fn text_of(ptr: *const c_char) -> String {
 /// The arguments are those of `setenv(3)`.
 pub unsafe fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int) -> c_int {
     let Some(real_setenv) = super::real::setenv() else {
-        kernel::set_errno(libc::ENOSYS);
+        sys::set_errno(libc::ENOSYS);
         return -1;
     };
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -164,7 +165,7 @@ pub unsafe fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int
 /// The argument is that of `putenv(3)`.
 pub unsafe fn putenv(string: *mut c_char) -> c_int {
     let Some(real_putenv) = super::real::putenv() else {
-        kernel::set_errno(libc::ENOSYS);
+        sys::set_errno(libc::ENOSYS);
         return -1;
     };
     // SAFETY: the caller's argument, passed on unchanged.
@@ -194,7 +195,7 @@ pub unsafe fn putenv(string: *mut c_char) -> c_int {
 /// The argument is that of `unsetenv(3)`.
 pub unsafe fn unsetenv(name: *const c_char) -> c_int {
     let Some(real_unsetenv) = super::real::unsetenv() else {
-        kernel::set_errno(libc::ENOSYS);
+        sys::set_errno(libc::ENOSYS);
         return -1;
     };
     // SAFETY: the caller's argument, passed on unchanged.
@@ -212,7 +213,7 @@ pub unsafe fn unsetenv(name: *const c_char) -> c_int {
 /// As `clearenv(3)`.
 pub unsafe fn clearenv() -> c_int {
     let Some(real_clearenv) = super::real::clearenv() else {
-        kernel::set_errno(libc::ENOSYS);
+        sys::set_errno(libc::ENOSYS);
         return -1;
     };
     // SAFETY: no arguments.
@@ -283,13 +284,13 @@ fn retarget_dedicated() {
         DEDICATED.store(0, Ordering::Release);
         return;
     }
-    let pid = kernel::getpid();
+    let pid = sys::getpid();
     let Some(main) = lock_registry().find_tid(pid) else {
         return;
     };
     // As at load, without NVML: the call may come from a library's constructor, under the
     // loader lock, where NVML must not be loaded.
-    let lease = super::configure_for(main, -1, LeaseKind::Configure, false);
+    let lease = super::api::configure_for(main, -1, LeaseKind::Configure, false);
     if lease < 0 {
         let target = lock_registry().target().map(|t| t.device.clone());
         log_warn!(

@@ -72,20 +72,6 @@ fn read_target(out: &mut [u64; WORDS]) -> Option<usize> {
     None
 }
 
-/// The calling thread's mask as words, read with the raw syscall into `out`.
-fn own_mask(out: &mut [u64; WORDS]) -> Option<usize> {
-    // SAFETY: the kernel writes at most `size_of_val(out)` bytes into `out`.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_sched_getaffinity,
-            0,
-            std::mem::size_of_val(out),
-            out.as_mut_ptr(),
-        )
-    };
-    (rc > 0).then(|| (rc as usize).div_ceil(8))
-}
-
 /// Trailing zero words do not make masks differ.
 fn same_words(a: &[u64], b: &[u64]) -> bool {
     let n = a.len().max(b.len());
@@ -97,7 +83,7 @@ fn same_words(a: &[u64], b: &[u64]) -> bool {
 fn worker_mask_of_caller(facts: &LaunchFacts) -> Option<([u64; WORDS], usize)> {
     let (mut target, mut mine) = ([0u64; WORDS], [0u64; WORDS]);
     let target_len = read_target(&mut target)?;
-    let mine_len = own_mask(&mut mine)?;
+    let mine_len = crate::sys::own_mask_words(&mut mine)?;
     let (placed, own) = (&target[..target_len], &mine[..mine_len]);
     (same_words(placed, own) && !same_words(placed, facts.launch.words()))
         .then_some((target, target_len))
@@ -294,7 +280,7 @@ pub unsafe fn posix_spawn(
 }
 
 fn fail_enosys() -> c_int {
-    super::kernel::set_errno(libc::ENOSYS);
+    crate::sys::set_errno(libc::ENOSYS);
     -1
 }
 

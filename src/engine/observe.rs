@@ -18,10 +18,10 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
-use super::kernel;
 use super::{ensure_init, real, registry, State};
 use crate::lock;
 use crate::registry::{Registry, Tid};
+use crate::sys;
 
 /// Threads whose masks the application set and the registry has not taken in yet. Far more than
 /// can be outstanding between two registry operations; when it is full, the change is still found
@@ -38,13 +38,13 @@ pub unsafe fn sched_setaffinity(
     mask: *const libc::cpu_set_t,
 ) -> c_int {
     let Some(real_set) = real::sched_setaffinity() else {
-        kernel::set_errno(libc::ENOSYS);
+        sys::set_errno(libc::ENOSYS);
         return -1;
     };
     // SAFETY: the caller's own arguments, passed on unchanged.
     let call = || unsafe { real_set(pid, size, mask) } == 0;
     // The raw syscall, not a cached tid: a vfork child has its parent's thread-local state.
-    let ok = observed(call, || if pid == 0 { kernel::gettid() } else { pid });
+    let ok = observed(call, || if pid == 0 { sys::gettid() } else { pid });
     if ok {
         0
     } else {
@@ -69,7 +69,7 @@ pub unsafe fn pthread_setaffinity_np(
             rc = unsafe { real_set(thread, size, mask) };
             rc == 0
         },
-        || kernel::tid_of(thread),
+        || sys::tid_of(thread),
     );
     rc
 }
@@ -84,9 +84,9 @@ fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
     let guard = (!lock::held_by_this_thread()).then(|| registry().lock());
     let ok = call();
     if ok {
-        let errno = kernel::errno();
+        let errno = sys::errno();
         queue(tid());
-        kernel::set_errno(errno);
+        sys::set_errno(errno);
     }
     drop(guard);
     ok
@@ -117,7 +117,7 @@ pub(super) fn take_queued(reg: &mut Registry) {
         if tid == 0 {
             continue;
         }
-        if let (Some(slot), Ok(actual)) = (reg.find_tid(tid), kernel::get_mask(tid)) {
+        if let (Some(slot), Ok(actual)) = (reg.find_tid(tid), sys::get_mask(tid)) {
             reg.observe_explicit(slot, actual);
         }
     }

@@ -1,13 +1,22 @@
-//! Maps the live thread table (see [`crate::threadtable`]) that `tllm-affinity ps` reads.
+//! Publishing: the live thread table (see [`crate::threadtable`]) that `tllm-affinity ps` reads,
+//! mapped when the process first starts to matter, its path, and what happens at exit (the
+//! report `TLLM_AFFINITY_REPORT` asks for, the table's removal).
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
+use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use super::api::report_json;
+use super::exec;
+use super::{in_own_process, lock_registry, LOAD_FACTS, REGISTRY};
+
+use crate::lock::EngineLock;
 use crate::threadtable::{self, CAPACITY, HEADER_BYTES};
+use crate::{log_debug, log_error};
 
 /// Creates (or takes over, if this uid left it) the table file for this pid and maps its
 /// records. `None` when the directory refuses, or something else holds the path (a symbolic
@@ -68,4 +77,69 @@ pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)>
         )
     };
     Some((records, path))
+}
+
+pub(super) static TABLE_PATH: EngineLock<Option<std::path::PathBuf>> = EngineLock::new(None);
+/// The table is mapped only when the process first creates a thread, configures, opens a worker
+/// scope or pins: most preloaded processes are short single-threaded tools (every shell of a
+/// launch script) that would pay an 8 MiB file and a scan of `/dev/shm` for a table nobody
+/// reads. A fork child starts pending again: most children exec at once, and exec would strand
+/// the file.
+pub(super) static TABLE_PENDING: AtomicBool = AtomicBool::new(true);
+
+/// Maps the thread table `tllm-affinity ps` reads; without it `ps` still shows masks.
+fn publish_thread_table(dir: &std::path::Path) {
+    let mapped = map_table(dir);
+    *TABLE_PATH.lock() = mapped.as_ref().map(|(_, path)| path.clone());
+    lock_registry().publish_into(mapped.map(|(records, _)| records));
+}
+
+/// Called on the paths where a process starts to matter (thread creation, configure, worker
+/// scope, pin). The registry publishes every slot it holds when the table arrives, so threads
+/// registered before it (the main thread) are shown too.
+pub fn publish_table_if_pending() {
+    if !TABLE_PENDING.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(p) = LOAD_FACTS.get() else {
+        return;
+    };
+    if TABLE_PENDING.swap(false, Ordering::AcqRel) {
+        publish_thread_table(&p.settings.lock_dir);
+    }
+}
+
+pub(super) extern "C" fn at_exit() {
+    // A child of `_Fork` or a raw `clone` that skipped our fork handlers holds its parent's
+    // registry and table path: neither is its to write or remove (SPEC §12).
+    if !in_own_process() {
+        return;
+    }
+    write_report_at_exit();
+    if let Some(path) = TABLE_PATH.lock().take() {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn write_report_at_exit() {
+    let _ = catch_unwind(|| {
+        let Some(path) = LOAD_FACTS
+            .get()
+            .and_then(|p| p.settings.report_path.clone())
+        else {
+            return;
+        };
+        let used = crate::report::used_the_library(&REGISTRY.lock().history());
+        let launch = exec::LAUNCH.get().map(|f| f.id.to_string());
+        if !used && crate::report::a_user_of_the_launch_wrote(&path, launch.as_deref()) {
+            log_debug!(
+                "TLLM_AFFINITY_REPORT='{}': kept the report of the program of this launch that used the library",
+                path.display()
+            );
+            return;
+        }
+        if let Err(e) = crate::report::write_file(&path, &report_json()) {
+            log_error!("TLLM_AFFINITY_REPORT='{}': {e}", path.display());
+        }
+    });
 }

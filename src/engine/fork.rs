@@ -1,0 +1,78 @@
+//! Fork handling (SPEC §5, §12): the `pthread_atfork` handlers, which hold every engine lock across
+//! a fork (add a new lock to their list), and the child's start: the registry keeps only the
+//! forking thread and the parent's table is left to the parent. A child of `_Fork` or a raw
+//! `clone`, which runs no handler, starts the same way on the first path that needs it.
+
+use std::sync::atomic::Ordering;
+
+use super::{
+    api, create, environ, exec, in_own_process, lock_registry, objects, publish, state, State,
+    OWN_PID, REGISTRY,
+};
+
+use crate::sys;
+
+/// A child of `_Fork` or a raw `clone` ran no fork handler: it would publish into its parent's
+/// table, which it still has mapped. It starts as a fork child on the first path that needs it
+/// (a thread creation, a configure; never in a `vfork` child, which may only exec or exit).
+/// `getpid` is a system call: the thread-creation path asks only when its registry entry names
+/// another tid than the thread's own descriptor (which `_Fork` updates).
+pub fn adopt_if_forked_without_handlers() {
+    if !in_own_process() && state() == State::Active {
+        start_as_fork_child();
+    }
+}
+
+/// What a fork child does before anything else: the registry keeps only this thread (SPEC §5),
+/// and the parent's table, still mapped, is left to the parent.
+pub(super) fn start_as_fork_child() {
+    environ::after_fork_child();
+    OWN_PID.store(sys::getpid(), Ordering::Relaxed);
+    objects::after_fork_in_child();
+    let handle = sys::pthread_self() as u64;
+    {
+        let mut reg = REGISTRY.lock();
+        reg.reset_after_fork(create::current_slot(), sys::gettid(), handle);
+        exec::publish_target(reg.target().map(|t| &*t.mask));
+    }
+    lock_registry().publish_into(None);
+    *publish::TABLE_PATH.lock() = None;
+    publish::TABLE_PENDING.store(true, Ordering::Release);
+}
+
+pub(super) fn register_fork_handlers() {
+    // Every lock of the engine, so that no other thread holds one across the fork: a child
+    // would spin forever on a lock its holder is not there to release. No code path holds two
+    // of them at once, so the order here cannot deadlock.
+    extern "C" fn prepare() {
+        objects::PUBLISHED.hold_for_fork();
+        crate::step::HELD.hold_for_fork();
+        api::WORKER_SETS.hold_for_fork();
+        environ::shadow_lock().hold_for_fork();
+        crate::gpus::nvml_lock().hold_for_fork();
+        publish::TABLE_PATH.hold_for_fork();
+        api::ADAPTERS.hold_for_fork();
+        REGISTRY.hold_for_fork();
+    }
+    fn unlock_all() {
+        // SAFETY: `prepare` of this same fork took each of them.
+        unsafe {
+            REGISTRY.force_unlock();
+            api::ADAPTERS.force_unlock();
+            publish::TABLE_PATH.force_unlock();
+            crate::gpus::nvml_lock().force_unlock();
+            environ::shadow_lock().force_unlock();
+            api::WORKER_SETS.force_unlock();
+            crate::step::HELD.force_unlock();
+            objects::PUBLISHED.force_unlock();
+        }
+    }
+    extern "C" fn parent() {
+        unlock_all();
+    }
+    extern "C" fn child() {
+        unlock_all();
+        start_as_fork_child();
+    }
+    sys::at_fork(prepare, parent, child);
+}

@@ -1,0 +1,289 @@
+//! The raw system calls the safe layers need, behind safe functions: per-thread affinity, thread
+//! and process ids, errno, the log's `write(2)`, the step lock's `flock`, and the CLI's signal and
+//! temporary-directory calls.
+//!
+//! Masks are set with the raw syscall, never through `sched_setaffinity`: inside the preloaded
+//! library that symbol resolves to our own observing shim. Buffers are sized from what the kernel
+//! reports (`nr_cpu_ids`), not from `cpu_set_t`, so hosts past 1024 CPUs work. The functions the
+//! `pthread_create` trampoline calls (`tid_of`, `set_mask`, `errno`, `set_errno`) neither
+//! allocate (up to 1024 CPUs) nor take a lock.
+
+use std::io;
+use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::identity::Tid;
+use crate::mask::CpuMask;
+
+static MASK_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The kernel's affinity mask size in bytes (`nr_cpu_ids` rounded up to whole longs).
+#[inline]
+pub fn mask_bytes() -> usize {
+    match MASK_BYTES.load(Ordering::Relaxed) {
+        0 => find_mask_bytes(),
+        known => known,
+    }
+}
+
+/// Grows the buffer until `sched_getaffinity` stops answering `EINVAL`; runs once.
+#[cold]
+fn find_mask_bytes() -> usize {
+    let mut len = 128;
+    let found = loop {
+        let mut buf = vec![0u8; len];
+        // SAFETY: the kernel writes at most `len` bytes into `buf`, which is `len` bytes long.
+        let rc = unsafe { libc::syscall(libc::SYS_sched_getaffinity, 0, len, buf.as_mut_ptr()) };
+        if rc > 0 {
+            break rc as usize;
+        }
+        if errno() != libc::EINVAL || len >= 1 << 20 {
+            break 128;
+        }
+        len *= 2;
+    };
+    MASK_BYTES.store(found, Ordering::Relaxed);
+    found
+}
+
+/// Masks of hosts up to 1024 CPUs go through a stack buffer: configure and release read and
+/// write one per thread, and a new thread that moves itself must not allocate (see
+/// `engine::packets`).
+const STACK_MASK_BYTES: usize = 128;
+
+/// Runs `f` on a zeroed buffer of the kernel's mask size.
+fn with_buffer<R>(f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let len = mask_bytes();
+    if len <= STACK_MASK_BYTES {
+        f(&mut [0u8; STACK_MASK_BYTES][..len])
+    } else {
+        f(&mut vec![0u8; len])
+    }
+}
+
+/// The mask of `tid` (0 = the calling thread); errors are positive errno values.
+pub fn get_mask(tid: Tid) -> Result<CpuMask, i32> {
+    with_mask(tid, CpuMask::from_kernel_bytes)
+}
+
+/// Reads `tid`'s mask and hands the kernel's bytes to `look`.
+pub fn with_mask<R>(tid: Tid, look: impl FnOnce(&[u8]) -> R) -> Result<R, i32> {
+    with_buffer(|buf| {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_sched_getaffinity,
+                tid,
+                buf.len(),
+                buf.as_mut_ptr(),
+            )
+        };
+        if rc < 0 {
+            Err(errno())
+        } else {
+            Ok(look(&buf[..rc as usize]))
+        }
+    })
+}
+
+/// Sets the mask of `tid` (0 = the calling thread) with the raw syscall.
+pub fn set_mask(tid: Tid, mask: &CpuMask) -> Result<(), i32> {
+    with_buffer(|buf| {
+        mask.write_kernel_bytes(buf);
+        // SAFETY: the kernel reads `buf.len()` bytes from a live buffer of that length.
+        let rc =
+            unsafe { libc::syscall(libc::SYS_sched_setaffinity, tid, buf.len(), buf.as_ptr()) };
+        if rc < 0 {
+            Err(errno())
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// The calling thread's mask as words, read into `out` (which bounds it, so nothing is
+/// allocated); the number of words the kernel wrote, or `None` when it refused.
+pub fn own_mask_words(out: &mut [u64]) -> Option<usize> {
+    // SAFETY: the kernel writes at most `size_of_val(out)` bytes into `out`.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getaffinity,
+            0,
+            std::mem::size_of_val(out),
+            out.as_mut_ptr(),
+        )
+    };
+    (rc > 0).then(|| (rc as usize).div_ceil(8))
+}
+
+/// The kernel thread id of `thread`, without a syscall: glibc answers `pthread_getcpuclockid`
+/// from the tid the kernel stored in the thread's descriptor at clone, and the clock id encodes
+/// it by the kernel's ABI (`CPUCLOCK_PID`: the bitwise complement of the tid, shifted left by
+/// 3, with the low bits naming a per-thread scheduler clock). A syscall answers otherwise.
+/// `thread` must be a live thread's handle (the caller's own, in practice).
+pub fn tid_of(thread: libc::pthread_t) -> Tid {
+    const PER_THREAD_SCHED_CLOCK: libc::clockid_t = 6;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `thread` is a live thread's handle (the caller's own); `clock` is a valid
+    // out-pointer.
+    let rc = unsafe { libc::pthread_getcpuclockid(thread, &mut clock) };
+    let tid = !(clock >> 3);
+    if rc == 0 && clock & 7 == PER_THREAD_SCHED_CLOCK && tid > 0 {
+        tid
+    } else {
+        gettid()
+    }
+}
+
+pub fn gettid() -> Tid {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as Tid }
+}
+
+pub fn getpid() -> Tid {
+    // SAFETY: getpid takes no arguments and cannot fail.
+    unsafe { libc::getpid() }
+}
+
+/// The calling thread's pthread handle.
+#[inline]
+pub fn pthread_self() -> libc::pthread_t {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() }
+}
+
+/// `AT_SECURE`: a setuid/setgid or capability-raising exec, where a preloaded library must not act.
+pub fn is_secure_execution() -> bool {
+    // SAFETY: getauxval only reads the auxiliary vector.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+#[inline]
+pub fn errno() -> i32 {
+    // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
+    unsafe { *libc::__errno_location() }
+}
+
+#[inline]
+pub fn set_errno(value: i32) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = value }
+}
+
+/// Ends the process at once with `status`: no atexit handler, no destructor, no flush.
+pub fn exit_now(status: i32) -> ! {
+    // SAFETY: _exit has no preconditions and does not return.
+    unsafe { libc::_exit(status) }
+}
+
+/// Runs `handler` at process exit (`atexit`), after `main` returns or at `exit`.
+pub fn at_exit(handler: extern "C" fn()) {
+    // SAFETY: registering a plain extern "C" function with no arguments; code of a program or of
+    // a preloaded library (which is never unloaded) lives as long as the process.
+    unsafe { libc::atexit(handler) };
+}
+
+/// Registers fork handlers (`pthread_atfork`): `prepare` before a fork, `parent` and `child`
+/// after it in each process.
+pub fn at_fork(prepare: extern "C" fn(), parent: extern "C" fn(), child: extern "C" fn()) {
+    // SAFETY: three plain extern "C" functions with no arguments, living as long as the process
+    // (as in `at_exit`).
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+/// Writes all of `bytes` to fd 2 with raw `write(2)` calls: no buffered stream, no lock that a
+/// fork or a signal could leave held. A closed or failing fd 2 drops the rest.
+pub fn write_stderr(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe a live byte slice; fd 2 may be closed, in
+        // which case write fails and the line is dropped.
+        let n = unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        if n <= 0 {
+            return;
+        }
+        bytes = &bytes[n as usize..];
+    }
+}
+
+/// An exclusive, non-blocking `flock` on `file`; `EWOULDBLOCK` when another open file holds it.
+pub fn try_flock_exclusive(file: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: flock on a file descriptor the caller keeps open across the call; no memory is
+    // passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Gives `SIGPIPE` its default action back (Rust ignores it). Call before any thread exists.
+pub fn default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL; the caller runs before any thread
+    // exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+/// The effective user id (`geteuid`, which cannot fail).
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes nothing and only reads the process's credentials.
+    unsafe { libc::geteuid() }
+}
+
+/// `mkfifo` with mode 0644, for tests that plant a FIFO where a file is expected.
+#[cfg(test)]
+pub fn make_fifo(path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: mkfifo reads a NUL-terminated path that lives across the call.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o644) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_sets_this_threads_real_mask() {
+        let before = get_mask(0).unwrap();
+        assert!(!before.is_empty());
+        assert!(mask_bytes() >= 8 && mask_bytes().is_multiple_of(8));
+        let one = CpuMask::from_cpus([before.first().unwrap()]);
+        let tid = gettid();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let me = gettid();
+                assert_ne!(me, tid);
+                set_mask(me, &one).unwrap();
+                assert_eq!(get_mask(0).unwrap(), one);
+                let mut words = [0u64; 16];
+                let n = own_mask_words(&mut words).unwrap();
+                let bytes: Vec<u8> = words[..n].iter().flat_map(|w| w.to_le_bytes()).collect();
+                assert_eq!(CpuMask::from_kernel_bytes(&bytes), one);
+            });
+        });
+        assert_eq!(get_mask(tid).unwrap(), before);
+        assert_eq!(set_mask(tid, &CpuMask::new()), Err(libc::EINVAL));
+    }
+
+    #[test]
+    fn tid_of_a_thread_handle_is_its_kernel_tid() {
+        assert_eq!(tid_of(pthread_self()), gettid());
+        let from_inside = std::thread::spawn(|| (tid_of(pthread_self()), gettid()))
+            .join()
+            .unwrap();
+        assert_eq!(from_inside.0, from_inside.1);
+        assert_ne!(from_inside.0, gettid());
+    }
+
+    #[test]
+    fn the_effective_uid_owns_this_processs_proc_entry() {
+        use std::os::unix::fs::MetadataExt;
+        let proc_self = std::fs::metadata("/proc/self").unwrap();
+        assert_eq!(effective_uid(), proc_self.uid());
+    }
+}

@@ -1,0 +1,344 @@
+//! The crate's layers, read from its sources (issue 16): the core never names the engine or the
+//! CLI, the engine and the CLI never name each other, no top-level modules depend on each other in
+//! a cycle,
+//! and `unsafe` is allowed only on the modules `src/lib.rs` lists for it.
+//!
+//! A module's dependencies are the `crate::<module>` paths its code names, over its file and, for
+//! a directory module, every file under it. Comments are left out (a doc link is no dependency),
+//! and so are `#[cfg(test)]` items: a unit test may write any module's simulated host.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The modules the compiler lets use `unsafe`, each for a reason `src/lib.rs`'s doc gives.
+const UNSAFE_ALLOWED: [&str; 4] = ["engine", "lock", "nvml", "sys"];
+/// The two layers above the core: each may name the core, neither names the other, and the core
+/// names neither.
+const ENGINE: &str = "engine";
+const CLI: &str = "cli";
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// Code without its `//` comments (doc comments included), so a doc link is no dependency.
+fn code_of(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `code` without its `#[cfg(test)]` items: each runs to the `;` or the brace that closes it.
+fn without_test_items(code: &str) -> String {
+    const MARK: &str = "#[cfg(test)]";
+    let mut kept = String::new();
+    let mut rest = code;
+    while let Some(at) = rest.find(MARK) {
+        kept.push_str(&rest[..at]);
+        rest = &rest[at + MARK.len()..];
+        let mut depth = 0;
+        let mut end = rest.len();
+        for (i, c) in rest.char_indices() {
+            match c {
+                ';' if depth == 0 => {
+                    end = i + 1;
+                    break;
+                }
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        rest = &rest[end..];
+    }
+    kept.push_str(rest);
+    kept
+}
+
+fn ident_at(text: &str) -> &str {
+    let end = text
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(text.len());
+    &text[..end]
+}
+
+/// The top-level names after each `crate::` (and inside `crate::{...}`), modules or not.
+fn named_after_crate(code: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().last();
+        rest = &rest[at + "crate::".len()..];
+        // `$crate::` in macros and paths like `tllm_affinity_core::` are not this crate's.
+        if matches!(before, Some(c) if c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut item_start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if item_start && (c.is_ascii_alphabetic() || c == '_') => {
+                        names.insert(ident_at(&group[i..]).to_string());
+                        item_start = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            names.insert(ident_at(rest).to_string());
+        }
+    }
+    names
+}
+
+fn rust_files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files_under(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level modules `lib.rs` declares, each with the text of all its files.
+fn modules(src: &Path) -> BTreeMap<String, String> {
+    let lib = fs::read_to_string(src.join("lib.rs")).expect("src/lib.rs");
+    let mut found = BTreeMap::new();
+    for line in lib.lines() {
+        let Some(name) = line
+            .trim()
+            .strip_prefix("pub mod ")
+            .or(line.trim().strip_prefix("mod "))
+        else {
+            continue;
+        };
+        let name = name.trim_end_matches(';').to_string();
+        let mut files = Vec::new();
+        let file = src.join(format!("{name}.rs"));
+        if file.exists() {
+            files.push(file);
+        }
+        if src.join(&name).is_dir() {
+            rust_files_under(&src.join(&name), &mut files);
+        }
+        assert!(
+            !files.is_empty(),
+            "lib.rs declares {name}, which has no file"
+        );
+        let text = files
+            .iter()
+            .map(|f| fs::read_to_string(f).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n");
+        found.insert(name, text);
+    }
+    assert!(!found.is_empty(), "no module declared in {}", src.display());
+    found
+}
+
+fn graph(modules: &BTreeMap<String, String>) -> Graph {
+    modules
+        .iter()
+        .map(|(name, text)| {
+            let deps = named_after_crate(&without_test_items(&code_of(text)))
+                .into_iter()
+                .filter(|d| d != name && modules.contains_key(d))
+                .collect();
+            (name.clone(), deps)
+        })
+        .collect()
+}
+
+/// A cycle of modules, if the graph has one, as the path that closes it (`a -> b -> a`).
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &Graph,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(node.to_string());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|start| visit(start, graph, &mut Vec::new(), &mut done))
+}
+
+/// Each way the sources at `src` break the layers, as one line.
+fn violations(src: &Path) -> Vec<String> {
+    let modules = modules(src);
+    let graph = graph(&modules);
+    let mut found = Vec::new();
+    for (module, deps) in &graph {
+        let upper: &[&str] = match module.as_str() {
+            ENGINE => &[CLI],
+            CLI => &[ENGINE],
+            _ => &[ENGINE, CLI],
+        };
+        for layer in upper.iter().filter(|l| deps.contains(**l)) {
+            found.push(format!("{module} names crate::{layer}"));
+        }
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        found.push(format!("import cycle: {}", cycle.join(" -> ")));
+    }
+    let lib = fs::read_to_string(src.join("lib.rs")).unwrap();
+    if !lib.contains("#![deny(unsafe_code)]") {
+        found.push("lib.rs does not deny unsafe_code".into());
+    }
+    let mut lines = lib.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.trim() == "#[allow(unsafe_code)]" {
+            let next = lines.peek().map(|l| l.trim()).unwrap_or("");
+            let module = next
+                .strip_prefix("pub mod ")
+                .unwrap_or(next)
+                .trim_end_matches(';');
+            if !UNSAFE_ALLOWED.contains(&module) {
+                found.push(format!("lib.rs allows unsafe_code on {module}"));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    rust_files_under(src, &mut files);
+    for file in files.iter().filter(|f| !f.ends_with("lib.rs")) {
+        let text = code_of(&fs::read_to_string(file).unwrap());
+        if text.contains("allow(unsafe_code)") {
+            found.push(format!("{} allows unsafe_code itself", file.display()));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_layers_hold_in_this_crates_sources() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = violations(&src);
+    assert!(
+        found.is_empty(),
+        "the layers are broken:\n{}",
+        found.join("\n")
+    );
+    // The modules this test was written for are still there to check.
+    let modules = modules(&src);
+    for expected in [
+        "engine",
+        "sys",
+        "identity",
+        "load_facts",
+        "registry",
+        "report",
+    ] {
+        assert!(
+            modules.contains_key(expected),
+            "{expected} not found in lib.rs"
+        );
+    }
+}
+
+/// The CLI is a crate of its own (`cli/`): the compiler keeps the core from naming it; this keeps
+/// it from reaching into the engine or allowing `unsafe` (its raw calls go through `sys`).
+#[test]
+fn the_cli_crate_names_the_core_not_the_engine_and_allows_no_unsafe() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("cli/src");
+    let mut files = Vec::new();
+    rust_files_under(&src, &mut files);
+    assert!(files.len() > 3, "{files:?}");
+    let mut found = Vec::new();
+    for file in &files {
+        let code = code_of(&fs::read_to_string(file).unwrap());
+        if code.contains("tllm_affinity_core::engine") {
+            found.push(format!("{} names the engine", file.display()));
+        }
+        if code.contains("allow(unsafe_code)") || code.contains("unsafe {") {
+            found.push(format!("{} uses unsafe", file.display()));
+        }
+    }
+    let main = fs::read_to_string(src.join("main.rs")).unwrap();
+    if !main.contains("#![deny(unsafe_code)]") {
+        found.push("cli/src/main.rs does not deny unsafe_code".into());
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn the_check_names_each_kind_of_break() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let write = |name: &str, text: &str| {
+        let path = src.join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    };
+    write(
+        "lib.rs",
+        "#![deny(unsafe_code)]\npub mod a;\npub mod b;\npub mod c;\n#[allow(unsafe_code)]\npub mod cli;\npub mod engine;\n",
+    );
+    // A cycle through a brace group, a core module naming the engine, the engine and the CLI
+    // naming each other, unsafe allowed on a module outside the list and inside a file.
+    write("a.rs", "use crate::{b::Thing, log_debug};\n");
+    write("b.rs", "use crate::a;\nfn f() { crate::engine::go() }\n");
+    write(
+        "engine/mod.rs",
+        "pub mod inner;\n// crate::cli in a comment is no dependency\n",
+    );
+    write(
+        "engine/inner.rs",
+        "#![allow(unsafe_code)]\nuse crate::cli::run;\n",
+    );
+    write("cli/mod.rs", "use crate::engine;\n");
+    // Test-only items name what they like: none of these counts.
+    write(
+        "c.rs",
+        "#[cfg(test)]\nuse crate::engine;\n#[cfg(test)]\nmod tests {\n    fn f() { crate::cli::go(\"{}\") }\n}\npub fn kept() {}\n",
+    );
+    let found = violations(src);
+    let expect = [
+        "b names crate::engine",
+        "engine names crate::cli",
+        "cli names crate::engine",
+        "import cycle: a -> b -> a",
+        "lib.rs allows unsafe_code on cli",
+        "allows unsafe_code itself",
+    ];
+    for line in expect {
+        assert!(
+            found.iter().any(|f| f.contains(line)),
+            "missing {line:?} in {found:#?}"
+        );
+    }
+    assert_eq!(found.len(), expect.len(), "{found:#?}");
+}
