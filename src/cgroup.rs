@@ -68,6 +68,19 @@ pub fn read_limits() -> CgroupLimits {
     parse_limits(&cgroup, &mountinfo, Path::new("/"))
 }
 
+impl CgroupLimits {
+    /// The CPUs a process here may be given: the cpuset within `online`, or `online` itself where
+    /// no cpuset is readable or it names no online CPU. The library judges "constrained" and
+    /// clears masks against this, and `plan` shows the same set.
+    pub fn cpuset_within(&self, online: &CpuMask) -> CpuMask {
+        self.cpuset
+            .as_ref()
+            .map(|c| c.intersection(online))
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| online.clone())
+    }
+}
+
 /// Finds the process's cpuset and CPU quota. Mount points in `proc_self_mountinfo` are taken
 /// relative to `fs_root`. A controller mounted as v1 is read there; otherwise the v2 hierarchy is
 /// read (a controller lives in one hierarchy only, so in hybrid mode v1 wins where it is mounted).
@@ -312,6 +325,18 @@ mod tests {
 1196 1194 0:27 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro,nosuid,nodev,noexec,relatime master:13 - cgroup cgroup rw,cpu,cpuacct
 1197 1194 0:28 /docker/abc /sys/fs/cgroup/memory ro,nosuid,nodev,noexec,relatime master:14 - cgroup cgroup rw,memory
 ";
+
+    #[test]
+    fn the_cpuset_is_taken_within_the_online_cpus_else_they_serve() {
+        let limits = |cpuset: Option<&str>| CgroupLimits {
+            cpuset: cpuset.map(mask),
+            ..parse_limits("", "", Path::new("/"))
+        };
+        let online = mask("0-7");
+        assert_eq!(limits(Some("4-11")).cpuset_within(&online), mask("4-7"));
+        assert_eq!(limits(None).cpuset_within(&online), online);
+        assert_eq!(limits(Some("8-11")).cpuset_within(&online), online);
+    }
 
     #[test]
     fn v1_container_with_mount_root_prefix() {

@@ -84,12 +84,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     let real_host = root.root() == Path::new("/");
     let (cpuset, quota) = if real_host {
         let limits = cgroup::read_limits();
-        let cpuset = limits
-            .cpuset
-            .map(|c| c.intersection(&topology.online))
-            .filter(|c| !c.is_empty())
-            .unwrap_or_else(|| topology.online.clone());
-        (cpuset, limits.quota)
+        (limits.cpuset_within(&topology.online), limits.quota)
     } else {
         (topology.online.clone(), None)
     };

@@ -102,11 +102,7 @@ fn initialise() -> State {
         .and_then(|t| CpuMask::parse_list(&t).ok())
         .filter(|m| !m.is_empty())
         .unwrap_or_else(|| mask_at_load.clone());
-    let cpuset = cgroup::read_limits()
-        .cpuset
-        .map(|c| c.intersection(&online))
-        .filter(|c| !c.is_empty())
-        .unwrap_or(online);
+    let cpuset = cgroup::read_limits().cpuset_within(&online);
     let constrained = policy::is_constrained(&mask_at_load, &cpuset);
     let step_core_invalid = match crate::step::check_at_load(settings.step_core, &mask_at_load) {
         Ok(()) => false,
