@@ -81,7 +81,7 @@ fn python_population(
     let script = script.to_str().unwrap();
     let mut cmd = wrap(around, sysfs, &python(), &[script, device]);
     cmd.envs(vars.iter().copied());
-    let mut run = Population::spawn(cmd);
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let mut phases = Vec::new();
     for i in 0..3 {
         if i > 0 {
@@ -89,7 +89,7 @@ fn python_population(
         }
         phases.push(run.phase());
     }
-    let end = run.conclude();
+    let end = run.finish();
     assert!(end.status.success(), "{around:?} {vars:?}: {}", end.stderr);
     for phase in &phases {
         println!("{around:?} device {device} {vars:?} {}", describe(phase));
@@ -174,9 +174,10 @@ fn constrained_rows<'a>(
 /// policy, and worker threads get the policy table's answer.
 #[test]
 fn numactl_physcpubind_python_population_policy_table() {
-    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a constraint narrower than the cpuset)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -201,9 +202,10 @@ fn numactl_physcpubind_python_population_policy_table() {
 /// tests/engine_population.rs): the three rows that differ.
 #[test]
 fn taskset_python_population_policy_table() {
-    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a constraint narrower than the cpuset)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -226,24 +228,25 @@ fn taskset_python_population_policy_table() {
 /// rows that differ, host threads on numactl's binding.
 #[test]
 fn numactl_physcpubind_c_population() {
-    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a constraint narrower than the cpuset)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let narrow = sysfs.node0.to_list();
-    let program = compile_c("population", false);
-    let nccl = compile_c("nccl", true);
+    let program = Program::c("population").build();
+    let nccl = Program::c("nccl").shared().build();
     for (vars, worker, warns) in constrained_rows(&all, &local, &narrow).into_iter().take(3) {
         let case = format!("C population, numactl --physcpubind={narrow} {vars:?}");
         let mut cmd = wrap(Around::Numactl(&narrow), &sysfs, &program, &["0"]);
         cmd.env("FAKE_NCCL", &nccl).envs(vars.iter().copied());
-        let mut run = Population::spawn(cmd);
+        let mut run = Driver::spawn(cmd, DEADLINE);
         let before = run.phase();
         run.proceed();
         let configured = run.phase();
-        let end = run.conclude();
+        let end = run.finish();
         println!("{case} {}", describe(&configured));
         for (name, seen) in &before.threads {
             assert_eq!(seen.mask.to_list(), narrow, "{case}: {name} before");
@@ -271,18 +274,13 @@ fn numactl_physcpubind_c_population() {
 /// leaves the cpuset.
 #[test]
 fn cgroup_cpuset_python_population() {
-    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a constraint narrower than the cpuset)"
+    );
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
-    let group = match CpusetCgroup::create(&local) {
-        Ok(g) => g,
-        Err(why) => {
-            require(false, &format!("a cpuset cgroup ({why})"));
-            return;
-        }
-    };
+    let group = require!(CpusetCgroup::create(&local));
     let around = Around::Cgroup(&group);
 
     let (phases, end) = python_population(&sysfs, around, "0", &[]);

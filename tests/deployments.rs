@@ -22,8 +22,8 @@ fn deployment(sysfs: &Sysfs, program: &str) -> Command {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
         )
         .env("RT_OMP", rt_omp())
-        .env("RT_NCCL", compile_c("nccl", true))
-        .env("RT_SPAWN", compile_c("rt_spawn", true))
+        .env("RT_NCCL", Program::c("nccl").shared().build())
+        .env("RT_SPAWN", Program::c("rt_spawn").shared().build())
         .env("OMP_NUM_THREADS", "3")
         .env("OMP_WAIT_POLICY", "passive")
         .env_remove("OMP_PROC_BIND")
@@ -64,7 +64,7 @@ fn everyone_on(phase: &Phase, mask: &str, why: &str) {
 
 /// Runs a program through `count` phases with no action in between.
 fn run_phases(cmd: Command, count: usize) -> (Vec<Phase>, Finished) {
-    let mut run = Population::spawn(cmd);
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let mut phases = Vec::new();
     for i in 0..count {
         if i > 0 {
@@ -72,7 +72,7 @@ fn run_phases(cmd: Command, count: usize) -> (Vec<Phase>, Finished) {
         }
         phases.push(run.phase());
     }
-    (phases, run.conclude())
+    (phases, run.finish())
 }
 
 fn record(deployment: &str, phases: &[&Phase]) {
@@ -87,14 +87,15 @@ fn record(deployment: &str, phases: &[&Phase]) {
 /// OpenMP pool get the GPU-local set and serve the request; shutdown restores every mask.
 #[test]
 fn tp1_worker_inside_the_http_server() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Population::spawn(deployment(&sysfs, "rt_deploy_tp1.py"));
-    let port: u16 = run.line("PORT ").parse().unwrap();
+    let mut run = Driver::spawn(deployment(&sysfs, "rt_deploy_tp1.py"), DEADLINE);
+    let port: u16 = run.after("PORT ").parse().unwrap();
     let before = run.phase();
     run.proceed();
     let during = run.phase();
@@ -106,7 +107,7 @@ fn tp1_worker_inside_the_http_server() {
     let b = http_get(port, "/generate/b");
     run.proceed();
     let after = run.phase();
-    let end = run.conclude();
+    let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
     record("tp1", &[&before, &during, &serving, &shutdown, &after]);
 
@@ -177,9 +178,10 @@ fn tp1_worker_inside_the_http_server() {
 /// worker's pool thread, idle in the session's pool, is restored.
 #[test]
 fn mpi_comm_session_rank0_in_the_users_script() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -261,14 +263,15 @@ fn mpi_comm_session_rank0_in_the_users_script() {
 /// GPU-local set and answer the request relayed over loopback; shutdown restores them.
 #[test]
 fn visualgen_rank0_coordinator_started_before_the_worker() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Population::spawn(deployment(&sysfs, "rt_deploy_visualgen.py"));
-    let port: u16 = run.line("PORT ").parse().unwrap();
+    let mut run = Driver::spawn(deployment(&sysfs, "rt_deploy_visualgen.py"), DEADLINE);
+    let port: u16 = run.after("PORT ").parse().unwrap();
     let before = run.phase();
     run.proceed();
     let during = run.phase();
@@ -280,7 +283,7 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
     let b = http_get(port, "/generate/b");
     run.proceed();
     let after = run.phase();
-    let end = run.conclude();
+    let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
     record(
         "visualgen",
@@ -341,9 +344,10 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
 /// restores them all, and a progress thread started afterwards is born on the launch mask.
 #[test]
 fn multi_node_leader_session_server_and_progress_threads() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();

@@ -21,11 +21,12 @@ struct Cpus {
     gpu1: String,
 }
 
-fn cpus(sysfs: &Sysfs) -> Option<Cpus> {
-    if !two_cpus_or_skip("two GPUs with different local CPUs") {
-        return None;
+/// The masks of the simulated host; the error (for `require!`) on a host with one CPU.
+fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
+    if !two_cpus() {
+        return Err("two allowed CPUs (two GPUs with different local CPUs)".into());
     }
-    Some(Cpus {
+    Ok(Cpus {
         all: allowed_cpus().to_list(),
         gpu0: sysfs.node1.to_list(),
         gpu1: sysfs.node0.to_list(),
@@ -81,7 +82,7 @@ fn all_on(phase: &Phase, role: i32, mask: &str, stderr: &str) {
 #[test]
 fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let steps = [
         "set:CUDA_VISIBLE_DEVICES=1",
         "set:CUDA_VISIBLE_DEVICES=1,0",
@@ -114,7 +115,7 @@ fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
 #[test]
 fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let steps = ["release", "set:CUDA_VISIBLE_DEVICES=1"];
     let mut cmd = follow_cmd(&sysfs, &steps);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
@@ -132,7 +133,7 @@ fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
 #[test]
 fn configure_reads_the_device_variables_as_they_are_at_the_call() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let steps = [
         "set:CUDA_VISIBLE_DEVICES=1",
         "configure:-1",
@@ -165,8 +166,8 @@ fn configure_reads_the_device_variables_as_they_are_at_the_call() {
 #[test]
 fn a_vfork_child_setting_the_variables_moves_nothing_and_errno_passes_through() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
-    let mut cmd = preloaded(compile_lc("dv_vfork", "dv_vfork", &[]), &sysfs);
+    let c = require!(cpus(&sysfs));
+    let mut cmd = preloaded(Program::c("dv_vfork").build(), &sysfs);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
     let mut run = Driver::spawn(cmd, LIMIT);
     let vforked = run.phase();

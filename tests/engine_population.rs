@@ -14,8 +14,8 @@ const ALL_THREADS_BEFORE: [&str; 11] = [
 const WORKERS: [&str; 9] = ["W", "C1", "G1", "C2", "C3", "C4", "C5", "C6", "P1"];
 
 fn population(sysfs: &Sysfs) -> std::process::Command {
-    let program = compile_c("population", false);
-    let nccl = compile_c("nccl", true);
+    let program = Program::c("population").build();
+    let nccl = Program::c("nccl").shared().build();
     let mut cmd = preloaded(program, sysfs);
     cmd.env("FAKE_NCCL", nccl).arg("0");
     cmd
@@ -26,7 +26,7 @@ fn c_population_roles_placement_idempotency_and_restoration() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = Population::spawn(population(&sysfs)).all_phases(5);
+    let (phases, end) = Driver::spawn(population(&sysfs), DEADLINE).all_phases(5);
     assert!(end.status.success(), "{}", end.stderr);
     let [before, configured, twice, released, after] = &phases[..] else {
         unreachable!()
@@ -107,9 +107,7 @@ type PolicyRow<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str, bool);
 fn policy_table_with_and_without_taskset() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    if !two_cpus_or_skip("this test") {
-        return;
-    }
+    require!(two_cpus(), "two allowed CPUs (this test)");
     let local = sysfs.node1.to_list();
     let all = all.to_list();
     let narrow = sysfs.node0.to_list();
@@ -162,14 +160,17 @@ fn policy_table_with_and_without_taskset() {
         {
             let mut cmd = if taskset {
                 let mut c = preloaded("taskset", &sysfs);
-                c.arg("-c").arg(&narrow).arg(compile_c("population", false));
-                c.env("FAKE_NCCL", compile_c("nccl", true)).arg("0");
+                c.arg("-c")
+                    .arg(&narrow)
+                    .arg(Program::c("population").build());
+                c.env("FAKE_NCCL", Program::c("nccl").shared().build())
+                    .arg("0");
                 c
             } else {
                 population(&sysfs)
             };
             cmd.envs(vars.iter().copied());
-            let mut run = Population::spawn(cmd);
+            let mut run = Driver::spawn(cmd, DEADLINE);
             run.phase();
             run.proceed();
             let configured = run.phase();
@@ -198,15 +199,9 @@ fn policy_table_with_and_without_taskset() {
 fn policy_under_a_cgroup_cpuset() {
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
-    let group = match CpusetCgroup::create(&local) {
-        Ok(g) => g,
-        Err(why) => {
-            require(false, &format!("a cpuset cgroup ({why})"));
-            return;
-        }
-    };
-    let program = compile_c("population", false);
-    let nccl = compile_c("nccl", true);
+    let group = require!(CpusetCgroup::create(&local));
+    let program = Program::c("population").build();
+    let nccl = Program::c("nccl").shared().build();
     let run_in_group = |device: &str, extra: &[(&str, &str)]| {
         let mut cmd = group.wrap(&program, &[device]);
         cmd.env("LD_PRELOAD", library())
@@ -216,7 +211,7 @@ fn policy_under_a_cgroup_cpuset() {
             .env_remove("TLLM_NUMA_AWARE_WORKER_AFFINITY")
             .env_remove("TLLM_AFFINITY_POLICY")
             .envs(extra.iter().copied());
-        let mut run = Population::spawn(cmd);
+        let mut run = Driver::spawn(cmd, DEADLINE);
         let before = run.phase();
         run.proceed();
         let configured = run.phase();
@@ -268,7 +263,7 @@ fn python_configure_twice_keeps_six_workers_pinned() {
     let local = sysfs.node1.to_list();
     let mut cmd = preloaded(python(), &sysfs);
     cmd.arg(programs_dir().join("configure_twice.py"));
-    let (phases, end) = Population::spawn(cmd).all_phases(4);
+    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases(4);
     assert!(end.status.success(), "{}", end.stderr);
     let [start, first, second, created_after] = &phases[..] else {
         unreachable!()
@@ -306,7 +301,7 @@ fn python_host_and_worker_threads() {
     let all = allowed_cpus().to_list();
     let mut cmd = preloaded(python(), &sysfs);
     cmd.arg(programs_dir().join("host_and_worker.py"));
-    let (phases, end) = Population::spawn(cmd).all_phases(3);
+    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases(3);
     assert!(end.status.success(), "{}", end.stderr);
     let [configured, released, after] = &phases[..] else {
         unreachable!()
@@ -335,9 +330,7 @@ fn python_host_and_worker_threads() {
 #[test]
 fn a_dedicated_worker_that_execs_keeps_its_numa_placement() {
     let sysfs = Sysfs::two_nodes();
-    if !two_cpus_or_skip("this test") {
-        return;
-    }
+    require!(two_cpus(), "two allowed CPUs (this test)");
     let local = sysfs.node1.to_list();
     let script = "import json, os, threading\n\
                   seen = {}\n\

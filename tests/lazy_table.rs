@@ -16,7 +16,7 @@ use tllm_affinity_core::threadtable;
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn calls() -> PathBuf {
-    compile_c("calls", false)
+    Program::c("calls").build()
 }
 
 /// What a waiting process shows of its table: the file, and whether it is in its maps.

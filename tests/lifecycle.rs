@@ -25,14 +25,14 @@ struct Cpus {
     other: String,
 }
 
-/// The three masks of the simulated host; `None` (the test says it is skipped) on a machine
-/// with a single allowed CPU, where host and worker masks cannot differ.
-fn cpus(sysfs: &Sysfs) -> Option<Cpus> {
+/// The three masks of the simulated host; the error (for `require!`) on a machine with a single
+/// allowed CPU, where host and worker masks cannot differ.
+fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
     let all = allowed_cpus();
-    if !two_cpus_or_skip("this test") {
-        return None;
+    if !two_cpus() {
+        return Err("two allowed CPUs (host and worker masks that differ)".into());
     }
-    Some(Cpus {
+    Ok(Cpus {
         all: all.to_list(),
         local: sysfs.node1.to_list(),
         other: sysfs.node0.to_list(),
@@ -40,11 +40,11 @@ fn cpus(sysfs: &Sysfs) -> Option<Cpus> {
 }
 
 fn life() -> PathBuf {
-    compile_lc("lc_life", "lc_life", &[])
+    Program::c("lc_life").build()
 }
 
 fn shared_object(src: &str, name: &str) -> PathBuf {
-    compile_lc(src, name, &["-shared", "-fPIC"])
+    Program::c(src).shared().named(name).build()
 }
 
 fn life_cmd(sysfs: &Sysfs, args: &[&str]) -> Command {
@@ -90,7 +90,7 @@ fn assert_masks(phase: &Phase, threads: &[&str], mask: &str, what: &str) {
 #[test]
 fn explicit_attr_masks_are_kept_through_configure_and_release() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let cpu = sysfs.node0.first().unwrap().to_string();
     let mut run = Driver::spawn(life_cmd(&sysfs, &["explicit", &cpu]), LIMIT);
 
@@ -154,7 +154,7 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
 #[test]
 fn applications_own_setaffinity_and_taskset_are_preserved() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let cpu = sysfs.node0.first().unwrap().to_string();
     let mut run = Driver::spawn(life_cmd(&sysfs, &["observe", &cpu]), LIMIT);
     let pinned_by_app = ["S1", "S2", "S4"];
@@ -225,7 +225,7 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
 #[test]
 fn python_sched_setaffinity_and_taskset_are_preserved() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let cpu = sysfs.node0.first().unwrap().to_string();
     let mut run = Driver::spawn(python_cmd(&sysfs, "lc_observe.py", &[&cpu]), LIMIT);
     let by_app = ["self_pinned", "other_pinned"];
@@ -341,7 +341,7 @@ fn python_thread_exits_leave_the_registry_equal_to_the_live_threads() {
 #[test]
 fn creation_failure_on_an_impossible_attr_mask_passes_through_and_leaves_nothing() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let bare = run_bounded(
         {
             let mut cmd = Command::new(life());
@@ -407,12 +407,10 @@ fn creation_failure_on_rlimit_nproc_as_nobody() {
         let _ = bare.finish();
         line
     };
-    if !require(
+    require!(
         !bare_line.contains("cannot drop privileges"),
         &format!("a way to drop privileges ({bare_line})"),
-    ) {
-        return;
-    }
+    );
     let mut run = Driver::spawn(life_cmd(&sysfs, &["nproc"]), LIMIT);
     let line = run.line("NPROC");
     assert_eq!(field(&line, "rc"), "11", "EAGAIN: {line}");
@@ -447,7 +445,7 @@ fn creation_failure_on_rlimit_nproc_as_nobody() {
 #[test]
 fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let mut run = Driver::spawn(life_cmd(&sysfs, &["fork"]), LIMIT);
 
     let report = forked_child(
@@ -543,7 +541,7 @@ fn fork_while_other_threads_create_and_configure() {
 #[test]
 fn exec_starts_the_new_image_clean() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     for (who, mask_after) in [("main", &c.all), ("worker", &c.local)] {
         let mut run = Driver::spawn(life_cmd(&sysfs, &["exec", who]), LIMIT);
         let before = run.phase();
@@ -576,7 +574,7 @@ fn exec_starts_the_new_image_clean() {
 #[test]
 fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let a = shared_object("lc_dlthreads", "liblc_dlthreads.so.2");
     let b = shared_object("lc_dlthreads", "liblc_dlthreads_b.so.2");
     let n = shared_object("lc_dlthreads", "liblc_dlworker.so.2");
@@ -617,19 +615,18 @@ fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
 #[test]
 fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let early = shared_object("lc_early", "liblc_early.so.2");
     let dir = early.parent().unwrap().to_str().unwrap().to_string();
-    let linked = compile_lc(
-        "lc_life",
-        "lc_life_early",
-        &[
+    let linked = Program::c("lc_life")
+        .named("lc_life_early")
+        .flags(&[
             &format!("-L{dir}"),
             "-Wl,--no-as-needed",
             "-l:liblc_early.so.2",
             &format!("-Wl,-rpath,{dir}"),
-        ],
-    );
+        ])
+        .build();
     let lib = library();
     let variants = [
         (
@@ -681,7 +678,7 @@ fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
 #[test]
 fn a_dedicated_worker_process_is_configured_at_load() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let cases: [(&[(&str, &str)], &str); 5] = [
         (&[], &c.local),
         (&[("LOCAL_RANK", "1")], &c.other),
@@ -728,7 +725,7 @@ fn a_dedicated_worker_process_is_configured_at_load() {
 #[test]
 fn cuda_visible_devices_maps_configure_end_to_end() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let uuid = "GPU-8f3a2b1c-0d4e-5f60-7a8b-9c0d1e2f3a4b";
     // (CUDA_VISIBLE_DEVICES, TLLM_AFFINITY_CPUS, device, configure's answer, worker mask)
     let cases: [(&str, Option<&str>, &str, i64, &str); 6] = [
@@ -787,11 +784,12 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
 /// routine started on the host mask); at least one must, or the race was not exercised.
 #[test]
 fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
-    if !two_cpus_or_skip("a worker mask narrower than the host mask") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker mask narrower than the host mask)"
+    );
     let sysfs = Sysfs::two_nodes();
-    let program = compile_lc("lc_birth_race", "lc_birth_race", &[]);
+    let program = Program::c("lc_birth_race").build();
     let worker_lib = worker_library();
     let mut cmd = preloaded(program, &sysfs);
     cmd.arg(&worker_lib).args(["20", "1000"]);

@@ -22,7 +22,7 @@ use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
 
 fn rank_program() -> PathBuf {
-    compile_with("rt_rank", false, "mpicc", &[])
+    Program::c("rt_rank").compiler(&["mpicc"]).build()
 }
 
 /// One rank at one phase: what the rank said (pid, mask at load) and each named thread's role
@@ -308,9 +308,10 @@ fn assert_dedicated(seen: &RankPhase, mask: &str, case: &str) {
 /// GPU; the progress threads MPI_Init starts are born on that set (inherited from main).
 #[test]
 fn dedicated_worker_ranks_without_binding() {
-    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (two ranks on two GPU-local sets)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let mut run = MpiRun::start(
@@ -346,9 +347,10 @@ fn dedicated_worker_ranks_without_binding() {
 /// server's warning), `1` → the GPU-local set, `0` → mpirun's binding kept.
 #[test]
 fn dedicated_worker_ranks_bound_to_cores_follow_the_policy_table() {
-    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (two ranks on two GPU-local sets)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     for (numa, worker_mask, warns) in [
@@ -438,9 +440,10 @@ fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
 /// 0's masks back; rank 1 stays a dedicated worker on GPU 1's set.
 #[test]
 fn multi_node_leader_rank0_worker_on_a_pool_thread() {
-    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (two ranks on two GPU-local sets)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = local_of(&sysfs, 0);
@@ -494,9 +497,10 @@ fn multi_node_leader_rank0_worker_on_a_pool_thread() {
 /// libpmix exactly the other one, and an empty list none.
 #[test]
 fn open_mpi_progress_threads_start_in_open_pal_and_pmix() {
-    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (two ranks on two GPU-local sets)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = local_of(&sysfs, 0);

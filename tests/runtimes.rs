@@ -57,15 +57,16 @@ fn assert_threads(phase: &Phase, prefix: &str, mask: &str, role: i32, why: &str)
 /// the worker's pool, reused after release, runs on the restored mask.
 #[test]
 fn http_server_with_openmp_and_openblas_worker() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Population::spawn(python_with_runtimes(&sysfs, "rt_server.py"));
-    let port: u16 = run.line("PORT ").parse().unwrap();
-    let blas: usize = run.line("BLAS ").parse().unwrap();
+    let mut run = Driver::spawn(python_with_runtimes(&sysfs, "rt_server.py"), DEADLINE);
+    let port: u16 = run.after("PORT ").parse().unwrap();
+    let blas: usize = run.after("BLAS ").parse().unwrap();
     assert!(
         blas >= 1,
         "OpenBLAS starts a pool thread at import on a host with two CPUs"
@@ -83,7 +84,7 @@ fn http_server_with_openmp_and_openblas_worker() {
     let held_after = http_get(port, "/hold/req_after");
     run.proceed();
     let after = run.phase();
-    let end = run.conclude();
+    let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
     for phase in [&before, &configured, &lease, &released, &after] {
         println!("{}", describe(phase));
@@ -168,20 +169,20 @@ fn http_server_with_openmp_and_openblas_worker() {
 fn blas_run(sysfs: &Sysfs, mode: &str, vars: &[(&str, &str)]) -> (usize, [Phase; 3], Finished) {
     let mut cmd = python_with_runtimes(sysfs, "rt_blas.py");
     cmd.arg(mode).envs(vars.iter().copied());
-    let mut run = Population::spawn(cmd);
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let mut blas = None;
     if mode != "worker-after" {
-        blas = Some(run.line("BLAS ").parse().unwrap());
+        blas = Some(run.after("BLAS ").parse().unwrap());
     }
     let before = run.phase();
     run.proceed();
     if mode == "worker-after" {
-        blas = Some(run.line("BLAS ").parse().unwrap());
+        blas = Some(run.after("BLAS ").parse().unwrap());
     }
     let configured = run.phase();
     run.proceed();
     let released = run.phase();
-    let end = run.conclude();
+    let end = run.finish();
     assert!(end.status.success(), "{mode} {vars:?}: {}", end.stderr);
     for phase in [&before, &configured, &released] {
         println!("{mode} {vars:?} {}", describe(phase));
@@ -195,9 +196,10 @@ fn blas_run(sysfs: &Sysfs, mode: &str, vars: &[(&str, &str)]) -> (usize, [Phase;
 /// the pool runs on the GPU-local set during the lease and is restored by release.
 #[test]
 fn openblas_pool_imported_on_the_worker_thread() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
     let local = sysfs.node1.to_list();
@@ -242,9 +244,10 @@ fn openblas_pool_imported_on_the_worker_thread() {
 /// restored at release. OPENBLAS_NUM_THREADS=1 starts no pool: BLAS runs on the calling thread.
 #[test]
 fn openblas_pool_imported_by_the_host() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -300,17 +303,18 @@ fn openblas_pool_imported_by_the_host() {
 /// says to leave these variables unset in a shared process.
 #[test]
 fn openmp_proc_bind_places_are_explicit() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let mut cmd = python_with_runtimes(&sysfs, "rt_omp_bind.py");
     cmd.env("OMP_PROC_BIND", "close").env("OMP_PLACES", "cores");
-    let mut run = Population::spawn(cmd);
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let configured = run.phase();
     run.proceed();
     let released = run.phase();
-    let end = run.conclude();
+    let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
     for phase in [&configured, &released] {
         println!("OMP_PROC_BIND=close {}", describe(phase));
@@ -356,18 +360,19 @@ fn openmp_proc_bind_places_are_explicit() {
 /// library promotes it when it registers). Several runs, as the crossing is a matter of timing.
 #[test]
 fn threads_born_while_configure_sweeps_are_workers() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
-    let program = compile_c("rt_race", false);
+    let program = Program::c("rt_race").build();
     for round in 0..8 {
         let mut cmd = preloaded(&program, &sysfs);
         cmd.env("TLLM_AFFINITY_LOG", "warn");
-        let mut run = Population::spawn(cmd);
+        let mut run = Driver::spawn(cmd, DEADLINE);
         let configured = run.phase();
-        let end = run.conclude();
+        let end = run.finish();
         assert!(end.status.success(), "{}", end.stderr);
         assert!(configured.threads.len() > 20, "{}", describe(&configured));
         let wrong: Vec<String> = configured

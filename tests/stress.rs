@@ -26,10 +26,8 @@ const THREADS: u64 = 200_000;
 fn churn_configure_release_and_application_pins_keep_every_invariant() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    if !two_cpus_or_skip("this test") {
-        return;
-    }
-    let program = compile_lc("lc_stress", "lc_stress", &[]);
+    require!(two_cpus(), "two allowed CPUs (this test)");
+    let program = Program::c("lc_stress").build();
     let worker_lib = worker_library();
     let mut cmd = preloaded(program, &sysfs);
     cmd.env("TLLM_AFFINITY_LOG", "warn").args([

@@ -274,9 +274,10 @@ const TP1_WORKERS: [&str; 5] = [
 /// born in the worker scope), then serves HTTP: the loop's executor threads, born after the LLM,
 /// are host threads; shutdown on the main thread restores the pool it kept.
 fn tp1_http_server(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -363,9 +364,10 @@ const SESSION_WORKERS: [&str; 6] = [
 /// workers; the user's script (main, its loop thread and the loop's executor, grown during the
 /// lease), the proxy's dispatch thread and the session's second pool thread are hosts.
 fn mpi_session_rank0(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -439,9 +441,10 @@ const VISUALGEN_WORKERS: [&str; 3] = ["visual_gen_worker", "visual_gen_postproce
 /// HTTP server (main) and its request threads, the control thread, the coordinator started
 /// before the worker and the executor threads its loop grows are hosts.
 fn visualgen_rank0(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -537,15 +540,16 @@ const LEADER_WORKERS: [&str; 9] = [
 /// during the lease, by the worker) are workers: NUMA pinning stays effective for the leader;
 /// main, the control thread, the session server and the session's second pool thread are hosts.
 fn leader(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let mut cmd = app(way, &sysfs, "leader.py", None);
-    cmd.env("RT_NCCL", compile_c("nccl", true))
-        .env("RT_SPAWN", compile_c("rt_spawn", true))
+    cmd.env("RT_NCCL", Program::c("nccl").shared().build())
+        .env("RT_SPAWN", Program::c("rt_spawn").shared().build())
         .env_remove("TLLM_AFFINITY_WORKER_LIBS");
     let (phases, end) = all_phases(cmd, 5);
     let [before, during, serving, shutdown, after] = &phases[..] else {
@@ -619,9 +623,10 @@ fn leader_without_the_library_pins_the_session_server() {
 const TWO_LLMS_PHASES: usize = 6;
 
 fn two_llms(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a worker set narrower than the host)"
+    );
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -706,9 +711,11 @@ fn sequential_llms_without_the_library_unpin_at_the_second_llm() {
 /// threads get the same masks with the library as upstream gives them after its first call, while
 /// with the library the host threads keep the taskset mask.
 fn policy_under_taskset(numa_aware: Option<&str>, upstream_gives: fn(&Sysfs) -> String) {
-    if !two_cpus_or_skip("a constraint narrower than the host") || !require_command("taskset") {
-        return;
-    }
+    require!(
+        two_cpus(),
+        "two allowed CPUs (a constraint narrower than the host)"
+    );
+    require!(on_path("taskset"), "`taskset` on PATH");
     let sysfs = Sysfs::two_nodes();
     let pinned = sysfs.node0.iter().next().unwrap().to_string();
     let first_phase = |way: Way| {
