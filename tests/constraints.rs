@@ -111,26 +111,29 @@ fn report_line(end: &Finished) -> serde_json::Value {
 /// on `worker` and hosts on `load` during the lease, everyone on `load` after release.
 fn assert_python_population(phases: &[Phase; 3], load: &str, worker: &str, case: &str) {
     let [before, configured, released] = phases;
-    for (name, seen) in &before.threads {
-        assert_eq!(seen.mask.to_list(), load, "{case}: {name} before configure");
-    }
-    for t in WORKERS {
-        assert_eq!(
-            (configured.mask(t), configured.role(t)),
-            (worker.to_string(), 1),
-            "{case}: worker thread {t}"
-        );
-    }
-    for t in HOSTS {
-        assert_eq!(
-            (configured.mask(t), configured.role(t)),
-            (load.to_string(), 0),
-            "{case}: host thread {t} is never widened nor narrowed"
-        );
-    }
-    for (name, seen) in &released.threads {
-        assert_eq!(seen.mask.to_list(), load, "{case}: {name} after release");
-    }
+    expect(
+        before,
+        Threads::All,
+        load,
+        None,
+        &format!("{case}: before configure"),
+    );
+    expect(configured, Threads::Named(&WORKERS), worker, Some(1), case);
+    let never_moved = format!("{case}: a host thread is never widened nor narrowed");
+    expect(
+        configured,
+        Threads::Named(&HOSTS),
+        load,
+        Some(0),
+        &never_moved,
+    );
+    expect(
+        released,
+        Threads::All,
+        load,
+        None,
+        &format!("{case}: after release"),
+    );
 }
 
 /// Variables set for one row of the policy table.

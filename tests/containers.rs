@@ -707,24 +707,21 @@ fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
         0,
         "the library is loaded in the container"
     );
-    for t in WORKERS {
-        assert_eq!(
-            (configured.mask(t), configured.role(t)),
-            (local.clone(), 1),
-            "{t}\n{}",
-            describe(configured)
-        );
-    }
-    for t in ["main", "H1"] {
-        assert_eq!(
-            (configured.mask(t), configured.role(t)),
-            (all.clone(), 0),
-            "host thread {t}"
-        );
-    }
-    for (t, seen) in &released.threads {
-        assert_eq!(seen.mask.to_list(), all, "{t} after release");
-    }
+    expect(
+        configured,
+        Threads::Named(&WORKERS),
+        &local,
+        Some(1),
+        "worker",
+    );
+    expect(
+        configured,
+        Threads::Named(&["main", "H1"]),
+        &all,
+        Some(0),
+        "host",
+    );
+    expect(released, Threads::All, &all, None, "after release");
     assert!(end.stderr.contains("constrained: false"), "{}", end.stderr);
     assert!(
         end.stderr.contains(&format!(
@@ -1064,14 +1061,6 @@ fn wheel_library() -> Result<PathBuf, String> {
 
 // ---- The zero-code Python hook ----
 
-const TP1_WORKERS: [&str; 5] = [
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
-
 /// The zero-code fixture (tests/programs/zero_code/two_llms.py: two LLMs of the upstream-shaped
 /// stand-in, which pins every thread and never restores), unmodified, in a container with the
 /// device and the image's own PYTHONPATH (the stand-in and the image's own sitecustomize): the
@@ -1150,21 +1139,7 @@ fn the_zero_code_fixture_runs_unmodified_in_a_container() {
         (second, &local),
         (last, &all),
     ] {
-        for (thread, seen) in &phase.threads {
-            let expected = if matches(thread, &TP1_WORKERS) {
-                (workers.as_str(), 1)
-            } else {
-                (all.as_str(), 0)
-            };
-            assert_eq!(
-                (seen.mask.to_list().as_str(), seen.role),
-                expected,
-                "{} {thread}\n{}\n{}",
-                phase.name,
-                describe(phase),
-                end.stderr
-            );
-        }
+        placed(phase, &TP1_WORKERS, workers, &all, &end.stderr);
     }
     assert!(
         first.threads.keys().any(|n| n.starts_with("executor_loop")),

@@ -33,48 +33,6 @@ fn deployment(sysfs: &Sysfs, program: &str) -> Command {
     cmd
 }
 
-/// Every thread of `phase` whose name starts with one of `prefixes` has `mask` and `role`; at
-/// least one such thread exists per prefix.
-fn expect(phase: &Phase, prefixes: &[&str], mask: &str, role: i32, why: &str) {
-    for prefix in prefixes {
-        let threads: Vec<_> = phase
-            .threads
-            .iter()
-            .filter(|(n, _)| n.starts_with(prefix))
-            .collect();
-        assert!(!threads.is_empty(), "{}: no thread {prefix}*", phase.name);
-        for (name, seen) in threads {
-            assert_eq!(
-                (seen.mask.to_list().as_str(), seen.role),
-                (mask, role),
-                "{} {name} (tid {}): {why}",
-                phase.name,
-                seen.tid
-            );
-        }
-    }
-}
-
-/// Every thread of `phase` is on `mask` (whatever its role).
-fn everyone_on(phase: &Phase, mask: &str, why: &str) {
-    for (name, seen) in &phase.threads {
-        assert_eq!(seen.mask.to_list(), mask, "{} {name}: {why}", phase.name);
-    }
-}
-
-/// Runs a program through `count` phases with no action in between.
-fn run_phases(cmd: Command, count: usize) -> (Vec<Phase>, Finished) {
-    let mut run = Driver::spawn(cmd, DEADLINE);
-    let mut phases = Vec::new();
-    for i in 0..count {
-        if i > 0 {
-            run.proceed();
-        }
-        phases.push(run.phase());
-    }
-    (phases, run.finish())
-}
-
 fn record(deployment: &str, phases: &[&Phase]) {
     for phase in phases {
         println!("{deployment} {}", describe(phase));
@@ -111,36 +69,36 @@ fn tp1_worker_inside_the_http_server() {
     assert!(end.status.success(), "{}", end.stderr);
     record("tp1", &[&before, &during, &serving, &shutdown, &after]);
 
-    everyone_on(&before, &all, "nothing configured yet");
+    expect(&before, Threads::All, &all, None, "nothing configured yet");
     expect(
         &before,
-        &["main", "host_pool0", "executor"],
+        Threads::Matching(&["main", "host_pool0", "executor"]),
         &all,
-        0,
+        Some(0),
         "host",
     );
 
     for phase in [&during, &serving] {
         expect(
             phase,
-            &["main", "host_pool0"],
+            Threads::Matching(&["main", "host_pool0"]),
             &all,
-            0,
+            Some(0),
             "the server's threads",
         );
         expect(
             phase,
-            &["executor", "executor_loop", "await_response", "engine_omp"],
+            Threads::Matching(&["executor", "executor_loop", "await_response", "engine_omp"]),
             &local,
-            1,
+            Some(1),
             "the worker's threads",
         );
     }
     expect(
         &serving,
-        &["req_a"],
+        Threads::Matching(&["req_a"]),
         &all,
-        0,
+        Some(0),
         "a request thread made during the lease",
     );
     assert_ne!(
@@ -151,10 +109,22 @@ fn tp1_worker_inside_the_http_server() {
 
     // Shutdown: the engine's threads were joined; the executor thread and its OpenMP pool
     // remain, restored; the server's threads never moved.
-    everyone_on(&shutdown, &all, "restored at shutdown");
-    expect(&shutdown, &["executor", "engine_omp"], &all, 1, "restored");
-    everyone_on(&after, &all, "after the worker's life");
-    expect(&after, &["req_b"], &all, 0, "a request after shutdown");
+    expect(&shutdown, Threads::All, &all, None, "restored at shutdown");
+    expect(
+        &shutdown,
+        Threads::Matching(&["executor", "engine_omp"]),
+        &all,
+        Some(1),
+        "restored",
+    );
+    expect(&after, Threads::All, &all, None, "after the worker's life");
+    expect(
+        &after,
+        Threads::Matching(&["req_b"]),
+        &all,
+        Some(0),
+        "a request after shutdown",
+    );
 
     let a = a.join().unwrap();
     let b = b.join().unwrap();
@@ -185,7 +155,8 @@ fn mpi_comm_session_rank0_in_the_users_script() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = run_phases(deployment(&sysfs, "rt_deploy_mpi_session.py"), 5);
+    let (phases, end) =
+        Driver::spawn(deployment(&sysfs, "rt_deploy_mpi_session.py"), DEADLINE).all_phases(5);
     assert!(end.status.success(), "{}", end.stderr);
     let [before, during, serving, shutdown, after] = &phases[..] else {
         unreachable!()
@@ -193,30 +164,42 @@ fn mpi_comm_session_rank0_in_the_users_script() {
     record("mpi-session", &[before, during, serving, shutdown, after]);
 
     let script = ["main", "user_pool0", "proxy_dispatch", "proxy_result"];
-    everyone_on(before, &all, "nothing configured yet");
-    expect(before, &script, &all, 0, "the user's script");
+    expect(before, Threads::All, &all, None, "nothing configured yet");
+    expect(
+        before,
+        Threads::Matching(&script),
+        &all,
+        Some(0),
+        "the user's script",
+    );
     for phase in [during, serving] {
-        expect(phase, &script, &all, 0, "the user's script");
         expect(
             phase,
-            &["session_pool1"],
+            Threads::Matching(&script),
             &all,
-            0,
+            Some(0),
+            "the user's script",
+        );
+        expect(
+            phase,
+            Threads::Matching(&["session_pool1"]),
+            &all,
+            Some(0),
             "the session's other pool thread",
         );
         expect(
             phase,
-            &["session_worker", "executor_loop", "await_response"],
+            Threads::Matching(&["session_worker", "executor_loop", "await_response"]),
             &local,
-            1,
+            Some(1),
             "rank 0's worker",
         );
     }
     expect(
         serving,
-        &["user_pool_grown"],
+        Threads::Matching(&["user_pool_grown"]),
         &all,
-        0,
+        Some(0),
         "the user's loop grew its executor during the lease",
     );
     // Two blocking calls ran at once on the loop's executor: two threads, one of them made
@@ -233,22 +216,28 @@ fn mpi_comm_session_rank0_in_the_users_script() {
     );
     expect(
         serving,
-        &["user_pool_held"],
+        Threads::Matching(&["user_pool_held"]),
         &all,
-        0,
+        Some(0),
         "the user's loop executor",
     );
 
-    everyone_on(shutdown, &all, "restored at shutdown");
+    expect(shutdown, Threads::All, &all, None, "restored at shutdown");
     expect(
         shutdown,
-        &["session_worker"],
+        Threads::Matching(&["session_worker"]),
         &all,
-        1,
+        Some(1),
         "the worker's pool thread, idle, restored",
     );
-    expect(shutdown, &script, &all, 0, "never touched");
-    everyone_on(after, &all, "after the worker's life");
+    expect(
+        shutdown,
+        Threads::Matching(&script),
+        &all,
+        Some(0),
+        "never touched",
+    );
+    expect(after, Threads::All, &all, None, "after the worker's life");
     assert!(
         end.stderr.contains("released lease 1: restored"),
         "{}",
@@ -291,38 +280,62 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
     );
 
     let hosts = ["main", "coordinator", "coord_pool0"];
-    everyone_on(&before, &all, "nothing configured yet");
-    expect(&before, &hosts, &all, 0, "host");
+    expect(&before, Threads::All, &all, None, "nothing configured yet");
+    expect(&before, Threads::Matching(&hosts), &all, Some(0), "host");
     expect(
         &before,
-        &["worker"],
+        Threads::Matching(&["worker"]),
         &all,
-        0,
+        Some(0),
         "not a worker until it configures",
     );
     for phase in [&during, &serving] {
-        expect(phase, &hosts, &all, 0, "the server and the coordinator");
         expect(
             phase,
-            &["worker", "executor_loop", "await_response", "engine_omp"],
+            Threads::Matching(&hosts),
+            &all,
+            Some(0),
+            "the server and the coordinator",
+        );
+        expect(
+            phase,
+            Threads::Matching(&["worker", "executor_loop", "await_response", "engine_omp"]),
             &local,
-            1,
+            Some(1),
             "the diffusion worker",
         );
     }
     expect(
         &serving,
-        &["req_a", "coord_pool_a"],
+        Threads::Matching(&["req_a", "coord_pool_a"]),
         &all,
-        0,
+        Some(0),
         "the request's threads, made during the lease",
     );
 
-    everyone_on(&shutdown, &all, "restored at shutdown");
-    expect(&shutdown, &["worker", "engine_omp"], &all, 1, "restored");
-    expect(&shutdown, &hosts, &all, 0, "never touched");
-    everyone_on(&after, &all, "after the worker's life");
-    expect(&after, &["req_b"], &all, 0, "a request after shutdown");
+    expect(&shutdown, Threads::All, &all, None, "restored at shutdown");
+    expect(
+        &shutdown,
+        Threads::Matching(&["worker", "engine_omp"]),
+        &all,
+        Some(1),
+        "restored",
+    );
+    expect(
+        &shutdown,
+        Threads::Matching(&hosts),
+        &all,
+        Some(0),
+        "never touched",
+    );
+    expect(&after, Threads::All, &all, None, "after the worker's life");
+    expect(
+        &after,
+        Threads::Matching(&["req_b"]),
+        &all,
+        Some(0),
+        "a request after shutdown",
+    );
 
     let a = a.join().unwrap();
     assert!(a.starts_with("HTTP/1.0 200"), "{a}");
@@ -351,7 +364,8 @@ fn multi_node_leader_session_server_and_progress_threads() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = run_phases(deployment(&sysfs, "rt_deploy_leader.py"), 5);
+    let (phases, end) =
+        Driver::spawn(deployment(&sysfs, "rt_deploy_leader.py"), DEADLINE).all_phases(5);
     assert!(end.status.success(), "{}", end.stderr);
     let [before, during, serving, shutdown, after] = &phases[..] else {
         unreachable!()
@@ -359,13 +373,13 @@ fn multi_node_leader_session_server_and_progress_threads() {
     record("leader", &[before, during, serving, shutdown, after]);
 
     let hosts = ["main", "session_server"];
-    everyone_on(before, &all, "nothing configured yet");
-    expect(before, &hosts, &all, 0, "host");
+    expect(before, Threads::All, &all, None, "nothing configured yet");
+    expect(before, Threads::Matching(&hosts), &all, Some(0), "host");
     expect(
         before,
-        &["mpi_progress"],
+        Threads::Matching(&["mpi_progress"]),
         &all,
-        1,
+        Some(1),
         "a worker by TLLM_AFFINITY_WORKER_LIBS, though main started it",
     );
     let workers = [
@@ -376,46 +390,64 @@ fn multi_node_leader_session_server_and_progress_threads() {
         "nccl_progress",
     ];
     for phase in [during, serving] {
-        expect(phase, &hosts, &all, 0, "the leader's host threads");
         expect(
             phase,
-            &["session_pool1"],
+            Threads::Matching(&hosts),
             &all,
-            0,
+            Some(0),
+            "the leader's host threads",
+        );
+        expect(
+            phase,
+            Threads::Matching(&["session_pool1"]),
+            &all,
+            Some(0),
             "the session's other pool thread",
         );
-        expect(phase, &workers, &local, 1, "rank 0's worker threads");
+        expect(
+            phase,
+            Threads::Matching(&workers),
+            &local,
+            Some(1),
+            "rank 0's worker threads",
+        );
     }
     expect(
         serving,
-        &["late_progress"],
+        Threads::Matching(&["late_progress"]),
         &local,
-        1,
+        Some(1),
         "started by the session server during the lease: born on the worker set",
     );
 
-    everyone_on(shutdown, &all, "restored at shutdown");
+    expect(shutdown, Threads::All, &all, None, "restored at shutdown");
     expect(
         shutdown,
-        &[
+        Threads::Matching(&[
             "leader_worker",
             "mpi_progress",
             "nccl_progress",
             "late_progress",
-        ],
+        ]),
         &all,
-        1,
+        Some(1),
         "restored, still workers",
     );
-    expect(shutdown, &hosts, &all, 0, "never touched");
+    expect(
+        shutdown,
+        Threads::Matching(&hosts),
+        &all,
+        Some(0),
+        "never touched",
+    );
     expect(
         after,
-        &["after_progress"],
+        Threads::Matching(&["after_progress"]),
         &all,
-        1,
+        Some(1),
         "born after the last release: on the restored mask",
     );
-    everyone_on(after, &all, "after the worker's life");
+    expect(after, Threads::All, &all, None, "after the worker's life");
     assert!(
         end.stderr.contains(&format!(
             "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (2/2 threads)"

@@ -60,19 +60,6 @@ fn run_steps(cmd: Command, steps: usize) -> (Vec<Phase>, String) {
     (phases, end.stderr)
 }
 
-/// Every thread the phase names has `role` and `mask`.
-fn all_on(phase: &Phase, role: i32, mask: &str, stderr: &str) {
-    for (name, t) in &phase.threads {
-        assert_eq!(
-            (t.role, t.mask.to_list()),
-            (role, mask.to_string()),
-            "phase {}: thread {name}\n{}\nstderr:\n{stderr}",
-            phase.name,
-            describe(phase)
-        );
-    }
-}
-
 /// A dedicated worker process (`TLLM_AFFINITY_PROCESS_ROLE=worker`) is configured at load for
 /// device 0 (no variable names another), then follows what the program assigns: every worker
 /// thread — the main thread, threads started before the change, threads started after — moves to
@@ -94,7 +81,13 @@ fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
     let (phases, stderr) = run_steps(cmd, steps.len());
     let expected = [&c.gpu0, &c.gpu1, &c.gpu1, &c.gpu0, &c.gpu1];
     for (phase, mask) in phases.iter().zip(expected) {
-        all_on(phase, 1, mask, &stderr);
+        expect(
+            phase,
+            Threads::All,
+            mask,
+            Some(1),
+            &format!("stderr:\n{}", &stderr),
+        );
     }
     assert_eq!(
         stderr
@@ -120,9 +113,27 @@ fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
     let mut cmd = follow_cmd(&sysfs, &steps);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
     let (phases, stderr) = run_steps(cmd, steps.len());
-    all_on(&phases[0], 1, &c.gpu0, &stderr);
-    all_on(&phases[1], 1, &c.all, &stderr);
-    all_on(&phases[2], 1, &c.all, &stderr);
+    expect(
+        &phases[0],
+        Threads::All,
+        &c.gpu0,
+        Some(1),
+        &format!("stderr:\n{}", &stderr),
+    );
+    expect(
+        &phases[1],
+        Threads::All,
+        &c.all,
+        Some(1),
+        &format!("stderr:\n{}", &stderr),
+    );
+    expect(
+        &phases[2],
+        Threads::All,
+        &c.all,
+        Some(1),
+        &format!("stderr:\n{}", &stderr),
+    );
     assert!(!stderr.contains("retargeting"), "{stderr}");
 }
 
@@ -177,8 +188,20 @@ fn a_vfork_child_setting_the_variables_moves_nothing_and_errno_passes_through() 
     let errno = run.line("ERRNO ");
     let end = run.finish();
     assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
-    all_on(&vforked, 1, &c.gpu0, &end.stderr);
-    all_on(&set, 1, &c.gpu1, &end.stderr);
+    expect(
+        &vforked,
+        Threads::All,
+        &c.gpu0,
+        Some(1),
+        &format!("stderr:\n{}", &end.stderr),
+    );
+    expect(
+        &set,
+        Threads::All,
+        &c.gpu1,
+        Some(1),
+        &format!("stderr:\n{}", &end.stderr),
+    );
     assert_eq!(
         errno,
         format!("ERRNO setenv=-1/{0} unsetenv=-1/{0}", libc::EINVAL)

@@ -76,12 +76,6 @@ fn kernel_mask_in(report: &Value, tid: i32) -> String {
         .to_string()
 }
 
-fn assert_masks(phase: &Phase, threads: &[&str], mask: &str, what: &str) {
-    for t in threads {
-        assert_eq!(phase.mask(t), mask, "{t} {what} (phase {})", phase.name);
-    }
-}
-
 // ---- Rule 1: explicit attr masks ---------------------------------------------------------
 
 /// A thread a worker creates with `pthread_attr_setaffinity_np` during a lease keeps that mask
@@ -95,8 +89,20 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     let mut run = Driver::spawn(life_cmd(&sysfs, &["explicit", &cpu]), LIMIT);
 
     let configured = run.phase();
-    assert_masks(&configured, &["W", "C"], &c.local, "worker");
-    assert_masks(&configured, &["E", "E1"], &c.other, "explicit");
+    expect(
+        &configured,
+        Threads::Named(&["W", "C"]),
+        &c.local,
+        None,
+        "worker",
+    );
+    expect(
+        &configured,
+        Threads::Named(&["E", "E1"]),
+        &c.other,
+        None,
+        "explicit",
+    );
     assert_eq!(configured.mask("main"), c.all);
     assert_eq!(configured.role("E"), 1, "E was made by a worker");
     run.proceed();
@@ -106,16 +112,35 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     assert_eq!(kernel_mask_in(&report, e), c.other);
 
     let twice = run.phase();
-    assert_masks(&twice, &["W", "C", "C2"], &c.local, "worker");
-    assert_masks(&twice, &["E", "E1", "E2"], &c.other, "explicit subtree");
+    expect(
+        &twice,
+        Threads::Named(&["W", "C", "C2"]),
+        &c.local,
+        None,
+        "worker",
+    );
+    expect(
+        &twice,
+        Threads::Named(&["E", "E1", "E2"]),
+        &c.other,
+        None,
+        "explicit subtree",
+    );
     run.proceed();
 
     let released = run.phase();
-    assert_masks(&released, &["W", "C", "C2", "main"], &c.all, "restored");
-    assert_masks(
+    expect(
         &released,
-        &["E", "E1", "E2", "E3"],
+        Threads::Named(&["W", "C", "C2", "main"]),
+        &c.all,
+        None,
+        "restored",
+    );
+    expect(
+        &released,
+        Threads::Named(&["E", "E1", "E2", "E3"]),
         &c.other,
+        None,
         "never restored",
     );
     run.proceed();
@@ -127,11 +152,18 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     }
 
     let again = run.phase();
-    assert_masks(&again, &["W", "C", "C2"], &c.local, "worker");
-    assert_masks(
+    expect(
         &again,
-        &["E", "E1", "E2", "E3"],
+        Threads::Named(&["W", "C", "C2"]),
+        &c.local,
+        None,
+        "worker",
+    );
+    expect(
+        &again,
+        Threads::Named(&["E", "E1", "E2", "E3"]),
         &c.other,
+        None,
         "never overridden",
     );
     let end = run.finish();
@@ -160,19 +192,44 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     let pinned_by_app = ["S1", "S2", "S4"];
 
     let pinned = run.phase();
-    assert_masks(&pinned, &pinned_by_app, &c.other, "pinned by the program");
-    assert_masks(&pinned, &["W", "C", "S3"], &c.local, "worker");
+    expect(
+        &pinned,
+        Threads::Named(&pinned_by_app),
+        &c.other,
+        None,
+        "pinned by the program",
+    );
+    expect(
+        &pinned,
+        Threads::Named(&["W", "C", "S3"]),
+        &c.local,
+        None,
+        "worker",
+    );
     run.proceed();
 
     let twice = run.phase();
-    assert_masks(
+    expect(
         &twice,
-        &pinned_by_app,
+        Threads::Named(&pinned_by_app),
         &c.other,
+        None,
         "after the second configure",
     );
-    assert_masks(&twice, &["S1child"], &c.other, "child of a pinned thread");
-    assert_masks(&twice, &["W", "C", "S3"], &c.local, "worker");
+    expect(
+        &twice,
+        Threads::Named(&["S1child"]),
+        &c.other,
+        None,
+        "child of a pinned thread",
+    );
+    expect(
+        &twice,
+        Threads::Named(&["W", "C", "S3"]),
+        &c.local,
+        None,
+        "worker",
+    );
     let s3 = twice.thread("S3").tid;
     let taskset = Command::new("taskset")
         .args(["-p", "-c", &cpu, &s3.to_string()])
@@ -183,11 +240,18 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     run.proceed();
 
     let released = run.phase();
-    assert_masks(&released, &["W", "C", "main"], &c.all, "restored");
-    assert_masks(
+    expect(
         &released,
-        &["S1", "S2", "S4", "S1child", "S3"],
+        Threads::Named(&["W", "C", "main"]),
+        &c.all,
+        None,
+        "restored",
+    );
+    expect(
+        &released,
+        Threads::Named(&["S1", "S2", "S4", "S1child", "S3"]),
         &c.other,
+        None,
         "left alone by release",
     );
     run.proceed();
@@ -202,13 +266,20 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     }
 
     let again = run.phase();
-    assert_masks(
+    expect(
         &again,
-        &["S1", "S2", "S4", "S1child", "S3"],
+        Threads::Named(&["S1", "S2", "S4", "S1child", "S3"]),
         &c.other,
+        None,
         "left alone by the next configure",
     );
-    assert_masks(&again, &["W", "C"], &c.local, "worker");
+    expect(
+        &again,
+        Threads::Named(&["W", "C"]),
+        &c.local,
+        None,
+        "worker",
+    );
     let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
     assert!(
@@ -231,12 +302,36 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
     let by_app = ["self_pinned", "other_pinned"];
 
     let pinned = run.phase();
-    assert_masks(&pinned, &by_app, &c.other, "pinned by os.sched_setaffinity");
-    assert_masks(&pinned, &["engine", "plain", "ext"], &c.local, "worker");
+    expect(
+        &pinned,
+        Threads::Named(&by_app),
+        &c.other,
+        None,
+        "pinned by os.sched_setaffinity",
+    );
+    expect(
+        &pinned,
+        Threads::Named(&["engine", "plain", "ext"]),
+        &c.local,
+        None,
+        "worker",
+    );
     run.proceed();
     let twice = run.phase();
-    assert_masks(&twice, &by_app, &c.other, "after the second configure");
-    assert_masks(&twice, &["engine", "plain", "ext"], &c.local, "worker");
+    expect(
+        &twice,
+        Threads::Named(&by_app),
+        &c.other,
+        None,
+        "after the second configure",
+    );
+    expect(
+        &twice,
+        Threads::Named(&["engine", "plain", "ext"]),
+        &c.local,
+        None,
+        "worker",
+    );
     let ext = twice.thread("ext").tid;
     let status = Command::new("taskset")
         .args(["-p", "-c", &cpu, &ext.to_string()])
@@ -246,11 +341,18 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
     assert!(status.success());
     run.proceed();
     let released = run.phase();
-    assert_masks(&released, &["engine", "plain", "main"], &c.all, "restored");
-    assert_masks(
+    expect(
         &released,
-        &["self_pinned", "other_pinned", "ext"],
+        Threads::Named(&["engine", "plain", "main"]),
+        &c.all,
+        None,
+        "restored",
+    );
+    expect(
+        &released,
+        Threads::Named(&["self_pinned", "other_pinned", "ext"]),
         &c.other,
+        None,
         "left alone",
     );
     run.proceed();
@@ -264,13 +366,20 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
         );
     }
     let again = run.phase();
-    assert_masks(
+    expect(
         &again,
-        &["self_pinned", "other_pinned", "ext"],
+        Threads::Named(&["self_pinned", "other_pinned", "ext"]),
         &c.other,
+        None,
         "left alone",
     );
-    assert_masks(&again, &["engine", "plain"], &c.local, "worker");
+    expect(
+        &again,
+        Threads::Named(&["engine", "plain"]),
+        &c.local,
+        None,
+        "worker",
+    );
     let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
     assert!(
@@ -485,8 +594,20 @@ fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
 
     let parent = run.phase();
     let live = task_tids(run.pid());
-    assert_masks(&parent, &["W", "C1", "C2"], &c.local, "parent worker");
-    assert_masks(&parent, &["main", "H"], &c.all, "parent host");
+    expect(
+        &parent,
+        Threads::Named(&["W", "C1", "C2"]),
+        &c.local,
+        None,
+        "parent worker",
+    );
+    expect(
+        &parent,
+        Threads::Named(&["main", "H"]),
+        &c.all,
+        None,
+        "parent host",
+    );
     run.proceed();
     let report = run.report("parent");
     assert_eq!(report_tids(&report), live);
@@ -653,12 +774,24 @@ fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
         let configured = run.phase();
         assert_eq!(configured.mask("early"), c.all, "{how}");
         assert_eq!(configured.mask("main"), c.all, "{how}");
-        assert_masks(&configured, &["W", "C"], &c.local, how);
+        expect(
+            &configured,
+            Threads::Named(&["W", "C"]),
+            &c.local,
+            None,
+            how,
+        );
         run.proceed();
         let report = run.report("configured");
         assert_eq!(report_tids(&report), task_tids(run.pid()), "{how}");
         let released = run.phase();
-        assert_masks(&released, &["W", "C", "early", "main"], &c.all, how);
+        expect(
+            &released,
+            Threads::Named(&["W", "C", "early", "main"]),
+            &c.all,
+            None,
+            how,
+        );
         let end = run.finish();
         assert!(end.status.success(), "{how}: {}", end.stderr);
         assert!(
@@ -751,7 +884,7 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
             assert_eq!(lease, answer, "{case}");
         }
         let configured = run.phase();
-        assert_masks(&configured, &["W", "C"], mask, &case);
+        expect(&configured, Threads::Named(&["W", "C"]), mask, None, &case);
         assert_eq!(configured.mask("main"), c.all, "{case}");
         run.proceed();
         let report = run.report("configured");
@@ -759,7 +892,13 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
             assert_eq!(report["leases"], serde_json::json!([]), "{case}");
         }
         let released = run.phase();
-        assert_masks(&released, &["W", "C", "main"], &c.all, &case);
+        expect(
+            &released,
+            Threads::Named(&["W", "C", "main"]),
+            &c.all,
+            None,
+            &case,
+        );
         let end = run.finish();
         assert!(end.status.success(), "{case}: {}", end.stderr);
         if answer < 0 {

@@ -36,20 +36,6 @@ fn named<'a>(phase: &'a Phase, prefix: &str) -> Vec<(&'a String, &'a ThreadSeen)
         .collect()
 }
 
-fn assert_threads(phase: &Phase, prefix: &str, mask: &str, role: i32, why: &str) {
-    let threads = named(phase, prefix);
-    assert!(!threads.is_empty(), "{}: no thread {prefix}*", phase.name);
-    for (name, seen) in threads {
-        assert_eq!(
-            (seen.mask.to_list().as_str(), seen.role),
-            (mask, role),
-            "{} {name} (tid {}): {why}",
-            phase.name,
-            seen.tid
-        );
-    }
-}
-
 /// The main thread serves HTTP; a worker thread imports numpy, configures, runs OpenMP and BLAS
 /// work, then releases. Host threads (the server, its per-request threads, the host's OpenMP
 /// pools, whether started before or during the lease) keep the original mask; the worker's
@@ -102,20 +88,50 @@ fn http_server_with_openmp_and_openblas_worker() {
     // the OpenMP pool it started since get the GPU-local set; the HTTP server, the request held
     // since before and the host's OpenMP pool keep the launch mask.
     for phase in [&configured, &lease] {
-        assert_threads(phase, "worker", &local, 1, "the worker and its OpenMP pool");
-        assert_threads(phase, "blas", &local, 1, "the pool numpy's import started");
-        assert_threads(phase, "main", &all, 0, "the HTTP server thread");
-        assert_threads(phase, "host_omp", &all, 0, "the host's OpenMP pool");
-        assert_threads(phase, "req_before", &all, 0, "a request thread");
+        expect(
+            phase,
+            Threads::Matching(&["worker"]),
+            &local,
+            Some(1),
+            "the worker and its OpenMP pool",
+        );
+        expect(
+            phase,
+            Threads::Matching(&["blas"]),
+            &local,
+            Some(1),
+            "the pool numpy's import started",
+        );
+        expect(
+            phase,
+            Threads::Matching(&["main"]),
+            &all,
+            Some(0),
+            "the HTTP server thread",
+        );
+        expect(
+            phase,
+            Threads::Matching(&["host_omp"]),
+            &all,
+            Some(0),
+            "the host's OpenMP pool",
+        );
+        expect(
+            phase,
+            Threads::Matching(&["req_before"]),
+            &all,
+            Some(0),
+            "a request thread",
+        );
     }
     assert_eq!(named(&configured, "worker_omp").len(), 2);
     // A request made during the lease: its thread (made by the server's thread) and the
     // OpenMP pool it starts are host threads on the launch mask.
-    assert_threads(
+    expect(
         &lease,
-        "req_during",
+        Threads::Matching(&["req_during"]),
         &all,
-        0,
+        Some(0),
         "a request made during the lease",
     );
     assert_eq!(named(&lease, "req_during_omp").len(), 2);
@@ -124,12 +140,36 @@ fn http_server_with_openmp_and_openblas_worker() {
     for (name, seen) in &released.threads {
         assert_eq!(seen.mask.to_list(), all, "released: {name}");
     }
-    assert_threads(&released, "worker", &all, 1, "restored, still a worker");
-    assert_threads(&released, "blas", &all, 1, "restored, still a worker");
+    expect(
+        &released,
+        Threads::Matching(&["worker"]),
+        &all,
+        Some(1),
+        "restored, still a worker",
+    );
+    expect(
+        &released,
+        Threads::Matching(&["blas"]),
+        &all,
+        Some(1),
+        "restored, still a worker",
+    );
     // After release: a new request is a host thread on the launch mask, and the worker's OpenMP
     // pool, reused by the next region (same threads), runs on the restored mask.
-    assert_threads(&after, "req_after", &all, 0, "a request after release");
-    assert_threads(&after, "worker_omp", &all, 1, "the reused pool");
+    expect(
+        &after,
+        Threads::Matching(&["req_after"]),
+        &all,
+        Some(0),
+        "a request after release",
+    );
+    expect(
+        &after,
+        Threads::Matching(&["worker_omp"]),
+        &all,
+        Some(1),
+        "the reused pool",
+    );
     for i in 1..=2 {
         let name = format!("worker_omp{i}");
         assert_eq!(
@@ -212,16 +252,34 @@ fn openblas_pool_imported_on_the_worker_thread() {
         pool_for(all.count()),
         "OpenBLAS's pool: one thread per CPU of the importing thread, less the caller"
     );
-    assert_threads(
+    expect(
         &before,
-        "blas",
+        Threads::Matching(&["blas"]),
         &all.to_list(),
-        0,
+        Some(0),
         "born on the launch mask",
     );
-    assert_threads(&configured, "blas", &local, 1, "promoted with its creator");
-    assert_threads(&configured, "main", &all.to_list(), 0, "host");
-    assert_threads(&released, "blas", &all.to_list(), 1, "restored");
+    expect(
+        &configured,
+        Threads::Matching(&["blas"]),
+        &local,
+        Some(1),
+        "promoted with its creator",
+    );
+    expect(
+        &configured,
+        Threads::Matching(&["main"]),
+        &all.to_list(),
+        Some(0),
+        "host",
+    );
+    expect(
+        &released,
+        Threads::Matching(&["blas"]),
+        &all.to_list(),
+        Some(1),
+        "restored",
+    );
 
     let (blas, [_, configured, released], end) = blas_run(&sysfs, "worker-after", &[]);
     assert_eq!(
@@ -231,11 +289,35 @@ fn openblas_pool_imported_on_the_worker_thread() {
         end.stderr
     );
     if blas > 0 {
-        assert_threads(&configured, "blas", &local, 1, "born on the worker set");
-        assert_threads(&released, "blas", &all.to_list(), 1, "restored");
+        expect(
+            &configured,
+            Threads::Matching(&["blas"]),
+            &local,
+            Some(1),
+            "born on the worker set",
+        );
+        expect(
+            &released,
+            Threads::Matching(&["blas"]),
+            &all.to_list(),
+            Some(1),
+            "restored",
+        );
     }
-    assert_threads(&configured, "worker", &local, 1, "the worker");
-    assert_threads(&released, "worker", &all.to_list(), 1, "restored");
+    expect(
+        &configured,
+        Threads::Matching(&["worker"]),
+        &local,
+        Some(1),
+        "the worker",
+    );
+    expect(
+        &released,
+        Threads::Matching(&["worker"]),
+        &all.to_list(),
+        Some(1),
+        "restored",
+    );
 }
 
 /// numpy imported by the host before any worker exists (the usual import order of a server):
@@ -254,10 +336,34 @@ fn openblas_pool_imported_by_the_host() {
 
     let (blas, [before, configured, released], _) = blas_run(&sysfs, "host-first", &[]);
     assert!(blas >= 1);
-    assert_threads(&before, "blas", &all, 0, "started by the main thread");
-    assert_threads(&configured, "blas", &all, 0, "a host pool stays host");
-    assert_threads(&configured, "worker", &local, 1, "the worker");
-    assert_threads(&released, "blas", &all, 0, "untouched");
+    expect(
+        &before,
+        Threads::Matching(&["blas"]),
+        &all,
+        Some(0),
+        "started by the main thread",
+    );
+    expect(
+        &configured,
+        Threads::Matching(&["blas"]),
+        &all,
+        Some(0),
+        "a host pool stays host",
+    );
+    expect(
+        &configured,
+        Threads::Matching(&["worker"]),
+        &local,
+        Some(1),
+        "the worker",
+    );
+    expect(
+        &released,
+        Threads::Matching(&["blas"]),
+        &all,
+        Some(0),
+        "untouched",
+    );
 
     let libs = format!("{DEFAULT_WORKER_LIBS},libscipy_openblas*.so*,libopenblas*.so*");
     let (blas, [before, configured, released], end) = blas_run(
@@ -266,17 +372,41 @@ fn openblas_pool_imported_by_the_host() {
         &[("TLLM_AFFINITY_WORKER_LIBS", libs.as_str())],
     );
     assert!(blas >= 1);
-    assert_threads(
+    expect(
         &before,
-        "blas",
+        Threads::Matching(&["blas"]),
         &all,
-        1,
+        Some(1),
         "a worker by TLLM_AFFINITY_WORKER_LIBS",
     );
-    assert_threads(&before, "main", &all, 0, "its creator is a host");
-    assert_threads(&configured, "blas", &local, 1, "placed at configure");
-    assert_threads(&configured, "main", &all, 0, "host");
-    assert_threads(&released, "blas", &all, 1, "restored");
+    expect(
+        &before,
+        Threads::Matching(&["main"]),
+        &all,
+        Some(0),
+        "its creator is a host",
+    );
+    expect(
+        &configured,
+        Threads::Matching(&["blas"]),
+        &local,
+        Some(1),
+        "placed at configure",
+    );
+    expect(
+        &configured,
+        Threads::Matching(&["main"]),
+        &all,
+        Some(0),
+        "host",
+    );
+    expect(
+        &released,
+        Threads::Matching(&["blas"]),
+        &all,
+        Some(1),
+        "restored",
+    );
     let n = 1 + blas;
     assert!(
         end.stderr.contains(&format!("({n}/{n} threads)")),
@@ -287,11 +417,11 @@ fn openblas_pool_imported_by_the_host() {
     let (blas, [_, configured, _], _) =
         blas_run(&sysfs, "host-first", &[("OPENBLAS_NUM_THREADS", "1")]);
     assert_eq!(blas, 0, "OPENBLAS_NUM_THREADS=1 starts no pool");
-    assert_threads(
+    expect(
         &configured,
-        "worker",
+        Threads::Matching(&["worker"]),
         &local,
-        1,
+        Some(1),
         "BLAS runs on the worker itself",
     );
 }

@@ -97,16 +97,6 @@ fn app(way: Way, sysfs: &Sysfs, script: &str, pin: Option<&str>) -> Command {
 
 // ---- Reading the phases ----
 
-/// Whether a census name belongs to `patterns`: each a name prefix, or `head*tail`.
-fn matches(name: &str, patterns: &[&str]) -> bool {
-    patterns.iter().any(|p| match p.split_once('*') {
-        Some((head, tail)) => {
-            name.len() >= head.len() + tail.len() && name.starts_with(head) && name.ends_with(tail)
-        }
-        None => name.starts_with(p),
-    })
-}
-
 /// Each of `patterns` names at least one thread of `phase`.
 fn present(phase: &Phase, patterns: &[&str]) {
     for p in patterns {
@@ -114,40 +104,6 @@ fn present(phase: &Phase, patterns: &[&str]) {
             phase.threads.keys().any(|n| matches(n, &[p])),
             "{}: no thread {p}: {}",
             phase.name,
-            describe(phase)
-        );
-    }
-}
-
-/// With the library: every thread `workers` names is a worker on `worker`, every other thread a
-/// host on `host`.
-fn placed(phase: &Phase, workers: &[&str], worker: &str, host: &str, why: &str) {
-    for (name, seen) in &phase.threads {
-        let expected = if matches(name, workers) {
-            (worker, 1)
-        } else {
-            (host, 0)
-        };
-        assert_eq!(
-            (seen.mask.to_list().as_str(), seen.role),
-            expected,
-            "{} {name} (tid {}): {why}\n{}",
-            phase.name,
-            seen.tid,
-            describe(phase)
-        );
-    }
-}
-
-/// Every thread of `phase` is on `mask`.
-fn everyone_on(phase: &Phase, mask: &str, why: &str) {
-    for (name, seen) in &phase.threads {
-        assert_eq!(
-            seen.mask.to_list(),
-            mask,
-            "{} {name} (tid {}): {why}\n{}",
-            phase.name,
-            seen.tid,
             describe(phase)
         );
     }
@@ -247,9 +203,11 @@ fn upstream_numa_line(cpus: &tllm_affinity_core::mask::CpuMask) -> String {
 fn upstream_pinned_everything(phases: &[&Phase], local: &str, end: &Finished, sysfs: &Sysfs) {
     no_roles(phases);
     for phase in &phases[1..] {
-        everyone_on(
+        expect(
             phase,
+            Threads::All,
             local,
+            None,
             "upstream pins every thread of the process, never restores",
         );
     }
@@ -261,14 +219,6 @@ fn upstream_pinned_everything(phases: &[&Phase], local: &str, end: &Finished, sy
 }
 
 // ---- Deployment 1: single-process TP1 worker in the HTTP server's process ----
-
-const TP1_WORKERS: [&str; 5] = [
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
 
 /// The main thread builds the LLM (the worker's threads and the main thread's OpenMP pool are
 /// born in the worker scope), then serves HTTP: the loop's executor threads, born after the LLM,
@@ -307,7 +257,7 @@ fn tp1_http_server(way: Way) {
         "no LLM after shutdown: {b}"
     );
 
-    everyone_on(&before, &all, "nothing configured yet");
+    expect(&before, Threads::All, &all, None, "nothing configured yet");
     present(&before, &["main", "user_metrics"]);
     present(&during, &["main", "user_metrics", "executor_loop"]);
     present(&during, &["await_response_thread", "engine_omp"]);
@@ -379,7 +329,7 @@ fn mpi_session_rank0(way: Way) {
     table(&format!("MpiCommSession rank 0 {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
 
-    everyone_on(before, &all, "nothing configured yet");
+    expect(before, Threads::All, &all, None, "nothing configured yet");
     present(before, &["main", "user_loop", "user_pool0"]);
     present(during, &["ThreadPoolExecutor-*_0", "executor_loop"]);
     present(
@@ -472,7 +422,7 @@ fn visualgen_rank0(way: Way) {
         "no executor after shutdown: {b}"
     );
 
-    everyone_on(&before, &all, "nothing configured yet");
+    expect(&before, Threads::All, &all, None, "nothing configured yet");
     present(&before, &["main", "control"]);
     present(&during, &["visual_gen_coordinator", "visual_gen_worker"]);
     present(&during, &["visual_gen_postprocess", "visual_omp"]);
@@ -559,7 +509,7 @@ fn leader(way: Way) {
     table(&format!("multi-node leader {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
 
-    everyone_on(before, &all, "nothing configured yet");
+    expect(before, Threads::All, &all, None, "nothing configured yet");
     present(
         before,
         &["main", "control", "session_server", "mpi_progress"],
@@ -644,10 +594,18 @@ fn two_llms(way: Way) {
 
     if !way.library() {
         no_roles(&phases);
-        everyone_on(first, &local, "upstream's first call pins every thread");
-        everyone_on(
+        expect(
+            first,
+            Threads::All,
+            &local,
+            None,
+            "upstream's first call pins every thread",
+        );
+        expect(
             second,
+            Threads::All,
             &all,
+            None,
             "upstream's second call takes its own pin for a constraint and un-pins every thread",
         );
         assert!(

@@ -515,6 +515,19 @@ pub fn expect(phase: &Phase, threads: Threads, mask: &str, role: Option<i32>, wh
     }
 }
 
+/// With the library: every thread `workers` matches (see [`matches`]) is a worker on `worker`,
+/// every other thread a host on `host`.
+pub fn placed(phase: &Phase, workers: &[&str], worker: &str, host: &str, why: &str) {
+    for name in phase.threads.keys() {
+        let (mask, role) = if matches(name, workers) {
+            (worker, 1)
+        } else {
+            (host, 0)
+        };
+        expect(phase, Threads::Named(&[name]), mask, Some(role), why);
+    }
+}
+
 /// What a finished program left: its status, everything it printed on stdout, its stderr.
 pub struct Finished {
     pub status: std::process::ExitStatus,
@@ -883,6 +896,16 @@ pub fn describe(phase: &Phase) -> String {
 }
 
 // ---- The pip-installed Python package (tests/zero_code.rs) ----
+
+/// The worker threads of the zero-code fixture's single-process TP1 LLM
+/// (tests/programs/zero_code, tests/zero_code.rs and tests/containers.rs).
+pub const TP1_WORKERS: [&str; 5] = [
+    "executor_loop",
+    "await_response_thread",
+    "stats_thread",
+    "engine_omp",
+    "loop_omp",
+];
 
 /// The interpreter of a virtual environment holding the repo's `python/` package as `pip install`
 /// leaves it for a user (the `.pth` start-up hook included, once the package ships one):
