@@ -111,29 +111,11 @@ fn report_line(end: &Finished) -> serde_json::Value {
 /// on `worker` and hosts on `load` during the lease, everyone on `load` after release.
 fn assert_python_population(phases: &[Phase; 3], load: &str, worker: &str, case: &str) {
     let [before, configured, released] = phases;
-    expect(
-        before,
-        Threads::All,
-        load,
-        None,
-        &format!("{case}: before configure"),
-    );
-    expect(configured, Threads::Named(&WORKERS), worker, Some(1), case);
+    expect(before, All, on(load), &format!("{case}: before configure"));
+    expect(configured, Named(&WORKERS), worker_on(worker), case);
     let never_moved = format!("{case}: a host thread is never widened nor narrowed");
-    expect(
-        configured,
-        Threads::Named(&HOSTS),
-        load,
-        Some(0),
-        &never_moved,
-    );
-    expect(
-        released,
-        Threads::All,
-        load,
-        None,
-        &format!("{case}: after release"),
-    );
+    expect(configured, Named(&HOSTS), host_on(load), &never_moved);
+    expect(released, All, on(load), &format!("{case}: after release"));
 }
 
 /// Variables set for one row of the policy table.

@@ -707,21 +707,9 @@ fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
         0,
         "the library is loaded in the container"
     );
-    expect(
-        configured,
-        Threads::Named(&WORKERS),
-        &local,
-        Some(1),
-        "worker",
-    );
-    expect(
-        configured,
-        Threads::Named(&["main", "H1"]),
-        &all,
-        Some(0),
-        "host",
-    );
-    expect(released, Threads::All, &all, None, "after release");
+    expect(configured, Named(&WORKERS), worker_on(&local), "worker");
+    expect(configured, Named(&["main", "H1"]), host_on(&all), "host");
+    expect(released, All, on(&all), "after release");
     assert!(end.stderr.contains("constrained: false"), "{}", end.stderr);
     assert!(
         end.stderr.contains(&format!(

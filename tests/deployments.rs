@@ -69,36 +69,32 @@ fn tp1_worker_inside_the_http_server() {
     assert!(end.status.success(), "{}", end.stderr);
     record("tp1", &[&before, &during, &serving, &shutdown, &after]);
 
-    expect(&before, Threads::All, &all, None, "nothing configured yet");
+    expect(&before, All, on(&all), "nothing configured yet");
     expect(
         &before,
-        Threads::Matching(&["main", "host_pool0", "executor"]),
-        &all,
-        Some(0),
+        Matching(&["main", "host_pool0", "executor"]),
+        host_on(&all),
         "host",
     );
 
     for phase in [&during, &serving] {
         expect(
             phase,
-            Threads::Matching(&["main", "host_pool0"]),
-            &all,
-            Some(0),
+            Matching(&["main", "host_pool0"]),
+            host_on(&all),
             "the server's threads",
         );
         expect(
             phase,
-            Threads::Matching(&["executor", "executor_loop", "await_response", "engine_omp"]),
-            &local,
-            Some(1),
+            Matching(&["executor", "executor_loop", "await_response", "engine_omp"]),
+            worker_on(&local),
             "the worker's threads",
         );
     }
     expect(
         &serving,
-        Threads::Matching(&["req_a"]),
-        &all,
-        Some(0),
+        Matching(&["req_a"]),
+        host_on(&all),
         "a request thread made during the lease",
     );
     assert_ne!(
@@ -109,20 +105,18 @@ fn tp1_worker_inside_the_http_server() {
 
     // Shutdown: the engine's threads were joined; the executor thread and its OpenMP pool
     // remain, restored; the server's threads never moved.
-    expect(&shutdown, Threads::All, &all, None, "restored at shutdown");
+    expect(&shutdown, All, on(&all), "restored at shutdown");
     expect(
         &shutdown,
-        Threads::Matching(&["executor", "engine_omp"]),
-        &all,
-        Some(1),
+        Matching(&["executor", "engine_omp"]),
+        worker_on(&all),
         "restored",
     );
-    expect(&after, Threads::All, &all, None, "after the worker's life");
+    expect(&after, All, on(&all), "after the worker's life");
     expect(
         &after,
-        Threads::Matching(&["req_b"]),
-        &all,
-        Some(0),
+        Matching(&["req_b"]),
+        host_on(&all),
         "a request after shutdown",
     );
 
@@ -164,42 +158,32 @@ fn mpi_comm_session_rank0_in_the_users_script() {
     record("mpi-session", &[before, during, serving, shutdown, after]);
 
     let script = ["main", "user_pool0", "proxy_dispatch", "proxy_result"];
-    expect(before, Threads::All, &all, None, "nothing configured yet");
+    expect(before, All, on(&all), "nothing configured yet");
     expect(
         before,
-        Threads::Matching(&script),
-        &all,
-        Some(0),
+        Matching(&script),
+        host_on(&all),
         "the user's script",
     );
     for phase in [during, serving] {
+        expect(phase, Matching(&script), host_on(&all), "the user's script");
         expect(
             phase,
-            Threads::Matching(&script),
-            &all,
-            Some(0),
-            "the user's script",
-        );
-        expect(
-            phase,
-            Threads::Matching(&["session_pool1"]),
-            &all,
-            Some(0),
+            Matching(&["session_pool1"]),
+            host_on(&all),
             "the session's other pool thread",
         );
         expect(
             phase,
-            Threads::Matching(&["session_worker", "executor_loop", "await_response"]),
-            &local,
-            Some(1),
+            Matching(&["session_worker", "executor_loop", "await_response"]),
+            worker_on(&local),
             "rank 0's worker",
         );
     }
     expect(
         serving,
-        Threads::Matching(&["user_pool_grown"]),
-        &all,
-        Some(0),
+        Matching(&["user_pool_grown"]),
+        host_on(&all),
         "the user's loop grew its executor during the lease",
     );
     // Two blocking calls ran at once on the loop's executor: two threads, one of them made
@@ -216,28 +200,20 @@ fn mpi_comm_session_rank0_in_the_users_script() {
     );
     expect(
         serving,
-        Threads::Matching(&["user_pool_held"]),
-        &all,
-        Some(0),
+        Matching(&["user_pool_held"]),
+        host_on(&all),
         "the user's loop executor",
     );
 
-    expect(shutdown, Threads::All, &all, None, "restored at shutdown");
+    expect(shutdown, All, on(&all), "restored at shutdown");
     expect(
         shutdown,
-        Threads::Matching(&["session_worker"]),
-        &all,
-        Some(1),
+        Matching(&["session_worker"]),
+        worker_on(&all),
         "the worker's pool thread, idle, restored",
     );
-    expect(
-        shutdown,
-        Threads::Matching(&script),
-        &all,
-        Some(0),
-        "never touched",
-    );
-    expect(after, Threads::All, &all, None, "after the worker's life");
+    expect(shutdown, Matching(&script), host_on(&all), "never touched");
+    expect(after, All, on(&all), "after the worker's life");
     assert!(
         end.stderr.contains("released lease 1: restored"),
         "{}",
@@ -280,60 +256,48 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
     );
 
     let hosts = ["main", "coordinator", "coord_pool0"];
-    expect(&before, Threads::All, &all, None, "nothing configured yet");
-    expect(&before, Threads::Matching(&hosts), &all, Some(0), "host");
+    expect(&before, All, on(&all), "nothing configured yet");
+    expect(&before, Matching(&hosts), host_on(&all), "host");
     expect(
         &before,
-        Threads::Matching(&["worker"]),
-        &all,
-        Some(0),
+        Matching(&["worker"]),
+        host_on(&all),
         "not a worker until it configures",
     );
     for phase in [&during, &serving] {
         expect(
             phase,
-            Threads::Matching(&hosts),
-            &all,
-            Some(0),
+            Matching(&hosts),
+            host_on(&all),
             "the server and the coordinator",
         );
         expect(
             phase,
-            Threads::Matching(&["worker", "executor_loop", "await_response", "engine_omp"]),
-            &local,
-            Some(1),
+            Matching(&["worker", "executor_loop", "await_response", "engine_omp"]),
+            worker_on(&local),
             "the diffusion worker",
         );
     }
     expect(
         &serving,
-        Threads::Matching(&["req_a", "coord_pool_a"]),
-        &all,
-        Some(0),
+        Matching(&["req_a", "coord_pool_a"]),
+        host_on(&all),
         "the request's threads, made during the lease",
     );
 
-    expect(&shutdown, Threads::All, &all, None, "restored at shutdown");
+    expect(&shutdown, All, on(&all), "restored at shutdown");
     expect(
         &shutdown,
-        Threads::Matching(&["worker", "engine_omp"]),
-        &all,
-        Some(1),
+        Matching(&["worker", "engine_omp"]),
+        worker_on(&all),
         "restored",
     );
-    expect(
-        &shutdown,
-        Threads::Matching(&hosts),
-        &all,
-        Some(0),
-        "never touched",
-    );
-    expect(&after, Threads::All, &all, None, "after the worker's life");
+    expect(&shutdown, Matching(&hosts), host_on(&all), "never touched");
+    expect(&after, All, on(&all), "after the worker's life");
     expect(
         &after,
-        Threads::Matching(&["req_b"]),
-        &all,
-        Some(0),
+        Matching(&["req_b"]),
+        host_on(&all),
         "a request after shutdown",
     );
 
@@ -373,13 +337,12 @@ fn multi_node_leader_session_server_and_progress_threads() {
     record("leader", &[before, during, serving, shutdown, after]);
 
     let hosts = ["main", "session_server"];
-    expect(before, Threads::All, &all, None, "nothing configured yet");
-    expect(before, Threads::Matching(&hosts), &all, Some(0), "host");
+    expect(before, All, on(&all), "nothing configured yet");
+    expect(before, Matching(&hosts), host_on(&all), "host");
     expect(
         before,
-        Threads::Matching(&["mpi_progress"]),
-        &all,
-        Some(1),
+        Matching(&["mpi_progress"]),
+        worker_on(&all),
         "a worker by TLLM_AFFINITY_WORKER_LIBS, though main started it",
     );
     let workers = [
@@ -392,62 +355,50 @@ fn multi_node_leader_session_server_and_progress_threads() {
     for phase in [during, serving] {
         expect(
             phase,
-            Threads::Matching(&hosts),
-            &all,
-            Some(0),
+            Matching(&hosts),
+            host_on(&all),
             "the leader's host threads",
         );
         expect(
             phase,
-            Threads::Matching(&["session_pool1"]),
-            &all,
-            Some(0),
+            Matching(&["session_pool1"]),
+            host_on(&all),
             "the session's other pool thread",
         );
         expect(
             phase,
-            Threads::Matching(&workers),
-            &local,
-            Some(1),
+            Matching(&workers),
+            worker_on(&local),
             "rank 0's worker threads",
         );
     }
     expect(
         serving,
-        Threads::Matching(&["late_progress"]),
-        &local,
-        Some(1),
+        Matching(&["late_progress"]),
+        worker_on(&local),
         "started by the session server during the lease: born on the worker set",
     );
 
-    expect(shutdown, Threads::All, &all, None, "restored at shutdown");
+    expect(shutdown, All, on(&all), "restored at shutdown");
     expect(
         shutdown,
-        Threads::Matching(&[
+        Matching(&[
             "leader_worker",
             "mpi_progress",
             "nccl_progress",
             "late_progress",
         ]),
-        &all,
-        Some(1),
+        worker_on(&all),
         "restored, still workers",
     );
-    expect(
-        shutdown,
-        Threads::Matching(&hosts),
-        &all,
-        Some(0),
-        "never touched",
-    );
+    expect(shutdown, Matching(&hosts), host_on(&all), "never touched");
     expect(
         after,
-        Threads::Matching(&["after_progress"]),
-        &all,
-        Some(1),
+        Matching(&["after_progress"]),
+        worker_on(&all),
         "born after the last release: on the restored mask",
     );
-    expect(after, Threads::All, &all, None, "after the worker's life");
+    expect(after, All, on(&all), "after the worker's life");
     assert!(
         end.stderr.contains(&format!(
             "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (2/2 threads)"

@@ -83,9 +83,8 @@ fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
     for (phase, mask) in phases.iter().zip(expected) {
         expect(
             phase,
-            Threads::All,
-            mask,
-            Some(1),
+            All,
+            worker_on(mask),
             &format!("stderr:\n{}", &stderr),
         );
     }
@@ -115,23 +114,20 @@ fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
     let (phases, stderr) = run_steps(cmd, steps.len());
     expect(
         &phases[0],
-        Threads::All,
-        &c.gpu0,
-        Some(1),
+        All,
+        worker_on(&c.gpu0),
         &format!("stderr:\n{}", &stderr),
     );
     expect(
         &phases[1],
-        Threads::All,
-        &c.all,
-        Some(1),
+        All,
+        worker_on(&c.all),
         &format!("stderr:\n{}", &stderr),
     );
     expect(
         &phases[2],
-        Threads::All,
-        &c.all,
-        Some(1),
+        All,
+        worker_on(&c.all),
         &format!("stderr:\n{}", &stderr),
     );
     assert!(!stderr.contains("retargeting"), "{stderr}");
@@ -190,16 +186,14 @@ fn a_vfork_child_setting_the_variables_moves_nothing_and_errno_passes_through() 
     assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
     expect(
         &vforked,
-        Threads::All,
-        &c.gpu0,
-        Some(1),
+        All,
+        worker_on(&c.gpu0),
         &format!("stderr:\n{}", &end.stderr),
     );
     expect(
         &set,
-        Threads::All,
-        &c.gpu1,
-        Some(1),
+        All,
+        worker_on(&c.gpu1),
         &format!("stderr:\n{}", &end.stderr),
     );
     assert_eq!(

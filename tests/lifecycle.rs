@@ -89,20 +89,8 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     let mut run = Driver::spawn(life_cmd(&sysfs, &["explicit", &cpu]), LIMIT);
 
     let configured = run.phase();
-    expect(
-        &configured,
-        Threads::Named(&["W", "C"]),
-        &c.local,
-        None,
-        "worker",
-    );
-    expect(
-        &configured,
-        Threads::Named(&["E", "E1"]),
-        &c.other,
-        None,
-        "explicit",
-    );
+    expect(&configured, Named(&["W", "C"]), on(&c.local), "worker");
+    expect(&configured, Named(&["E", "E1"]), on(&c.other), "explicit");
     assert_eq!(configured.mask("main"), c.all);
     assert_eq!(configured.role("E"), 1, "E was made by a worker");
     run.proceed();
@@ -112,18 +100,11 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     assert_eq!(kernel_mask_in(&report, e), c.other);
 
     let twice = run.phase();
+    expect(&twice, Named(&["W", "C", "C2"]), on(&c.local), "worker");
     expect(
         &twice,
-        Threads::Named(&["W", "C", "C2"]),
-        &c.local,
-        None,
-        "worker",
-    );
-    expect(
-        &twice,
-        Threads::Named(&["E", "E1", "E2"]),
-        &c.other,
-        None,
+        Named(&["E", "E1", "E2"]),
+        on(&c.other),
         "explicit subtree",
     );
     run.proceed();
@@ -131,16 +112,14 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     let released = run.phase();
     expect(
         &released,
-        Threads::Named(&["W", "C", "C2", "main"]),
-        &c.all,
-        None,
+        Named(&["W", "C", "C2", "main"]),
+        on(&c.all),
         "restored",
     );
     expect(
         &released,
-        Threads::Named(&["E", "E1", "E2", "E3"]),
-        &c.other,
-        None,
+        Named(&["E", "E1", "E2", "E3"]),
+        on(&c.other),
         "never restored",
     );
     run.proceed();
@@ -152,18 +131,11 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     }
 
     let again = run.phase();
+    expect(&again, Named(&["W", "C", "C2"]), on(&c.local), "worker");
     expect(
         &again,
-        Threads::Named(&["W", "C", "C2"]),
-        &c.local,
-        None,
-        "worker",
-    );
-    expect(
-        &again,
-        Threads::Named(&["E", "E1", "E2", "E3"]),
-        &c.other,
-        None,
+        Named(&["E", "E1", "E2", "E3"]),
+        on(&c.other),
         "never overridden",
     );
     let end = run.finish();
@@ -194,42 +166,27 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     let pinned = run.phase();
     expect(
         &pinned,
-        Threads::Named(&pinned_by_app),
-        &c.other,
-        None,
+        Named(&pinned_by_app),
+        on(&c.other),
         "pinned by the program",
     );
-    expect(
-        &pinned,
-        Threads::Named(&["W", "C", "S3"]),
-        &c.local,
-        None,
-        "worker",
-    );
+    expect(&pinned, Named(&["W", "C", "S3"]), on(&c.local), "worker");
     run.proceed();
 
     let twice = run.phase();
     expect(
         &twice,
-        Threads::Named(&pinned_by_app),
-        &c.other,
-        None,
+        Named(&pinned_by_app),
+        on(&c.other),
         "after the second configure",
     );
     expect(
         &twice,
-        Threads::Named(&["S1child"]),
-        &c.other,
-        None,
+        Named(&["S1child"]),
+        on(&c.other),
         "child of a pinned thread",
     );
-    expect(
-        &twice,
-        Threads::Named(&["W", "C", "S3"]),
-        &c.local,
-        None,
-        "worker",
-    );
+    expect(&twice, Named(&["W", "C", "S3"]), on(&c.local), "worker");
     let s3 = twice.thread("S3").tid;
     let taskset = Command::new("taskset")
         .args(["-p", "-c", &cpu, &s3.to_string()])
@@ -242,16 +199,14 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     let released = run.phase();
     expect(
         &released,
-        Threads::Named(&["W", "C", "main"]),
-        &c.all,
-        None,
+        Named(&["W", "C", "main"]),
+        on(&c.all),
         "restored",
     );
     expect(
         &released,
-        Threads::Named(&["S1", "S2", "S4", "S1child", "S3"]),
-        &c.other,
-        None,
+        Named(&["S1", "S2", "S4", "S1child", "S3"]),
+        on(&c.other),
         "left alone by release",
     );
     run.proceed();
@@ -268,18 +223,11 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     let again = run.phase();
     expect(
         &again,
-        Threads::Named(&["S1", "S2", "S4", "S1child", "S3"]),
-        &c.other,
-        None,
+        Named(&["S1", "S2", "S4", "S1child", "S3"]),
+        on(&c.other),
         "left alone by the next configure",
     );
-    expect(
-        &again,
-        Threads::Named(&["W", "C"]),
-        &c.local,
-        None,
-        "worker",
-    );
+    expect(&again, Named(&["W", "C"]), on(&c.local), "worker");
     let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
     assert!(
@@ -304,32 +252,28 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
     let pinned = run.phase();
     expect(
         &pinned,
-        Threads::Named(&by_app),
-        &c.other,
-        None,
+        Named(&by_app),
+        on(&c.other),
         "pinned by os.sched_setaffinity",
     );
     expect(
         &pinned,
-        Threads::Named(&["engine", "plain", "ext"]),
-        &c.local,
-        None,
+        Named(&["engine", "plain", "ext"]),
+        on(&c.local),
         "worker",
     );
     run.proceed();
     let twice = run.phase();
     expect(
         &twice,
-        Threads::Named(&by_app),
-        &c.other,
-        None,
+        Named(&by_app),
+        on(&c.other),
         "after the second configure",
     );
     expect(
         &twice,
-        Threads::Named(&["engine", "plain", "ext"]),
-        &c.local,
-        None,
+        Named(&["engine", "plain", "ext"]),
+        on(&c.local),
         "worker",
     );
     let ext = twice.thread("ext").tid;
@@ -343,16 +287,14 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
     let released = run.phase();
     expect(
         &released,
-        Threads::Named(&["engine", "plain", "main"]),
-        &c.all,
-        None,
+        Named(&["engine", "plain", "main"]),
+        on(&c.all),
         "restored",
     );
     expect(
         &released,
-        Threads::Named(&["self_pinned", "other_pinned", "ext"]),
-        &c.other,
-        None,
+        Named(&["self_pinned", "other_pinned", "ext"]),
+        on(&c.other),
         "left alone",
     );
     run.proceed();
@@ -368,18 +310,11 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
     let again = run.phase();
     expect(
         &again,
-        Threads::Named(&["self_pinned", "other_pinned", "ext"]),
-        &c.other,
-        None,
+        Named(&["self_pinned", "other_pinned", "ext"]),
+        on(&c.other),
         "left alone",
     );
-    expect(
-        &again,
-        Threads::Named(&["engine", "plain"]),
-        &c.local,
-        None,
-        "worker",
-    );
+    expect(&again, Named(&["engine", "plain"]), on(&c.local), "worker");
     let end = run.finish();
     assert!(end.status.success(), "{}", end.stderr);
     assert!(
@@ -596,18 +531,11 @@ fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
     let live = task_tids(run.pid());
     expect(
         &parent,
-        Threads::Named(&["W", "C1", "C2"]),
-        &c.local,
-        None,
+        Named(&["W", "C1", "C2"]),
+        on(&c.local),
         "parent worker",
     );
-    expect(
-        &parent,
-        Threads::Named(&["main", "H"]),
-        &c.all,
-        None,
-        "parent host",
-    );
+    expect(&parent, Named(&["main", "H"]), on(&c.all), "parent host");
     run.proceed();
     let report = run.report("parent");
     assert_eq!(report_tids(&report), live);
@@ -774,22 +702,15 @@ fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
         let configured = run.phase();
         assert_eq!(configured.mask("early"), c.all, "{how}");
         assert_eq!(configured.mask("main"), c.all, "{how}");
-        expect(
-            &configured,
-            Threads::Named(&["W", "C"]),
-            &c.local,
-            None,
-            how,
-        );
+        expect(&configured, Named(&["W", "C"]), on(&c.local), how);
         run.proceed();
         let report = run.report("configured");
         assert_eq!(report_tids(&report), task_tids(run.pid()), "{how}");
         let released = run.phase();
         expect(
             &released,
-            Threads::Named(&["W", "C", "early", "main"]),
-            &c.all,
-            None,
+            Named(&["W", "C", "early", "main"]),
+            on(&c.all),
             how,
         );
         let end = run.finish();
@@ -884,7 +805,7 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
             assert_eq!(lease, answer, "{case}");
         }
         let configured = run.phase();
-        expect(&configured, Threads::Named(&["W", "C"]), mask, None, &case);
+        expect(&configured, Named(&["W", "C"]), on(mask), &case);
         assert_eq!(configured.mask("main"), c.all, "{case}");
         run.proceed();
         let report = run.report("configured");
@@ -892,13 +813,7 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
             assert_eq!(report["leases"], serde_json::json!([]), "{case}");
         }
         let released = run.phase();
-        expect(
-            &released,
-            Threads::Named(&["W", "C", "main"]),
-            &c.all,
-            None,
-            &case,
-        );
+        expect(&released, Named(&["W", "C", "main"]), on(&c.all), &case);
         let end = run.finish();
         assert!(end.status.success(), "{case}: {}", end.stderr);
         if answer < 0 {

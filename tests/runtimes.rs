@@ -90,37 +90,32 @@ fn http_server_with_openmp_and_openblas_worker() {
     for phase in [&configured, &lease] {
         expect(
             phase,
-            Threads::Matching(&["worker"]),
-            &local,
-            Some(1),
+            Matching(&["worker"]),
+            worker_on(&local),
             "the worker and its OpenMP pool",
         );
         expect(
             phase,
-            Threads::Matching(&["blas"]),
-            &local,
-            Some(1),
+            Matching(&["blas"]),
+            worker_on(&local),
             "the pool numpy's import started",
         );
         expect(
             phase,
-            Threads::Matching(&["main"]),
-            &all,
-            Some(0),
+            Matching(&["main"]),
+            host_on(&all),
             "the HTTP server thread",
         );
         expect(
             phase,
-            Threads::Matching(&["host_omp"]),
-            &all,
-            Some(0),
+            Matching(&["host_omp"]),
+            host_on(&all),
             "the host's OpenMP pool",
         );
         expect(
             phase,
-            Threads::Matching(&["req_before"]),
-            &all,
-            Some(0),
+            Matching(&["req_before"]),
+            host_on(&all),
             "a request thread",
         );
     }
@@ -129,9 +124,8 @@ fn http_server_with_openmp_and_openblas_worker() {
     // OpenMP pool it starts are host threads on the launch mask.
     expect(
         &lease,
-        Threads::Matching(&["req_during"]),
-        &all,
-        Some(0),
+        Matching(&["req_during"]),
+        host_on(&all),
         "a request made during the lease",
     );
     assert_eq!(named(&lease, "req_during_omp").len(), 2);
@@ -142,32 +136,28 @@ fn http_server_with_openmp_and_openblas_worker() {
     }
     expect(
         &released,
-        Threads::Matching(&["worker"]),
-        &all,
-        Some(1),
+        Matching(&["worker"]),
+        worker_on(&all),
         "restored, still a worker",
     );
     expect(
         &released,
-        Threads::Matching(&["blas"]),
-        &all,
-        Some(1),
+        Matching(&["blas"]),
+        worker_on(&all),
         "restored, still a worker",
     );
     // After release: a new request is a host thread on the launch mask, and the worker's OpenMP
     // pool, reused by the next region (same threads), runs on the restored mask.
     expect(
         &after,
-        Threads::Matching(&["req_after"]),
-        &all,
-        Some(0),
+        Matching(&["req_after"]),
+        host_on(&all),
         "a request after release",
     );
     expect(
         &after,
-        Threads::Matching(&["worker_omp"]),
-        &all,
-        Some(1),
+        Matching(&["worker_omp"]),
+        worker_on(&all),
         "the reused pool",
     );
     for i in 1..=2 {
@@ -254,30 +244,26 @@ fn openblas_pool_imported_on_the_worker_thread() {
     );
     expect(
         &before,
-        Threads::Matching(&["blas"]),
-        &all.to_list(),
-        Some(0),
+        Matching(&["blas"]),
+        host_on(&all.to_list()),
         "born on the launch mask",
     );
     expect(
         &configured,
-        Threads::Matching(&["blas"]),
-        &local,
-        Some(1),
+        Matching(&["blas"]),
+        worker_on(&local),
         "promoted with its creator",
     );
     expect(
         &configured,
-        Threads::Matching(&["main"]),
-        &all.to_list(),
-        Some(0),
+        Matching(&["main"]),
+        host_on(&all.to_list()),
         "host",
     );
     expect(
         &released,
-        Threads::Matching(&["blas"]),
-        &all.to_list(),
-        Some(1),
+        Matching(&["blas"]),
+        worker_on(&all.to_list()),
         "restored",
     );
 
@@ -291,31 +277,27 @@ fn openblas_pool_imported_on_the_worker_thread() {
     if blas > 0 {
         expect(
             &configured,
-            Threads::Matching(&["blas"]),
-            &local,
-            Some(1),
+            Matching(&["blas"]),
+            worker_on(&local),
             "born on the worker set",
         );
         expect(
             &released,
-            Threads::Matching(&["blas"]),
-            &all.to_list(),
-            Some(1),
+            Matching(&["blas"]),
+            worker_on(&all.to_list()),
             "restored",
         );
     }
     expect(
         &configured,
-        Threads::Matching(&["worker"]),
-        &local,
-        Some(1),
+        Matching(&["worker"]),
+        worker_on(&local),
         "the worker",
     );
     expect(
         &released,
-        Threads::Matching(&["worker"]),
-        &all.to_list(),
-        Some(1),
+        Matching(&["worker"]),
+        worker_on(&all.to_list()),
         "restored",
     );
 }
@@ -338,32 +320,23 @@ fn openblas_pool_imported_by_the_host() {
     assert!(blas >= 1);
     expect(
         &before,
-        Threads::Matching(&["blas"]),
-        &all,
-        Some(0),
+        Matching(&["blas"]),
+        host_on(&all),
         "started by the main thread",
     );
     expect(
         &configured,
-        Threads::Matching(&["blas"]),
-        &all,
-        Some(0),
+        Matching(&["blas"]),
+        host_on(&all),
         "a host pool stays host",
     );
     expect(
         &configured,
-        Threads::Matching(&["worker"]),
-        &local,
-        Some(1),
+        Matching(&["worker"]),
+        worker_on(&local),
         "the worker",
     );
-    expect(
-        &released,
-        Threads::Matching(&["blas"]),
-        &all,
-        Some(0),
-        "untouched",
-    );
+    expect(&released, Matching(&["blas"]), host_on(&all), "untouched");
 
     let libs = format!("{DEFAULT_WORKER_LIBS},libscipy_openblas*.so*,libopenblas*.so*");
     let (blas, [before, configured, released], end) = blas_run(
@@ -374,39 +347,24 @@ fn openblas_pool_imported_by_the_host() {
     assert!(blas >= 1);
     expect(
         &before,
-        Threads::Matching(&["blas"]),
-        &all,
-        Some(1),
+        Matching(&["blas"]),
+        worker_on(&all),
         "a worker by TLLM_AFFINITY_WORKER_LIBS",
     );
     expect(
         &before,
-        Threads::Matching(&["main"]),
-        &all,
-        Some(0),
+        Matching(&["main"]),
+        host_on(&all),
         "its creator is a host",
     );
     expect(
         &configured,
-        Threads::Matching(&["blas"]),
-        &local,
-        Some(1),
+        Matching(&["blas"]),
+        worker_on(&local),
         "placed at configure",
     );
-    expect(
-        &configured,
-        Threads::Matching(&["main"]),
-        &all,
-        Some(0),
-        "host",
-    );
-    expect(
-        &released,
-        Threads::Matching(&["blas"]),
-        &all,
-        Some(1),
-        "restored",
-    );
+    expect(&configured, Matching(&["main"]), host_on(&all), "host");
+    expect(&released, Matching(&["blas"]), worker_on(&all), "restored");
     let n = 1 + blas;
     assert!(
         end.stderr.contains(&format!("({n}/{n} threads)")),
@@ -419,9 +377,8 @@ fn openblas_pool_imported_by_the_host() {
     assert_eq!(blas, 0, "OPENBLAS_NUM_THREADS=1 starts no pool");
     expect(
         &configured,
-        Threads::Matching(&["worker"]),
-        &local,
-        Some(1),
+        Matching(&["worker"]),
+        worker_on(&local),
         "BLAS runs on the worker itself",
     );
 }

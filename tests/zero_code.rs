@@ -205,9 +205,8 @@ fn upstream_pinned_everything(phases: &[&Phase], local: &str, end: &Finished, sy
     for phase in &phases[1..] {
         expect(
             phase,
-            Threads::All,
-            local,
-            None,
+            All,
+            on(local),
             "upstream pins every thread of the process, never restores",
         );
     }
@@ -257,7 +256,7 @@ fn tp1_http_server(way: Way) {
         "no LLM after shutdown: {b}"
     );
 
-    expect(&before, Threads::All, &all, None, "nothing configured yet");
+    expect(&before, All, on(&all), "nothing configured yet");
     present(&before, &["main", "user_metrics"]);
     present(&during, &["main", "user_metrics", "executor_loop"]);
     present(&during, &["await_response_thread", "engine_omp"]);
@@ -329,7 +328,7 @@ fn mpi_session_rank0(way: Way) {
     table(&format!("MpiCommSession rank 0 {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
 
-    expect(before, Threads::All, &all, None, "nothing configured yet");
+    expect(before, All, on(&all), "nothing configured yet");
     present(before, &["main", "user_loop", "user_pool0"]);
     present(during, &["ThreadPoolExecutor-*_0", "executor_loop"]);
     present(
@@ -422,7 +421,7 @@ fn visualgen_rank0(way: Way) {
         "no executor after shutdown: {b}"
     );
 
-    expect(&before, Threads::All, &all, None, "nothing configured yet");
+    expect(&before, All, on(&all), "nothing configured yet");
     present(&before, &["main", "control"]);
     present(&during, &["visual_gen_coordinator", "visual_gen_worker"]);
     present(&during, &["visual_gen_postprocess", "visual_omp"]);
@@ -509,7 +508,7 @@ fn leader(way: Way) {
     table(&format!("multi-node leader {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
 
-    expect(before, Threads::All, &all, None, "nothing configured yet");
+    expect(before, All, on(&all), "nothing configured yet");
     present(
         before,
         &["main", "control", "session_server", "mpi_progress"],
@@ -596,16 +595,14 @@ fn two_llms(way: Way) {
         no_roles(&phases);
         expect(
             first,
-            Threads::All,
-            &local,
-            None,
+            All,
+            on(&local),
             "upstream's first call pins every thread",
         );
         expect(
             second,
-            Threads::All,
-            &all,
-            None,
+            All,
+            on(&all),
             "upstream's second call takes its own pin for a constraint and un-pins every thread",
         );
         assert!(

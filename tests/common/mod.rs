@@ -472,13 +472,43 @@ pub fn matches(name: &str, patterns: &[&str]) -> bool {
     })
 }
 
-/// The thread-table assertion of every phase test: each thread `threads` picks in `phase` is on
-/// `mask` and, where `role` says one, has that role (0 host, 1 worker, -1 no library); `why`
-/// and the whole table are in the message.
-pub fn expect(phase: &Phase, threads: Threads, mask: &str, role: Option<i32>, why: &str) {
+pub use Threads::{All, Matching, Named};
+
+/// What an [`expect`] asks of each thread it picks: a kernel mask and, where it says one, a role
+/// (0 host, 1 worker).
+#[derive(Clone, Copy, Debug)]
+pub struct Want<'a> {
+    pub mask: &'a str,
+    pub role: Option<i32>,
+}
+
+/// On `mask`, whatever the role.
+pub fn on(mask: &str) -> Want<'_> {
+    Want { mask, role: None }
+}
+
+/// A host thread on `mask`.
+pub fn host_on(mask: &str) -> Want<'_> {
+    Want {
+        mask,
+        role: Some(0),
+    }
+}
+
+/// A worker thread on `mask`.
+pub fn worker_on(mask: &str) -> Want<'_> {
+    Want {
+        mask,
+        role: Some(1),
+    }
+}
+
+/// The thread-table assertion of every phase test: each thread `threads` picks in `phase` is as
+/// `want` says; `why` and the whole table are in the message.
+pub fn expect(phase: &Phase, threads: Threads, want: Want, why: &str) {
     let picked: Vec<(&String, &ThreadSeen)> = match threads {
-        Threads::All => phase.threads.iter().collect(),
-        Threads::Named(names) => names
+        All => phase.threads.iter().collect(),
+        Named(names) => names
             .iter()
             .map(|n| {
                 phase
@@ -487,7 +517,7 @@ pub fn expect(phase: &Phase, threads: Threads, mask: &str, role: Option<i32>, wh
                     .unwrap_or_else(|| panic!("{}: no thread {n}: {}", phase.name, describe(phase)))
             })
             .collect(),
-        Threads::Matching(patterns) => {
+        Matching(patterns) => {
             for p in patterns {
                 assert!(
                     phase.threads.keys().any(|n| matches(n, &[p])),
@@ -506,7 +536,7 @@ pub fn expect(phase: &Phase, threads: Threads, mask: &str, role: Option<i32>, wh
     for (name, seen) in picked {
         assert_eq!(
             (seen.mask.to_list().as_str(), seen.role),
-            (mask, role.unwrap_or(seen.role)),
+            (want.mask, want.role.unwrap_or(seen.role)),
             "{} {name} (tid {}): {why}\n{}",
             phase.name,
             seen.tid,
@@ -519,12 +549,12 @@ pub fn expect(phase: &Phase, threads: Threads, mask: &str, role: Option<i32>, wh
 /// every other thread a host on `host`.
 pub fn placed(phase: &Phase, workers: &[&str], worker: &str, host: &str, why: &str) {
     for name in phase.threads.keys() {
-        let (mask, role) = if matches(name, workers) {
-            (worker, 1)
+        let want = if matches(name, workers) {
+            worker_on(worker)
         } else {
-            (host, 0)
+            host_on(host)
         };
-        expect(phase, Threads::Named(&[name]), mask, Some(role), why);
+        expect(phase, Named(&[name]), want, why);
     }
 }
 
