@@ -1,6 +1,6 @@
 //! Bad input, table-driven: every library variable with malformed values, under
-//! the real library, in a compiled C program (`lc_life exit 3`, which also makes a thread and
-//! reports) and in `sh -c 'exit 3'`.
+//! the real library, in a compiled C program (`lifecycle_scenarios exit 3`, which also makes a
+//! thread and reports) and in `sh -c 'exit 3'`.
 //!
 //! Load-time variables: exactly one `[tllm-affinity]` line, naming the variable, the value (as
 //! the line escapes it) and what was expected; the program runs on, with its own exit status;
@@ -30,7 +30,7 @@ const COSMETIC: [&str; 3] = [
 ];
 
 fn life() -> std::path::PathBuf {
-    Program::c("lc_life").build()
+    Program::c("lifecycle_scenarios").build()
 }
 
 /// The `[tllm-affinity]` lines of a run's stderr.

@@ -1,6 +1,6 @@
 //! External constraints for real (issue #5, item 3; SPEC §3): `numactl --physcpubind`, `taskset
 //! -c` and a cpuset cgroup the test creates, around the Python population
-//! (tests/programs/rt_population.py) and, under numactl, the C population
+//! (tests/programs/constrained_population.py) and, under numactl, the C population
 //! (tests/programs/population.c). tests/engine_population.rs covers the C population under
 //! taskset and in a cgroup; this file covers the rest. Every mask is read from
 //! `/proc/<pid>/task/<tid>/status`.
@@ -77,7 +77,7 @@ fn python_population(
     device: &str,
     vars: &[(&str, &str)],
 ) -> ([Phase; 3], Finished) {
-    let script = programs_dir().join("rt_population.py");
+    let script = programs_dir().join("constrained_population.py");
     let script = script.to_str().unwrap();
     let mut cmd = wrap(around, sysfs, &python(), &[script, device]);
     cmd.envs(vars.iter().copied());
@@ -97,7 +97,7 @@ fn python_population(
     (phases.try_into().unwrap(), end)
 }
 
-/// The library's own view, printed by rt_population.py after configure.
+/// The library's own view, printed by constrained_population.py after configure.
 fn report_line(end: &Finished) -> serde_json::Value {
     let line = end
         .stderr

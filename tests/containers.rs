@@ -259,7 +259,7 @@ fn glibc_image() -> &'static Path {
                 Program::c("container_probe").named("probe_glibc").build(),
                 "probe",
             ),
-            (rt_omp(), "librt_omp.so"),
+            (openmp_library(), "libopenmp_region.so"),
         ] {
             std::fs::copy(&built, opt.join(name)).unwrap();
             add_with_libraries(&root, &[built]);
@@ -1099,7 +1099,7 @@ fn the_zero_code_fixture_runs_unmodified_in_a_container() {
             "-e",
             "TLLM_WORKER_USE_SINGLE_PROCESS=1",
             "-e",
-            "RT_OMP=/opt/test/librt_omp.so",
+            "RT_OMP=/opt/test/libopenmp_region.so",
             "-e",
             "OMP_NUM_THREADS=3",
             "-e",

@@ -1,6 +1,6 @@
 //! The four shared-process deployments of seeds/shared-process-affinity-never-restored.txt
 //! (issue #5, item 4; docs/runtimes.md), each as a Python program shaped like the deployment
-//! (tests/programs/rt_deploy_*.py over rt_trtllm.py, a shape-alike of the server's worker
+//! (tests/programs/deploy_*.py over trtllm_shape.py, a shape-alike of the server's worker
 //! plumbing, with the real `tllm_affinity` adapter in place of `configure_cpu_affinity`). For
 //! each, the mask of every thread before, during and after the worker's life (released at
 //! shutdown) is read from `/proc/<pid>/task/<tid>/status` and asserted.
@@ -21,9 +21,9 @@ fn deployment(sysfs: &Sysfs, program: &str) -> Command {
             "PYTHONPATH",
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
         )
-        .env("RT_OMP", rt_omp())
+        .env("RT_OMP", openmp_library())
         .env("RT_NCCL", Program::c("nccl").shared().build())
-        .env("RT_SPAWN", Program::c("rt_spawn").shared().build())
+        .env("RT_SPAWN", Program::c("progress_threads").shared().build())
         .env("OMP_NUM_THREADS", "3")
         .env("OMP_WAIT_POLICY", "passive")
         .env_remove("OMP_PROC_BIND")
@@ -52,7 +52,7 @@ fn tp1_worker_inside_the_http_server() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Driver::spawn(deployment(&sysfs, "rt_deploy_tp1.py"), DEADLINE);
+    let mut run = Driver::spawn(deployment(&sysfs, "deploy_tp1_server.py"), DEADLINE);
     let port: u16 = run.after("PORT ").parse().unwrap();
     let before = run.phase();
     run.proceed();
@@ -150,7 +150,7 @@ fn mpi_comm_session_rank0_in_the_users_script() {
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let (phases, end) =
-        Driver::spawn(deployment(&sysfs, "rt_deploy_mpi_session.py"), DEADLINE).all_phases(5);
+        Driver::spawn(deployment(&sysfs, "deploy_mpi_session.py"), DEADLINE).all_phases(5);
     assert!(end.status.success(), "{}", end.stderr);
     let [before, during, serving, shutdown, after] = &phases[..] else {
         unreachable!()
@@ -235,7 +235,7 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Driver::spawn(deployment(&sysfs, "rt_deploy_visualgen.py"), DEADLINE);
+    let mut run = Driver::spawn(deployment(&sysfs, "deploy_visualgen.py"), DEADLINE);
     let port: u16 = run.after("PORT ").parse().unwrap();
     let before = run.phase();
     run.proceed();
@@ -329,7 +329,7 @@ fn multi_node_leader_session_server_and_progress_threads() {
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let (phases, end) =
-        Driver::spawn(deployment(&sysfs, "rt_deploy_leader.py"), DEADLINE).all_phases(5);
+        Driver::spawn(deployment(&sysfs, "deploy_multinode_leader.py"), DEADLINE).all_phases(5);
     assert!(end.status.success(), "{}", end.stderr);
     let [before, during, serving, shutdown, after] = &phases[..] else {
         unreachable!()

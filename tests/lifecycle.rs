@@ -1,6 +1,6 @@
 //! Issue #2's lifecycle rules and issue #7's faults on real processes: compiled C programs
-//! (`tests/programs/lc_life.c` and its shared objects) and real Python, the real library
-//! preloaded, every mask read from `/proc/<pid>/task/<tid>/status` or from the report's
+//! (`tests/programs/lifecycle_scenarios.c` and its shared objects) and real Python, the real
+//! library preloaded, every mask read from `/proc/<pid>/task/<tid>/status` or from the report's
 //! `kernel_mask`, every run bounded by a deadline (a hang fails the test).
 //!
 //! The simulated host (`Sysfs::two_nodes`) has node0 = {0} and node1 = {1}; device 0 is local to
@@ -40,7 +40,7 @@ fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
 }
 
 fn life() -> PathBuf {
-    Program::c("lc_life").build()
+    Program::c("lifecycle_scenarios").build()
 }
 
 fn shared_object(src: &str, name: &str) -> PathBuf {
@@ -246,7 +246,7 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
     let sysfs = Sysfs::two_nodes();
     let c = require!(cpus(&sysfs));
     let cpu = sysfs.node0.first().unwrap().to_string();
-    let mut run = Driver::spawn(python_cmd(&sysfs, "lc_observe.py", &[&cpu]), LIMIT);
+    let mut run = Driver::spawn(python_cmd(&sysfs, "own_setaffinity.py", &[&cpu]), LIMIT);
     let by_app = ["self_pinned", "other_pinned"];
 
     let pinned = run.phase();
@@ -367,7 +367,7 @@ fn every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads() {
 #[test]
 fn python_thread_exits_leave_the_registry_equal_to_the_live_threads() {
     let sysfs = Sysfs::two_nodes();
-    let mut run = Driver::spawn(python_cmd(&sysfs, "lc_exits.py", &[]), LIMIT);
+    let mut run = Driver::spawn(python_cmd(&sysfs, "thread_exits.py", &[]), LIMIT);
     assert_eq!(run.line("ENDED"), "ENDED 110");
     run.phase();
     let live = task_tids(run.pid());
@@ -624,9 +624,9 @@ fn exec_starts_the_new_image_clean() {
 fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
     let sysfs = Sysfs::two_nodes();
     let c = require!(cpus(&sysfs));
-    let a = shared_object("lc_dlthreads", "liblc_dlthreads.so.2");
-    let b = shared_object("lc_dlthreads", "liblc_dlthreads_b.so.2");
-    let n = shared_object("lc_dlthreads", "liblc_dlworker.so.2");
+    let a = shared_object("dlopen_threads", "libdlopen_threads.so.2");
+    let b = shared_object("dlopen_threads", "libdlopen_threads_b.so.2");
+    let n = shared_object("dlopen_threads", "libdlopen_worker.so.2");
     let mut cmd = life_cmd(
         &sysfs,
         &[
@@ -636,7 +636,7 @@ fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
             n.to_str().unwrap(),
         ],
     );
-    cmd.env("TLLM_AFFINITY_WORKER_LIBS", "liblc_dlworker*");
+    cmd.env("TLLM_AFFINITY_WORKER_LIBS", "libdlopen_worker*");
     let mut run = Driver::spawn(cmd, LIMIT);
     let loaded = run.phase();
     for i in 0..3 {
@@ -665,14 +665,14 @@ fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
 fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
     let sysfs = Sysfs::two_nodes();
     let c = require!(cpus(&sysfs));
-    let early = shared_object("lc_early", "liblc_early.so.2");
+    let early = shared_object("constructor_thread", "libconstructor_thread.so.2");
     let dir = early.parent().unwrap().to_str().unwrap().to_string();
-    let linked = Program::c("lc_life")
-        .named("lc_life_early")
+    let linked = Program::c("lifecycle_scenarios")
+        .named("lifecycle_scenarios_early")
         .flags(&[
             &format!("-L{dir}"),
             "-Wl,--no-as-needed",
-            "-l:liblc_early.so.2",
+            "-l:libconstructor_thread.so.2",
             &format!("-Wl,-rpath,{dir}"),
         ])
         .build();
@@ -760,7 +760,7 @@ fn a_dedicated_worker_process_is_configured_at_load() {
     }
 
     // The same in Python (the real interpreter, not a wrapper script).
-    let mut cmd = python_cmd(&sysfs, "lc_role.py", &[]);
+    let mut cmd = python_cmd(&sysfs, "worker_process_role.py", &[]);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker")
         .env("LOCAL_RANK", "1");
     let end = run_bounded(cmd, LIMIT);
@@ -843,7 +843,7 @@ fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
         "two allowed CPUs (a worker mask narrower than the host mask)"
     );
     let sysfs = Sysfs::two_nodes();
-    let program = Program::c("lc_birth_race").build();
+    let program = Program::c("birth_during_release").build();
     let worker_lib = worker_library();
     let mut cmd = preloaded(program, &sysfs);
     cmd.arg(&worker_lib).args(["20", "1000"]);

@@ -101,7 +101,7 @@ fn verdict(logs: &Path) -> Verdict {
 }
 
 fn life() -> PathBuf {
-    Program::c("lc_life").build()
+    Program::c("lifecycle_scenarios").build()
 }
 
 fn check(name: &str, end: &Finished, logs: &Path) -> Verdict {
@@ -189,11 +189,11 @@ fn the_lifecycle_programs_are_clean_under_memcheck() {
     require!(valgrind_available(), "valgrind");
     let sysfs = Sysfs::two_nodes();
     let cpu = sysfs.node0.first().unwrap_or(0).to_string();
-    let so = |name: &str| Program::c("lc_dlthreads").shared().named(name).build();
+    let so = |name: &str| Program::c("dlopen_threads").shared().named(name).build();
     let (a, b, n) = (
-        so("liblc_dlthreads.so.2"),
-        so("liblc_dlthreads_b.so.2"),
-        so("liblc_dlworker.so.2"),
+        so("libdlopen_threads.so.2"),
+        so("libdlopen_threads_b.so.2"),
+        so("libdlopen_worker.so.2"),
     );
     let dl = [
         a.to_str().unwrap(),
@@ -211,7 +211,7 @@ fn the_lifecycle_programs_are_clean_under_memcheck() {
     for (name, args) in runs {
         let logs = tempfile::tempdir().unwrap();
         let mut cmd = memcheck(&life(), &args, &sysfs, logs.path());
-        cmd.env("TLLM_AFFINITY_WORKER_LIBS", "liblc_dlworker*");
+        cmd.env("TLLM_AFFINITY_WORKER_LIBS", "libdlopen_worker*");
         let end = Driver::spawn(cmd, LIMIT).answer_all();
         assert_active(name, &end.stdout);
         if name == "createfail" {
@@ -237,7 +237,7 @@ fn a_short_stress_is_clean_under_memcheck() {
     let all = allowed_cpus();
     require!(two_cpus(), "two allowed CPUs (this test)");
     let logs = tempfile::tempdir().unwrap();
-    let program = Program::c("lc_stress").build();
+    let program = Program::c("churn_stress").build();
     let worker_lib = worker_library();
     let worker = sysfs.node1.to_list();
     let host = all.to_list();
@@ -272,7 +272,7 @@ fn a_short_stress_is_clean_under_memcheck() {
 fn threads_the_library_starts_allocate_nothing_and_get_no_malloc_arena() {
     require!(two_cpus(), "two allowed CPUs (the apply path)");
     let sysfs = Sysfs::two_nodes();
-    let program = Program::c("lc_arenas").build();
+    let program = Program::c("malloc_arenas").build();
     let worker_lib = worker_library();
     let all = allowed_cpus().to_list();
     let gpu = sysfs.gpu0_local().to_list();

@@ -1,5 +1,5 @@
 //! Open MPI for real (issue #5, item 2; docs/runtimes.md): `mpirun -np 2` with the library
-//! preloaded through `-x LD_PRELOAD=...`, ranks linked with libmpi (tests/programs/rt_rank.c)
+//! preloaded through `-x LD_PRELOAD=...`, ranks linked with libmpi (tests/programs/mpi_rank.c)
 //! so that Open MPI's own progress threads exist, every mask read from
 //! `/proc/<rank pid>/task/<tid>/status`.
 //!
@@ -22,7 +22,7 @@ use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
 
 fn rank_program() -> PathBuf {
-    Program::c("rt_rank").compiler(&["mpicc"]).build()
+    Program::c("mpi_rank").compiler(&["mpicc"]).build()
 }
 
 /// One rank at one phase: what the rank said (pid, mask at load) and each named thread's role
@@ -62,7 +62,7 @@ struct Ranks<'a> {
 }
 
 impl MpiRun {
-    /// `mpirun --bind-to <bind>` of rt_rank `mode`, one app context per entry of `contexts`
+    /// `mpirun --bind-to <bind>` of mpi_rank `mode`, one app context per entry of `contexts`
     /// (several make an MPMD launch), the library and the simulated host exported to every rank
     /// with `-x`, as docs/runtimes.md says.
     fn start(sysfs: &Sysfs, bind: &str, mode: &str, contexts: &[Ranks]) -> MpiRun {

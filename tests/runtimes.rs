@@ -16,7 +16,7 @@ use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
 fn python_with_runtimes(sysfs: &Sysfs, program: &str) -> std::process::Command {
     let mut cmd = preloaded(python(), sysfs);
     cmd.arg(programs_dir().join(program))
-        .env("RT_OMP", rt_omp())
+        .env("RT_OMP", openmp_library())
         .env("OMP_NUM_THREADS", "3")
         .env("OMP_WAIT_POLICY", "passive")
         .env_remove("OMP_PROC_BIND")
@@ -50,7 +50,10 @@ fn http_server_with_openmp_and_openblas_worker() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Driver::spawn(python_with_runtimes(&sysfs, "rt_server.py"), DEADLINE);
+    let mut run = Driver::spawn(
+        python_with_runtimes(&sysfs, "http_server_with_pools.py"),
+        DEADLINE,
+    );
     let port: u16 = run.after("PORT ").parse().unwrap();
     let blas: usize = run.after("BLAS ").parse().unwrap();
     assert!(
@@ -195,9 +198,9 @@ fn http_server_with_openmp_and_openblas_worker() {
     );
 }
 
-/// One run of rt_blas.py: how many threads `import numpy` started, and the three phases.
+/// One run of openblas_pool.py: how many threads `import numpy` started, and the three phases.
 fn blas_run(sysfs: &Sysfs, mode: &str, vars: &[(&str, &str)]) -> (usize, [Phase; 3], Finished) {
-    let mut cmd = python_with_runtimes(sysfs, "rt_blas.py");
+    let mut cmd = python_with_runtimes(sysfs, "openblas_pool.py");
     cmd.arg(mode).envs(vars.iter().copied());
     let mut run = Driver::spawn(cmd, DEADLINE);
     let mut blas = None;
@@ -395,7 +398,7 @@ fn openmp_proc_bind_places_are_explicit() {
         "two allowed CPUs (a worker set narrower than the host)"
     );
     let sysfs = Sysfs::two_nodes();
-    let mut cmd = python_with_runtimes(&sysfs, "rt_omp_bind.py");
+    let mut cmd = python_with_runtimes(&sysfs, "openmp_own_binding.py");
     cmd.env("OMP_PROC_BIND", "close").env("OMP_PLACES", "cores");
     let mut run = Driver::spawn(cmd, DEADLINE);
     let configured = run.phase();
@@ -453,7 +456,7 @@ fn threads_born_while_configure_sweeps_are_workers() {
     );
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
-    let program = Program::c("rt_race").build();
+    let program = Program::c("births_during_configure").build();
     for round in 0..8 {
         let mut cmd = preloaded(&program, &sysfs);
         cmd.env("TLLM_AFFINITY_LOG", "warn");

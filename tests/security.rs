@@ -21,7 +21,7 @@ use tllm_affinity_core::simulated::SimulatedHost;
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn life() -> PathBuf {
-    Program::c("lc_life").build()
+    Program::c("lifecycle_scenarios").build()
 }
 
 /// A world-readable temporary directory (`nobody` must reach what is in it).
@@ -62,7 +62,7 @@ fn a_secure_execution_process_gets_no_behaviour() {
     std::fs::set_permissions(sysfs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let local = sysfs.node1.to_list();
     let all = allowed_cpus().to_list();
-    let built = Program::c("lc_secure").build();
+    let built = Program::c("secure_execution").build();
     let dir = open_dir();
     let copy = |name: &str| {
         let path = dir.path().join(name);

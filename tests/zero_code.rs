@@ -76,7 +76,7 @@ fn app(way: Way, sysfs: &Sysfs, script: &str, pin: Option<&str>) -> Command {
     let path = std::env::join_paths([programs_dir().join("upstream_trtllm"), programs_dir()]);
     cmd.env("PYTHONPATH", path.unwrap())
         .env("TLLM_LOG_LEVEL", "info")
-        .env("RT_OMP", rt_omp())
+        .env("RT_OMP", openmp_library())
         .env("OMP_NUM_THREADS", "3")
         .env("OMP_WAIT_POLICY", "passive")
         .env_remove("OMP_PROC_BIND")
@@ -498,7 +498,7 @@ fn leader(way: Way) {
     let local = sysfs.node1.to_list();
     let mut cmd = app(way, &sysfs, "leader.py", None);
     cmd.env("RT_NCCL", Program::c("nccl").shared().build())
-        .env("RT_SPAWN", Program::c("rt_spawn").shared().build())
+        .env("RT_SPAWN", Program::c("progress_threads").shared().build())
         .env_remove("TLLM_AFFINITY_WORKER_LIBS");
     let (phases, end) = all_phases(cmd, 5);
     let [before, during, serving, shutdown, after] = &phases[..] else {

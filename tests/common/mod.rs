@@ -285,18 +285,22 @@ impl Program {
     }
 }
 
-/// `tests/programs/lc_workerlib.c` as `libnccl_lc.so.2`: a start routine the default
+/// `tests/programs/worker_library_routine.c` as `libnccl_routine.so.2`: a start routine the default
 /// `TLLM_AFFINITY_WORKER_LIBS` classifies, for the apply path (a host starting a worker).
 pub fn worker_library() -> PathBuf {
-    Program::c("lc_workerlib")
+    Program::c("worker_library_routine")
         .shared()
-        .named("libnccl_lc.so.2")
+        .named("libnccl_routine.so.2")
         .build()
 }
 
-/// `librt_omp.so.2`: tests/programs/rt_omp.c built with `-fopenmp` (a real libgomp pool).
-pub fn rt_omp() -> PathBuf {
-    Program::c("rt_omp").shared().flags(&["-fopenmp"]).build()
+/// `libopenmp_region.so.2`: tests/programs/openmp_region.c built with `-fopenmp` (a real libgomp
+/// pool).
+pub fn openmp_library() -> PathBuf {
+    Program::c("openmp_region")
+        .shared()
+        .flags(&["-fopenmp"])
+        .build()
 }
 
 /// The CPUs this test process may use.
