@@ -10,12 +10,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 use tllm_affinity_core::mask::CpuMask;
@@ -48,10 +45,8 @@ impl RankPhase {
 /// A running `mpirun`: its ranks' PHASE lines arrive on stdout; a rank waits at each phase
 /// until the test creates the file of that name in the go directory.
 struct MpiRun {
-    child: Option<Child>,
-    lines: Receiver<String>,
-    pending: Vec<String>,
-    stderr: Arc<Mutex<String>>,
+    /// Taken by `finish`.
+    run: Option<Driver>,
     go: tempfile::TempDir,
 }
 
@@ -73,7 +68,9 @@ impl MpiRun {
         let session = go.path().join("tmp");
         std::fs::create_dir(&session).unwrap();
         let mut cmd = Command::new("mpirun");
+        // No rank reads stdin: mpirun forwards none.
         cmd.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", bind])
+            .args(["--stdin", "none"])
             .arg("--mca")
             .arg("orte_tmpdir_base")
             .arg(&session)
@@ -113,104 +110,28 @@ impl MpiRun {
         ] {
             cmd.env_remove(var);
         }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("mpirun");
-        let (tx, lines) = std::sync::mpsc::channel();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = stderr.clone();
-        let mut pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
         MpiRun {
-            child: Some(child),
-            lines,
-            pending: Vec::new(),
-            stderr,
+            run: Some(Driver::spawn(cmd, DEADLINE)),
             go,
         }
     }
 
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Waits (at most 30 s) for `rank` to reach `phase`, and reads its threads' masks.
+    /// Waits for `rank` to reach `phase`, and reads its threads' masks.
     fn expect(&mut self, phase: &str, rank: u32) -> RankPhase {
-        let prefix = format!("PHASE {phase} rank={rank} ");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let line = loop {
-            if let Some(i) = self.pending.iter().position(|l| l.starts_with(&prefix)) {
-                break self.pending.remove(i);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.pending.push(line),
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "rank {rank} never reached {phase}; output {:?}; stderr:\n{}",
-                    self.pending,
-                    self.stderr()
-                ),
-                Err(RecvTimeoutError::Disconnected) => panic!(
-                    "mpirun ended before rank {rank} reached {phase}; output {:?}; stderr:\n{}",
-                    self.pending,
-                    self.stderr()
-                ),
-            }
-        };
-        let mut fields = BTreeMap::new();
-        let mut threads = BTreeMap::new();
-        for word in line.split_whitespace().skip(2) {
-            let (key, value) = word.split_once('=').unwrap();
-            match value.split_once(':') {
-                Some((tid, role)) => {
-                    threads.insert(key.to_string(), (tid.parse::<i32>().unwrap(), role));
-                }
-                None => {
-                    fields.insert(key, value);
-                }
-            }
-        }
-        let pid: u32 = fields["pid"].parse().unwrap();
-        let threads = threads
-            .into_iter()
-            .filter_map(|(name, (tid, role))| {
-                let mask = try_kernel_mask(pid, tid)?;
-                Some((
-                    name,
-                    ThreadSeen {
-                        tid,
-                        role: role.parse().unwrap(),
-                        mask,
-                    },
-                ))
-            })
+        let run = self.run.as_mut().unwrap();
+        let line = run.line_in_any_order(&format!("PHASE {phase} rank={rank} "));
+        // PHASE <phase> rank=<r> pid=<pid> load=<list> constrained=<bool> <thread>=<tid>:<role>...
+        let words = &line["PHASE ".len()..];
+        let fields: BTreeMap<&str, &str> = words
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .filter(|(_, value)| !value.contains(':'))
             .collect();
+        let pid: u32 = fields["pid"].parse().unwrap();
+        let mut threads = parse_phase(words, pid, Some);
+        threads.name = format!("{phase} (rank {rank})");
         let seen = RankPhase {
-            phase: Phase {
-                name: format!("{phase} (rank {rank})"),
-                threads,
-            },
+            phase: threads,
             pid,
             load: CpuMask::parse_list(fields["load"])
                 .unwrap_or_else(|_| panic!("rank {rank}: mask at load {}", fields["load"])),
@@ -230,41 +151,25 @@ impl MpiRun {
         std::fs::write(self.go.path().join(phase), b"").unwrap();
     }
 
-    /// Waits (at most 30 s) for mpirun to end; returns its stderr (the ranks' log lines).
+    /// Waits for mpirun to end; returns its stderr (the ranks' log lines).
     fn finish(mut self) -> String {
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("mpirun did not end; stderr:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        // Let the reader threads drain what is left.
-        std::thread::sleep(Duration::from_millis(50));
-        let stderr = self.stderr();
-        assert!(status.success(), "mpirun: {status}; stderr:\n{stderr}");
-        stderr
+        let end = self.run.take().unwrap().finish();
+        assert!(
+            end.status.success(),
+            "mpirun: {}; stderr:\n{}",
+            end.status,
+            end.stderr
+        );
+        end.stderr
     }
 }
 
 impl Drop for MpiRun {
     /// On a failed assertion: every waiting rank exits (the quit file), then mpirun is ended.
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(run) = self.run.as_mut() {
             let _ = std::fs::write(self.go.path().join("quit"), b"");
-            for _ in 0..200 {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            run.exited_within(Duration::from_secs(2));
         }
     }
 }

@@ -589,6 +589,8 @@ pub struct Driver {
     deadline: Instant,
     /// Every stdout line read so far.
     pub out: Vec<String>,
+    /// Lines read by [`Driver::line_in_any_order`] that no call has taken yet.
+    unclaimed: Vec<String>,
 }
 
 impl Driver {
@@ -622,6 +624,7 @@ impl Driver {
             _dir: dir,
             deadline: Instant::now() + limit,
             out: Vec::new(),
+            unclaimed: Vec::new(),
         }
     }
 
@@ -681,6 +684,40 @@ impl Driver {
                     ))
                 }
             }
+        }
+    }
+
+    /// The first line starting with `prefix` that no call of this kind took yet, whatever
+    /// printed before it: for processes that print at once (MPI ranks), in any order.
+    pub fn line_in_any_order(&mut self, prefix: &str) -> String {
+        if let Some(i) = self.unclaimed.iter().position(|l| l.starts_with(prefix)) {
+            return self.unclaimed.remove(i);
+        }
+        loop {
+            match self.next_line(&format!("{prefix:?}")) {
+                Some(line) if line.starts_with(prefix) => return line,
+                Some(line) => self.unclaimed.push(line),
+                None => {
+                    let status = self.child.wait().ok();
+                    self.fail(&format!(
+                        "the program ended ({status:?}) before printing {prefix:?}"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Whether the program has exited, after waiting at most `limit` for it.
+    pub fn exited_within(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
