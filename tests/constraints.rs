@@ -159,10 +159,7 @@ fn constrained_rows<'a>(
 /// policy, and worker threads get the policy table's answer.
 #[test]
 fn numactl_physcpubind_python_population_policy_table() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a constraint narrower than the cpuset)"
-    );
+    require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -187,10 +184,7 @@ fn numactl_physcpubind_python_population_policy_table() {
 /// tests/engine_population.rs): the three rows that differ.
 #[test]
 fn taskset_python_population_policy_table() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a constraint narrower than the cpuset)"
-    );
+    require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -213,10 +207,7 @@ fn taskset_python_population_policy_table() {
 /// rows that differ, host threads on numactl's binding.
 #[test]
 fn numactl_physcpubind_c_population() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a constraint narrower than the cpuset)"
-    );
+    require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -233,16 +224,11 @@ fn numactl_physcpubind_c_population() {
         let configured = run.phase();
         let end = run.finish();
         println!("{case} {}", describe(&configured));
-        for (name, seen) in &before.threads {
-            assert_eq!(seen.mask.to_list(), narrow, "{case}: {name} before");
-        }
-        for t in ["W", "C1", "G1", "C2", "P1"] {
-            assert_eq!(configured.mask(t), worker, "{case}: worker {t}");
-            assert_eq!(configured.role(t), 1, "{case}: worker {t}");
-        }
-        for t in ["main", "H1"] {
-            assert_eq!(configured.mask(t), narrow, "{case}: host {t}");
-        }
+        expect(&before, All, on(&narrow), &format!("{case}: before"));
+        let workers = ["W", "C1", "G1", "C2", "P1"];
+        expect(&configured, Named(&workers), worker_on(worker), &case);
+        let host = format!("{case}: host");
+        expect(&configured, Named(&["main", "H1"]), on(&narrow), &host);
         assert_eq!(
             end.stderr.contains("has constrained CPU affinity"),
             warns,
@@ -259,10 +245,7 @@ fn numactl_physcpubind_c_population() {
 /// leaves the cpuset.
 #[test]
 fn cgroup_cpuset_python_population() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a constraint narrower than the cpuset)"
-    );
+    require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
     let group = require!(CpusetCgroup::create(&local));

@@ -673,10 +673,7 @@ fn phase_from_line(line: &str, pid: u32) -> Phase {
 #[test]
 fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
     require!(container_tools());
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let device = Device::new("mixed", None);
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
@@ -725,10 +722,7 @@ fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
 #[test]
 fn a_containers_own_cpuset_is_not_a_constraint() {
     require!(container_tools());
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a cpuset narrower than the host)"
-    );
+    require!(two_cpus("a cpuset narrower than the host"));
     let device = Device::new("cpuset", None);
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
@@ -747,13 +741,7 @@ fn a_containers_own_cpuset_is_not_a_constraint() {
         local,
         "the cpuset is the main thread's mask"
     );
-    for t in WORKERS {
-        assert_eq!(
-            (configured.mask(t), configured.role(t)),
-            (local.clone(), 1),
-            "{t}"
-        );
-    }
+    expect(configured, Named(&WORKERS), worker_on(&local), "worker");
     assert!(
         end.stderr
             .contains(&format!("cpuset [{local}], constrained: false")),
@@ -772,10 +760,7 @@ fn a_containers_own_cpuset_is_not_a_constraint() {
 #[test]
 fn taskset_inside_a_container_is_a_constraint() {
     require!(container_tools());
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a binding narrower than the host)"
-    );
+    require!(two_cpus("a binding narrower than the host"));
     let device = Device::new("taskset", None);
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
@@ -790,20 +775,9 @@ fn taskset_inside_a_container_is_a_constraint() {
         println!("  {}", describe(phase));
     }
     let configured = &phases[1];
-    for t in ["main", "H1"] {
-        assert_eq!(
-            configured.mask(t),
-            pinned,
-            "host thread {t} keeps the binding"
-        );
-    }
-    for t in WORKERS {
-        assert_eq!(
-            (configured.mask(t), configured.role(t)),
-            (all.clone(), 1),
-            "{t}"
-        );
-    }
+    let keeps = "a host thread keeps the binding";
+    expect(configured, Named(&["main", "H1"]), on(&pinned), keeps);
+    expect(configured, Named(&WORKERS), worker_on(&all), "worker");
     assert!(end.stderr.contains("constrained: true"), "{}", end.stderr);
     assert!(
         end.stderr.contains("Removing CPU affinity constraints"),
@@ -817,10 +791,7 @@ fn taskset_inside_a_container_is_a_constraint() {
 #[test]
 fn the_users_policy_variables_decide_inside_the_container() {
     require!(container_tools());
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let device = Device::new("policy", None);
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
@@ -838,14 +809,8 @@ fn the_users_policy_variables_decide_inside_the_container() {
             2,
         );
         println!("-e {variable}: {}", describe(&phases[1]));
-        for t in WORKERS {
-            assert_eq!(
-                (phases[1].mask(t), phases[1].role(t)),
-                (workers.clone(), 1),
-                "-e {variable}: {t}\n{}",
-                end.stderr
-            );
-        }
+        let why = format!("-e {variable}\n{}", end.stderr);
+        expect(&phases[1], Named(&WORKERS), worker_on(&workers), &why);
         assert_eq!(phases[1].mask("main"), all, "-e {variable}: main");
     }
 }
@@ -855,10 +820,7 @@ fn the_users_policy_variables_decide_inside_the_container() {
 #[test]
 fn ps_on_the_host_shows_the_roles_of_a_containerised_process() {
     require!(container_tools());
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let device = Device::new("ps", None);
     let sysfs = Sysfs::two_nodes();
     let name = container_name("ps");
@@ -1057,10 +1019,7 @@ fn wheel_library() -> Result<PathBuf, String> {
 #[test]
 fn the_zero_code_fixture_runs_unmodified_in_a_container() {
     require!(container_tools());
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let device = Device::new("zerocode", None);
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();

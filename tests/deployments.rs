@@ -33,26 +33,11 @@ fn deployment(sysfs: &Sysfs, program: &str) -> Command {
     cmd
 }
 
-fn record(deployment: &str, phases: &[&Phase]) {
-    for phase in phases {
-        println!("{deployment} {}", describe(phase));
-    }
-}
-
-/// Deployment 1, single-process TP1 worker in the HTTP server's process: the event loop (main),
-/// the host pool (a background task's thread, the threads requests run on, made before, during
-/// and after the lease) keep the launch mask; the executor thread, the engine's threads and its
-/// OpenMP pool get the GPU-local set and serve the request; shutdown restores every mask.
-#[test]
-fn tp1_worker_inside_the_http_server() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let mut run = Driver::spawn(deployment(&sysfs, "deploy_tp1_server.py"), DEADLINE);
+/// An HTTP deployment through its five phases: `PORT <n>`, before, during (then the test sends
+/// `GET /generate/a`), serving, shutdown (then `GET /generate/b`), after; the phases, the end and
+/// the two responses.
+fn serve_two_requests(cmd: Command) -> ([Phase; 5], Finished, String, String) {
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let port: u16 = run.after("PORT ").parse().unwrap();
     let before = run.phase();
     run.proceed();
@@ -66,6 +51,28 @@ fn tp1_worker_inside_the_http_server() {
     run.proceed();
     let after = run.phase();
     let end = run.finish();
+    let phases = [before, during, serving, shutdown, after];
+    (phases, end, a.join().unwrap(), b.join().unwrap())
+}
+
+fn record(deployment: &str, phases: &[&Phase]) {
+    for phase in phases {
+        println!("{deployment} {}", describe(phase));
+    }
+}
+
+/// Deployment 1, single-process TP1 worker in the HTTP server's process: the event loop (main),
+/// the host pool (a background task's thread, the threads requests run on, made before, during
+/// and after the lease) keep the launch mask; the executor thread, the engine's threads and its
+/// OpenMP pool get the GPU-local set and serve the request; shutdown restores every mask.
+#[test]
+fn tp1_worker_inside_the_http_server() {
+    require!(two_cpus("a worker set narrower than the host"));
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let ([before, during, serving, shutdown, after], end, a, b) =
+        serve_two_requests(deployment(&sysfs, "deploy_tp1_server.py"));
     assert!(end.status.success(), "{}", end.stderr);
     record("tp1", &[&before, &during, &serving, &shutdown, &after]);
 
@@ -120,8 +127,6 @@ fn tp1_worker_inside_the_http_server() {
         "a request after shutdown",
     );
 
-    let a = a.join().unwrap();
-    let b = b.join().unwrap();
     assert!(a.starts_with("HTTP/1.0 200"), "{a}");
     assert!(
         a.contains(r#""role": 1"#),
@@ -142,10 +147,7 @@ fn tp1_worker_inside_the_http_server() {
 /// worker's pool thread, idle in the session's pool, is restored.
 #[test]
 fn mpi_comm_session_rank0_in_the_users_script() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -228,27 +230,12 @@ fn mpi_comm_session_rank0_in_the_users_script() {
 /// GPU-local set and answer the request relayed over loopback; shutdown restores them.
 #[test]
 fn visualgen_rank0_coordinator_started_before_the_worker() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Driver::spawn(deployment(&sysfs, "deploy_visualgen.py"), DEADLINE);
-    let port: u16 = run.after("PORT ").parse().unwrap();
-    let before = run.phase();
-    run.proceed();
-    let during = run.phase();
-    let a = http_get(port, "/generate/a");
-    run.proceed();
-    let serving = run.phase();
-    run.proceed();
-    let shutdown = run.phase();
-    let b = http_get(port, "/generate/b");
-    run.proceed();
-    let after = run.phase();
-    let end = run.finish();
+    let ([before, during, serving, shutdown, after], end, a, b) =
+        serve_two_requests(deployment(&sysfs, "deploy_visualgen.py"));
     assert!(end.status.success(), "{}", end.stderr);
     record(
         "visualgen",
@@ -301,10 +288,8 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
         "a request after shutdown",
     );
 
-    let a = a.join().unwrap();
     assert!(a.starts_with("HTTP/1.0 200"), "{a}");
     assert!(a.contains(r#""role": 1"#), "the worker denoised: {a}");
-    let b = b.join().unwrap();
     assert!(b.contains(r#""by": null"#), "{b}");
     assert!(
         end.stderr.contains("released lease 1: restored"),
@@ -321,10 +306,7 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
 /// restores them all, and a progress thread started afterwards is born on the launch mask.
 #[test]
 fn multi_node_leader_session_server_and_progress_threads() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();

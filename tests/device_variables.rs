@@ -23,9 +23,7 @@ struct Cpus {
 
 /// The masks of the simulated host; the error (for `require!`) on a host with one CPU.
 fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
-    if !two_cpus() {
-        return Err("two allowed CPUs (two GPUs with different local CPUs)".into());
-    }
+    two_cpus("two GPUs with different local CPUs")?;
     Ok(Cpus {
         all: allowed_cpus().to_list(),
         gpu0: sysfs.node1.to_list(),

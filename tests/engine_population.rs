@@ -33,9 +33,12 @@ fn c_population_roles_placement_idempotency_and_restoration() {
     };
 
     // Before configure: nobody has been moved; the worker-libs thread is already a worker.
-    for t in ALL_THREADS_BEFORE {
-        assert_eq!(before.mask(t), all, "{t} before configure");
-    }
+    expect(
+        before,
+        Named(&ALL_THREADS_BEFORE),
+        on(&all),
+        "before configure",
+    );
     assert_eq!(
         before.role("P1"),
         1,
@@ -45,20 +48,19 @@ fn c_population_roles_placement_idempotency_and_restoration() {
 
     // configure on W: W, its children, its grandchild and the worker-libs thread get the
     // GPU-local set; the main thread and the host thread started before keep their mask.
-    for t in WORKERS {
-        assert_eq!(configured.mask(t), local, "{t} after configure");
-        assert_eq!(configured.role(t), 1, "{t} is a worker");
-    }
-    for t in ["main", "H1"] {
-        assert_eq!(configured.mask(t), all, "host thread {t}");
-        assert_eq!(configured.role(t), 0);
-    }
+    expect(
+        configured,
+        Named(&WORKERS),
+        worker_on(&local),
+        "after configure",
+    );
+    expect(configured, Named(&["main", "H1"]), host_on(&all), "host");
 
     // A second configure changes nothing; threads born in between stay pinned; host threads
     // born during the lease stay on the host mask.
-    for t in WORKERS.iter().chain(&["C7", "P2"]) {
-        assert_eq!(twice.mask(t), local, "{t} after the second configure");
-    }
+    let second = "after the second configure";
+    expect(twice, Named(&WORKERS), on(&local), second);
+    expect(twice, Named(&["C7", "P2"]), on(&local), second);
     assert_eq!((twice.mask("H2"), twice.role("H2")), (all.clone(), 0));
     assert!(
         !end.stderr.contains("constrained"),
@@ -82,9 +84,7 @@ fn c_population_roles_placement_idempotency_and_restoration() {
     );
 
     // The last release restores every mask; releasing again says ENOENT.
-    for (t, seen) in &released.threads {
-        assert_eq!(seen.mask.to_list(), all, "{t} after release");
-    }
+    expect(released, All, on(&all), "after release");
     assert!(end.stderr.contains("release 1 -> 0"));
     assert!(end.stderr.contains("release 2 -> 0"));
     assert!(end.stderr.contains("release again -> -2"));
@@ -107,7 +107,7 @@ type PolicyRow<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str, bool);
 fn policy_table_with_and_without_taskset() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    require!(two_cpus(), "two allowed CPUs (this test)");
+    require!(two_cpus("this test"));
     let local = sysfs.node1.to_list();
     let all = all.to_list();
     let narrow = sysfs.node0.to_list();
@@ -176,12 +176,14 @@ fn policy_table_with_and_without_taskset() {
             let configured = run.phase();
             let end = run.finish();
             let case = format!("{vars:?} taskset={taskset}");
-            for t in WORKERS {
-                assert_eq!(configured.mask(t), expected_worker, "{t} in {case}");
-            }
-            for t in ["main", "H1"] {
-                assert_eq!(&configured.mask(t), expected_host, "host {t} in {case}");
-            }
+            expect(&configured, Named(&WORKERS), on(expected_worker), &case);
+            let host = format!("host in {case}");
+            expect(
+                &configured,
+                Named(&["main", "H1"]),
+                on(expected_host),
+                &host,
+            );
             let warned = end.stderr.contains("has constrained CPU affinity");
             assert_eq!(
                 warned,
@@ -306,18 +308,17 @@ fn python_host_and_worker_threads() {
     let [configured, released, after] = &phases[..] else {
         unreachable!()
     };
-    for t in ["main", "http", "request", "loop"] {
-        assert_eq!(configured.mask(t), all, "host {t}");
-        assert_eq!(configured.role(t), 0, "host {t}");
-    }
-    for t in ["main", "http", "loop"] {
-        assert_eq!(released.mask(t), all, "host {t} after release");
-    }
-    for t in ["worker", "pool0", "pool1", "grandchild"] {
-        assert_eq!(configured.mask(t), local, "worker {t}");
-        assert_eq!(configured.role(t), 1, "worker {t}");
-        assert_eq!(released.mask(t), all, "worker {t} after release");
-    }
+    let hosts = ["main", "http", "request", "loop"];
+    expect(configured, Named(&hosts), host_on(&all), "host");
+    expect(
+        released,
+        Named(&["main", "http", "loop"]),
+        on(&all),
+        "after release",
+    );
+    let workers = ["worker", "pool0", "pool1", "grandchild"];
+    expect(configured, Named(&workers), worker_on(&local), "worker");
+    expect(released, Named(&workers), on(&all), "worker after release");
     assert_eq!(after.mask("late_request"), all);
     assert_eq!(after.role("late_request"), 0);
     assert_eq!(after.mask("late_worker_child"), all);
@@ -330,7 +331,7 @@ fn python_host_and_worker_threads() {
 #[test]
 fn a_dedicated_worker_that_execs_keeps_its_numa_placement() {
     let sysfs = Sysfs::two_nodes();
-    require!(two_cpus(), "two allowed CPUs (this test)");
+    require!(two_cpus("this test"));
     let local = sysfs.node1.to_list();
     let script = "import json, os, threading\n\
                   seen = {}\n\

@@ -23,9 +23,7 @@ fn hostile() -> PathBuf {
 
 /// The host's mask and the worker mask; the error (for `require!`) on a host with one CPU.
 fn all_and_local(sysfs: &Sysfs) -> Result<(String, String), String> {
-    if !two_cpus() {
-        return Err("two allowed CPUs (a worker mask narrower than the host's)".into());
-    }
+    two_cpus("a worker mask narrower than the host's")?;
     Ok((allowed_cpus().to_list(), sysfs.node1.to_list()))
 }
 

@@ -46,10 +46,7 @@ fn child_line(out: &str) -> Value {
 #[test]
 fn a_workers_child_judges_constrained_on_the_launch_mask() {
     let sysfs = Sysfs::two_nodes();
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker mask narrower than the launch mask)"
-    );
+    require!(two_cpus("a worker mask narrower than the launch mask"));
     let all = allowed_cpus().to_list();
     for how in ["worker-subprocess", "worker-posix-spawn", "worker-sh-exec"] {
         let mut cmd = with_module(preloaded(python(), &sysfs));
@@ -86,10 +83,7 @@ fn a_workers_child_judges_constrained_on_the_launch_mask() {
 #[test]
 fn a_hosts_child_under_taskset_is_still_constrained() {
     let sysfs = Sysfs::two_nodes();
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a taskset narrower than the cpuset)"
-    );
+    require!(two_cpus("a taskset narrower than the cpuset"));
     let first = allowed_cpus().first().unwrap().to_string();
     let mut cmd = with_module(preloaded("taskset", &sysfs));
     cmd.args(["-c", &first])

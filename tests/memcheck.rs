@@ -235,7 +235,7 @@ fn a_short_stress_is_clean_under_memcheck() {
     require!(valgrind_available(), "valgrind");
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    require!(two_cpus(), "two allowed CPUs (this test)");
+    require!(two_cpus("this test"));
     let logs = tempfile::tempdir().unwrap();
     let program = Program::c("churn_stress").build();
     let worker_lib = worker_library();
@@ -270,7 +270,7 @@ fn a_short_stress_is_clean_under_memcheck() {
 /// this was fixed each new thread freed its packet and got an arena of its own here.
 #[test]
 fn threads_the_library_starts_allocate_nothing_and_get_no_malloc_arena() {
-    require!(two_cpus(), "two allowed CPUs (the apply path)");
+    require!(two_cpus("the apply path"));
     let sysfs = Sysfs::two_nodes();
     let program = Program::c("malloc_arenas").build();
     let worker_lib = worker_library();

@@ -194,29 +194,21 @@ fn assert_dedicated(seen: &RankPhase, mask: &str, case: &str) {
         "{case}: MPI_Init starts Open MPI's progress threads: {:?}",
         seen.phase
     );
-    for name in ["main", "engine"] {
-        assert!(seen.phase.threads.contains_key(name), "{case}: {name}");
-    }
-    for (name, t) in &seen.phase.threads {
-        assert_eq!(
-            (t.mask.to_list().as_str(), t.role),
-            (mask, 1),
-            "{case}: {} thread {name} (pid {} tid {})",
-            seen.phase.name,
-            seen.pid,
-            t.tid
-        );
-    }
+    let why = format!("{case} (pid {})", seen.pid);
+    expect(
+        &seen.phase,
+        Named(&["main", "engine"]),
+        worker_on(mask),
+        &why,
+    );
+    expect(&seen.phase, All, worker_on(mask), &why);
 }
 
 /// `--bind-to none`: each dedicated worker rank is configured at load for its local rank's
 /// GPU; the progress threads MPI_Init starts are born on that set (inherited from main).
 #[test]
 fn dedicated_worker_ranks_without_binding() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (two ranks on two GPU-local sets)"
-    );
+    require!(two_cpus("two ranks on two GPU-local sets"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let mut run = MpiRun::start(
@@ -252,10 +244,7 @@ fn dedicated_worker_ranks_without_binding() {
 /// server's warning), `1` → the GPU-local set, `0` → mpirun's binding kept.
 #[test]
 fn dedicated_worker_ranks_bound_to_cores_follow_the_policy_table() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (two ranks on two GPU-local sets)"
-    );
+    require!(two_cpus("two ranks on two GPU-local sets"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     for (numa, worker_mask, warns) in [
@@ -345,10 +334,7 @@ fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
 /// 0's masks back; rank 1 stays a dedicated worker on GPU 1's set.
 #[test]
 fn multi_node_leader_rank0_worker_on_a_pool_thread() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (two ranks on two GPU-local sets)"
-    );
+    require!(two_cpus("two ranks on two GPU-local sets"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = local_of(&sysfs, 0);
@@ -389,9 +375,8 @@ fn multi_node_leader_rank0_worker_on_a_pool_thread() {
             expected_workers,
             "{case}: progress threads classified as workers: {progress:?}"
         );
-        for (name, t) in &released.phase.threads {
-            assert_eq!(t.mask.to_list(), all, "{case}: leader {name} after release");
-        }
+        let why = format!("{case}: leader after release");
+        expect(&released.phase, All, on(&all), &why);
         assert_eq!(released.phase.role("pool0"), 1, "roles outlive the lease");
         assert_dedicated(&rank1, &local_of(&sysfs, 1), &case);
     }
@@ -402,10 +387,7 @@ fn multi_node_leader_rank0_worker_on_a_pool_thread() {
 /// libpmix exactly the other one, and an empty list none.
 #[test]
 fn open_mpi_progress_threads_start_in_open_pal_and_pmix() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (two ranks on two GPU-local sets)"
-    );
+    require!(two_cpus("two ranks on two GPU-local sets"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = local_of(&sysfs, 0);

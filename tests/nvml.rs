@@ -173,7 +173,7 @@ fn no_nvml_lines(stderr: &str) -> Vec<&str> {
 
 #[test]
 fn container_cuda_numbers_follow_nvml_not_sysfs() {
-    require!(two_cpus(), "two allowed CPUs (two NUMA nodes)");
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let program = gpu_population();
@@ -196,7 +196,7 @@ fn container_cuda_numbers_follow_nvml_not_sysfs() {
 
 #[test]
 fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
-    require!(two_cpus(), "two allowed CPUs (two NUMA nodes)");
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let mut cmd = host.command(&gpu_population(), Some((&container_nvml(), &lib)));
@@ -212,7 +212,7 @@ fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
 
 #[test]
 fn mig_names_resolve_to_the_parent_gpu() {
-    require!(two_cpus(), "two allowed CPUs (two NUMA nodes)");
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let program = gpu_population();
@@ -227,7 +227,7 @@ fn mig_names_resolve_to_the_parent_gpu() {
 /// NVML failing in each way the issue names: one debug line, then the driver's list.
 #[test]
 fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
-    require!(two_cpus(), "two allowed CPUs (two NUMA nodes)");
+    require!(two_cpus("two NUMA nodes"));
     // The driver lists the container's two GPUs; a third entry's node does not open (a device
     // cgroup), so it is not the container's.
     let host = Host::new(&[
@@ -299,7 +299,7 @@ fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
 
 #[test]
 fn the_driver_list_alone_finds_the_container_gpus() {
-    require!(two_cpus(), "two allowed CPUs (two NUMA nodes)");
+    require!(two_cpus("two NUMA nodes"));
     // The container toolkit shows one entry; a device cgroup would show all and open one.
     for driver in [
         vec![("0000:ba:00.0", UUID_BA, true)],
@@ -344,7 +344,7 @@ fn nvml_loads_at_the_first_configure_not_at_load() {
 /// A fork child uses what its parent resolved; one forked before any configure asks NVML itself.
 #[test]
 fn fork_children_reuse_or_ask_nvml() {
-    require!(two_cpus(), "two allowed CPUs (two NUMA nodes)");
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let program = gpu_population();
@@ -363,7 +363,7 @@ fn fork_children_reuse_or_ask_nvml() {
 
 #[test]
 fn a_dedicated_worker_resolves_without_nvml_at_load() {
-    require!(two_cpus(), "two allowed CPUs (two NUMA nodes)");
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[("0000:ba:00.0", UUID_BA, true)]);
     let lib = nvml_double(false);
     let mut cmd = host.command(&gpu_population(), Some((&container_nvml(), &lib)));
@@ -429,7 +429,7 @@ fn topo_names_its_source_and_the_container() {
 /// answered by the double, and `nvidia-smi` by a script printing `topo -m` as the real one does.
 #[test]
 fn device_check_script_against_the_double() {
-    require!(two_cpus(), "two allowed CPUs (two NUMA nodes)");
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let artifacts = tempfile::tempdir().unwrap();

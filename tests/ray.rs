@@ -33,10 +33,7 @@ fn ray_installed() -> bool {
 /// threads stay hosts on every CPU.
 #[test]
 fn ray_actors_each_end_up_on_their_own_gpus_cpus() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (two GPUs with different local CPUs)"
-    );
+    require!(two_cpus("two GPUs with different local CPUs"));
     require!(
         ray_installed(),
         "Ray for python3 (`python3 -m pip install ray==2.60.0`, as scripts/setup does)"

@@ -30,10 +30,7 @@ fn plugin(name: &str) -> PathBuf {
 #[test]
 fn a_host_library_loaded_where_a_worker_library_was_starts_host_threads() {
     let sysfs = Sysfs::two_nodes();
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker mask narrower than the host)"
-    );
+    require!(two_cpus("a worker mask narrower than the host"));
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let worker = plugin("libreload_worker.so.2");
@@ -136,10 +133,7 @@ fn population(sysfs: &Sysfs, preload: &str) -> (Vec<Phase>, Finished, usize) {
 #[test]
 fn two_copies_of_the_library_act_as_one() {
     let sysfs = Sysfs::two_nodes();
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker mask narrower than the host)"
-    );
+    require!(two_cpus("a worker mask narrower than the host"));
     let lib = library();
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("libtllm_affinity.so");

@@ -43,10 +43,7 @@ fn named<'a>(phase: &'a Phase, prefix: &str) -> Vec<(&'a String, &'a ThreadSeen)
 /// the worker's pool, reused after release, runs on the restored mask.
 #[test]
 fn http_server_with_openmp_and_openblas_worker() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -80,10 +77,7 @@ fn http_server_with_openmp_and_openblas_worker() {
     }
 
     // Before configure: nobody is a worker, every thread on the launch mask.
-    for (name, seen) in &before.threads {
-        assert_eq!(seen.mask.to_list(), all, "before: {name}");
-        assert_eq!(seen.role, 0, "before: {name} is a host thread");
-    }
+    expect(&before, All, host_on(&all), "before");
     assert_eq!(named(&before, "host_omp").len(), 2, "OMP_NUM_THREADS=3");
     assert_eq!(named(&before, "blas").len(), blas);
 
@@ -134,9 +128,7 @@ fn http_server_with_openmp_and_openblas_worker() {
     assert_eq!(named(&lease, "req_during_omp").len(), 2);
 
     // After release: every thread back on the launch mask; roles outlive the lease.
-    for (name, seen) in &released.threads {
-        assert_eq!(seen.mask.to_list(), all, "released: {name}");
-    }
+    expect(&released, All, on(&all), "released");
     expect(
         &released,
         Matching(&["worker"]),
@@ -229,10 +221,7 @@ fn blas_run(sysfs: &Sysfs, mode: &str, vars: &[(&str, &str)]) -> (usize, [Phase;
 /// the pool runs on the GPU-local set during the lease and is restored by release.
 #[test]
 fn openblas_pool_imported_on_the_worker_thread() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
     let local = sysfs.node1.to_list();
@@ -311,10 +300,7 @@ fn openblas_pool_imported_on_the_worker_thread() {
 /// restored at release. OPENBLAS_NUM_THREADS=1 starts no pool: BLAS runs on the calling thread.
 #[test]
 fn openblas_pool_imported_by_the_host() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -393,10 +379,7 @@ fn openblas_pool_imported_by_the_host() {
 /// says to leave these variables unset in a shared process.
 #[test]
 fn openmp_proc_bind_places_are_explicit() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let mut cmd = python_with_runtimes(&sysfs, "openmp_own_binding.py");
     cmd.env("OMP_PROC_BIND", "close").env("OMP_PLACES", "cores");
@@ -450,10 +433,7 @@ fn openmp_proc_bind_places_are_explicit() {
 /// library promotes it when it registers). Several runs, as the crossing is a matter of timing.
 #[test]
 fn threads_born_while_configure_sweeps_are_workers() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
     let program = Program::c("births_during_configure").build();

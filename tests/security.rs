@@ -279,7 +279,7 @@ fn one_node_two_cores() -> SimulatedHost {
 
 #[test]
 fn the_gpu_lock_never_follows_links_never_hangs_and_is_0644() {
-    require!(two_cpus(), "two allowed CPUs (this test)");
+    require!(two_cpus("this test"));
     let sysfs = Sysfs::two_nodes();
     let tree = tempfile::tempdir().unwrap();
     one_node_two_cores().write(tree.path()).unwrap();
@@ -449,10 +449,7 @@ fn a_process_in_another_pid_namespace_with_the_same_pid_keeps_its_own_table() {
     let sysfs = Sysfs::two_nodes();
     require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
     require!(on_path("unshare"), "`unshare` on PATH");
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker role that ps can tell from a host)"
-    );
+    require!(two_cpus("a worker role that ps can tell from a host"));
     let in_namespace = |args: &[&str]| {
         let mut cmd = preloaded("unshare", &sysfs);
         cmd.args(["--pid", "--fork", "--mount-proc"])
@@ -480,10 +477,7 @@ fn a_process_in_another_pid_namespace_with_the_same_pid_keeps_its_own_table() {
 fn ps_believes_a_table_only_from_the_processs_owner() {
     let sysfs = Sysfs::two_nodes();
     require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker role that ps can tell from a host)"
-    );
+    require!(two_cpus("a worker role that ps can tell from a host"));
     let mut run = Driver::spawn(calls(&["thread", "configure", "0", "wait"], &sysfs), LIMIT);
     run.line("WAIT");
     let pid = run.pid();

@@ -224,10 +224,7 @@ fn expected(
 /// Host threads (main, one started before configure, one after) keep srun's binding; worker
 /// threads (the configuring thread and its child) get SPEC §3's mask, said in one log line.
 fn bindings_times_policies(plugin: TaskPlugin) {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (two CPUs for Slurm to bind tasks to)"
-    );
+    require!(two_cpus("two CPUs for Slurm to bind tasks to"));
     let cluster = require!(cluster(plugin));
     let sysfs = Sysfs::two_nodes();
     let mut table = vec![format!(
@@ -323,7 +320,7 @@ fn srun_bindings_times_policies_under_task_affinity_alone() {
 /// default table: not constrained → NUMA-aware), under both task plugins.
 #[test]
 fn dedicated_worker_tasks_pick_their_gpu_by_slurm_localid() {
-    require!(two_cpus(), "two allowed CPUs (two CPUs for two tasks)");
+    require!(two_cpus("two CPUs for two tasks"));
     let sysfs = Sysfs::two_nodes();
     // The role through srun's --export, for the tasks alone: srun itself stays a host process.
     let role = "--export=ALL,TLLM_AFFINITY_PROCESS_ROLE=worker";

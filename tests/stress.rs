@@ -26,7 +26,7 @@ const THREADS: u64 = 200_000;
 fn churn_configure_release_and_application_pins_keep_every_invariant() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    require!(two_cpus(), "two allowed CPUs (this test)");
+    require!(two_cpus("this test"));
     let program = Program::c("churn_stress").build();
     let worker_lib = worker_library();
     let mut cmd = preloaded(program, &sysfs);

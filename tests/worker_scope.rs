@@ -10,10 +10,7 @@ use serde_json::Value;
 
 #[test]
 fn threads_started_in_a_worker_scope_are_workers_and_the_caller_stays_host() {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the launch mask)"
-    );
+    require!(two_cpus("a worker set narrower than the launch mask"));
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
     let all = allowed_cpus().to_list();

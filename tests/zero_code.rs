@@ -173,10 +173,26 @@ fn settled(run: &mut Driver) -> Phase {
     phase
 }
 
-/// The port an app serves HTTP on (its `PORT <n>` line).
-fn port(run: &mut Driver) -> u16 {
-    let line = run.line("PORT ");
-    line["PORT ".len()..].trim().parse().unwrap()
+/// An HTTP app through its five phases: before, `PORT <n>`, during (then the test sends
+/// `GET /generate/a`), serving, shutdown (then `GET /generate/b`), after; the phases (settled),
+/// the end and the two responses.
+fn serve_two_requests(cmd: Command) -> ([Phase; 5], Finished, String, String) {
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let before = settled(&mut run);
+    run.proceed();
+    let port: u16 = run.after("PORT ").parse().unwrap();
+    let during = settled(&mut run);
+    let a = http_get(port, "/generate/a");
+    run.proceed();
+    let serving = settled(&mut run);
+    run.proceed();
+    let shutdown = settled(&mut run);
+    let b = http_get(port, "/generate/b");
+    run.proceed();
+    let after = settled(&mut run);
+    let end = run.finish();
+    let phases = [before, during, serving, shutdown, after];
+    (phases, end, a.join().unwrap(), b.join().unwrap())
 }
 
 /// Runs a program through all its phases with no action in between.
@@ -223,33 +239,16 @@ fn upstream_pinned_everything(phases: &[&Phase], local: &str, end: &Finished, sy
 /// born in the worker scope), then serves HTTP: the loop's executor threads, born after the LLM,
 /// are host threads; shutdown on the main thread restores the pool it kept.
 fn tp1_http_server(way: Way) {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let mut cmd = app(way, &sysfs, "tp1_http_server.py", None);
     cmd.env("TLLM_WORKER_USE_SINGLE_PROCESS", "1");
-    let mut run = Driver::spawn(cmd, LIMIT);
-    let before = settled(&mut run);
-    run.proceed();
-    let port = port(&mut run);
-    let during = settled(&mut run);
-    let a = http_get(port, "/generate/a");
-    run.proceed();
-    let serving = settled(&mut run);
-    run.proceed();
-    let shutdown = settled(&mut run);
-    let b = http_get(port, "/generate/b");
-    run.proceed();
-    let after = settled(&mut run);
-    let end = run.finish();
+    let ([before, during, serving, shutdown, after], end, a, b) = serve_two_requests(cmd);
     let phases = [&before, &during, &serving, &shutdown, &after];
     table(&format!("tp1 HTTP server {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
     assert!(a.contains(r#""engine": true"#), "the LLM answered a: {a}");
     assert!(
         b.contains(r#""engine": false"#),
@@ -313,10 +312,7 @@ const SESSION_WORKERS: [&str; 6] = [
 /// workers; the user's script (main, its loop thread and the loop's executor, grown during the
 /// lease), the proxy's dispatch thread and the session's second pool thread are hosts.
 fn mpi_session_rank0(way: Way) {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -390,31 +386,15 @@ const VISUALGEN_WORKERS: [&str; 3] = ["visual_gen_worker", "visual_gen_postproce
 /// HTTP server (main) and its request threads, the control thread, the coordinator started
 /// before the worker and the executor threads its loop grows are hosts.
 fn visualgen_rank0(way: Way) {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Driver::spawn(app(way, &sysfs, "visualgen_rank0.py", None), LIMIT);
-    let before = settled(&mut run);
-    run.proceed();
-    let port = port(&mut run);
-    let during = settled(&mut run);
-    let a = http_get(port, "/generate/a");
-    run.proceed();
-    let serving = settled(&mut run);
-    run.proceed();
-    let shutdown = settled(&mut run);
-    let b = http_get(port, "/generate/b");
-    run.proceed();
-    let after = settled(&mut run);
-    let end = run.finish();
+    let ([before, during, serving, shutdown, after], end, a, b) =
+        serve_two_requests(app(way, &sysfs, "visualgen_rank0.py", None));
     let phases = [&before, &during, &serving, &shutdown, &after];
     table(&format!("VisualGen rank 0 {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
     assert!(a.contains("denoised"), "the worker answered a: {a}");
     assert!(
         b.contains(r#""image": null"#),
@@ -489,10 +469,7 @@ const LEADER_WORKERS: [&str; 9] = [
 /// during the lease, by the worker) are workers: NUMA pinning stays effective for the leader;
 /// main, the control thread, the session server and the session's second pool thread are hosts.
 fn leader(way: Way) {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -572,10 +549,7 @@ fn leader_without_the_library_pins_the_session_server() {
 const TWO_LLMS_PHASES: usize = 6;
 
 fn two_llms(way: Way) {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a worker set narrower than the host)"
-    );
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -666,10 +640,7 @@ fn sequential_llms_without_the_library_unpin_at_the_second_llm() {
 /// threads get the same masks with the library as upstream gives them after its first call, while
 /// with the library the host threads keep the taskset mask.
 fn policy_under_taskset(numa_aware: Option<&str>, upstream_gives: fn(&Sysfs) -> String) {
-    require!(
-        two_cpus(),
-        "two allowed CPUs (a constraint narrower than the host)"
-    );
+    require!(two_cpus("a constraint narrower than the host"));
     require!(on_path("taskset"), "`taskset` on PATH");
     let sysfs = Sysfs::two_nodes();
     let pinned = sysfs.node0.iter().next().unwrap().to_string();

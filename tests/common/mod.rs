@@ -308,10 +308,17 @@ pub fn allowed_cpus() -> CpuMask {
     tllm_affinity_core::engine::kernel::get_mask(0).expect("sched_getaffinity")
 }
 
-/// Whether this process may use two CPUs or more: a worker set narrower than the host, a
-/// constraint, two GPU-local sets cannot be shown on one.
-pub fn two_cpus() -> bool {
-    allowed_cpus().count() >= 2
+/// For [`require!`]: whether this process may use two CPUs or more, which `why` needs (a worker
+/// set narrower than the host, a constraint, two GPU-local sets cannot be shown on one).
+pub fn two_cpus(why: &str) -> Result<(), String> {
+    let allowed = allowed_cpus();
+    if allowed.count() >= 2 {
+        Ok(())
+    } else {
+        Err(format!(
+            "two allowed CPUs ({why}; this process has [{allowed}])"
+        ))
+    }
 }
 
 /// A simulated host written to a temp dir: node0 = the lower half of the allowed CPUs, node1
