@@ -40,8 +40,7 @@ fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
     let handled: u64 = field(&line, "handled").parse().unwrap();
     assert!(handled > 100, "the handler ran: {line}");
     run.line("DONE");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// A worker's `vfork` child and `clone(CLONE_VM)` child each pin themselves before exiting: they
@@ -62,7 +61,7 @@ fn vfork_and_clone_vm_children_leave_their_parent_as_it_was() {
     run.proceed();
     let released = run.phase();
     assert_eq!(released.mask("W"), all, "the release restored the worker");
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// 20 000 generations of threads that start their successor and exit: the heap (one arena, so
@@ -81,7 +80,7 @@ fn a_chain_of_short_lived_threads_keeps_memory_bounded() {
         "the heap grew by {} bytes over 19 000 generations: {line}",
         late - early
     );
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// glibc starts a timer's `SIGEV_THREAD` helper and its `aio` helpers itself, from a worker,
@@ -114,7 +113,7 @@ fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
     }
     assert_eq!(released.mask("W"), all);
     assert_eq!(released.mask("before"), all);
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// A worker thread's thread-specific-data destructor (a key created after the library's)
@@ -133,7 +132,7 @@ fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
     run.proceed();
     let released = run.phase();
     assert_eq!(released.mask("orphan"), all, "restored at the last release");
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// A dedicated worker process records its launch (and its launch mask) for the programs it
@@ -155,7 +154,7 @@ fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
             .arg("launchvar");
         let mut run = Driver::spawn(cmd, LIMIT);
         let line = run.line("LAUNCHVAR");
-        assert!(run.finish().status.success());
+        run.succeed();
         line
     };
     let alone = run(library().display().to_string());
@@ -184,5 +183,5 @@ fn a_high_priority_fifo_waiter_lets_a_low_priority_holder_finish() {
     );
     let high: u64 = field(&line, "high").parse().unwrap();
     assert!(high > 100, "the high-priority thread made progress: {line}");
-    assert!(run.finish().status.success());
+    run.succeed();
 }

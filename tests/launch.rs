@@ -193,7 +193,7 @@ fn a_child_that_skipped_the_fork_handlers_leaves_the_parents_table() {
     let line = run.line("TABLE");
     assert!(line.contains("before=1"), "{line}");
     assert!(line.contains("after=1"), "{line}");
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// A child made by `_Fork()` that creates a thread starts as a fork child then: its thread is
@@ -227,5 +227,5 @@ fn a_child_that_skipped_the_fork_handlers_never_writes_the_parents_table() {
         tids.iter().all(|t| parent.contains(t)),
         "{tids:?} vs {parent:?}"
     );
-    assert!(run.finish().status.success());
+    run.succeed();
 }

@@ -48,8 +48,7 @@ fn seen_while_waiting(mut cmd: Command, lock_dir: &Path) -> Seen {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let ps: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     assert!(
         !end.stderr.contains("[tllm-affinity]"),
         "nothing to say: {}",

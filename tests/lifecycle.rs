@@ -136,8 +136,7 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
         on(&c.other),
         "never overridden",
     );
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
     assert!(
         end.stderr
@@ -226,8 +225,7 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
         "left alone by the next configure",
     );
     expect(&again, Named(&["W", "C"]), on(&c.local), "worker");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     assert!(
         end.stderr.contains("preserved 1 externally changed"),
         "{}",
@@ -313,8 +311,7 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
         "left alone",
     );
     expect(&again, Named(&["engine", "plain"]), on(&c.local), "worker");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     assert!(
         end.stderr.contains("preserved 1 externally changed"),
         "{}",
@@ -337,11 +334,7 @@ fn every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads() {
     assert_eq!(run.line("ENDED main"), "ENDED main 240");
     assert_eq!(run.line("ENDED W"), "ENDED W 240");
 
-    let alive = run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("orphan-alive");
-    assert_eq!(report_tids(&report), live, "{report}");
+    let (alive, live, report) = run.phase_and_registry("orphan-alive");
     let orphan = alive.thread("orphan").tid;
     assert!(live.contains(&orphan));
     assert_eq!(
@@ -357,8 +350,7 @@ fn every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads() {
     let report = run.report("ended");
     assert_eq!(live, [pid].into());
     assert_eq!(report_tids(&report), live, "{report}");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// Python threads ending normally, by an exception and by SystemExit, and a thread pool.
@@ -367,13 +359,8 @@ fn python_thread_exits_leave_the_registry_equal_to_the_live_threads() {
     let sysfs = Sysfs::two_nodes();
     let mut run = Driver::spawn(python_cmd(&sysfs, "thread_exits.py", &[]), LIMIT);
     assert_eq!(run.line("ENDED"), "ENDED 110");
-    run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("ended");
-    assert_eq!(report_tids(&report), live, "{report}");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.phase_and_registry("ended");
+    run.succeed();
 }
 
 /// `pthread_create` with an attr mask naming only a CPU no machine here has: EINVAL comes back
@@ -409,19 +396,14 @@ fn creation_failure_on_an_impossible_attr_mask_passes_through_and_leaves_nothing
         assert_eq!(field(&line, "failures"), "200", "{line}");
         assert_eq!(field(&line, "errno_kept"), "200", "{line}");
     }
-    let after = run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("after");
-    assert_eq!(report_tids(&report), live, "{report}");
+    let (after, live, _) = run.phase_and_registry("after");
     assert_eq!(live.len(), 3, "main, W and C");
     assert_eq!(
         after.mask("C"),
         c.local,
         "creation still works after failures"
     );
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     assert!(!end.stdout.contains("ERROR"), "{}", end.stdout);
 }
 
@@ -463,20 +445,11 @@ fn creation_failure_on_rlimit_nproc_as_nobody() {
         "errno as without the library"
     );
     let made: usize = field(&line, "made").parse().unwrap();
-    run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("limited");
-    assert_eq!(report_tids(&report), live, "{report}");
+    let (_, live, _) = run.phase_and_registry("limited");
     assert_eq!(live.len(), made + 2, "main, W and the threads made");
-    let recovered = run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("recovered");
-    assert_eq!(report_tids(&report), live, "{report}");
+    let (recovered, _, _) = run.phase_and_registry("recovered");
     assert_eq!(recovered.role("late"), 0);
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// A fork from the host main thread and one from a worker thread during a lease, while the
@@ -537,8 +510,7 @@ fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
     run.proceed();
     let report = run.report("parent");
     assert_eq!(report_tids(&report), live);
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// The child forked by thread `who`: its CHILD line holds `expect`, its report lists exactly one
@@ -572,13 +544,8 @@ fn fork_while_other_threads_create_and_configure() {
     assert_eq!(field(&line, "ok"), "300", "{line}\n{}", run.stderr());
     assert_eq!(field(&line, "bad"), "0");
     assert!(field(&line, "threads_created").parse::<u64>().unwrap() > 0);
-    run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("end");
-    assert_eq!(report_tids(&report), live, "{report}");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.phase_and_registry("end");
+    run.succeed();
 }
 
 /// exec during a lease, from the host main thread and from a worker thread: the new image starts
@@ -651,8 +618,7 @@ fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
     for t in loaded.threads.keys() {
         assert_eq!(released.mask(t), c.all, "{t} after release");
     }
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// A shared object whose constructor starts a thread, loaded before the library in LD_PRELOAD,

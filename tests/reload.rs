@@ -52,7 +52,7 @@ fn a_host_library_loaded_where_a_worker_library_was_starts_host_threads() {
     assert_eq!((first.role("main"), first.mask("main")), (0, all.clone()));
     run.proceed();
 
-    let address = run.after("ADDRESS ");
+    let address = run.line("ADDRESS ");
     println!("{address}");
     let reloaded = run.phase();
     println!("{}", describe(&reloaded));
@@ -63,8 +63,7 @@ fn a_host_library_loaded_where_a_worker_library_was_starts_host_threads() {
     );
     assert_eq!((reloaded.role("main"), reloaded.mask("main")), (0, all));
     assert_eq!(reloaded.mask("W"), local, "the lease stays open");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// Thousands of load / thread / unload cycles of a plugin that lands at a new address each time:

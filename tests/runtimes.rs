@@ -70,8 +70,7 @@ fn http_server_with_openmp_and_openblas_worker() {
     let held_after = http_get(port, "/hold/req_after");
     run.proceed();
     let after = run.phase();
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     for phase in [&before, &configured, &lease, &released, &after] {
         println!("{}", describe(phase));
     }
@@ -387,8 +386,7 @@ fn openmp_proc_bind_places_are_explicit() {
     let configured = run.phase();
     run.proceed();
     let released = run.phase();
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     for phase in [&configured, &released] {
         println!("OMP_PROC_BIND=close {}", describe(phase));
     }
@@ -442,8 +440,7 @@ fn threads_born_while_configure_sweeps_are_workers() {
         cmd.env("TLLM_AFFINITY_LOG", "warn");
         let mut run = Driver::spawn(cmd, DEADLINE);
         let configured = run.phase();
-        let end = run.finish();
-        assert!(end.status.success(), "{}", end.stderr);
+        run.succeed();
         assert!(configured.threads.len() > 20, "{}", describe(&configured));
         let wrong: Vec<String> = configured
             .threads

@@ -366,8 +366,7 @@ fn the_thread_table_never_follows_links_never_hangs_and_is_0644() {
     assert_eq!(mode(&path), 0o644, "{}", path.display());
     let meta = std::fs::metadata(&path).unwrap();
     assert!(meta.is_file() && meta.nlink() == 1);
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
     assert!(!path.exists(), "the table is removed at exit");
 
     // Hostile things planted at the path, and a file of another user.
@@ -467,8 +466,8 @@ fn a_process_in_another_pid_namespace_with_the_same_pid_keeps_its_own_table() {
     let ps = ps_json(first_pid);
     assert_eq!(roles(&ps), ["worker"], "after the second: {ps}");
     assert_eq!(roles(&ps_json(second_pid)), ["host"]);
-    assert!(first.finish().status.success());
-    assert!(second.finish().status.success());
+    first.succeed();
+    second.succeed();
 }
 
 /// A table that is not the process's owner's is not believed: `ps` shows masks without roles
@@ -492,7 +491,7 @@ fn ps_believes_a_table_only_from_the_processs_owner() {
     std::os::unix::fs::chown(&table, Some(0), None).unwrap();
     assert_eq!(roles(&ps), ["unknown"], "{ps}");
     assert!(ps.to_string().contains("not believed"), "{ps}");
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// Anybody may plant a sparse file of any size at a process's table path: `ps` reads the
@@ -535,5 +534,5 @@ fn ps_reads_a_bounded_amount_of_a_planted_table() {
         peak_mib < 64,
         "ps peaked at {peak_mib} MiB on a 2 GiB table"
     );
-    assert!(run.finish().status.success());
+    run.succeed();
 }

@@ -20,12 +20,11 @@ fn threads_started_in_a_worker_scope_are_workers_and_the_caller_stays_host() {
         .env("TLLM_AFFINITY_POLICY", "numa")
         .env("TLLM_AFFINITY_LOCK_DIR", sysfs.path());
     let mut population = Driver::spawn(cmd, DEADLINE);
-    let api: Value = serde_json::from_str(&population.line("API ")).unwrap();
+    let api: Value = serde_json::from_str(&population.after("API ")).unwrap();
     let scoped = population.phase();
     population.proceed();
     let released = population.phase();
-    let end = population.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = population.succeed();
 
     assert!(api["lease"].as_i64().unwrap() > 0, "{api}");
     assert_eq!(api["released"], false, "ending the scope keeps the lease");

@@ -5,7 +5,7 @@
 
 pub mod slurm;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -759,6 +759,25 @@ impl Driver {
         drop(self.stdin.take());
         while self.next_line("the end").is_some() {}
         self.wait()
+    }
+
+    /// [`Driver::finish`], and the program exited 0 (its stderr in the message).
+    pub fn succeed(self) -> Finished {
+        let end = self.finish();
+        assert!(end.status.success(), "{}\n{}", end.status, end.stderr);
+        end
+    }
+
+    /// At the program's next phase, the thread ids the kernel lists; answered, the program prints
+    /// `REPORT <tag> <json>`, whose threads must be exactly those (the library's registry equals
+    /// the live threads). The phase, the tids and the report.
+    pub fn phase_and_registry(&mut self, tag: &str) -> (Phase, BTreeSet<i32>, serde_json::Value) {
+        let phase = self.phase();
+        let live = task_tids(self.pid());
+        self.proceed();
+        let report = self.report(tag);
+        assert_eq!(report_tids(&report), live, "{report}");
+        (phase, live, report)
     }
 
     /// Every one of `count` phases, answered in turn, then the end.
