@@ -50,19 +50,7 @@ fn wrap(around: Around, sysfs: &Sysfs, program: &std::path::Path, args: &[&str])
         }
         Around::Cgroup(group) => {
             let mut c = group.wrap(program, &[]);
-            c.env("LD_PRELOAD", library())
-                .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
-                .env("TLLM_AFFINITY_LOG", "info");
-            for var in [
-                "TLLM_NUMA_AWARE_WORKER_AFFINITY",
-                "TLLM_AFFINITY_POLICY",
-                "TLLM_AFFINITY_CPUS",
-                "TLLM_AFFINITY_GPU",
-                "TLLM_AFFINITY_PROCESS_ROLE",
-                "CUDA_VISIBLE_DEVICES",
-            ] {
-                c.env_remove(var);
-            }
+            preload(&mut c, sysfs);
             c
         }
     };

@@ -16,19 +16,11 @@ use common::*;
 
 fn deployment(sysfs: &Sysfs, program: &str) -> Command {
     let mut cmd = preloaded(python(), sysfs);
-    cmd.arg(programs_dir().join(program))
-        .env(
-            "PYTHONPATH",
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
-        )
-        .env("RT_OMP", openmp_library())
+    with_openmp(&mut cmd)
+        .arg(programs_dir().join(program))
+        .env("PYTHONPATH", repo().join("python"))
         .env("RT_NCCL", Program::c("nccl").shared().build())
         .env("RT_SPAWN", Program::c("progress_threads").shared().build())
-        .env("OMP_NUM_THREADS", "3")
-        .env("OMP_WAIT_POLICY", "passive")
-        .env_remove("OMP_PROC_BIND")
-        .env_remove("OMP_PLACES")
-        .env_remove("GOMP_CPU_AFFINITY")
         .env_remove("TLLM_AFFINITY_WORKER_LIBS");
     cmd
 }

@@ -53,10 +53,9 @@ fn life_cmd(sysfs: &Sysfs, args: &[&str]) -> Command {
 
 fn python_cmd(sysfs: &Sysfs, script: &str, args: &[&str]) -> Command {
     let mut cmd = preloaded(python(), sysfs);
-    cmd.arg(programs_dir().join(script)).args(args).env(
-        "PYTHONPATH",
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
-    );
+    cmd.arg(programs_dir().join(script))
+        .args(args)
+        .env("PYTHONPATH", repo().join("python"));
     cmd
 }
 

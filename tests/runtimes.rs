@@ -11,17 +11,12 @@ mod common;
 use common::*;
 use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
 
-/// The pool sizes are forced so that the test does not depend on the CPU count: three OpenMP
-/// threads per team (the caller and two pool threads), passive waiting so idle pools sleep.
+/// The pool sizes are forced so that the test does not depend on the CPU count (see
+/// `with_openmp`).
 fn python_with_runtimes(sysfs: &Sysfs, program: &str) -> std::process::Command {
     let mut cmd = preloaded(python(), sysfs);
-    cmd.arg(programs_dir().join(program))
-        .env("RT_OMP", openmp_library())
-        .env("OMP_NUM_THREADS", "3")
-        .env("OMP_WAIT_POLICY", "passive")
-        .env_remove("OMP_PROC_BIND")
-        .env_remove("OMP_PLACES")
-        .env_remove("GOMP_CPU_AFFINITY")
+    with_openmp(&mut cmd)
+        .arg(programs_dir().join(program))
         .env_remove("OPENBLAS_NUM_THREADS")
         .env_remove("OMP_DYNAMIC")
         .env_remove("TLLM_AFFINITY_WORKER_LIBS");

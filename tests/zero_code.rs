@@ -74,14 +74,9 @@ fn app(way: Way, sysfs: &Sysfs, script: &str, pin: Option<&str>) -> Command {
     let mut cmd = clean(&argv[0]);
     cmd.args(&argv[1..]);
     let path = std::env::join_paths([programs_dir().join("upstream_trtllm"), programs_dir()]);
-    cmd.env("PYTHONPATH", path.unwrap())
+    with_openmp(&mut cmd)
+        .env("PYTHONPATH", path.unwrap())
         .env("TLLM_LOG_LEVEL", "info")
-        .env("RT_OMP", openmp_library())
-        .env("OMP_NUM_THREADS", "3")
-        .env("OMP_WAIT_POLICY", "passive")
-        .env_remove("OMP_PROC_BIND")
-        .env_remove("OMP_PLACES")
-        .env_remove("GOMP_CPU_AFFINITY")
         .env_remove("VIRTUAL_ENV")
         .env_remove("PYTHONHOME");
     if way != Way::Run {
@@ -96,18 +91,6 @@ fn app(way: Way, sysfs: &Sysfs, script: &str, pin: Option<&str>) -> Command {
 }
 
 // ---- Reading the phases ----
-
-/// Each of `patterns` names at least one thread of `phase`.
-fn present(phase: &Phase, patterns: &[&str]) {
-    for p in patterns {
-        assert!(
-            phase.threads.keys().any(|n| matches(n, &[p])),
-            "{}: no thread {p}: {}",
-            phase.name,
-            describe(phase)
-        );
-    }
-}
 
 /// Without the library every role reads -1.
 fn no_roles(phases: &[&Phase]) {

@@ -359,6 +359,13 @@ impl Sysfs {
 /// A command with the library preloaded and the simulated topology in place.
 pub fn preloaded(program: impl AsRef<std::ffi::OsStr>, sysfs: &Sysfs) -> Command {
     let mut cmd = Command::new(program);
+    preload(&mut cmd, sysfs);
+    cmd
+}
+
+/// [`preloaded`] for a command made otherwise (a cgroup's wrapper): the library preloaded, the
+/// simulated topology in place, none of the test's own steering variables inherited.
+pub fn preload<'a>(cmd: &'a mut Command, sysfs: &Sysfs) -> &'a mut Command {
     cmd.env("LD_PRELOAD", library())
         .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
         .env("TLLM_AFFINITY_LOG", "info");
@@ -378,6 +385,18 @@ pub fn preloaded(program: impl AsRef<std::ffi::OsStr>, sysfs: &Sysfs) -> Command
         cmd.env_remove(var);
     }
     cmd
+}
+
+/// The runtime programs' OpenMP: `RT_OMP` (a real libgomp region), three threads per team (the
+/// caller and two pool threads) whatever the CPU count, passive waiting so idle pools sleep, and
+/// no binding of libgomp's own.
+pub fn with_openmp(cmd: &mut Command) -> &mut Command {
+    cmd.env("RT_OMP", openmp_library())
+        .env("OMP_NUM_THREADS", "3")
+        .env("OMP_WAIT_POLICY", "passive")
+        .env_remove("OMP_PROC_BIND")
+        .env_remove("OMP_PLACES")
+        .env_remove("GOMP_CPU_AFFINITY")
 }
 
 /// The mask the kernel reports for one thread of a live process.
@@ -529,14 +548,7 @@ pub fn expect(phase: &Phase, threads: Threads, want: Want, why: &str) {
             })
             .collect(),
         Matching(patterns) => {
-            for p in patterns {
-                assert!(
-                    phase.threads.keys().any(|n| matches(n, &[p])),
-                    "{}: no thread {p}: {}",
-                    phase.name,
-                    describe(phase)
-                );
-            }
+            present(phase, patterns);
             phase
                 .threads
                 .iter()
@@ -551,6 +563,18 @@ pub fn expect(phase: &Phase, threads: Threads, want: Want, why: &str) {
             "{} {name} (tid {}): {why}\n{}",
             phase.name,
             seen.tid,
+            describe(phase)
+        );
+    }
+}
+
+/// Each of `patterns` (see [`matches`]) names at least one thread of `phase`.
+pub fn present(phase: &Phase, patterns: &[&str]) {
+    for p in patterns {
+        assert!(
+            phase.threads.keys().any(|n| matches(n, &[p])),
+            "{}: no thread {p}: {}",
+            phase.name,
             describe(phase)
         );
     }
