@@ -641,24 +641,17 @@ fn population_in_container(
 }
 
 /// Drives the population: returns every phase the host read, and the end.
-fn population_phases(cmd: Command, name: &str, count: usize) -> (Vec<Phase>, Finished) {
-    let mut run = Driver::spawn(cmd, LIMIT);
-    let mut phases = Vec::new();
+fn population_phases<const N: usize>(cmd: Command, name: &str) -> ([Phase; N], Finished) {
     let mut pid = 0;
-    for i in 0..count {
-        if i > 0 {
-            run.proceed();
-        }
+    Driver::spawn(cmd, LIMIT).phases_with(|run| {
         if pid == 0 {
             // The container exists once it printed something; ask podman for its host pid.
             let first = run.line("PHASE ");
             pid = host_pid(name);
-            phases.push(phase_from_line(&first, pid));
-            continue;
+            return phase_from_line(&first, pid);
         }
-        phases.push(container_phase(&mut run, pid));
-    }
-    (phases, run.finish())
+        container_phase(run, pid)
+    })
 }
 
 /// [`container_phase`] for a line already read.
@@ -680,10 +673,9 @@ fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
     let local = sysfs.node1.to_list();
     let name = container_name("mixed");
     let started = Instant::now();
-    let (phases, end) = population_phases(
+    let (phases, end) = population_phases::<5>(
         population_in_container(&device, &sysfs, &name, &[], &[]),
         &name,
-        5,
     );
     println!(
         "$ podman run --device {} -v <simulated sysfs>:/sim:ro -e TLLM_AFFINITY_SYSFS_ROOT=/sim \
@@ -696,9 +688,7 @@ fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
     }
     println!("{}", end.stderr);
     assert!(end.status.success(), "{}", end.stderr);
-    let [before, configured, _twice, released, _after] = &phases[..] else {
-        unreachable!()
-    };
+    let [before, configured, _twice, released, _after] = &phases;
     assert_eq!(
         before.role("W"),
         0,
@@ -727,10 +717,9 @@ fn a_containers_own_cpuset_is_not_a_constraint() {
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
     let name = container_name("cpuset");
-    let (phases, end) = population_phases(
+    let (phases, end) = population_phases::<2>(
         population_in_container(&device, &sysfs, &name, &["--cpuset-cpus", &local], &[]),
         &name,
-        2,
     );
     for phase in &phases {
         println!("  {}", describe(phase));
@@ -766,10 +755,9 @@ fn taskset_inside_a_container_is_a_constraint() {
     let all = allowed_cpus().to_list();
     let pinned = sysfs.node0.to_list();
     let name = container_name("taskset");
-    let (phases, end) = population_phases(
+    let (phases, end) = population_phases::<2>(
         population_in_container(&device, &sysfs, &name, &[], &["taskset", "-c", &pinned]),
         &name,
-        2,
     );
     for phase in &phases {
         println!("  {}", describe(phase));
@@ -803,10 +791,9 @@ fn the_users_policy_variables_decide_inside_the_container() {
         (cpus.as_str(), node0.clone()),
     ] {
         let name = container_name(&format!("policy-{}", variable.len()));
-        let (phases, end) = population_phases(
+        let (phases, end) = population_phases::<2>(
             population_in_container(&device, &sysfs, &name, &["-e", variable], &[]),
             &name,
-            2,
         );
         println!("-e {variable}: {}", describe(&phases[1]));
         let why = format!("-e {variable}\n{}", end.stderr);
@@ -1066,7 +1053,7 @@ fn the_zero_code_fixture_runs_unmodified_in_a_container() {
         ],
         &[interpreter.to_str().unwrap(), &script],
     );
-    let (phases, end) = population_phases(cmd, &name, 6);
+    let (phases, end) = population_phases::<6>(cmd, &name);
     for phase in &phases {
         println!("  {}", describe(phase));
     }
@@ -1077,9 +1064,7 @@ fn the_zero_code_fixture_runs_unmodified_in_a_container() {
         "{}",
         end.stderr
     );
-    let [before, first, second, _first_down, _third, last] = &phases[..] else {
-        unreachable!()
-    };
+    let [before, first, second, _first_down, _third, last] = &phases;
     for (phase, workers) in [
         (before, &all),
         (first, &local),

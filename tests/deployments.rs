@@ -144,11 +144,9 @@ fn mpi_comm_session_rank0_in_the_users_script() {
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let (phases, end) =
-        Driver::spawn(deployment(&sysfs, "deploy_mpi_session.py"), DEADLINE).all_phases(5);
+        Driver::spawn(deployment(&sysfs, "deploy_mpi_session.py"), DEADLINE).all_phases::<5>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [before, during, serving, shutdown, after] = &phases[..] else {
-        unreachable!()
-    };
+    let [before, during, serving, shutdown, after] = &phases;
     record("mpi-session", &[before, during, serving, shutdown, after]);
 
     let script = ["main", "user_pool0", "proxy_dispatch", "proxy_result"];
@@ -303,11 +301,9 @@ fn multi_node_leader_session_server_and_progress_threads() {
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let (phases, end) =
-        Driver::spawn(deployment(&sysfs, "deploy_multinode_leader.py"), DEADLINE).all_phases(5);
+        Driver::spawn(deployment(&sysfs, "deploy_multinode_leader.py"), DEADLINE).all_phases::<5>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [before, during, serving, shutdown, after] = &phases[..] else {
-        unreachable!()
-    };
+    let [before, during, serving, shutdown, after] = &phases;
     record("leader", &[before, during, serving, shutdown, after]);
 
     let hosts = ["main", "session_server"];

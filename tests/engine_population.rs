@@ -26,11 +26,9 @@ fn c_population_roles_placement_idempotency_and_restoration() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = Driver::spawn(population(&sysfs), DEADLINE).all_phases(5);
+    let (phases, end) = Driver::spawn(population(&sysfs), DEADLINE).all_phases::<5>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [before, configured, twice, released, after] = &phases[..] else {
-        unreachable!()
-    };
+    let [before, configured, twice, released, after] = &phases;
 
     // Before configure: nobody has been moved; the worker-libs thread is already a worker.
     expect(
@@ -265,11 +263,9 @@ fn python_configure_twice_keeps_six_workers_pinned() {
     let local = sysfs.node1.to_list();
     let mut cmd = preloaded(python(), &sysfs);
     cmd.arg(programs_dir().join("configure_twice.py"));
-    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases(4);
+    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases::<4>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [start, first, second, created_after] = &phases[..] else {
-        unreachable!()
-    };
+    let [start, first, second, created_after] = &phases;
     let all = allowed_cpus().to_list();
     let workers: Vec<String> = (0..6).map(|i| format!("w{i}")).collect();
     for w in &workers {
@@ -303,11 +299,9 @@ fn python_host_and_worker_threads() {
     let all = allowed_cpus().to_list();
     let mut cmd = preloaded(python(), &sysfs);
     cmd.arg(programs_dir().join("host_and_worker.py"));
-    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases(3);
+    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases::<3>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [configured, released, after] = &phases[..] else {
-        unreachable!()
-    };
+    let [configured, released, after] = &phases;
     let hosts = ["main", "http", "request", "loop"];
     expect(configured, Named(&hosts), host_on(&all), "host");
     expect(

@@ -178,17 +178,9 @@ fn serve_two_requests(cmd: Command) -> ([Phase; 5], Finished, String, String) {
     (phases, end, a.join().unwrap(), b.join().unwrap())
 }
 
-/// Runs a program through all its phases with no action in between.
-fn all_phases(cmd: Command, count: usize) -> (Vec<Phase>, Finished) {
-    let mut run = Driver::spawn(cmd, LIMIT);
-    let mut phases = Vec::new();
-    for i in 0..count {
-        if i > 0 {
-            run.proceed();
-        }
-        phases.push(settled(&mut run));
-    }
-    (phases, run.finish())
+/// Runs a program through its `N` phases (settled) with no action in between.
+fn all_phases<const N: usize>(cmd: Command) -> ([Phase; N], Finished) {
+    Driver::spawn(cmd, LIMIT).phases_with(settled)
 }
 
 /// Upstream's own log line, with the GPU-local CPUs as the Python list it prints.
@@ -299,10 +291,8 @@ fn mpi_session_rank0(way: Way) {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = all_phases(app(way, &sysfs, "mpi_session_rank0.py", None), 5);
-    let [before, during, serving, shutdown, after] = &phases[..] else {
-        unreachable!()
-    };
+    let (phases, end) = all_phases::<5>(app(way, &sysfs, "mpi_session_rank0.py", None));
+    let [before, during, serving, shutdown, after] = &phases;
     let phases = [before, during, serving, shutdown, after];
     table(&format!("MpiCommSession rank 0 {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
@@ -460,10 +450,8 @@ fn leader(way: Way) {
     cmd.env("RT_NCCL", Program::c("nccl").shared().build())
         .env("RT_SPAWN", Program::c("progress_threads").shared().build())
         .env_remove("TLLM_AFFINITY_WORKER_LIBS");
-    let (phases, end) = all_phases(cmd, 5);
-    let [before, during, serving, shutdown, after] = &phases[..] else {
-        unreachable!()
-    };
+    let (phases, end) = all_phases::<5>(cmd);
+    let [before, during, serving, shutdown, after] = &phases;
     let phases = [before, during, serving, shutdown, after];
     table(&format!("multi-node leader {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
@@ -538,10 +526,8 @@ fn two_llms(way: Way) {
     let local = sysfs.node1.to_list();
     let mut cmd = app(way, &sysfs, "two_llms.py", None);
     cmd.env("TLLM_WORKER_USE_SINGLE_PROCESS", "1");
-    let (phases, end) = all_phases(cmd, TWO_LLMS_PHASES);
-    let [before, first, second, first_down, third, last] = &phases[..] else {
-        unreachable!()
-    };
+    let (phases, end) = all_phases::<TWO_LLMS_PHASES>(cmd);
+    let [before, first, second, first_down, third, last] = &phases;
     let phases = [before, first, second, first_down, third, last];
     table(&format!("sequential LLMs {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
@@ -633,7 +619,7 @@ fn policy_under_taskset(numa_aware: Option<&str>, upstream_gives: fn(&Sysfs) -> 
         if let Some(value) = numa_aware {
             cmd.env("TLLM_NUMA_AWARE_WORKER_AFFINITY", value);
         }
-        let (phases, end) = all_phases(cmd, TWO_LLMS_PHASES);
+        let (phases, end) = all_phases::<TWO_LLMS_PHASES>(cmd);
         assert!(end.status.success(), "{}", end.stderr);
         let first = phases.into_iter().nth(1).unwrap();
         let setting = numa_aware.map_or("unset".to_string(), |v| format!("={v}"));

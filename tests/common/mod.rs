@@ -804,15 +804,23 @@ impl Driver {
         (phase, live, report)
     }
 
-    /// Every one of `count` phases, answered in turn, then the end.
-    pub fn all_phases(mut self, count: usize) -> (Vec<Phase>, Finished) {
-        let mut phases = Vec::new();
-        for i in 0..count {
+    /// `N` phases, answered in turn, then the end.
+    pub fn all_phases<const N: usize>(self) -> ([Phase; N], Finished) {
+        self.phases_with(Driver::phase)
+    }
+
+    /// [`Driver::all_phases`], each phase read by `read` (a containerised program's, one
+    /// settled after its exiting threads are gone).
+    pub fn phases_with<const N: usize>(
+        mut self,
+        mut read: impl FnMut(&mut Driver) -> Phase,
+    ) -> ([Phase; N], Finished) {
+        let phases = std::array::from_fn(|i| {
             if i > 0 {
                 self.proceed();
             }
-            phases.push(self.phase());
-        }
+            read(&mut self)
+        });
         (phases, self.finish())
     }
 
