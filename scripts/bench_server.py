@@ -244,9 +244,9 @@ def run(tmp, lib, simulated_sysfs, quick):
     load_before = open("/proc/loadavg").read().split()[:3]
     subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
     cli = os.path.join(ROOT, "target", "release", "tllm-affinity")
-    rt_omp = os.path.join(tmp, "librt_omp.so")
+    rt_omp = os.path.join(tmp, "libopenmp_region.so")
     subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-fopenmp", "-o", rt_omp,
-                    os.path.join(ROOT, "tests", "programs", "rt_omp.c")], check=True)
+                    os.path.join(ROOT, "tests", "programs", "openmp_region.c")], check=True)
     step_exe = os.path.join(tmp, "step_loop")
     subprocess.run(["cc", "-O2", "-pthread", "-o", step_exe,
                     os.path.join(PROGS, "step_loop.c"), "-ldl"], check=True)

@@ -1,6 +1,6 @@
 //! Bad input, table-driven: every library variable with malformed values, under
-//! the real library, in a compiled C program (`lc_life exit 3`, which also makes a thread and
-//! reports) and in `sh -c 'exit 3'`.
+//! the real library, in a compiled C program (`lifecycle_scenarios exit 3`, which also makes a
+//! thread and reports) and in `sh -c 'exit 3'`.
 //!
 //! Load-time variables: exactly one `[tllm-affinity]` line, naming the variable, the value (as
 //! the line escapes it) and what was expected; the program runs on, with its own exit status;
@@ -30,7 +30,7 @@ const COSMETIC: [&str; 3] = [
 ];
 
 fn life() -> std::path::PathBuf {
-    compile_lc("lc_life", "lc_life", &[])
+    Program::c("lifecycle_scenarios").build()
 }
 
 /// The `[tllm-affinity]` lines of a run's stderr.
@@ -383,7 +383,7 @@ fn malformed_configure_time_variables_give_one_line_and_an_errno() {
 
 /// The calls program (`tests/programs/calls.c`): runs the library calls its arguments name.
 fn calls() -> std::path::PathBuf {
-    compile_c("calls", false)
+    Program::c("calls").build()
 }
 
 /// A TLLM_AFFINITY_GPU that is neither a CUDA device number nor a PCI address is a bad setting

@@ -848,7 +848,7 @@ fn ps_sees_a_fork_childs_own_table() {
 #[test]
 fn a_killed_processs_thread_table_is_removed_by_the_next_one() {
     let dir = tllm_affinity_core::threadtable::directory(std::path::Path::new("/tmp"));
-    let calls = compile_c("calls", false);
+    let calls = Program::c("calls").build();
     let killed = clean(&calls)
         .args(["thread", "kill"])
         .env("LD_PRELOAD", library())

@@ -1,6 +1,6 @@
 //! External constraints for real (issue #5, item 3; SPEC §3): `numactl --physcpubind`, `taskset
 //! -c` and a cpuset cgroup the test creates, around the Python population
-//! (tests/programs/rt_population.py) and, under numactl, the C population
+//! (tests/programs/constrained_population.py) and, under numactl, the C population
 //! (tests/programs/population.c). tests/engine_population.rs covers the C population under
 //! taskset and in a cgroup; this file covers the rest. Every mask is read from
 //! `/proc/<pid>/task/<tid>/status`.
@@ -50,19 +50,7 @@ fn wrap(around: Around, sysfs: &Sysfs, program: &std::path::Path, args: &[&str])
         }
         Around::Cgroup(group) => {
             let mut c = group.wrap(program, &[]);
-            c.env("LD_PRELOAD", library())
-                .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
-                .env("TLLM_AFFINITY_LOG", "info");
-            for var in [
-                "TLLM_NUMA_AWARE_WORKER_AFFINITY",
-                "TLLM_AFFINITY_POLICY",
-                "TLLM_AFFINITY_CPUS",
-                "TLLM_AFFINITY_GPU",
-                "TLLM_AFFINITY_PROCESS_ROLE",
-                "CUDA_VISIBLE_DEVICES",
-            ] {
-                c.env_remove(var);
-            }
+            preload(&mut c, sysfs);
             c
         }
     };
@@ -77,11 +65,11 @@ fn python_population(
     device: &str,
     vars: &[(&str, &str)],
 ) -> ([Phase; 3], Finished) {
-    let script = programs_dir().join("rt_population.py");
+    let script = programs_dir().join("constrained_population.py");
     let script = script.to_str().unwrap();
     let mut cmd = wrap(around, sysfs, &python(), &[script, device]);
     cmd.envs(vars.iter().copied());
-    let mut run = Population::spawn(cmd);
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let mut phases = Vec::new();
     for i in 0..3 {
         if i > 0 {
@@ -89,7 +77,7 @@ fn python_population(
         }
         phases.push(run.phase());
     }
-    let end = run.conclude();
+    let end = run.finish();
     assert!(end.status.success(), "{around:?} {vars:?}: {}", end.stderr);
     for phase in &phases {
         println!("{around:?} device {device} {vars:?} {}", describe(phase));
@@ -97,7 +85,7 @@ fn python_population(
     (phases.try_into().unwrap(), end)
 }
 
-/// The library's own view, printed by rt_population.py after configure.
+/// The library's own view, printed by constrained_population.py after configure.
 fn report_line(end: &Finished) -> serde_json::Value {
     let line = end
         .stderr
@@ -111,26 +99,11 @@ fn report_line(end: &Finished) -> serde_json::Value {
 /// on `worker` and hosts on `load` during the lease, everyone on `load` after release.
 fn assert_python_population(phases: &[Phase; 3], load: &str, worker: &str, case: &str) {
     let [before, configured, released] = phases;
-    for (name, seen) in &before.threads {
-        assert_eq!(seen.mask.to_list(), load, "{case}: {name} before configure");
-    }
-    for t in WORKERS {
-        assert_eq!(
-            (configured.mask(t), configured.role(t)),
-            (worker.to_string(), 1),
-            "{case}: worker thread {t}"
-        );
-    }
-    for t in HOSTS {
-        assert_eq!(
-            (configured.mask(t), configured.role(t)),
-            (load.to_string(), 0),
-            "{case}: host thread {t} is never widened nor narrowed"
-        );
-    }
-    for (name, seen) in &released.threads {
-        assert_eq!(seen.mask.to_list(), load, "{case}: {name} after release");
-    }
+    expect(before, All, on(load), &format!("{case}: before configure"));
+    expect(configured, Named(&WORKERS), worker_on(worker), case);
+    let never_moved = format!("{case}: a host thread is never widened nor narrowed");
+    expect(configured, Named(&HOSTS), host_on(load), &never_moved);
+    expect(released, All, on(load), &format!("{case}: after release"));
 }
 
 /// Variables set for one row of the policy table.
@@ -174,9 +147,7 @@ fn constrained_rows<'a>(
 /// policy, and worker threads get the policy table's answer.
 #[test]
 fn numactl_physcpubind_python_population_policy_table() {
-    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
-        return;
-    }
+    require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -201,9 +172,7 @@ fn numactl_physcpubind_python_population_policy_table() {
 /// tests/engine_population.rs): the three rows that differ.
 #[test]
 fn taskset_python_population_policy_table() {
-    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
-        return;
-    }
+    require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
@@ -226,35 +195,28 @@ fn taskset_python_population_policy_table() {
 /// rows that differ, host threads on numactl's binding.
 #[test]
 fn numactl_physcpubind_c_population() {
-    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
-        return;
-    }
+    require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let narrow = sysfs.node0.to_list();
-    let program = compile_c("population", false);
-    let nccl = compile_c("nccl", true);
+    let program = Program::c("population").build();
+    let nccl = Program::c("nccl").shared().build();
     for (vars, worker, warns) in constrained_rows(&all, &local, &narrow).into_iter().take(3) {
         let case = format!("C population, numactl --physcpubind={narrow} {vars:?}");
         let mut cmd = wrap(Around::Numactl(&narrow), &sysfs, &program, &["0"]);
         cmd.env("FAKE_NCCL", &nccl).envs(vars.iter().copied());
-        let mut run = Population::spawn(cmd);
+        let mut run = Driver::spawn(cmd, DEADLINE);
         let before = run.phase();
         run.proceed();
         let configured = run.phase();
-        let end = run.conclude();
+        let end = run.finish();
         println!("{case} {}", describe(&configured));
-        for (name, seen) in &before.threads {
-            assert_eq!(seen.mask.to_list(), narrow, "{case}: {name} before");
-        }
-        for t in ["W", "C1", "G1", "C2", "P1"] {
-            assert_eq!(configured.mask(t), worker, "{case}: worker {t}");
-            assert_eq!(configured.role(t), 1, "{case}: worker {t}");
-        }
-        for t in ["main", "H1"] {
-            assert_eq!(configured.mask(t), narrow, "{case}: host {t}");
-        }
+        expect(&before, All, on(&narrow), &format!("{case}: before"));
+        let workers = ["W", "C1", "G1", "C2", "P1"];
+        expect(&configured, Named(&workers), worker_on(worker), &case);
+        let host = format!("{case}: host");
+        expect(&configured, Named(&["main", "H1"]), on(&narrow), &host);
         assert_eq!(
             end.stderr.contains("has constrained CPU affinity"),
             warns,
@@ -271,18 +233,10 @@ fn numactl_physcpubind_c_population() {
 /// leaves the cpuset.
 #[test]
 fn cgroup_cpuset_python_population() {
-    if !two_cpus_or_skip("a constraint narrower than the cpuset") {
-        return;
-    }
+    require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
-    let group = match CpusetCgroup::create(&local) {
-        Ok(g) => g,
-        Err(why) => {
-            require(false, &format!("a cpuset cgroup ({why})"));
-            return;
-        }
-    };
+    let group = require!(CpusetCgroup::create(&local));
     let around = Around::Cgroup(&group);
 
     let (phases, end) = python_population(&sysfs, around, "0", &[]);

@@ -1,6 +1,6 @@
 //! The four shared-process deployments of seeds/shared-process-affinity-never-restored.txt
 //! (issue #5, item 4; docs/runtimes.md), each as a Python program shaped like the deployment
-//! (tests/programs/rt_deploy_*.py over rt_trtllm.py, a shape-alike of the server's worker
+//! (tests/programs/deploy_*.py over trtllm_shape.py, a shape-alike of the server's worker
 //! plumbing, with the real `tllm_affinity` adapter in place of `configure_cpu_affinity`). For
 //! each, the mask of every thread before, during and after the worker's life (released at
 //! shutdown) is read from `/proc/<pid>/task/<tid>/status` and asserted.
@@ -16,63 +16,35 @@ use common::*;
 
 fn deployment(sysfs: &Sysfs, program: &str) -> Command {
     let mut cmd = preloaded(python(), sysfs);
-    cmd.arg(programs_dir().join(program))
-        .env(
-            "PYTHONPATH",
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
-        )
-        .env("RT_OMP", rt_omp())
-        .env("RT_NCCL", compile_c("nccl", true))
-        .env("RT_SPAWN", compile_c("rt_spawn", true))
-        .env("OMP_NUM_THREADS", "3")
-        .env("OMP_WAIT_POLICY", "passive")
-        .env_remove("OMP_PROC_BIND")
-        .env_remove("OMP_PLACES")
-        .env_remove("GOMP_CPU_AFFINITY")
+    with_openmp(&mut cmd)
+        .arg(programs_dir().join(program))
+        .env("PYTHONPATH", repo().join("python"))
+        .env("RT_NCCL", Program::c("nccl").shared().build())
+        .env("RT_SPAWN", Program::c("progress_threads").shared().build())
         .env_remove("TLLM_AFFINITY_WORKER_LIBS");
     cmd
 }
 
-/// Every thread of `phase` whose name starts with one of `prefixes` has `mask` and `role`; at
-/// least one such thread exists per prefix.
-fn expect(phase: &Phase, prefixes: &[&str], mask: &str, role: i32, why: &str) {
-    for prefix in prefixes {
-        let threads: Vec<_> = phase
-            .threads
-            .iter()
-            .filter(|(n, _)| n.starts_with(prefix))
-            .collect();
-        assert!(!threads.is_empty(), "{}: no thread {prefix}*", phase.name);
-        for (name, seen) in threads {
-            assert_eq!(
-                (seen.mask.to_list().as_str(), seen.role),
-                (mask, role),
-                "{} {name} (tid {}): {why}",
-                phase.name,
-                seen.tid
-            );
-        }
-    }
-}
-
-/// Every thread of `phase` is on `mask` (whatever its role).
-fn everyone_on(phase: &Phase, mask: &str, why: &str) {
-    for (name, seen) in &phase.threads {
-        assert_eq!(seen.mask.to_list(), mask, "{} {name}: {why}", phase.name);
-    }
-}
-
-/// Runs a program through `count` phases with no action in between.
-fn run_phases(cmd: Command, count: usize) -> (Vec<Phase>, Finished) {
-    let mut run = Population::spawn(cmd);
-    let mut phases = Vec::new();
-    for i in 0..count {
-        if i > 0 {
-            run.proceed();
-        }
-        phases.push(run.phase());
-    }
-    (phases, run.conclude())
+/// An HTTP deployment through its five phases: `PORT <n>`, before, during (then the test sends
+/// `GET /generate/a`), serving, shutdown (then `GET /generate/b`), after; the phases, the end and
+/// the two responses.
+fn serve_two_requests(cmd: Command) -> ([Phase; 5], Finished, String, String) {
+    let mut run = Driver::spawn(cmd, DEADLINE);
+    let port: u16 = run.after("PORT ").parse().unwrap();
+    let before = run.phase();
+    run.proceed();
+    let during = run.phase();
+    let a = http_get(port, "/generate/a");
+    run.proceed();
+    let serving = run.phase();
+    run.proceed();
+    let shutdown = run.phase();
+    let b = http_get(port, "/generate/b");
+    run.proceed();
+    let after = run.phase();
+    let end = run.finish();
+    let phases = [before, during, serving, shutdown, after];
+    (phases, end, a.join().unwrap(), b.join().unwrap())
 }
 
 fn record(deployment: &str, phases: &[&Phase]) {
@@ -87,59 +59,41 @@ fn record(deployment: &str, phases: &[&Phase]) {
 /// OpenMP pool get the GPU-local set and serve the request; shutdown restores every mask.
 #[test]
 fn tp1_worker_inside_the_http_server() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Population::spawn(deployment(&sysfs, "rt_deploy_tp1.py"));
-    let port: u16 = run.line("PORT ").parse().unwrap();
-    let before = run.phase();
-    run.proceed();
-    let during = run.phase();
-    let a = http_get(port, "/generate/a");
-    run.proceed();
-    let serving = run.phase();
-    run.proceed();
-    let shutdown = run.phase();
-    let b = http_get(port, "/generate/b");
-    run.proceed();
-    let after = run.phase();
-    let end = run.conclude();
+    let ([before, during, serving, shutdown, after], end, a, b) =
+        serve_two_requests(deployment(&sysfs, "deploy_tp1_server.py"));
     assert!(end.status.success(), "{}", end.stderr);
     record("tp1", &[&before, &during, &serving, &shutdown, &after]);
 
-    everyone_on(&before, &all, "nothing configured yet");
+    expect(&before, All, on(&all), "nothing configured yet");
     expect(
         &before,
-        &["main", "host_pool0", "executor"],
-        &all,
-        0,
+        Matching(&["main", "host_pool0", "executor"]),
+        host_on(&all),
         "host",
     );
 
     for phase in [&during, &serving] {
         expect(
             phase,
-            &["main", "host_pool0"],
-            &all,
-            0,
+            Matching(&["main", "host_pool0"]),
+            host_on(&all),
             "the server's threads",
         );
         expect(
             phase,
-            &["executor", "executor_loop", "await_response", "engine_omp"],
-            &local,
-            1,
+            Matching(&["executor", "executor_loop", "await_response", "engine_omp"]),
+            worker_on(&local),
             "the worker's threads",
         );
     }
     expect(
         &serving,
-        &["req_a"],
-        &all,
-        0,
+        Matching(&["req_a"]),
+        host_on(&all),
         "a request thread made during the lease",
     );
     assert_ne!(
@@ -150,13 +104,21 @@ fn tp1_worker_inside_the_http_server() {
 
     // Shutdown: the engine's threads were joined; the executor thread and its OpenMP pool
     // remain, restored; the server's threads never moved.
-    everyone_on(&shutdown, &all, "restored at shutdown");
-    expect(&shutdown, &["executor", "engine_omp"], &all, 1, "restored");
-    everyone_on(&after, &all, "after the worker's life");
-    expect(&after, &["req_b"], &all, 0, "a request after shutdown");
+    expect(&shutdown, All, on(&all), "restored at shutdown");
+    expect(
+        &shutdown,
+        Matching(&["executor", "engine_omp"]),
+        worker_on(&all),
+        "restored",
+    );
+    expect(&after, All, on(&all), "after the worker's life");
+    expect(
+        &after,
+        Matching(&["req_b"]),
+        host_on(&all),
+        "a request after shutdown",
+    );
 
-    let a = a.join().unwrap();
-    let b = b.join().unwrap();
     assert!(a.starts_with("HTTP/1.0 200"), "{a}");
     assert!(
         a.contains(r#""role": 1"#),
@@ -177,44 +139,43 @@ fn tp1_worker_inside_the_http_server() {
 /// worker's pool thread, idle in the session's pool, is restored.
 #[test]
 fn mpi_comm_session_rank0_in_the_users_script() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = run_phases(deployment(&sysfs, "rt_deploy_mpi_session.py"), 5);
+    let (phases, end) =
+        Driver::spawn(deployment(&sysfs, "deploy_mpi_session.py"), DEADLINE).all_phases::<5>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [before, during, serving, shutdown, after] = &phases[..] else {
-        unreachable!()
-    };
+    let [before, during, serving, shutdown, after] = &phases;
     record("mpi-session", &[before, during, serving, shutdown, after]);
 
     let script = ["main", "user_pool0", "proxy_dispatch", "proxy_result"];
-    everyone_on(before, &all, "nothing configured yet");
-    expect(before, &script, &all, 0, "the user's script");
+    expect(before, All, on(&all), "nothing configured yet");
+    expect(
+        before,
+        Matching(&script),
+        host_on(&all),
+        "the user's script",
+    );
     for phase in [during, serving] {
-        expect(phase, &script, &all, 0, "the user's script");
+        expect(phase, Matching(&script), host_on(&all), "the user's script");
         expect(
             phase,
-            &["session_pool1"],
-            &all,
-            0,
+            Matching(&["session_pool1"]),
+            host_on(&all),
             "the session's other pool thread",
         );
         expect(
             phase,
-            &["session_worker", "executor_loop", "await_response"],
-            &local,
-            1,
+            Matching(&["session_worker", "executor_loop", "await_response"]),
+            worker_on(&local),
             "rank 0's worker",
         );
     }
     expect(
         serving,
-        &["user_pool_grown"],
-        &all,
-        0,
+        Matching(&["user_pool_grown"]),
+        host_on(&all),
         "the user's loop grew its executor during the lease",
     );
     // Two blocking calls ran at once on the loop's executor: two threads, one of them made
@@ -231,22 +192,20 @@ fn mpi_comm_session_rank0_in_the_users_script() {
     );
     expect(
         serving,
-        &["user_pool_held"],
-        &all,
-        0,
+        Matching(&["user_pool_held"]),
+        host_on(&all),
         "the user's loop executor",
     );
 
-    everyone_on(shutdown, &all, "restored at shutdown");
+    expect(shutdown, All, on(&all), "restored at shutdown");
     expect(
         shutdown,
-        &["session_worker"],
-        &all,
-        1,
+        Matching(&["session_worker"]),
+        worker_on(&all),
         "the worker's pool thread, idle, restored",
     );
-    expect(shutdown, &script, &all, 0, "never touched");
-    everyone_on(after, &all, "after the worker's life");
+    expect(shutdown, Matching(&script), host_on(&all), "never touched");
+    expect(after, All, on(&all), "after the worker's life");
     assert!(
         end.stderr.contains("released lease 1: restored"),
         "{}",
@@ -261,26 +220,12 @@ fn mpi_comm_session_rank0_in_the_users_script() {
 /// GPU-local set and answer the request relayed over loopback; shutdown restores them.
 #[test]
 fn visualgen_rank0_coordinator_started_before_the_worker() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Population::spawn(deployment(&sysfs, "rt_deploy_visualgen.py"));
-    let port: u16 = run.line("PORT ").parse().unwrap();
-    let before = run.phase();
-    run.proceed();
-    let during = run.phase();
-    let a = http_get(port, "/generate/a");
-    run.proceed();
-    let serving = run.phase();
-    run.proceed();
-    let shutdown = run.phase();
-    let b = http_get(port, "/generate/b");
-    run.proceed();
-    let after = run.phase();
-    let end = run.conclude();
+    let ([before, during, serving, shutdown, after], end, a, b) =
+        serve_two_requests(deployment(&sysfs, "deploy_visualgen.py"));
     assert!(end.status.success(), "{}", end.stderr);
     record(
         "visualgen",
@@ -288,43 +233,53 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
     );
 
     let hosts = ["main", "coordinator", "coord_pool0"];
-    everyone_on(&before, &all, "nothing configured yet");
-    expect(&before, &hosts, &all, 0, "host");
+    expect(&before, All, on(&all), "nothing configured yet");
+    expect(&before, Matching(&hosts), host_on(&all), "host");
     expect(
         &before,
-        &["worker"],
-        &all,
-        0,
+        Matching(&["worker"]),
+        host_on(&all),
         "not a worker until it configures",
     );
     for phase in [&during, &serving] {
-        expect(phase, &hosts, &all, 0, "the server and the coordinator");
         expect(
             phase,
-            &["worker", "executor_loop", "await_response", "engine_omp"],
-            &local,
-            1,
+            Matching(&hosts),
+            host_on(&all),
+            "the server and the coordinator",
+        );
+        expect(
+            phase,
+            Matching(&["worker", "executor_loop", "await_response", "engine_omp"]),
+            worker_on(&local),
             "the diffusion worker",
         );
     }
     expect(
         &serving,
-        &["req_a", "coord_pool_a"],
-        &all,
-        0,
+        Matching(&["req_a", "coord_pool_a"]),
+        host_on(&all),
         "the request's threads, made during the lease",
     );
 
-    everyone_on(&shutdown, &all, "restored at shutdown");
-    expect(&shutdown, &["worker", "engine_omp"], &all, 1, "restored");
-    expect(&shutdown, &hosts, &all, 0, "never touched");
-    everyone_on(&after, &all, "after the worker's life");
-    expect(&after, &["req_b"], &all, 0, "a request after shutdown");
+    expect(&shutdown, All, on(&all), "restored at shutdown");
+    expect(
+        &shutdown,
+        Matching(&["worker", "engine_omp"]),
+        worker_on(&all),
+        "restored",
+    );
+    expect(&shutdown, Matching(&hosts), host_on(&all), "never touched");
+    expect(&after, All, on(&all), "after the worker's life");
+    expect(
+        &after,
+        Matching(&["req_b"]),
+        host_on(&all),
+        "a request after shutdown",
+    );
 
-    let a = a.join().unwrap();
     assert!(a.starts_with("HTTP/1.0 200"), "{a}");
     assert!(a.contains(r#""role": 1"#), "the worker denoised: {a}");
-    let b = b.join().unwrap();
     assert!(b.contains(r#""by": null"#), "{b}");
     assert!(
         end.stderr.contains("released lease 1: restored"),
@@ -341,27 +296,23 @@ fn visualgen_rank0_coordinator_started_before_the_worker() {
 /// restores them all, and a progress thread started afterwards is born on the launch mask.
 #[test]
 fn multi_node_leader_session_server_and_progress_threads() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = run_phases(deployment(&sysfs, "rt_deploy_leader.py"), 5);
+    let (phases, end) =
+        Driver::spawn(deployment(&sysfs, "deploy_multinode_leader.py"), DEADLINE).all_phases::<5>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [before, during, serving, shutdown, after] = &phases[..] else {
-        unreachable!()
-    };
+    let [before, during, serving, shutdown, after] = &phases;
     record("leader", &[before, during, serving, shutdown, after]);
 
     let hosts = ["main", "session_server"];
-    everyone_on(before, &all, "nothing configured yet");
-    expect(before, &hosts, &all, 0, "host");
+    expect(before, All, on(&all), "nothing configured yet");
+    expect(before, Matching(&hosts), host_on(&all), "host");
     expect(
         before,
-        &["mpi_progress"],
-        &all,
-        1,
+        Matching(&["mpi_progress"]),
+        worker_on(&all),
         "a worker by TLLM_AFFINITY_WORKER_LIBS, though main started it",
     );
     let workers = [
@@ -372,46 +323,52 @@ fn multi_node_leader_session_server_and_progress_threads() {
         "nccl_progress",
     ];
     for phase in [during, serving] {
-        expect(phase, &hosts, &all, 0, "the leader's host threads");
         expect(
             phase,
-            &["session_pool1"],
-            &all,
-            0,
+            Matching(&hosts),
+            host_on(&all),
+            "the leader's host threads",
+        );
+        expect(
+            phase,
+            Matching(&["session_pool1"]),
+            host_on(&all),
             "the session's other pool thread",
         );
-        expect(phase, &workers, &local, 1, "rank 0's worker threads");
+        expect(
+            phase,
+            Matching(&workers),
+            worker_on(&local),
+            "rank 0's worker threads",
+        );
     }
     expect(
         serving,
-        &["late_progress"],
-        &local,
-        1,
+        Matching(&["late_progress"]),
+        worker_on(&local),
         "started by the session server during the lease: born on the worker set",
     );
 
-    everyone_on(shutdown, &all, "restored at shutdown");
+    expect(shutdown, All, on(&all), "restored at shutdown");
     expect(
         shutdown,
-        &[
+        Matching(&[
             "leader_worker",
             "mpi_progress",
             "nccl_progress",
             "late_progress",
-        ],
-        &all,
-        1,
+        ]),
+        worker_on(&all),
         "restored, still workers",
     );
-    expect(shutdown, &hosts, &all, 0, "never touched");
+    expect(shutdown, Matching(&hosts), host_on(&all), "never touched");
     expect(
         after,
-        &["after_progress"],
-        &all,
-        1,
+        Matching(&["after_progress"]),
+        worker_on(&all),
         "born after the last release: on the restored mask",
     );
-    everyone_on(after, &all, "after the worker's life");
+    expect(after, All, on(&all), "after the worker's life");
     assert!(
         end.stderr.contains(&format!(
             "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (2/2 threads)"

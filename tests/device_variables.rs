@@ -21,11 +21,10 @@ struct Cpus {
     gpu1: String,
 }
 
-fn cpus(sysfs: &Sysfs) -> Option<Cpus> {
-    if !two_cpus_or_skip("two GPUs with different local CPUs") {
-        return None;
-    }
-    Some(Cpus {
+/// The masks of the simulated host; the error (for `require!`) on a host with one CPU.
+fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
+    two_cpus("two GPUs with different local CPUs")?;
+    Ok(Cpus {
         all: allowed_cpus().to_list(),
         gpu0: sysfs.node1.to_list(),
         gpu1: sysfs.node0.to_list(),
@@ -59,19 +58,6 @@ fn run_steps(cmd: Command, steps: usize) -> (Vec<Phase>, String) {
     (phases, end.stderr)
 }
 
-/// Every thread the phase names has `role` and `mask`.
-fn all_on(phase: &Phase, role: i32, mask: &str, stderr: &str) {
-    for (name, t) in &phase.threads {
-        assert_eq!(
-            (t.role, t.mask.to_list()),
-            (role, mask.to_string()),
-            "phase {}: thread {name}\n{}\nstderr:\n{stderr}",
-            phase.name,
-            describe(phase)
-        );
-    }
-}
-
 /// A dedicated worker process (`TLLM_AFFINITY_PROCESS_ROLE=worker`) is configured at load for
 /// device 0 (no variable names another), then follows what the program assigns: every worker
 /// thread — the main thread, threads started before the change, threads started after — moves to
@@ -81,7 +67,7 @@ fn all_on(phase: &Phase, role: i32, mask: &str, stderr: &str) {
 #[test]
 fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let steps = [
         "set:CUDA_VISIBLE_DEVICES=1",
         "set:CUDA_VISIBLE_DEVICES=1,0",
@@ -93,7 +79,12 @@ fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
     let (phases, stderr) = run_steps(cmd, steps.len());
     let expected = [&c.gpu0, &c.gpu1, &c.gpu1, &c.gpu0, &c.gpu1];
     for (phase, mask) in phases.iter().zip(expected) {
-        all_on(phase, 1, mask, &stderr);
+        expect(
+            phase,
+            All,
+            worker_on(mask),
+            &format!("stderr:\n{}", &stderr),
+        );
     }
     assert_eq!(
         stderr
@@ -114,14 +105,29 @@ fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
 #[test]
 fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let steps = ["release", "set:CUDA_VISIBLE_DEVICES=1"];
     let mut cmd = follow_cmd(&sysfs, &steps);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
     let (phases, stderr) = run_steps(cmd, steps.len());
-    all_on(&phases[0], 1, &c.gpu0, &stderr);
-    all_on(&phases[1], 1, &c.all, &stderr);
-    all_on(&phases[2], 1, &c.all, &stderr);
+    expect(
+        &phases[0],
+        All,
+        worker_on(&c.gpu0),
+        &format!("stderr:\n{}", &stderr),
+    );
+    expect(
+        &phases[1],
+        All,
+        worker_on(&c.all),
+        &format!("stderr:\n{}", &stderr),
+    );
+    expect(
+        &phases[2],
+        All,
+        worker_on(&c.all),
+        &format!("stderr:\n{}", &stderr),
+    );
     assert!(!stderr.contains("retargeting"), "{stderr}");
 }
 
@@ -132,7 +138,7 @@ fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
 #[test]
 fn configure_reads_the_device_variables_as_they_are_at_the_call() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let steps = [
         "set:CUDA_VISIBLE_DEVICES=1",
         "configure:-1",
@@ -165,8 +171,8 @@ fn configure_reads_the_device_variables_as_they_are_at_the_call() {
 #[test]
 fn a_vfork_child_setting_the_variables_moves_nothing_and_errno_passes_through() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
-    let mut cmd = preloaded(compile_lc("dv_vfork", "dv_vfork", &[]), &sysfs);
+    let c = require!(cpus(&sysfs));
+    let mut cmd = preloaded(Program::c("dv_vfork").build(), &sysfs);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
     let mut run = Driver::spawn(cmd, LIMIT);
     let vforked = run.phase();
@@ -176,8 +182,18 @@ fn a_vfork_child_setting_the_variables_moves_nothing_and_errno_passes_through() 
     let errno = run.line("ERRNO ");
     let end = run.finish();
     assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
-    all_on(&vforked, 1, &c.gpu0, &end.stderr);
-    all_on(&set, 1, &c.gpu1, &end.stderr);
+    expect(
+        &vforked,
+        All,
+        worker_on(&c.gpu0),
+        &format!("stderr:\n{}", &end.stderr),
+    );
+    expect(
+        &set,
+        All,
+        worker_on(&c.gpu1),
+        &format!("stderr:\n{}", &end.stderr),
+    );
     assert_eq!(
         errno,
         format!("ERRNO setenv=-1/{0} unsetenv=-1/{0}", libc::EINVAL)

@@ -14,8 +14,8 @@ const ALL_THREADS_BEFORE: [&str; 11] = [
 const WORKERS: [&str; 9] = ["W", "C1", "G1", "C2", "C3", "C4", "C5", "C6", "P1"];
 
 fn population(sysfs: &Sysfs) -> std::process::Command {
-    let program = compile_c("population", false);
-    let nccl = compile_c("nccl", true);
+    let program = Program::c("population").build();
+    let nccl = Program::c("nccl").shared().build();
     let mut cmd = preloaded(program, sysfs);
     cmd.env("FAKE_NCCL", nccl).arg("0");
     cmd
@@ -26,16 +26,17 @@ fn c_population_roles_placement_idempotency_and_restoration() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = Population::spawn(population(&sysfs)).all_phases(5);
+    let (phases, end) = Driver::spawn(population(&sysfs), DEADLINE).all_phases::<5>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [before, configured, twice, released, after] = &phases[..] else {
-        unreachable!()
-    };
+    let [before, configured, twice, released, after] = &phases;
 
     // Before configure: nobody has been moved; the worker-libs thread is already a worker.
-    for t in ALL_THREADS_BEFORE {
-        assert_eq!(before.mask(t), all, "{t} before configure");
-    }
+    expect(
+        before,
+        Named(&ALL_THREADS_BEFORE),
+        on(&all),
+        "before configure",
+    );
     assert_eq!(
         before.role("P1"),
         1,
@@ -45,20 +46,19 @@ fn c_population_roles_placement_idempotency_and_restoration() {
 
     // configure on W: W, its children, its grandchild and the worker-libs thread get the
     // GPU-local set; the main thread and the host thread started before keep their mask.
-    for t in WORKERS {
-        assert_eq!(configured.mask(t), local, "{t} after configure");
-        assert_eq!(configured.role(t), 1, "{t} is a worker");
-    }
-    for t in ["main", "H1"] {
-        assert_eq!(configured.mask(t), all, "host thread {t}");
-        assert_eq!(configured.role(t), 0);
-    }
+    expect(
+        configured,
+        Named(&WORKERS),
+        worker_on(&local),
+        "after configure",
+    );
+    expect(configured, Named(&["main", "H1"]), host_on(&all), "host");
 
     // A second configure changes nothing; threads born in between stay pinned; host threads
     // born during the lease stay on the host mask.
-    for t in WORKERS.iter().chain(&["C7", "P2"]) {
-        assert_eq!(twice.mask(t), local, "{t} after the second configure");
-    }
+    let second = "after the second configure";
+    expect(twice, Named(&WORKERS), on(&local), second);
+    expect(twice, Named(&["C7", "P2"]), on(&local), second);
     assert_eq!((twice.mask("H2"), twice.role("H2")), (all.clone(), 0));
     assert!(
         !end.stderr.contains("constrained"),
@@ -82,9 +82,7 @@ fn c_population_roles_placement_idempotency_and_restoration() {
     );
 
     // The last release restores every mask; releasing again says ENOENT.
-    for (t, seen) in &released.threads {
-        assert_eq!(seen.mask.to_list(), all, "{t} after release");
-    }
+    expect(released, All, on(&all), "after release");
     assert!(end.stderr.contains("release 1 -> 0"));
     assert!(end.stderr.contains("release 2 -> 0"));
     assert!(end.stderr.contains("release again -> -2"));
@@ -107,9 +105,7 @@ type PolicyRow<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str, bool);
 fn policy_table_with_and_without_taskset() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    if !two_cpus_or_skip("this test") {
-        return;
-    }
+    require!(two_cpus("this test"));
     let local = sysfs.node1.to_list();
     let all = all.to_list();
     let narrow = sysfs.node0.to_list();
@@ -162,25 +158,30 @@ fn policy_table_with_and_without_taskset() {
         {
             let mut cmd = if taskset {
                 let mut c = preloaded("taskset", &sysfs);
-                c.arg("-c").arg(&narrow).arg(compile_c("population", false));
-                c.env("FAKE_NCCL", compile_c("nccl", true)).arg("0");
+                c.arg("-c")
+                    .arg(&narrow)
+                    .arg(Program::c("population").build());
+                c.env("FAKE_NCCL", Program::c("nccl").shared().build())
+                    .arg("0");
                 c
             } else {
                 population(&sysfs)
             };
             cmd.envs(vars.iter().copied());
-            let mut run = Population::spawn(cmd);
+            let mut run = Driver::spawn(cmd, DEADLINE);
             run.phase();
             run.proceed();
             let configured = run.phase();
             let end = run.finish();
             let case = format!("{vars:?} taskset={taskset}");
-            for t in WORKERS {
-                assert_eq!(configured.mask(t), expected_worker, "{t} in {case}");
-            }
-            for t in ["main", "H1"] {
-                assert_eq!(&configured.mask(t), expected_host, "host {t} in {case}");
-            }
+            expect(&configured, Named(&WORKERS), on(expected_worker), &case);
+            let host = format!("host in {case}");
+            expect(
+                &configured,
+                Named(&["main", "H1"]),
+                on(expected_host),
+                &host,
+            );
             let warned = end.stderr.contains("has constrained CPU affinity");
             assert_eq!(
                 warned,
@@ -198,15 +199,9 @@ fn policy_table_with_and_without_taskset() {
 fn policy_under_a_cgroup_cpuset() {
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
-    let group = match CpusetCgroup::create(&local) {
-        Ok(g) => g,
-        Err(why) => {
-            require(false, &format!("a cpuset cgroup ({why})"));
-            return;
-        }
-    };
-    let program = compile_c("population", false);
-    let nccl = compile_c("nccl", true);
+    let group = require!(CpusetCgroup::create(&local));
+    let program = Program::c("population").build();
+    let nccl = Program::c("nccl").shared().build();
     let run_in_group = |device: &str, extra: &[(&str, &str)]| {
         let mut cmd = group.wrap(&program, &[device]);
         cmd.env("LD_PRELOAD", library())
@@ -216,7 +211,7 @@ fn policy_under_a_cgroup_cpuset() {
             .env_remove("TLLM_NUMA_AWARE_WORKER_AFFINITY")
             .env_remove("TLLM_AFFINITY_POLICY")
             .envs(extra.iter().copied());
-        let mut run = Population::spawn(cmd);
+        let mut run = Driver::spawn(cmd, DEADLINE);
         let before = run.phase();
         run.proceed();
         let configured = run.phase();
@@ -268,11 +263,9 @@ fn python_configure_twice_keeps_six_workers_pinned() {
     let local = sysfs.node1.to_list();
     let mut cmd = preloaded(python(), &sysfs);
     cmd.arg(programs_dir().join("configure_twice.py"));
-    let (phases, end) = Population::spawn(cmd).all_phases(4);
+    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases::<4>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [start, first, second, created_after] = &phases[..] else {
-        unreachable!()
-    };
+    let [start, first, second, created_after] = &phases;
     let all = allowed_cpus().to_list();
     let workers: Vec<String> = (0..6).map(|i| format!("w{i}")).collect();
     for w in &workers {
@@ -306,23 +299,20 @@ fn python_host_and_worker_threads() {
     let all = allowed_cpus().to_list();
     let mut cmd = preloaded(python(), &sysfs);
     cmd.arg(programs_dir().join("host_and_worker.py"));
-    let (phases, end) = Population::spawn(cmd).all_phases(3);
+    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases::<3>();
     assert!(end.status.success(), "{}", end.stderr);
-    let [configured, released, after] = &phases[..] else {
-        unreachable!()
-    };
-    for t in ["main", "http", "request", "loop"] {
-        assert_eq!(configured.mask(t), all, "host {t}");
-        assert_eq!(configured.role(t), 0, "host {t}");
-    }
-    for t in ["main", "http", "loop"] {
-        assert_eq!(released.mask(t), all, "host {t} after release");
-    }
-    for t in ["worker", "pool0", "pool1", "grandchild"] {
-        assert_eq!(configured.mask(t), local, "worker {t}");
-        assert_eq!(configured.role(t), 1, "worker {t}");
-        assert_eq!(released.mask(t), all, "worker {t} after release");
-    }
+    let [configured, released, after] = &phases;
+    let hosts = ["main", "http", "request", "loop"];
+    expect(configured, Named(&hosts), host_on(&all), "host");
+    expect(
+        released,
+        Named(&["main", "http", "loop"]),
+        on(&all),
+        "after release",
+    );
+    let workers = ["worker", "pool0", "pool1", "grandchild"];
+    expect(configured, Named(&workers), worker_on(&local), "worker");
+    expect(released, Named(&workers), on(&all), "worker after release");
     assert_eq!(after.mask("late_request"), all);
     assert_eq!(after.role("late_request"), 0);
     assert_eq!(after.mask("late_worker_child"), all);
@@ -335,9 +325,7 @@ fn python_host_and_worker_threads() {
 #[test]
 fn a_dedicated_worker_that_execs_keeps_its_numa_placement() {
     let sysfs = Sysfs::two_nodes();
-    if !two_cpus_or_skip("this test") {
-        return;
-    }
+    require!(two_cpus("this test"));
     let local = sysfs.node1.to_list();
     let script = "import json, os, threading\n\
                   seen = {}\n\

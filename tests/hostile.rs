@@ -18,12 +18,13 @@ use common::*;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn hostile() -> PathBuf {
-    compile_lc("hostile", "hostile", &["-lrt"])
+    Program::c("hostile").flags(&["-lrt"]).build()
 }
 
-fn all_and_local(sysfs: &Sysfs) -> Option<(String, String)> {
-    two_cpus_or_skip("a worker mask narrower than the host's")
-        .then(|| (allowed_cpus().to_list(), sysfs.node1.to_list()))
+/// The host's mask and the worker mask; the error (for `require!`) on a host with one CPU.
+fn all_and_local(sysfs: &Sysfs) -> Result<(String, String), String> {
+    two_cpus("a worker mask narrower than the host's")?;
+    Ok((allowed_cpus().to_list(), sysfs.node1.to_list()))
 }
 
 /// A `SIGUSR1` handler calls `sched_setaffinity` (async-signal-safe) while its thread is in the
@@ -39,8 +40,7 @@ fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
     let handled: u64 = field(&line, "handled").parse().unwrap();
     assert!(handled > 100, "the handler ran: {line}");
     run.line("DONE");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// A worker's `vfork` child and `clone(CLONE_VM)` child each pin themselves before exiting: they
@@ -49,9 +49,7 @@ fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
 #[test]
 fn vfork_and_clone_vm_children_leave_their_parent_as_it_was() {
     let sysfs = Sysfs::two_nodes();
-    let Some((all, local)) = all_and_local(&sysfs) else {
-        return;
-    };
+    let (all, local) = require!(all_and_local(&sysfs));
     let mut cmd = preloaded(hostile(), &sysfs);
     cmd.arg("vfork");
     let mut run = Driver::spawn(cmd, LIMIT);
@@ -63,7 +61,7 @@ fn vfork_and_clone_vm_children_leave_their_parent_as_it_was() {
     run.proceed();
     let released = run.phase();
     assert_eq!(released.mask("W"), all, "the release restored the worker");
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// 20 000 generations of threads that start their successor and exit: the heap (one arena, so
@@ -82,7 +80,7 @@ fn a_chain_of_short_lived_threads_keeps_memory_bounded() {
         "the heap grew by {} bytes over 19 000 generations: {line}",
         late - early
     );
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// glibc starts a timer's `SIGEV_THREAD` helper and its `aio` helpers itself, from a worker,
@@ -91,9 +89,7 @@ fn a_chain_of_short_lived_threads_keeps_memory_bounded() {
 #[test]
 fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
     let sysfs = Sysfs::two_nodes();
-    let Some((all, local)) = all_and_local(&sysfs) else {
-        return;
-    };
+    let (all, local) = require!(all_and_local(&sysfs));
     let mut cmd = preloaded(hostile(), &sysfs);
     cmd.arg("glibc");
     let mut run = Driver::spawn(cmd, LIMIT);
@@ -117,7 +113,7 @@ fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
     }
     assert_eq!(released.mask("W"), all);
     assert_eq!(released.mask("before"), all);
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// A worker thread's thread-specific-data destructor (a key created after the library's)
@@ -126,9 +122,7 @@ fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
 #[test]
 fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
     let sysfs = Sysfs::two_nodes();
-    let Some((all, local)) = all_and_local(&sysfs) else {
-        return;
-    };
+    let (all, local) = require!(all_and_local(&sysfs));
     let mut cmd = preloaded(hostile(), &sysfs);
     cmd.arg("tsd");
     let mut run = Driver::spawn(cmd, LIMIT);
@@ -138,7 +132,7 @@ fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
     run.proceed();
     let released = run.phase();
     assert_eq!(released.mask("orphan"), all, "restored at the last release");
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// A dedicated worker process records its launch (and its launch mask) for the programs it
@@ -148,14 +142,11 @@ fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
 #[test]
 fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
     let sysfs = Sysfs::two_nodes();
-    if all_and_local(&sysfs).is_none() {
-        return;
-    }
-    let early = compile_lc(
-        "unseen_early_thread",
-        "libunseen_early_thread.so",
-        &["-shared", "-fPIC"],
-    );
+    require!(all_and_local(&sysfs));
+    let early = Program::c("unseen_early_thread")
+        .shared()
+        .named("libunseen_early_thread.so")
+        .build();
     let run = |preload: String| {
         let mut cmd = preloaded(hostile(), &sysfs);
         cmd.env("LD_PRELOAD", preload)
@@ -163,7 +154,7 @@ fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
             .arg("launchvar");
         let mut run = Driver::spawn(cmd, LIMIT);
         let line = run.line("LAUNCHVAR");
-        assert!(run.finish().status.success());
+        run.succeed();
         line
     };
     let alone = run(library().display().to_string());
@@ -186,13 +177,11 @@ fn a_high_priority_fifo_waiter_lets_a_low_priority_holder_finish() {
     cmd.args(["fifo", "2000"]);
     let mut run = Driver::spawn(cmd, Duration::from_secs(30));
     let line = run.line("FIFO");
-    if !require(
+    require!(
         !line.contains("unavailable"),
         &format!("SCHED_FIFO ({line})"),
-    ) {
-        return;
-    }
+    );
     let high: u64 = field(&line, "high").parse().unwrap();
     assert!(high > 100, "the high-priority thread made progress: {line}");
-    assert!(run.finish().status.success());
+    run.succeed();
 }

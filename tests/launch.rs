@@ -46,9 +46,7 @@ fn child_line(out: &str) -> Value {
 #[test]
 fn a_workers_child_judges_constrained_on_the_launch_mask() {
     let sysfs = Sysfs::two_nodes();
-    if !two_cpus_or_skip("a worker mask narrower than the launch mask") {
-        return;
-    }
+    require!(two_cpus("a worker mask narrower than the launch mask"));
     let all = allowed_cpus().to_list();
     for how in ["worker-subprocess", "worker-posix-spawn", "worker-sh-exec"] {
         let mut cmd = with_module(preloaded(python(), &sysfs));
@@ -85,9 +83,7 @@ fn a_workers_child_judges_constrained_on_the_launch_mask() {
 #[test]
 fn a_hosts_child_under_taskset_is_still_constrained() {
     let sysfs = Sysfs::two_nodes();
-    if !two_cpus_or_skip("a taskset narrower than the cpuset") {
-        return;
-    }
+    require!(two_cpus("a taskset narrower than the cpuset"));
     let first = allowed_cpus().first().unwrap().to_string();
     let mut cmd = with_module(preloaded("taskset", &sysfs));
     cmd.args(["-c", &first])
@@ -189,17 +185,15 @@ fn the_report_belongs_to_the_program_not_its_wrapper() {
 #[test]
 fn a_child_that_skipped_the_fork_handlers_leaves_the_parents_table() {
     let sysfs = Sysfs::two_nodes();
-    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm") {
-        return;
-    }
-    let program = compile_lc("fork_without_handlers", "fork_without_handlers", &[]);
+    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
+    let program = Program::c("fork_without_handlers").build();
     let mut cmd = preloaded(program, &sysfs);
     cmd.arg("exit");
     let mut run = Driver::spawn(cmd, LIMIT);
     let line = run.line("TABLE");
     assert!(line.contains("before=1"), "{line}");
     assert!(line.contains("after=1"), "{line}");
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// A child made by `_Fork()` that creates a thread starts as a fork child then: its thread is
@@ -207,10 +201,8 @@ fn a_child_that_skipped_the_fork_handlers_leaves_the_parents_table() {
 #[test]
 fn a_child_that_skipped_the_fork_handlers_never_writes_the_parents_table() {
     let sysfs = Sysfs::two_nodes();
-    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm") {
-        return;
-    }
-    let program = compile_lc("fork_without_handlers", "fork_without_handlers", &[]);
+    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
+    let program = Program::c("fork_without_handlers").build();
     let mut cmd = preloaded(program, &sysfs);
     cmd.arg("thread");
     let mut run = Driver::spawn(cmd, LIMIT);
@@ -235,5 +227,5 @@ fn a_child_that_skipped_the_fork_handlers_never_writes_the_parents_table() {
         tids.iter().all(|t| parent.contains(t)),
         "{tids:?} vs {parent:?}"
     );
-    assert!(run.finish().status.success());
+    run.succeed();
 }

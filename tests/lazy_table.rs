@@ -16,7 +16,7 @@ use tllm_affinity_core::threadtable;
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn calls() -> PathBuf {
-    compile_c("calls", false)
+    Program::c("calls").build()
 }
 
 /// What a waiting process shows of its table: the file, and whether it is in its maps.
@@ -48,8 +48,7 @@ fn seen_while_waiting(mut cmd: Command, lock_dir: &Path) -> Seen {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let ps: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     assert!(
         !end.stderr.contains("[tllm-affinity]"),
         "nothing to say: {}",

@@ -1,6 +1,6 @@
 //! Issue #2's lifecycle rules and issue #7's faults on real processes: compiled C programs
-//! (`tests/programs/lc_life.c` and its shared objects) and real Python, the real library
-//! preloaded, every mask read from `/proc/<pid>/task/<tid>/status` or from the report's
+//! (`tests/programs/lifecycle_scenarios.c` and its shared objects) and real Python, the real
+//! library preloaded, every mask read from `/proc/<pid>/task/<tid>/status` or from the report's
 //! `kernel_mask`, every run bounded by a deadline (a hang fails the test).
 //!
 //! The simulated host (`Sysfs::two_nodes`) has node0 = {0} and node1 = {1}; device 0 is local to
@@ -25,14 +25,12 @@ struct Cpus {
     other: String,
 }
 
-/// The three masks of the simulated host; `None` (the test says it is skipped) on a machine
-/// with a single allowed CPU, where host and worker masks cannot differ.
-fn cpus(sysfs: &Sysfs) -> Option<Cpus> {
+/// The three masks of the simulated host; the error (for `require!`) on a machine with a single
+/// allowed CPU, where host and worker masks cannot differ.
+fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
     let all = allowed_cpus();
-    if !two_cpus_or_skip("this test") {
-        return None;
-    }
-    Some(Cpus {
+    two_cpus("host and worker masks that differ")?;
+    Ok(Cpus {
         all: all.to_list(),
         local: sysfs.node1.to_list(),
         other: sysfs.node0.to_list(),
@@ -40,11 +38,11 @@ fn cpus(sysfs: &Sysfs) -> Option<Cpus> {
 }
 
 fn life() -> PathBuf {
-    compile_lc("lc_life", "lc_life", &[])
+    Program::c("lifecycle_scenarios").build()
 }
 
 fn shared_object(src: &str, name: &str) -> PathBuf {
-    compile_lc(src, name, &["-shared", "-fPIC"])
+    Program::c(src).shared().named(name).build()
 }
 
 fn life_cmd(sysfs: &Sysfs, args: &[&str]) -> Command {
@@ -55,10 +53,9 @@ fn life_cmd(sysfs: &Sysfs, args: &[&str]) -> Command {
 
 fn python_cmd(sysfs: &Sysfs, script: &str, args: &[&str]) -> Command {
     let mut cmd = preloaded(python(), sysfs);
-    cmd.arg(programs_dir().join(script)).args(args).env(
-        "PYTHONPATH",
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python"),
-    );
+    cmd.arg(programs_dir().join(script))
+        .args(args)
+        .env("PYTHONPATH", repo().join("python"));
     cmd
 }
 
@@ -76,12 +73,6 @@ fn kernel_mask_in(report: &Value, tid: i32) -> String {
         .to_string()
 }
 
-fn assert_masks(phase: &Phase, threads: &[&str], mask: &str, what: &str) {
-    for t in threads {
-        assert_eq!(phase.mask(t), mask, "{t} {what} (phase {})", phase.name);
-    }
-}
-
 // ---- Rule 1: explicit attr masks ---------------------------------------------------------
 
 /// A thread a worker creates with `pthread_attr_setaffinity_np` during a lease keeps that mask
@@ -90,13 +81,13 @@ fn assert_masks(phase: &Phase, threads: &[&str], mask: &str, what: &str) {
 #[test]
 fn explicit_attr_masks_are_kept_through_configure_and_release() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let cpu = sysfs.node0.first().unwrap().to_string();
     let mut run = Driver::spawn(life_cmd(&sysfs, &["explicit", &cpu]), LIMIT);
 
     let configured = run.phase();
-    assert_masks(&configured, &["W", "C"], &c.local, "worker");
-    assert_masks(&configured, &["E", "E1"], &c.other, "explicit");
+    expect(&configured, Named(&["W", "C"]), on(&c.local), "worker");
+    expect(&configured, Named(&["E", "E1"]), on(&c.other), "explicit");
     assert_eq!(configured.mask("main"), c.all);
     assert_eq!(configured.role("E"), 1, "E was made by a worker");
     run.proceed();
@@ -106,16 +97,26 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     assert_eq!(kernel_mask_in(&report, e), c.other);
 
     let twice = run.phase();
-    assert_masks(&twice, &["W", "C", "C2"], &c.local, "worker");
-    assert_masks(&twice, &["E", "E1", "E2"], &c.other, "explicit subtree");
+    expect(&twice, Named(&["W", "C", "C2"]), on(&c.local), "worker");
+    expect(
+        &twice,
+        Named(&["E", "E1", "E2"]),
+        on(&c.other),
+        "explicit subtree",
+    );
     run.proceed();
 
     let released = run.phase();
-    assert_masks(&released, &["W", "C", "C2", "main"], &c.all, "restored");
-    assert_masks(
+    expect(
         &released,
-        &["E", "E1", "E2", "E3"],
-        &c.other,
+        Named(&["W", "C", "C2", "main"]),
+        on(&c.all),
+        "restored",
+    );
+    expect(
+        &released,
+        Named(&["E", "E1", "E2", "E3"]),
+        on(&c.other),
         "never restored",
     );
     run.proceed();
@@ -127,15 +128,14 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     }
 
     let again = run.phase();
-    assert_masks(&again, &["W", "C", "C2"], &c.local, "worker");
-    assert_masks(
+    expect(&again, Named(&["W", "C", "C2"]), on(&c.local), "worker");
+    expect(
         &again,
-        &["E", "E1", "E2", "E3"],
-        &c.other,
+        Named(&["E", "E1", "E2", "E3"]),
+        on(&c.other),
         "never overridden",
     );
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
     assert!(
         end.stderr
@@ -154,25 +154,35 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
 #[test]
 fn applications_own_setaffinity_and_taskset_are_preserved() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let cpu = sysfs.node0.first().unwrap().to_string();
     let mut run = Driver::spawn(life_cmd(&sysfs, &["observe", &cpu]), LIMIT);
     let pinned_by_app = ["S1", "S2", "S4"];
 
     let pinned = run.phase();
-    assert_masks(&pinned, &pinned_by_app, &c.other, "pinned by the program");
-    assert_masks(&pinned, &["W", "C", "S3"], &c.local, "worker");
+    expect(
+        &pinned,
+        Named(&pinned_by_app),
+        on(&c.other),
+        "pinned by the program",
+    );
+    expect(&pinned, Named(&["W", "C", "S3"]), on(&c.local), "worker");
     run.proceed();
 
     let twice = run.phase();
-    assert_masks(
+    expect(
         &twice,
-        &pinned_by_app,
-        &c.other,
+        Named(&pinned_by_app),
+        on(&c.other),
         "after the second configure",
     );
-    assert_masks(&twice, &["S1child"], &c.other, "child of a pinned thread");
-    assert_masks(&twice, &["W", "C", "S3"], &c.local, "worker");
+    expect(
+        &twice,
+        Named(&["S1child"]),
+        on(&c.other),
+        "child of a pinned thread",
+    );
+    expect(&twice, Named(&["W", "C", "S3"]), on(&c.local), "worker");
     let s3 = twice.thread("S3").tid;
     let taskset = Command::new("taskset")
         .args(["-p", "-c", &cpu, &s3.to_string()])
@@ -183,11 +193,16 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     run.proceed();
 
     let released = run.phase();
-    assert_masks(&released, &["W", "C", "main"], &c.all, "restored");
-    assert_masks(
+    expect(
         &released,
-        &["S1", "S2", "S4", "S1child", "S3"],
-        &c.other,
+        Named(&["W", "C", "main"]),
+        on(&c.all),
+        "restored",
+    );
+    expect(
+        &released,
+        Named(&["S1", "S2", "S4", "S1child", "S3"]),
+        on(&c.other),
         "left alone by release",
     );
     run.proceed();
@@ -202,15 +217,14 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     }
 
     let again = run.phase();
-    assert_masks(
+    expect(
         &again,
-        &["S1", "S2", "S4", "S1child", "S3"],
-        &c.other,
+        Named(&["S1", "S2", "S4", "S1child", "S3"]),
+        on(&c.other),
         "left alone by the next configure",
     );
-    assert_masks(&again, &["W", "C"], &c.local, "worker");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    expect(&again, Named(&["W", "C"]), on(&c.local), "worker");
+    let end = run.succeed();
     assert!(
         end.stderr.contains("preserved 1 externally changed"),
         "{}",
@@ -225,18 +239,38 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
 #[test]
 fn python_sched_setaffinity_and_taskset_are_preserved() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let cpu = sysfs.node0.first().unwrap().to_string();
-    let mut run = Driver::spawn(python_cmd(&sysfs, "lc_observe.py", &[&cpu]), LIMIT);
+    let mut run = Driver::spawn(python_cmd(&sysfs, "own_setaffinity.py", &[&cpu]), LIMIT);
     let by_app = ["self_pinned", "other_pinned"];
 
     let pinned = run.phase();
-    assert_masks(&pinned, &by_app, &c.other, "pinned by os.sched_setaffinity");
-    assert_masks(&pinned, &["engine", "plain", "ext"], &c.local, "worker");
+    expect(
+        &pinned,
+        Named(&by_app),
+        on(&c.other),
+        "pinned by os.sched_setaffinity",
+    );
+    expect(
+        &pinned,
+        Named(&["engine", "plain", "ext"]),
+        on(&c.local),
+        "worker",
+    );
     run.proceed();
     let twice = run.phase();
-    assert_masks(&twice, &by_app, &c.other, "after the second configure");
-    assert_masks(&twice, &["engine", "plain", "ext"], &c.local, "worker");
+    expect(
+        &twice,
+        Named(&by_app),
+        on(&c.other),
+        "after the second configure",
+    );
+    expect(
+        &twice,
+        Named(&["engine", "plain", "ext"]),
+        on(&c.local),
+        "worker",
+    );
     let ext = twice.thread("ext").tid;
     let status = Command::new("taskset")
         .args(["-p", "-c", &cpu, &ext.to_string()])
@@ -246,11 +280,16 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
     assert!(status.success());
     run.proceed();
     let released = run.phase();
-    assert_masks(&released, &["engine", "plain", "main"], &c.all, "restored");
-    assert_masks(
+    expect(
         &released,
-        &["self_pinned", "other_pinned", "ext"],
-        &c.other,
+        Named(&["engine", "plain", "main"]),
+        on(&c.all),
+        "restored",
+    );
+    expect(
+        &released,
+        Named(&["self_pinned", "other_pinned", "ext"]),
+        on(&c.other),
         "left alone",
     );
     run.proceed();
@@ -264,15 +303,14 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
         );
     }
     let again = run.phase();
-    assert_masks(
+    expect(
         &again,
-        &["self_pinned", "other_pinned", "ext"],
-        &c.other,
+        Named(&["self_pinned", "other_pinned", "ext"]),
+        on(&c.other),
         "left alone",
     );
-    assert_masks(&again, &["engine", "plain"], &c.local, "worker");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    expect(&again, Named(&["engine", "plain"]), on(&c.local), "worker");
+    let end = run.succeed();
     assert!(
         end.stderr.contains("preserved 1 externally changed"),
         "{}",
@@ -295,11 +333,7 @@ fn every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads() {
     assert_eq!(run.line("ENDED main"), "ENDED main 240");
     assert_eq!(run.line("ENDED W"), "ENDED W 240");
 
-    let alive = run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("orphan-alive");
-    assert_eq!(report_tids(&report), live, "{report}");
+    let (alive, live, report) = run.phase_and_registry("orphan-alive");
     let orphan = alive.thread("orphan").tid;
     assert!(live.contains(&orphan));
     assert_eq!(
@@ -315,23 +349,17 @@ fn every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads() {
     let report = run.report("ended");
     assert_eq!(live, [pid].into());
     assert_eq!(report_tids(&report), live, "{report}");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// Python threads ending normally, by an exception and by SystemExit, and a thread pool.
 #[test]
 fn python_thread_exits_leave_the_registry_equal_to_the_live_threads() {
     let sysfs = Sysfs::two_nodes();
-    let mut run = Driver::spawn(python_cmd(&sysfs, "lc_exits.py", &[]), LIMIT);
+    let mut run = Driver::spawn(python_cmd(&sysfs, "thread_exits.py", &[]), LIMIT);
     assert_eq!(run.line("ENDED"), "ENDED 110");
-    run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("ended");
-    assert_eq!(report_tids(&report), live, "{report}");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.phase_and_registry("ended");
+    run.succeed();
 }
 
 /// `pthread_create` with an attr mask naming only a CPU no machine here has: EINVAL comes back
@@ -341,7 +369,7 @@ fn python_thread_exits_leave_the_registry_equal_to_the_live_threads() {
 #[test]
 fn creation_failure_on_an_impossible_attr_mask_passes_through_and_leaves_nothing() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let bare = run_bounded(
         {
             let mut cmd = Command::new(life());
@@ -367,19 +395,14 @@ fn creation_failure_on_an_impossible_attr_mask_passes_through_and_leaves_nothing
         assert_eq!(field(&line, "failures"), "200", "{line}");
         assert_eq!(field(&line, "errno_kept"), "200", "{line}");
     }
-    let after = run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("after");
-    assert_eq!(report_tids(&report), live, "{report}");
+    let (after, live, _) = run.phase_and_registry("after");
     assert_eq!(live.len(), 3, "main, W and C");
     assert_eq!(
         after.mask("C"),
         c.local,
         "creation still works after failures"
     );
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     assert!(!end.stdout.contains("ERROR"), "{}", end.stdout);
 }
 
@@ -407,12 +430,10 @@ fn creation_failure_on_rlimit_nproc_as_nobody() {
         let _ = bare.finish();
         line
     };
-    if !require(
+    require!(
         !bare_line.contains("cannot drop privileges"),
         &format!("a way to drop privileges ({bare_line})"),
-    ) {
-        return;
-    }
+    );
     let mut run = Driver::spawn(life_cmd(&sysfs, &["nproc"]), LIMIT);
     let line = run.line("NPROC");
     assert_eq!(field(&line, "rc"), "11", "EAGAIN: {line}");
@@ -423,20 +444,11 @@ fn creation_failure_on_rlimit_nproc_as_nobody() {
         "errno as without the library"
     );
     let made: usize = field(&line, "made").parse().unwrap();
-    run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("limited");
-    assert_eq!(report_tids(&report), live, "{report}");
+    let (_, live, _) = run.phase_and_registry("limited");
     assert_eq!(live.len(), made + 2, "main, W and the threads made");
-    let recovered = run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("recovered");
-    assert_eq!(report_tids(&report), live, "{report}");
+    let (recovered, _, _) = run.phase_and_registry("recovered");
     assert_eq!(recovered.role("late"), 0);
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// A fork from the host main thread and one from a worker thread during a lease, while the
@@ -447,7 +459,7 @@ fn creation_failure_on_rlimit_nproc_as_nobody() {
 #[test]
 fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let mut run = Driver::spawn(life_cmd(&sysfs, &["fork"]), LIMIT);
 
     let report = forked_child(
@@ -487,13 +499,17 @@ fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
 
     let parent = run.phase();
     let live = task_tids(run.pid());
-    assert_masks(&parent, &["W", "C1", "C2"], &c.local, "parent worker");
-    assert_masks(&parent, &["main", "H"], &c.all, "parent host");
+    expect(
+        &parent,
+        Named(&["W", "C1", "C2"]),
+        on(&c.local),
+        "parent worker",
+    );
+    expect(&parent, Named(&["main", "H"]), on(&c.all), "parent host");
     run.proceed();
     let report = run.report("parent");
     assert_eq!(report_tids(&report), live);
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// The child forked by thread `who`: its CHILD line holds `expect`, its report lists exactly one
@@ -527,13 +543,8 @@ fn fork_while_other_threads_create_and_configure() {
     assert_eq!(field(&line, "ok"), "300", "{line}\n{}", run.stderr());
     assert_eq!(field(&line, "bad"), "0");
     assert!(field(&line, "threads_created").parse::<u64>().unwrap() > 0);
-    run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("end");
-    assert_eq!(report_tids(&report), live, "{report}");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.phase_and_registry("end");
+    run.succeed();
 }
 
 /// exec during a lease, from the host main thread and from a worker thread: the new image starts
@@ -543,7 +554,7 @@ fn fork_while_other_threads_create_and_configure() {
 #[test]
 fn exec_starts_the_new_image_clean() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     for (who, mask_after) in [("main", &c.all), ("worker", &c.local)] {
         let mut run = Driver::spawn(life_cmd(&sysfs, &["exec", who]), LIMIT);
         let before = run.phase();
@@ -576,10 +587,10 @@ fn exec_starts_the_new_image_clean() {
 #[test]
 fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
-    let a = shared_object("lc_dlthreads", "liblc_dlthreads.so.2");
-    let b = shared_object("lc_dlthreads", "liblc_dlthreads_b.so.2");
-    let n = shared_object("lc_dlthreads", "liblc_dlworker.so.2");
+    let c = require!(cpus(&sysfs));
+    let a = shared_object("dlopen_threads", "libdlopen_threads.so.2");
+    let b = shared_object("dlopen_threads", "libdlopen_threads_b.so.2");
+    let n = shared_object("dlopen_threads", "libdlopen_worker.so.2");
     let mut cmd = life_cmd(
         &sysfs,
         &[
@@ -589,7 +600,7 @@ fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
             n.to_str().unwrap(),
         ],
     );
-    cmd.env("TLLM_AFFINITY_WORKER_LIBS", "liblc_dlworker*");
+    cmd.env("TLLM_AFFINITY_WORKER_LIBS", "libdlopen_worker*");
     let mut run = Driver::spawn(cmd, LIMIT);
     let loaded = run.phase();
     for i in 0..3 {
@@ -606,8 +617,7 @@ fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
     for t in loaded.threads.keys() {
         assert_eq!(released.mask(t), c.all, "{t} after release");
     }
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// A shared object whose constructor starts a thread, loaded before the library in LD_PRELOAD,
@@ -617,19 +627,18 @@ fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
 #[test]
 fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
-    let early = shared_object("lc_early", "liblc_early.so.2");
+    let c = require!(cpus(&sysfs));
+    let early = shared_object("constructor_thread", "libconstructor_thread.so.2");
     let dir = early.parent().unwrap().to_str().unwrap().to_string();
-    let linked = compile_lc(
-        "lc_life",
-        "lc_life_early",
-        &[
+    let linked = Program::c("lifecycle_scenarios")
+        .named("lifecycle_scenarios_early")
+        .flags(&[
             &format!("-L{dir}"),
             "-Wl,--no-as-needed",
-            "-l:liblc_early.so.2",
+            "-l:libconstructor_thread.so.2",
             &format!("-Wl,-rpath,{dir}"),
-        ],
-    );
+        ])
+        .build();
     let lib = library();
     let variants = [
         (
@@ -656,12 +665,17 @@ fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
         let configured = run.phase();
         assert_eq!(configured.mask("early"), c.all, "{how}");
         assert_eq!(configured.mask("main"), c.all, "{how}");
-        assert_masks(&configured, &["W", "C"], &c.local, how);
+        expect(&configured, Named(&["W", "C"]), on(&c.local), how);
         run.proceed();
         let report = run.report("configured");
         assert_eq!(report_tids(&report), task_tids(run.pid()), "{how}");
         let released = run.phase();
-        assert_masks(&released, &["W", "C", "early", "main"], &c.all, how);
+        expect(
+            &released,
+            Named(&["W", "C", "early", "main"]),
+            on(&c.all),
+            how,
+        );
         let end = run.finish();
         assert!(end.status.success(), "{how}: {}", end.stderr);
         assert!(
@@ -681,7 +695,7 @@ fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
 #[test]
 fn a_dedicated_worker_process_is_configured_at_load() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let cases: [(&[(&str, &str)], &str); 5] = [
         (&[], &c.local),
         (&[("LOCAL_RANK", "1")], &c.other),
@@ -700,16 +714,19 @@ fn a_dedicated_worker_process_is_configured_at_load() {
         assert_eq!(kernel_mask_in(&load, pid), mask, "{vars:?}");
         assert_eq!(load["leases"].as_array().unwrap().len(), 1);
         let running = run.phase();
-        for t in ["main", "T", "T1"] {
-            assert_eq!((running.role(t), running.mask(t)), (1, mask.to_string()));
-        }
+        expect(
+            &running,
+            Named(&["main", "T", "T1"]),
+            worker_on(mask),
+            "worker process",
+        );
         let end = run.finish();
         assert!(end.status.success(), "{vars:?}: {}", end.stderr);
         assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
     }
 
     // The same in Python (the real interpreter, not a wrapper script).
-    let mut cmd = python_cmd(&sysfs, "lc_role.py", &[]);
+    let mut cmd = python_cmd(&sysfs, "worker_process_role.py", &[]);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker")
         .env("LOCAL_RANK", "1");
     let end = run_bounded(cmd, LIMIT);
@@ -728,7 +745,7 @@ fn a_dedicated_worker_process_is_configured_at_load() {
 #[test]
 fn cuda_visible_devices_maps_configure_end_to_end() {
     let sysfs = Sysfs::two_nodes();
-    let Some(c) = cpus(&sysfs) else { return };
+    let c = require!(cpus(&sysfs));
     let uuid = "GPU-8f3a2b1c-0d4e-5f60-7a8b-9c0d1e2f3a4b";
     // (CUDA_VISIBLE_DEVICES, TLLM_AFFINITY_CPUS, device, configure's answer, worker mask)
     let cases: [(&str, Option<&str>, &str, i64, &str); 6] = [
@@ -754,7 +771,7 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
             assert_eq!(lease, answer, "{case}");
         }
         let configured = run.phase();
-        assert_masks(&configured, &["W", "C"], mask, &case);
+        expect(&configured, Named(&["W", "C"]), on(mask), &case);
         assert_eq!(configured.mask("main"), c.all, "{case}");
         run.proceed();
         let report = run.report("configured");
@@ -762,7 +779,7 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
             assert_eq!(report["leases"], serde_json::json!([]), "{case}");
         }
         let released = run.phase();
-        assert_masks(&released, &["W", "C", "main"], &c.all, &case);
+        expect(&released, Named(&["W", "C", "main"]), on(&c.all), &case);
         let end = run.finish();
         assert!(end.status.success(), "{case}: {}", end.stderr);
         if answer < 0 {
@@ -787,11 +804,9 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
 /// routine started on the host mask); at least one must, or the race was not exercised.
 #[test]
 fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
-    if !two_cpus_or_skip("a worker mask narrower than the host mask") {
-        return;
-    }
+    require!(two_cpus("a worker mask narrower than the host mask"));
     let sysfs = Sysfs::two_nodes();
-    let program = compile_lc("lc_birth_race", "lc_birth_race", &[]);
+    let program = Program::c("birth_during_release").build();
     let worker_lib = worker_library();
     let mut cmd = preloaded(program, &sysfs);
     cmd.arg(&worker_lib).args(["20", "1000"]);

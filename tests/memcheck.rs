@@ -101,7 +101,7 @@ fn verdict(logs: &Path) -> Verdict {
 }
 
 fn life() -> PathBuf {
-    compile_lc("lc_life", "lc_life", &[])
+    Program::c("lifecycle_scenarios").build()
 }
 
 fn check(name: &str, end: &Finished, logs: &Path) -> Verdict {
@@ -168,14 +168,12 @@ fn assert_active(name: &str, stdout: &str) {
 
 #[test]
 fn the_population_program_is_clean_under_memcheck() {
-    if !require(valgrind_available(), "valgrind") {
-        return;
-    }
+    require!(valgrind_available(), "valgrind");
     let sysfs = Sysfs::two_nodes();
     let logs = tempfile::tempdir().unwrap();
-    let program = compile_c("population", false);
+    let program = Program::c("population").build();
     let mut cmd = memcheck(&program, &["0"], &sysfs, logs.path());
-    cmd.env("FAKE_NCCL", compile_c("nccl", true));
+    cmd.env("FAKE_NCCL", Program::c("nccl").shared().build());
     let end = Driver::spawn(cmd, LIMIT).answer_all();
     assert_active("population", &end.stdout);
     assert!(
@@ -188,16 +186,14 @@ fn the_population_program_is_clean_under_memcheck() {
 
 #[test]
 fn the_lifecycle_programs_are_clean_under_memcheck() {
-    if !require(valgrind_available(), "valgrind") {
-        return;
-    }
+    require!(valgrind_available(), "valgrind");
     let sysfs = Sysfs::two_nodes();
     let cpu = sysfs.node0.first().unwrap_or(0).to_string();
-    let so = |name: &str| compile_lc("lc_dlthreads", name, &["-shared", "-fPIC"]);
+    let so = |name: &str| Program::c("dlopen_threads").shared().named(name).build();
     let (a, b, n) = (
-        so("liblc_dlthreads.so.2"),
-        so("liblc_dlthreads_b.so.2"),
-        so("liblc_dlworker.so.2"),
+        so("libdlopen_threads.so.2"),
+        so("libdlopen_threads_b.so.2"),
+        so("libdlopen_worker.so.2"),
     );
     let dl = [
         a.to_str().unwrap(),
@@ -215,7 +211,7 @@ fn the_lifecycle_programs_are_clean_under_memcheck() {
     for (name, args) in runs {
         let logs = tempfile::tempdir().unwrap();
         let mut cmd = memcheck(&life(), &args, &sysfs, logs.path());
-        cmd.env("TLLM_AFFINITY_WORKER_LIBS", "liblc_dlworker*");
+        cmd.env("TLLM_AFFINITY_WORKER_LIBS", "libdlopen_worker*");
         let end = Driver::spawn(cmd, LIMIT).answer_all();
         assert_active(name, &end.stdout);
         if name == "createfail" {
@@ -236,16 +232,12 @@ fn the_lifecycle_programs_are_clean_under_memcheck() {
 
 #[test]
 fn a_short_stress_is_clean_under_memcheck() {
-    if !require(valgrind_available(), "valgrind") {
-        return;
-    }
+    require!(valgrind_available(), "valgrind");
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    if !two_cpus_or_skip("this test") {
-        return;
-    }
+    require!(two_cpus("this test"));
     let logs = tempfile::tempdir().unwrap();
-    let program = compile_lc("lc_stress", "lc_stress", &[]);
+    let program = Program::c("churn_stress").build();
     let worker_lib = worker_library();
     let worker = sysfs.node1.to_list();
     let host = all.to_list();
@@ -278,11 +270,9 @@ fn a_short_stress_is_clean_under_memcheck() {
 /// this was fixed each new thread freed its packet and got an arena of its own here.
 #[test]
 fn threads_the_library_starts_allocate_nothing_and_get_no_malloc_arena() {
-    if !two_cpus_or_skip("the apply path") {
-        return;
-    }
+    require!(two_cpus("the apply path"));
     let sysfs = Sysfs::two_nodes();
-    let program = compile_lc("lc_arenas", "lc_arenas", &[]);
+    let program = Program::c("malloc_arenas").build();
     let worker_lib = worker_library();
     let all = allowed_cpus().to_list();
     let gpu = sysfs.gpu0_local().to_list();

@@ -1,5 +1,5 @@
 //! Open MPI for real (issue #5, item 2; docs/runtimes.md): `mpirun -np 2` with the library
-//! preloaded through `-x LD_PRELOAD=...`, ranks linked with libmpi (tests/programs/rt_rank.c)
+//! preloaded through `-x LD_PRELOAD=...`, ranks linked with libmpi (tests/programs/mpi_rank.c)
 //! so that Open MPI's own progress threads exist, every mask read from
 //! `/proc/<rank pid>/task/<tid>/status`.
 //!
@@ -10,19 +10,16 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
 
 fn rank_program() -> PathBuf {
-    compile_with("rt_rank", false, "mpicc", &[])
+    Program::c("mpi_rank").compiler(&["mpicc"]).build()
 }
 
 /// One rank at one phase: what the rank said (pid, mask at load) and each named thread's role
@@ -48,10 +45,8 @@ impl RankPhase {
 /// A running `mpirun`: its ranks' PHASE lines arrive on stdout; a rank waits at each phase
 /// until the test creates the file of that name in the go directory.
 struct MpiRun {
-    child: Option<Child>,
-    lines: Receiver<String>,
-    pending: Vec<String>,
-    stderr: Arc<Mutex<String>>,
+    /// Taken by `finish`.
+    run: Option<Driver>,
     go: tempfile::TempDir,
 }
 
@@ -62,7 +57,7 @@ struct Ranks<'a> {
 }
 
 impl MpiRun {
-    /// `mpirun --bind-to <bind>` of rt_rank `mode`, one app context per entry of `contexts`
+    /// `mpirun --bind-to <bind>` of mpi_rank `mode`, one app context per entry of `contexts`
     /// (several make an MPMD launch), the library and the simulated host exported to every rank
     /// with `-x`, as docs/runtimes.md says.
     fn start(sysfs: &Sysfs, bind: &str, mode: &str, contexts: &[Ranks]) -> MpiRun {
@@ -73,7 +68,9 @@ impl MpiRun {
         let session = go.path().join("tmp");
         std::fs::create_dir(&session).unwrap();
         let mut cmd = Command::new("mpirun");
+        // No rank reads stdin: mpirun forwards none.
         cmd.args(["--allow-run-as-root", "--oversubscribe", "--bind-to", bind])
+            .args(["--stdin", "none"])
             .arg("--mca")
             .arg("orte_tmpdir_base")
             .arg(&session)
@@ -113,104 +110,28 @@ impl MpiRun {
         ] {
             cmd.env_remove(var);
         }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("mpirun");
-        let (tx, lines) = std::sync::mpsc::channel();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let sink = stderr.clone();
-        let mut pipe = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
         MpiRun {
-            child: Some(child),
-            lines,
-            pending: Vec::new(),
-            stderr,
+            run: Some(Driver::spawn(cmd, DEADLINE)),
             go,
         }
     }
 
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Waits (at most 30 s) for `rank` to reach `phase`, and reads its threads' masks.
+    /// Waits for `rank` to reach `phase`, and reads its threads' masks.
     fn expect(&mut self, phase: &str, rank: u32) -> RankPhase {
-        let prefix = format!("PHASE {phase} rank={rank} ");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let line = loop {
-            if let Some(i) = self.pending.iter().position(|l| l.starts_with(&prefix)) {
-                break self.pending.remove(i);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.pending.push(line),
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "rank {rank} never reached {phase}; output {:?}; stderr:\n{}",
-                    self.pending,
-                    self.stderr()
-                ),
-                Err(RecvTimeoutError::Disconnected) => panic!(
-                    "mpirun ended before rank {rank} reached {phase}; output {:?}; stderr:\n{}",
-                    self.pending,
-                    self.stderr()
-                ),
-            }
-        };
-        let mut fields = BTreeMap::new();
-        let mut threads = BTreeMap::new();
-        for word in line.split_whitespace().skip(2) {
-            let (key, value) = word.split_once('=').unwrap();
-            match value.split_once(':') {
-                Some((tid, role)) => {
-                    threads.insert(key.to_string(), (tid.parse::<i32>().unwrap(), role));
-                }
-                None => {
-                    fields.insert(key, value);
-                }
-            }
-        }
-        let pid: u32 = fields["pid"].parse().unwrap();
-        let threads = threads
-            .into_iter()
-            .filter_map(|(name, (tid, role))| {
-                let mask = try_kernel_mask(pid, tid)?;
-                Some((
-                    name,
-                    ThreadSeen {
-                        tid,
-                        role: role.parse().unwrap(),
-                        mask,
-                    },
-                ))
-            })
+        let run = self.run.as_mut().unwrap();
+        let line = run.line_in_any_order(&format!("PHASE {phase} rank={rank} "));
+        // PHASE <phase> rank=<r> pid=<pid> load=<list> constrained=<bool> <thread>=<tid>:<role>...
+        let words = &line["PHASE ".len()..];
+        let fields: BTreeMap<&str, &str> = words
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .filter(|(_, value)| !value.contains(':'))
             .collect();
+        let pid: u32 = fields["pid"].parse().unwrap();
+        let mut threads = parse_phase(words, pid, Some);
+        threads.name = format!("{phase} (rank {rank})");
         let seen = RankPhase {
-            phase: Phase {
-                name: format!("{phase} (rank {rank})"),
-                threads,
-            },
+            phase: threads,
             pid,
             load: CpuMask::parse_list(fields["load"])
                 .unwrap_or_else(|_| panic!("rank {rank}: mask at load {}", fields["load"])),
@@ -230,41 +151,25 @@ impl MpiRun {
         std::fs::write(self.go.path().join(phase), b"").unwrap();
     }
 
-    /// Waits (at most 30 s) for mpirun to end; returns its stderr (the ranks' log lines).
+    /// Waits for mpirun to end; returns its stderr (the ranks' log lines).
     fn finish(mut self) -> String {
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("mpirun did not end; stderr:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        // Let the reader threads drain what is left.
-        std::thread::sleep(Duration::from_millis(50));
-        let stderr = self.stderr();
-        assert!(status.success(), "mpirun: {status}; stderr:\n{stderr}");
-        stderr
+        let end = self.run.take().unwrap().finish();
+        assert!(
+            end.status.success(),
+            "mpirun: {}; stderr:\n{}",
+            end.status,
+            end.stderr
+        );
+        end.stderr
     }
 }
 
 impl Drop for MpiRun {
     /// On a failed assertion: every waiting rank exits (the quit file), then mpirun is ended.
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(run) = self.run.as_mut() {
             let _ = std::fs::write(self.go.path().join("quit"), b"");
-            for _ in 0..200 {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            run.exited_within(Duration::from_secs(2));
         }
     }
 }
@@ -289,28 +194,21 @@ fn assert_dedicated(seen: &RankPhase, mask: &str, case: &str) {
         "{case}: MPI_Init starts Open MPI's progress threads: {:?}",
         seen.phase
     );
-    for name in ["main", "engine"] {
-        assert!(seen.phase.threads.contains_key(name), "{case}: {name}");
-    }
-    for (name, t) in &seen.phase.threads {
-        assert_eq!(
-            (t.mask.to_list().as_str(), t.role),
-            (mask, 1),
-            "{case}: {} thread {name} (pid {} tid {})",
-            seen.phase.name,
-            seen.pid,
-            t.tid
-        );
-    }
+    let why = format!("{case} (pid {})", seen.pid);
+    expect(
+        &seen.phase,
+        Named(&["main", "engine"]),
+        worker_on(mask),
+        &why,
+    );
+    expect(&seen.phase, All, worker_on(mask), &why);
 }
 
 /// `--bind-to none`: each dedicated worker rank is configured at load for its local rank's
 /// GPU; the progress threads MPI_Init starts are born on that set (inherited from main).
 #[test]
 fn dedicated_worker_ranks_without_binding() {
-    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
-        return;
-    }
+    require!(two_cpus("two ranks on two GPU-local sets"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let mut run = MpiRun::start(
@@ -346,9 +244,7 @@ fn dedicated_worker_ranks_without_binding() {
 /// server's warning), `1` → the GPU-local set, `0` → mpirun's binding kept.
 #[test]
 fn dedicated_worker_ranks_bound_to_cores_follow_the_policy_table() {
-    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
-        return;
-    }
+    require!(two_cpus("two ranks on two GPU-local sets"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     for (numa, worker_mask, warns) in [
@@ -438,9 +334,7 @@ fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
 /// 0's masks back; rank 1 stays a dedicated worker on GPU 1's set.
 #[test]
 fn multi_node_leader_rank0_worker_on_a_pool_thread() {
-    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
-        return;
-    }
+    require!(two_cpus("two ranks on two GPU-local sets"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = local_of(&sysfs, 0);
@@ -481,9 +375,8 @@ fn multi_node_leader_rank0_worker_on_a_pool_thread() {
             expected_workers,
             "{case}: progress threads classified as workers: {progress:?}"
         );
-        for (name, t) in &released.phase.threads {
-            assert_eq!(t.mask.to_list(), all, "{case}: leader {name} after release");
-        }
+        let why = format!("{case}: leader after release");
+        expect(&released.phase, All, on(&all), &why);
         assert_eq!(released.phase.role("pool0"), 1, "roles outlive the lease");
         assert_dedicated(&rank1, &local_of(&sysfs, 1), &case);
     }
@@ -494,9 +387,7 @@ fn multi_node_leader_rank0_worker_on_a_pool_thread() {
 /// libpmix exactly the other one, and an empty list none.
 #[test]
 fn open_mpi_progress_threads_start_in_open_pal_and_pmix() {
-    if !two_cpus_or_skip("two ranks on two GPU-local sets") {
-        return;
-    }
+    require!(two_cpus("two ranks on two GPU-local sets"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = local_of(&sysfs, 0);

@@ -106,18 +106,12 @@ impl Host {
 /// `old` builds the variant without nvmlDeviceGetPciInfo_v3.
 fn nvml_double(old: bool) -> PathBuf {
     let sub = if old { "nvml-old" } else { "nvml" };
-    let dir = target_dir().join("test-programs").join(sub);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut flags = vec!["-fPIC", "-shared"];
-    if old {
-        flags.push("-DOMIT_PCI_INFO_V3");
-    }
-    let lib = compile_program(
-        "nvml_double",
-        &format!("{sub}/libnvidia-ml.so.1"),
-        "cc",
-        &flags,
-    );
+    let flags: &[&str] = if old { &["-DOMIT_PCI_INFO_V3"] } else { &[] };
+    let lib = Program::c("nvml_double")
+        .shared()
+        .named(&format!("{sub}/libnvidia-ml.so.1"))
+        .flags(flags)
+        .build();
     lib.parent().unwrap().to_path_buf()
 }
 
@@ -158,7 +152,7 @@ fn population(mut cmd: Command, devices: &[i32]) -> (Vec<Configured>, String) {
 }
 
 fn gpu_population() -> PathBuf {
-    compile_c("gpu_population", false)
+    Program::c("gpu_population").build()
 }
 
 /// Asserts the population put the workers of each device on `expected[i]`, the host thread
@@ -179,9 +173,7 @@ fn no_nvml_lines(stderr: &str) -> Vec<&str> {
 
 #[test]
 fn container_cuda_numbers_follow_nvml_not_sysfs() {
-    if !two_cpus_or_skip("two NUMA nodes") {
-        return;
-    }
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let program = gpu_population();
@@ -204,9 +196,7 @@ fn container_cuda_numbers_follow_nvml_not_sysfs() {
 
 #[test]
 fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
-    if !two_cpus_or_skip("two NUMA nodes") {
-        return;
-    }
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let mut cmd = host.command(&gpu_population(), Some((&container_nvml(), &lib)));
@@ -222,9 +212,7 @@ fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
 
 #[test]
 fn mig_names_resolve_to_the_parent_gpu() {
-    if !two_cpus_or_skip("two NUMA nodes") {
-        return;
-    }
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let program = gpu_population();
@@ -239,9 +227,7 @@ fn mig_names_resolve_to_the_parent_gpu() {
 /// NVML failing in each way the issue names: one debug line, then the driver's list.
 #[test]
 fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
-    if !two_cpus_or_skip("two NUMA nodes") {
-        return;
-    }
+    require!(two_cpus("two NUMA nodes"));
     // The driver lists the container's two GPUs; a third entry's node does not open (a device
     // cgroup), so it is not the container's.
     let host = Host::new(&[
@@ -313,9 +299,7 @@ fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
 
 #[test]
 fn the_driver_list_alone_finds_the_container_gpus() {
-    if !two_cpus_or_skip("two NUMA nodes") {
-        return;
-    }
+    require!(two_cpus("two NUMA nodes"));
     // The container toolkit shows one entry; a device cgroup would show all and open one.
     for driver in [
         vec![("0000:ba:00.0", UUID_BA, true)],
@@ -360,9 +344,7 @@ fn nvml_loads_at_the_first_configure_not_at_load() {
 /// A fork child uses what its parent resolved; one forked before any configure asks NVML itself.
 #[test]
 fn fork_children_reuse_or_ask_nvml() {
-    if !two_cpus_or_skip("two NUMA nodes") {
-        return;
-    }
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let program = gpu_population();
@@ -381,9 +363,7 @@ fn fork_children_reuse_or_ask_nvml() {
 
 #[test]
 fn a_dedicated_worker_resolves_without_nvml_at_load() {
-    if !two_cpus_or_skip("two NUMA nodes") {
-        return;
-    }
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[("0000:ba:00.0", UUID_BA, true)]);
     let lib = nvml_double(false);
     let mut cmd = host.command(&gpu_population(), Some((&container_nvml(), &lib)));
@@ -449,9 +429,7 @@ fn topo_names_its_source_and_the_container() {
 /// answered by the double, and `nvidia-smi` by a script printing `topo -m` as the real one does.
 #[test]
 fn device_check_script_against_the_double() {
-    if !two_cpus_or_skip("two NUMA nodes") {
-        return;
-    }
+    require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
     let lib = nvml_double(false);
     let artifacts = tempfile::tempdir().unwrap();
@@ -460,7 +438,7 @@ fn device_check_script_against_the_double() {
         (library(), "libtllm_affinity.so"),
         (cli(), "tllm-affinity"),
         (gpu_population(), "gpu_population"),
-        (compile_c("nvml_dump", false), "nvml_dump"),
+        (Program::c("nvml_dump").build(), "nvml_dump"),
     ] {
         std::fs::copy(from, a.join(name)).unwrap();
     }

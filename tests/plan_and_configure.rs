@@ -39,9 +39,9 @@ fn under(launcher: &[String], program: impl AsRef<std::ffi::OsStr>) -> Command {
 
 #[test]
 fn plan_shows_the_worker_set_configure_applies_over_the_policy_table() {
-    if !two_cpus_or_skip("a constraint and a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus(
+        "a constraint and a worker set narrower than the host"
+    ));
     let sysfs = Sysfs::two_nodes();
     let first = allowed_cpus().first().unwrap().to_string();
     let launchers: [Vec<String>; 2] = [

@@ -185,9 +185,7 @@ fn the_hook_reaches_interpreters_started_through_wrappers_and_spawn() {
 
 #[test]
 fn the_hook_reaches_every_rank_of_mpirun() {
-    if !require_command("mpirun") {
-        return;
-    }
+    require!(on_path("mpirun"), "`mpirun` on PATH");
     let host = Sysfs::two_nodes();
     let session = tempfile::tempdir().unwrap();
     let mut cmd = clean(cli());
@@ -244,12 +242,10 @@ fn the_hook_chains_to_debians_own_sitecustomize() {
         .flatten()
         .flatten()
         .any(|e| e.path().join("sitecustomize.py").is_file());
-    if !require(
+    require!(
         debian.exists() && ships_one,
         "Debian's python3 with its sitecustomize.py",
-    ) {
-        return;
-    }
+    );
     let host = Sysfs::two_nodes();
     let mut cmd = clean(cli());
     cmd.arg("run")

@@ -20,15 +20,11 @@ use serde_json::Value;
 const LIMIT: Duration = Duration::from_secs(240);
 
 fn ray_installed() -> bool {
-    let found = Command::new(python())
+    Command::new(python())
         .args(["-c", "import ray"])
         .env_remove("PYTHONPATH")
         .output()
-        .is_ok_and(|o| o.status.success());
-    require(
-        found,
-        "Ray for python3 (`python3 -m pip install ray==2.60.0`, as scripts/setup does)",
-    )
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Two actors of one GPU each, dedicated worker processes: actor on GPU 0 → every thread on
@@ -37,9 +33,11 @@ fn ray_installed() -> bool {
 /// threads stay hosts on every CPU.
 #[test]
 fn ray_actors_each_end_up_on_their_own_gpus_cpus() {
-    if !two_cpus_or_skip("two GPUs with different local CPUs") || !ray_installed() {
-        return;
-    }
+    require!(two_cpus("two GPUs with different local CPUs"));
+    require!(
+        ray_installed(),
+        "Ray for python3 (`python3 -m pip install ray==2.60.0`, as scripts/setup does)"
+    );
     let sysfs = Sysfs::two_nodes();
     // Short: Ray's socket paths live under it and must fit in sun_path.
     let temp = tempfile::Builder::new()

@@ -16,11 +16,11 @@ const WORKER_GLOB: &str = "libreload_worker*";
 
 /// tests/programs/reload_plugin.c built as `name` (its soname too).
 fn plugin(name: &str) -> PathBuf {
-    compile_lc(
-        "reload_plugin",
-        name,
-        &["-shared", "-fPIC", &format!("-Wl,-soname,{name}")],
-    )
+    Program::c("reload_plugin")
+        .shared()
+        .named(name)
+        .flags(&[&format!("-Wl,-soname,{name}")])
+        .build()
 }
 
 /// A worker library unloaded and a host library mapped at its address: a thread started from
@@ -30,17 +30,12 @@ fn plugin(name: &str) -> PathBuf {
 #[test]
 fn a_host_library_loaded_where_a_worker_library_was_starts_host_threads() {
     let sysfs = Sysfs::two_nodes();
-    if !two_cpus_or_skip("a worker mask narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker mask narrower than the host"));
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let worker = plugin("libreload_worker.so.2");
     let hosted = plugin("libreload_hosted.so.2");
-    let mut cmd = preloaded(
-        compile_lc("reload_same_address", "reload_same_address", &[]),
-        &sysfs,
-    );
+    let mut cmd = preloaded(Program::c("reload_same_address").build(), &sysfs);
     cmd.env("TLLM_AFFINITY_WORKER_LIBS", WORKER_GLOB)
         .arg(&worker)
         .arg(&hosted);
@@ -68,8 +63,7 @@ fn a_host_library_loaded_where_a_worker_library_was_starts_host_threads() {
     );
     assert_eq!((reloaded.role("main"), reloaded.mask("main")), (0, all));
     assert_eq!(reloaded.mask("W"), local, "the lease stays open");
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
 }
 
 /// Thousands of load / thread / unload cycles of a plugin that lands at a new address each time:
@@ -79,7 +73,7 @@ fn a_host_library_loaded_where_a_worker_library_was_starts_host_threads() {
 fn plugins_loaded_and_unloaded_thousands_of_times_leave_the_heap_flat() {
     let sysfs = Sysfs::two_nodes();
     let worker = plugin("libreload_worker.so.2");
-    let mut cmd = preloaded(compile_lc("reload_cycles", "reload_cycles", &[]), &sysfs);
+    let mut cmd = preloaded(Program::c("reload_cycles").build(), &sysfs);
     cmd.env("TLLM_AFFINITY_WORKER_LIBS", WORKER_GLOB)
         .arg(&worker)
         .args(["200", "5000"]);
@@ -108,13 +102,13 @@ fn plugins_loaded_and_unloaded_thousands_of_times_leave_the_heap_flat() {
 /// The mixed population of tests/engine_population.rs, run with the library preloaded once and
 /// with two copies of it (the same file under two paths) preloaded by hand.
 fn population(sysfs: &Sysfs, preload: &str) -> (Vec<Phase>, Finished, usize) {
-    let program = compile_c("population", false);
-    let nccl = compile_c("nccl", true);
+    let program = Program::c("population").build();
+    let nccl = Program::c("nccl").shared().build();
     let mut cmd = preloaded(program, sysfs);
     cmd.env("LD_PRELOAD", preload)
         .env("FAKE_NCCL", nccl)
         .arg("0");
-    let mut run = Population::spawn(cmd);
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let mut phases = Vec::new();
     let mut tables = 0;
     for i in 0..5 {
@@ -138,9 +132,7 @@ fn population(sysfs: &Sysfs, preload: &str) -> (Vec<Phase>, Finished, usize) {
 #[test]
 fn two_copies_of_the_library_act_as_one() {
     let sysfs = Sysfs::two_nodes();
-    if !two_cpus_or_skip("a worker mask narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker mask narrower than the host"));
     let lib = library();
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("libtllm_affinity.so");

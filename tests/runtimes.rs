@@ -11,17 +11,12 @@ mod common;
 use common::*;
 use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
 
-/// The pool sizes are forced so that the test does not depend on the CPU count: three OpenMP
-/// threads per team (the caller and two pool threads), passive waiting so idle pools sleep.
+/// The pool sizes are forced so that the test does not depend on the CPU count (see
+/// `with_openmp`).
 fn python_with_runtimes(sysfs: &Sysfs, program: &str) -> std::process::Command {
     let mut cmd = preloaded(python(), sysfs);
-    cmd.arg(programs_dir().join(program))
-        .env("RT_OMP", rt_omp())
-        .env("OMP_NUM_THREADS", "3")
-        .env("OMP_WAIT_POLICY", "passive")
-        .env_remove("OMP_PROC_BIND")
-        .env_remove("OMP_PLACES")
-        .env_remove("GOMP_CPU_AFFINITY")
+    with_openmp(&mut cmd)
+        .arg(programs_dir().join(program))
         .env_remove("OPENBLAS_NUM_THREADS")
         .env_remove("OMP_DYNAMIC")
         .env_remove("TLLM_AFFINITY_WORKER_LIBS");
@@ -36,20 +31,6 @@ fn named<'a>(phase: &'a Phase, prefix: &str) -> Vec<(&'a String, &'a ThreadSeen)
         .collect()
 }
 
-fn assert_threads(phase: &Phase, prefix: &str, mask: &str, role: i32, why: &str) {
-    let threads = named(phase, prefix);
-    assert!(!threads.is_empty(), "{}: no thread {prefix}*", phase.name);
-    for (name, seen) in threads {
-        assert_eq!(
-            (seen.mask.to_list().as_str(), seen.role),
-            (mask, role),
-            "{} {name} (tid {}): {why}",
-            phase.name,
-            seen.tid
-        );
-    }
-}
-
 /// The main thread serves HTTP; a worker thread imports numpy, configures, runs OpenMP and BLAS
 /// work, then releases. Host threads (the server, its per-request threads, the host's OpenMP
 /// pools, whether started before or during the lease) keep the original mask; the worker's
@@ -57,15 +38,16 @@ fn assert_threads(phase: &Phase, prefix: &str, mask: &str, role: i32, why: &str)
 /// the worker's pool, reused after release, runs on the restored mask.
 #[test]
 fn http_server_with_openmp_and_openblas_worker() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Population::spawn(python_with_runtimes(&sysfs, "rt_server.py"));
-    let port: u16 = run.line("PORT ").parse().unwrap();
-    let blas: usize = run.line("BLAS ").parse().unwrap();
+    let mut run = Driver::spawn(
+        python_with_runtimes(&sysfs, "http_server_with_pools.py"),
+        DEADLINE,
+    );
+    let port: u16 = run.after("PORT ").parse().unwrap();
+    let blas: usize = run.after("BLAS ").parse().unwrap();
     assert!(
         blas >= 1,
         "OpenBLAS starts a pool thread at import on a host with two CPUs"
@@ -83,17 +65,13 @@ fn http_server_with_openmp_and_openblas_worker() {
     let held_after = http_get(port, "/hold/req_after");
     run.proceed();
     let after = run.phase();
-    let end = run.conclude();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     for phase in [&before, &configured, &lease, &released, &after] {
         println!("{}", describe(phase));
     }
 
     // Before configure: nobody is a worker, every thread on the launch mask.
-    for (name, seen) in &before.threads {
-        assert_eq!(seen.mask.to_list(), all, "before: {name}");
-        assert_eq!(seen.role, 0, "before: {name} is a host thread");
-    }
+    expect(&before, All, host_on(&all), "before");
     assert_eq!(named(&before, "host_omp").len(), 2, "OMP_NUM_THREADS=3");
     assert_eq!(named(&before, "blas").len(), blas);
 
@@ -101,34 +79,76 @@ fn http_server_with_openmp_and_openblas_worker() {
     // the OpenMP pool it started since get the GPU-local set; the HTTP server, the request held
     // since before and the host's OpenMP pool keep the launch mask.
     for phase in [&configured, &lease] {
-        assert_threads(phase, "worker", &local, 1, "the worker and its OpenMP pool");
-        assert_threads(phase, "blas", &local, 1, "the pool numpy's import started");
-        assert_threads(phase, "main", &all, 0, "the HTTP server thread");
-        assert_threads(phase, "host_omp", &all, 0, "the host's OpenMP pool");
-        assert_threads(phase, "req_before", &all, 0, "a request thread");
+        expect(
+            phase,
+            Matching(&["worker"]),
+            worker_on(&local),
+            "the worker and its OpenMP pool",
+        );
+        expect(
+            phase,
+            Matching(&["blas"]),
+            worker_on(&local),
+            "the pool numpy's import started",
+        );
+        expect(
+            phase,
+            Matching(&["main"]),
+            host_on(&all),
+            "the HTTP server thread",
+        );
+        expect(
+            phase,
+            Matching(&["host_omp"]),
+            host_on(&all),
+            "the host's OpenMP pool",
+        );
+        expect(
+            phase,
+            Matching(&["req_before"]),
+            host_on(&all),
+            "a request thread",
+        );
     }
     assert_eq!(named(&configured, "worker_omp").len(), 2);
     // A request made during the lease: its thread (made by the server's thread) and the
     // OpenMP pool it starts are host threads on the launch mask.
-    assert_threads(
+    expect(
         &lease,
-        "req_during",
-        &all,
-        0,
+        Matching(&["req_during"]),
+        host_on(&all),
         "a request made during the lease",
     );
     assert_eq!(named(&lease, "req_during_omp").len(), 2);
 
     // After release: every thread back on the launch mask; roles outlive the lease.
-    for (name, seen) in &released.threads {
-        assert_eq!(seen.mask.to_list(), all, "released: {name}");
-    }
-    assert_threads(&released, "worker", &all, 1, "restored, still a worker");
-    assert_threads(&released, "blas", &all, 1, "restored, still a worker");
+    expect(&released, All, on(&all), "released");
+    expect(
+        &released,
+        Matching(&["worker"]),
+        worker_on(&all),
+        "restored, still a worker",
+    );
+    expect(
+        &released,
+        Matching(&["blas"]),
+        worker_on(&all),
+        "restored, still a worker",
+    );
     // After release: a new request is a host thread on the launch mask, and the worker's OpenMP
     // pool, reused by the next region (same threads), runs on the restored mask.
-    assert_threads(&after, "req_after", &all, 0, "a request after release");
-    assert_threads(&after, "worker_omp", &all, 1, "the reused pool");
+    expect(
+        &after,
+        Matching(&["req_after"]),
+        host_on(&all),
+        "a request after release",
+    );
+    expect(
+        &after,
+        Matching(&["worker_omp"]),
+        worker_on(&all),
+        "the reused pool",
+    );
     for i in 1..=2 {
         let name = format!("worker_omp{i}");
         assert_eq!(
@@ -164,24 +184,24 @@ fn http_server_with_openmp_and_openblas_worker() {
     );
 }
 
-/// One run of rt_blas.py: how many threads `import numpy` started, and the three phases.
+/// One run of openblas_pool.py: how many threads `import numpy` started, and the three phases.
 fn blas_run(sysfs: &Sysfs, mode: &str, vars: &[(&str, &str)]) -> (usize, [Phase; 3], Finished) {
-    let mut cmd = python_with_runtimes(sysfs, "rt_blas.py");
+    let mut cmd = python_with_runtimes(sysfs, "openblas_pool.py");
     cmd.arg(mode).envs(vars.iter().copied());
-    let mut run = Population::spawn(cmd);
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let mut blas = None;
     if mode != "worker-after" {
-        blas = Some(run.line("BLAS ").parse().unwrap());
+        blas = Some(run.after("BLAS ").parse().unwrap());
     }
     let before = run.phase();
     run.proceed();
     if mode == "worker-after" {
-        blas = Some(run.line("BLAS ").parse().unwrap());
+        blas = Some(run.after("BLAS ").parse().unwrap());
     }
     let configured = run.phase();
     run.proceed();
     let released = run.phase();
-    let end = run.conclude();
+    let end = run.finish();
     assert!(end.status.success(), "{mode} {vars:?}: {}", end.stderr);
     for phase in [&before, &configured, &released] {
         println!("{mode} {vars:?} {}", describe(phase));
@@ -195,9 +215,7 @@ fn blas_run(sysfs: &Sysfs, mode: &str, vars: &[(&str, &str)]) -> (usize, [Phase;
 /// the pool runs on the GPU-local set during the lease and is restored by release.
 #[test]
 fn openblas_pool_imported_on_the_worker_thread() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
     let local = sysfs.node1.to_list();
@@ -210,16 +228,30 @@ fn openblas_pool_imported_on_the_worker_thread() {
         pool_for(all.count()),
         "OpenBLAS's pool: one thread per CPU of the importing thread, less the caller"
     );
-    assert_threads(
+    expect(
         &before,
-        "blas",
-        &all.to_list(),
-        0,
+        Matching(&["blas"]),
+        host_on(&all.to_list()),
         "born on the launch mask",
     );
-    assert_threads(&configured, "blas", &local, 1, "promoted with its creator");
-    assert_threads(&configured, "main", &all.to_list(), 0, "host");
-    assert_threads(&released, "blas", &all.to_list(), 1, "restored");
+    expect(
+        &configured,
+        Matching(&["blas"]),
+        worker_on(&local),
+        "promoted with its creator",
+    );
+    expect(
+        &configured,
+        Matching(&["main"]),
+        host_on(&all.to_list()),
+        "host",
+    );
+    expect(
+        &released,
+        Matching(&["blas"]),
+        worker_on(&all.to_list()),
+        "restored",
+    );
 
     let (blas, [_, configured, released], end) = blas_run(&sysfs, "worker-after", &[]);
     assert_eq!(
@@ -229,11 +261,31 @@ fn openblas_pool_imported_on_the_worker_thread() {
         end.stderr
     );
     if blas > 0 {
-        assert_threads(&configured, "blas", &local, 1, "born on the worker set");
-        assert_threads(&released, "blas", &all.to_list(), 1, "restored");
+        expect(
+            &configured,
+            Matching(&["blas"]),
+            worker_on(&local),
+            "born on the worker set",
+        );
+        expect(
+            &released,
+            Matching(&["blas"]),
+            worker_on(&all.to_list()),
+            "restored",
+        );
     }
-    assert_threads(&configured, "worker", &local, 1, "the worker");
-    assert_threads(&released, "worker", &all.to_list(), 1, "restored");
+    expect(
+        &configured,
+        Matching(&["worker"]),
+        worker_on(&local),
+        "the worker",
+    );
+    expect(
+        &released,
+        Matching(&["worker"]),
+        worker_on(&all.to_list()),
+        "restored",
+    );
 }
 
 /// numpy imported by the host before any worker exists (the usual import order of a server):
@@ -242,19 +294,32 @@ fn openblas_pool_imported_on_the_worker_thread() {
 /// restored at release. OPENBLAS_NUM_THREADS=1 starts no pool: BLAS runs on the calling thread.
 #[test]
 fn openblas_pool_imported_by_the_host() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
 
     let (blas, [before, configured, released], _) = blas_run(&sysfs, "host-first", &[]);
     assert!(blas >= 1);
-    assert_threads(&before, "blas", &all, 0, "started by the main thread");
-    assert_threads(&configured, "blas", &all, 0, "a host pool stays host");
-    assert_threads(&configured, "worker", &local, 1, "the worker");
-    assert_threads(&released, "blas", &all, 0, "untouched");
+    expect(
+        &before,
+        Matching(&["blas"]),
+        host_on(&all),
+        "started by the main thread",
+    );
+    expect(
+        &configured,
+        Matching(&["blas"]),
+        host_on(&all),
+        "a host pool stays host",
+    );
+    expect(
+        &configured,
+        Matching(&["worker"]),
+        worker_on(&local),
+        "the worker",
+    );
+    expect(&released, Matching(&["blas"]), host_on(&all), "untouched");
 
     let libs = format!("{DEFAULT_WORKER_LIBS},libscipy_openblas*.so*,libopenblas*.so*");
     let (blas, [before, configured, released], end) = blas_run(
@@ -263,17 +328,26 @@ fn openblas_pool_imported_by_the_host() {
         &[("TLLM_AFFINITY_WORKER_LIBS", libs.as_str())],
     );
     assert!(blas >= 1);
-    assert_threads(
+    expect(
         &before,
-        "blas",
-        &all,
-        1,
+        Matching(&["blas"]),
+        worker_on(&all),
         "a worker by TLLM_AFFINITY_WORKER_LIBS",
     );
-    assert_threads(&before, "main", &all, 0, "its creator is a host");
-    assert_threads(&configured, "blas", &local, 1, "placed at configure");
-    assert_threads(&configured, "main", &all, 0, "host");
-    assert_threads(&released, "blas", &all, 1, "restored");
+    expect(
+        &before,
+        Matching(&["main"]),
+        host_on(&all),
+        "its creator is a host",
+    );
+    expect(
+        &configured,
+        Matching(&["blas"]),
+        worker_on(&local),
+        "placed at configure",
+    );
+    expect(&configured, Matching(&["main"]), host_on(&all), "host");
+    expect(&released, Matching(&["blas"]), worker_on(&all), "restored");
     let n = 1 + blas;
     assert!(
         end.stderr.contains(&format!("({n}/{n} threads)")),
@@ -284,11 +358,10 @@ fn openblas_pool_imported_by_the_host() {
     let (blas, [_, configured, _], _) =
         blas_run(&sysfs, "host-first", &[("OPENBLAS_NUM_THREADS", "1")]);
     assert_eq!(blas, 0, "OPENBLAS_NUM_THREADS=1 starts no pool");
-    assert_threads(
+    expect(
         &configured,
-        "worker",
-        &local,
-        1,
+        Matching(&["worker"]),
+        worker_on(&local),
         "BLAS runs on the worker itself",
     );
 }
@@ -300,18 +373,15 @@ fn openblas_pool_imported_by_the_host() {
 /// says to leave these variables unset in a shared process.
 #[test]
 fn openmp_proc_bind_places_are_explicit() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
-    let mut cmd = python_with_runtimes(&sysfs, "rt_omp_bind.py");
+    let mut cmd = python_with_runtimes(&sysfs, "openmp_own_binding.py");
     cmd.env("OMP_PROC_BIND", "close").env("OMP_PLACES", "cores");
-    let mut run = Population::spawn(cmd);
+    let mut run = Driver::spawn(cmd, DEADLINE);
     let configured = run.phase();
     run.proceed();
     let released = run.phase();
-    let end = run.conclude();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = run.succeed();
     for phase in [&configured, &released] {
         println!("OMP_PROC_BIND=close {}", describe(phase));
     }
@@ -356,19 +426,16 @@ fn openmp_proc_bind_places_are_explicit() {
 /// library promotes it when it registers). Several runs, as the crossing is a matter of timing.
 #[test]
 fn threads_born_while_configure_sweeps_are_workers() {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
-    let program = compile_c("rt_race", false);
+    let program = Program::c("births_during_configure").build();
     for round in 0..8 {
         let mut cmd = preloaded(&program, &sysfs);
         cmd.env("TLLM_AFFINITY_LOG", "warn");
-        let mut run = Population::spawn(cmd);
+        let mut run = Driver::spawn(cmd, DEADLINE);
         let configured = run.phase();
-        let end = run.conclude();
-        assert!(end.status.success(), "{}", end.stderr);
+        run.succeed();
         assert!(configured.threads.len() > 20, "{}", describe(&configured));
         let wrong: Vec<String> = configured
             .threads

@@ -21,7 +21,7 @@ use tllm_affinity_core::simulated::SimulatedHost;
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn life() -> PathBuf {
-    compile_lc("lc_life", "lc_life", &[])
+    Program::c("lifecycle_scenarios").build()
 }
 
 /// A world-readable temporary directory (`nobody` must reach what is in it).
@@ -62,7 +62,7 @@ fn a_secure_execution_process_gets_no_behaviour() {
     std::fs::set_permissions(sysfs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let local = sysfs.node1.to_list();
     let all = allowed_cpus().to_list();
-    let built = compile_lc("lc_secure", "lc_secure", &[]);
+    let built = Program::c("secure_execution").build();
     let dir = open_dir();
     let copy = |name: &str| {
         let path = dir.path().join(name);
@@ -279,9 +279,7 @@ fn one_node_two_cores() -> SimulatedHost {
 
 #[test]
 fn the_gpu_lock_never_follows_links_never_hangs_and_is_0644() {
-    if !two_cpus_or_skip("this test") {
-        return;
-    }
+    require!(two_cpus("this test"));
     let sysfs = Sysfs::two_nodes();
     let tree = tempfile::tempdir().unwrap();
     one_node_two_cores().write(tree.path()).unwrap();
@@ -356,9 +354,7 @@ fn table_run(sysfs: &Sysfs, umask: bool) -> (Driver, PathBuf) {
 
 #[test]
 fn the_thread_table_never_follows_links_never_hangs_and_is_0644() {
-    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm") {
-        return;
-    }
+    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
     let sysfs = Sysfs::two_nodes();
 
     // The normal case: created 0644 under umask 077, removed at exit.
@@ -370,8 +366,7 @@ fn the_thread_table_never_follows_links_never_hangs_and_is_0644() {
     assert_eq!(mode(&path), 0o644, "{}", path.display());
     let meta = std::fs::metadata(&path).unwrap();
     assert!(meta.is_file() && meta.nlink() == 1);
-    let end = run.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    run.succeed();
     assert!(!path.exists(), "the table is removed at exit");
 
     // Hostile things planted at the path, and a file of another user.
@@ -405,7 +400,7 @@ fn the_thread_table_never_follows_links_never_hangs_and_is_0644() {
 // ---- Thread tables that nobody else can break (the launch rules) ----------------------------
 
 fn calls(args: &[&str], sysfs: &Sysfs) -> Command {
-    let mut cmd = preloaded(compile_c("calls", false), sysfs);
+    let mut cmd = preloaded(Program::c("calls").build(), sysfs);
     cmd.args(args);
     cmd
 }
@@ -451,16 +446,13 @@ fn only_child(pid: u32) -> u32 {
 #[test]
 fn a_process_in_another_pid_namespace_with_the_same_pid_keeps_its_own_table() {
     let sysfs = Sysfs::two_nodes();
-    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm")
-        || !require_command("unshare")
-        || !two_cpus_or_skip("a worker role that ps can tell from a host")
-    {
-        return;
-    }
+    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
+    require!(on_path("unshare"), "`unshare` on PATH");
+    require!(two_cpus("a worker role that ps can tell from a host"));
     let in_namespace = |args: &[&str]| {
         let mut cmd = preloaded("unshare", &sysfs);
         cmd.args(["--pid", "--fork", "--mount-proc"])
-            .arg(compile_c("calls", false))
+            .arg(Program::c("calls").build())
             .args(args);
         cmd
     };
@@ -474,8 +466,8 @@ fn a_process_in_another_pid_namespace_with_the_same_pid_keeps_its_own_table() {
     let ps = ps_json(first_pid);
     assert_eq!(roles(&ps), ["worker"], "after the second: {ps}");
     assert_eq!(roles(&ps_json(second_pid)), ["host"]);
-    assert!(first.finish().status.success());
-    assert!(second.finish().status.success());
+    first.succeed();
+    second.succeed();
 }
 
 /// A table that is not the process's owner's is not believed: `ps` shows masks without roles
@@ -483,11 +475,8 @@ fn a_process_in_another_pid_namespace_with_the_same_pid_keeps_its_own_table() {
 #[test]
 fn ps_believes_a_table_only_from_the_processs_owner() {
     let sysfs = Sysfs::two_nodes();
-    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm")
-        || !two_cpus_or_skip("a worker role that ps can tell from a host")
-    {
-        return;
-    }
+    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
+    require!(two_cpus("a worker role that ps can tell from a host"));
     let mut run = Driver::spawn(calls(&["thread", "configure", "0", "wait"], &sysfs), LIMIT);
     run.line("WAIT");
     let pid = run.pid();
@@ -502,7 +491,7 @@ fn ps_believes_a_table_only_from_the_processs_owner() {
     std::os::unix::fs::chown(&table, Some(0), None).unwrap();
     assert_eq!(roles(&ps), ["unknown"], "{ps}");
     assert!(ps.to_string().contains("not believed"), "{ps}");
-    assert!(run.finish().status.success());
+    run.succeed();
 }
 
 /// Anybody may plant a sparse file of any size at a process's table path: `ps` reads the
@@ -510,9 +499,7 @@ fn ps_believes_a_table_only_from_the_processs_owner() {
 #[test]
 fn ps_reads_a_bounded_amount_of_a_planted_table() {
     let sysfs = Sysfs::two_nodes();
-    if !require(Path::new("/dev/shm").is_dir(), "/dev/shm") {
-        return;
-    }
+    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
     let mut run = Driver::spawn(calls(&["wait"], &sysfs), LIMIT);
     run.line("WAIT");
     let pid = run.pid();
@@ -547,5 +534,5 @@ fn ps_reads_a_bounded_amount_of_a_planted_table() {
         peak_mib < 64,
         "ps peaked at {peak_mib} MiB on a 2 GiB table"
     );
-    assert!(run.finish().status.success());
+    run.succeed();
 }

@@ -106,7 +106,7 @@ fn run_tasks(
     env: &[(&str, &str)],
     tasks: usize,
 ) -> Vec<Task> {
-    let program = compile_lc("slurm_task", "slurm_task", &[]);
+    let program = Program::c("slurm_task").build();
     let library = library();
     let mut all_args = vec!["--label"];
     all_args.extend_from_slice(args);
@@ -224,12 +224,8 @@ fn expected(
 /// Host threads (main, one started before configure, one after) keep srun's binding; worker
 /// threads (the configuring thread and its child) get SPEC §3's mask, said in one log line.
 fn bindings_times_policies(plugin: TaskPlugin) {
-    if !two_cpus_or_skip("two CPUs for Slurm to bind tasks to") {
-        return;
-    }
-    let Some(cluster) = cluster(plugin) else {
-        return;
-    };
+    require!(two_cpus("two CPUs for Slurm to bind tasks to"));
+    let cluster = require!(cluster(plugin));
     let sysfs = Sysfs::two_nodes();
     let mut table = vec![format!(
         "| {} | binding | policy | task | constrained | worker mask | host mask | log line |",
@@ -324,9 +320,7 @@ fn srun_bindings_times_policies_under_task_affinity_alone() {
 /// default table: not constrained → NUMA-aware), under both task plugins.
 #[test]
 fn dedicated_worker_tasks_pick_their_gpu_by_slurm_localid() {
-    if !two_cpus_or_skip("two CPUs for two tasks") {
-        return;
-    }
+    require!(two_cpus("two CPUs for two tasks"));
     let sysfs = Sysfs::two_nodes();
     // The role through srun's --export, for the tasks alone: srun itself stays a host process.
     let role = "--export=ALL,TLLM_AFFINITY_PROCESS_ROLE=worker";
@@ -338,9 +332,7 @@ fn dedicated_worker_tasks_pick_their_gpu_by_slurm_localid() {
         (&["-n2", "-c1", "--cpu-bind=none", role], &[]),
     ];
     for plugin in [TaskPlugin::AffinityAndCgroup, TaskPlugin::Affinity] {
-        let Some(cluster) = cluster(plugin) else {
-            return;
-        };
+        let cluster = require!(cluster(plugin));
         for (args, env) in cases {
             let tasks = run_tasks(cluster, &sysfs, args, env, 2);
             let mut at_load = Vec::new();

@@ -5,12 +5,11 @@
 
 mod common;
 
-use common::{library, program, python};
+use common::{library, program, python, Driver, DEADLINE};
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use serde_json::Value;
 use tllm_affinity_core::mask::CpuMask;
@@ -22,7 +21,7 @@ fn step_pin() -> PathBuf {
 }
 
 /// The two lowest CPUs this test may use (they become the simulated host's CPUs).
-fn two_cpus() -> (usize, usize) {
+fn lowest_two_cpus() -> (usize, usize) {
     let mask = sys::get_mask(0).expect("this thread's mask");
     let cpus: Vec<usize> = mask.iter().take(2).collect();
     assert!(
@@ -39,7 +38,7 @@ fn cpus(list: &[usize]) -> CpuMask {
 /// One node over the two CPUs, each its own core, with one GPU: `auto` can pin (two cores for
 /// one GPU), the step thread on the first CPU, the result thread on the second.
 fn one_node_two_cores() -> SimulatedHost {
-    let (a, b) = two_cpus();
+    let (a, b) = lowest_two_cpus();
     SimulatedHost::new()
         .cpu(a, 0, 0, &cpus(&[a]))
         .cpu(b, 1, 0, &cpus(&[b]))
@@ -175,7 +174,7 @@ fn natural(run: &Run) -> Vec<usize> {
 
 #[test]
 fn off_pins_nothing_and_says_so() {
-    let (a, b) = two_cpus();
+    let (a, b) = lowest_two_cpus();
     let host = Host::new(&two_node_one_gpu(&cpus(&[a, b])));
     let run = host.run(&[], &["--step", "0", "--result", "0"]).ok();
     assert_eq!(run.rc("step"), 0);
@@ -193,7 +192,7 @@ fn off_pins_nothing_and_says_so() {
 #[test]
 fn auto_with_one_core_per_gpu_pool_pins_nothing_and_warns() {
     // Each CPU is its own core on its own node, one GPU per node: one core per GPU in each pool.
-    let (a, b) = two_cpus();
+    let (a, b) = lowest_two_cpus();
     let host = Host::new(&two_node_one_gpu(&cpus(&[a, b])));
     for device in ["0", "1"] {
         let run = host
@@ -219,7 +218,7 @@ fn auto_with_one_core_per_gpu_pool_pins_nothing_and_warns() {
 
 #[test]
 fn cpu_setting_pins_the_step_core_and_the_next_core_for_the_result() {
-    let (a, b) = two_cpus();
+    let (a, b) = lowest_two_cpus();
     let host = Host::new(&two_node_one_gpu(&cpus(&[a, b])));
     let b_text = b.to_string();
     let vars = [("TLLM_AFFINITY_STEP_CORE", b_text.as_str())];
@@ -245,7 +244,7 @@ fn cpu_setting_pins_the_step_core_and_the_next_core_for_the_result() {
 
 #[test]
 fn a_step_threads_pool_is_born_on_the_worker_mask_under_a_lease() {
-    let (a, b) = two_cpus();
+    let (a, b) = lowest_two_cpus();
     let host = Host::new(&two_node_one_gpu(&cpus(&[a, b])));
     let b_text = b.to_string();
     // Device 1 sits on node 0 = {a}: the worker mask; the step core is b.
@@ -271,7 +270,7 @@ fn a_step_threads_pool_is_born_on_the_worker_mask_under_a_lease() {
 
 #[test]
 fn auto_pins_step_and_result_cores_when_the_pool_has_two_cores_per_gpu() {
-    let (a, b) = two_cpus();
+    let (a, b) = lowest_two_cpus();
     let host = Host::new(&one_node_two_cores());
     let run = host
         .run(
@@ -291,7 +290,7 @@ fn auto_pins_step_and_result_cores_when_the_pool_has_two_cores_per_gpu() {
 
 #[test]
 fn a_cpu_outside_the_mask_fails_at_startup_and_pins_return_einval() {
-    let (a, b) = two_cpus();
+    let (a, b) = lowest_two_cpus();
     let host = Host::new(&two_node_one_gpu(&cpus(&[a, b])));
     let mask = sys::get_mask(0).unwrap();
     let outside = (5..).find(|&c| !mask.contains(c)).unwrap();
@@ -335,38 +334,15 @@ fn a_cpu_outside_the_mask_fails_at_startup_and_pins_return_einval() {
     assert_eq!(strict.json, Value::Null, "the program never ran");
 }
 
-/// A holder process, killed (SIGKILL) when dropped so a failed test leaves nothing running.
-struct Holder(Child);
-
-impl Holder {
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Starts a process that pins for GPU 0 under `auto` and keeps running; returns once it pinned.
-fn hold(host: &Host) -> Holder {
-    let mut child = host
-        .command(
-            &[("TLLM_AFFINITY_STEP_CORE", "auto")],
-            &["--step", "0", "--hold"],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn holder");
-    let stdout = child.stdout.take().unwrap();
-    let holder = Holder(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let json: Value = serde_json::from_str(&line).expect("holder's report");
+/// Starts a process that pins for GPU 0 under `auto` and keeps running (killed, SIGKILL, when
+/// the Driver is dropped); returns once it pinned.
+fn hold(host: &Host) -> Driver {
+    let cmd = host.command(
+        &[("TLLM_AFFINITY_STEP_CORE", "auto")],
+        &["--step", "0", "--hold"],
+    );
+    let mut holder = Driver::spawn(cmd, DEADLINE);
+    let json: Value = serde_json::from_str(&holder.line("")).expect("holder's report");
     assert_eq!(json["step"]["rc"], 1, "holder pinned");
     holder
 }
@@ -375,7 +351,7 @@ fn hold(host: &Host) -> Holder {
 fn one_process_per_gpu_holds_the_lock_and_a_killed_holder_frees_it() {
     let host = Host::new(&one_node_two_cores());
     let lock = host.lock("0000:3b:00.0");
-    let mut first = hold(&host);
+    let first = hold(&host);
 
     let auto = [("TLLM_AFFINITY_STEP_CORE", "auto")];
     let second = host.run(&auto, &["--step", "0", "--result", "0"]).ok();
@@ -390,7 +366,7 @@ fn one_process_per_gpu_holds_the_lock_and_a_killed_holder_frees_it() {
     }
 
     // SIGKILL: the kernel drops the flock with the process, the file stays.
-    first.kill();
+    drop(first);
     assert!(lock.exists());
     let third = host.run(&auto, &["--step", "0"]).ok();
     assert_eq!(third.rc("step"), 1, "{}", third.stderr);

@@ -1,4 +1,4 @@
-//! Issue #7's bounded stress (`tests/programs/lc_stress.c`): 200 000+ threads made and ended by
+//! Issue #7's bounded stress (`tests/programs/churn_stress.c`): 200 000+ threads made and ended by
 //! host and worker creators, and by hosts starting worker-library routines (the apply path),
 //! while two threads configure and release in a loop (leases overlap) and the application pins
 //! threads itself, on the simulated host where the worker mask is {1} and host threads live on
@@ -26,10 +26,8 @@ const THREADS: u64 = 200_000;
 fn churn_configure_release_and_application_pins_keep_every_invariant() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus();
-    if !two_cpus_or_skip("this test") {
-        return;
-    }
-    let program = compile_lc("lc_stress", "lc_stress", &[]);
+    require!(two_cpus("this test"));
+    let program = Program::c("churn_stress").build();
     let worker_lib = worker_library();
     let mut cmd = preloaded(program, &sysfs);
     cmd.env("TLLM_AFFINITY_LOG", "warn").args([

@@ -18,13 +18,13 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 const WHEEL_LIBRARY: &str = "tllm_affinity/_lib/libtllm_affinity.so";
 
 /// `target/wheels/<the wheel>`, built once per test binary (cargo rebuilds only what changed);
-/// None when the toolchain is missing outside CI.
-fn wheel() -> Option<PathBuf> {
-    static WHEEL: OnceLock<Option<PathBuf>> = OnceLock::new();
+/// the error (for `require!`) when the toolchain is missing.
+fn wheel() -> Result<PathBuf, String> {
+    static WHEEL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     WHEEL
         .get_or_init(|| {
-            if !require_command("cargo-zigbuild") {
-                return None;
+            if !on_path("cargo-zigbuild") {
+                return Err("`cargo-zigbuild` on PATH".into());
             }
             let out = Command::new(repo().join("scripts/wheel"))
                 .stderr(Stdio::inherit())
@@ -33,7 +33,7 @@ fn wheel() -> Option<PathBuf> {
             assert!(out.status.success(), "scripts/wheel failed");
             let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
             assert!(path.is_file(), "scripts/wheel printed {}", path.display());
-            Some(path)
+            Ok(path)
         })
         .clone()
 }
@@ -74,32 +74,29 @@ fn the_python_package_states_the_workspace_version() {
 
 #[test]
 fn the_wheel_is_manylinux2014_and_its_library_needs_glibc_alone() {
-    let Some(wheel) = wheel() else { return };
+    require!(on_path("auditwheel"), "`auditwheel` on PATH");
+    require!(on_path("readelf"), "`readelf` on PATH");
+    let wheel = require!(wheel());
     let name = wheel.file_name().unwrap().to_str().unwrap();
     assert_eq!(
         name,
         format!("tllm_affinity-{VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
     );
-    if require_command("auditwheel") {
-        let out = Command::new("auditwheel")
-            .arg("show")
-            .arg(&wheel)
-            .output()
-            .unwrap();
-        let shown = text(&out);
-        assert!(out.status.success(), "{shown}");
-        assert!(
-            shown.contains("consistent with the following platform tag:")
-                && shown.contains("\"manylinux_2_17_x86_64\""),
-            "{shown}"
-        );
-    }
+    let out = Command::new("auditwheel")
+        .arg("show")
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains("consistent with the following platform tag:")
+            && shown.contains("\"manylinux_2_17_x86_64\""),
+        "{shown}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let library = dir.path().join("libtllm_affinity.so");
     extract(&wheel, WHEEL_LIBRARY, &library);
-    if !require_command("readelf") {
-        return;
-    }
     let dynamic = Command::new("readelf")
         .arg("-dW")
         .arg(&library)
@@ -201,7 +198,7 @@ fn tree(dir: &Path) -> BTreeSet<PathBuf> {
 
 #[test]
 fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() {
-    let Some(wheel) = wheel() else { return };
+    let wheel = require!(wheel());
     let work = tempfile::tempdir().unwrap();
     let venv = work.path().join("venv");
     let status = Command::new(python())
@@ -359,13 +356,9 @@ fn in_root(root: &Path, env: &[(&str, &str)], program: &[&str]) -> Output {
 
 #[test]
 fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
-    let Some(wheel) = wheel() else { return };
-    let Some(rootfs) = bullseye_rootfs() else {
-        return;
-    };
-    if !require_command("chroot") {
-        return;
-    }
+    let wheel = require!(wheel());
+    let rootfs = require!(bullseye_rootfs());
+    require!(on_path("chroot"), "`chroot` on PATH");
     // A copy of hard links (instant, and the cache stays untouched: files are only added to or
     // removed from the copy, never written).
     let copy = tempfile::tempdir_in(ROOTFS_CACHE).unwrap();
@@ -391,7 +384,7 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
         .status()
         .unwrap();
     assert!(chmod.success());
-    old_glibc_program(&opt.join("old_glibc"));
+    std::fs::copy(old_glibc_program(), opt.join("old_glibc")).unwrap();
 
     let glibc = in_root(&root, &[], &["getconf", "GNU_LIBC_VERSION"]);
     assert_eq!(text(&glibc).trim(), "glibc 2.31");
@@ -441,9 +434,7 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
 
 #[test]
 fn the_sdist_builds_with_cargo_and_installs_the_same_layout() {
-    if !require_command("cargo") {
-        return;
-    }
+    require!(on_path("cargo"), "`cargo` on PATH");
     let out = Command::new(repo().join("scripts/wheel"))
         .arg("--sdist")
         .output()

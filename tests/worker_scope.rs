@@ -10,9 +10,7 @@ use serde_json::Value;
 
 #[test]
 fn threads_started_in_a_worker_scope_are_workers_and_the_caller_stays_host() {
-    if !two_cpus_or_skip("a worker set narrower than the launch mask") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the launch mask"));
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
     let all = allowed_cpus().to_list();
@@ -21,13 +19,12 @@ fn threads_started_in_a_worker_scope_are_workers_and_the_caller_stays_host() {
         .env("PYTHONPATH", repo().join("python"))
         .env("TLLM_AFFINITY_POLICY", "numa")
         .env("TLLM_AFFINITY_LOCK_DIR", sysfs.path());
-    let mut population = Population::spawn(cmd);
-    let api: Value = serde_json::from_str(&population.line("API ")).unwrap();
+    let mut population = Driver::spawn(cmd, DEADLINE);
+    let api: Value = serde_json::from_str(&population.after("API ")).unwrap();
     let scoped = population.phase();
     population.proceed();
     let released = population.phase();
-    let end = population.finish();
-    assert!(end.status.success(), "{}", end.stderr);
+    let end = population.succeed();
 
     assert!(api["lease"].as_i64().unwrap() > 0, "{api}");
     assert_eq!(api["released"], false, "ending the scope keeps the lease");

@@ -74,14 +74,9 @@ fn app(way: Way, sysfs: &Sysfs, script: &str, pin: Option<&str>) -> Command {
     let mut cmd = clean(&argv[0]);
     cmd.args(&argv[1..]);
     let path = std::env::join_paths([programs_dir().join("upstream_trtllm"), programs_dir()]);
-    cmd.env("PYTHONPATH", path.unwrap())
+    with_openmp(&mut cmd)
+        .env("PYTHONPATH", path.unwrap())
         .env("TLLM_LOG_LEVEL", "info")
-        .env("RT_OMP", rt_omp())
-        .env("OMP_NUM_THREADS", "3")
-        .env("OMP_WAIT_POLICY", "passive")
-        .env_remove("OMP_PROC_BIND")
-        .env_remove("OMP_PLACES")
-        .env_remove("GOMP_CPU_AFFINITY")
         .env_remove("VIRTUAL_ENV")
         .env_remove("PYTHONHOME");
     if way != Way::Run {
@@ -96,62 +91,6 @@ fn app(way: Way, sysfs: &Sysfs, script: &str, pin: Option<&str>) -> Command {
 }
 
 // ---- Reading the phases ----
-
-/// Whether a census name belongs to `patterns`: each a name prefix, or `head*tail`.
-fn matches(name: &str, patterns: &[&str]) -> bool {
-    patterns.iter().any(|p| match p.split_once('*') {
-        Some((head, tail)) => {
-            name.len() >= head.len() + tail.len() && name.starts_with(head) && name.ends_with(tail)
-        }
-        None => name.starts_with(p),
-    })
-}
-
-/// Each of `patterns` names at least one thread of `phase`.
-fn present(phase: &Phase, patterns: &[&str]) {
-    for p in patterns {
-        assert!(
-            phase.threads.keys().any(|n| matches(n, &[p])),
-            "{}: no thread {p}: {}",
-            phase.name,
-            describe(phase)
-        );
-    }
-}
-
-/// With the library: every thread `workers` names is a worker on `worker`, every other thread a
-/// host on `host`.
-fn placed(phase: &Phase, workers: &[&str], worker: &str, host: &str, why: &str) {
-    for (name, seen) in &phase.threads {
-        let expected = if matches(name, workers) {
-            (worker, 1)
-        } else {
-            (host, 0)
-        };
-        assert_eq!(
-            (seen.mask.to_list().as_str(), seen.role),
-            expected,
-            "{} {name} (tid {}): {why}\n{}",
-            phase.name,
-            seen.tid,
-            describe(phase)
-        );
-    }
-}
-
-/// Every thread of `phase` is on `mask`.
-fn everyone_on(phase: &Phase, mask: &str, why: &str) {
-    for (name, seen) in &phase.threads {
-        assert_eq!(
-            seen.mask.to_list(),
-            mask,
-            "{} {name} (tid {}): {why}\n{}",
-            phase.name,
-            seen.tid,
-            describe(phase)
-        );
-    }
-}
 
 /// Without the library every role reads -1.
 fn no_roles(phases: &[&Phase]) {
@@ -217,23 +156,31 @@ fn settled(run: &mut Driver) -> Phase {
     phase
 }
 
-/// The port an app serves HTTP on (its `PORT <n>` line).
-fn port(run: &mut Driver) -> u16 {
-    let line = run.line("PORT ");
-    line["PORT ".len()..].trim().parse().unwrap()
+/// An HTTP app through its five phases: before, `PORT <n>`, during (then the test sends
+/// `GET /generate/a`), serving, shutdown (then `GET /generate/b`), after; the phases (settled),
+/// the end and the two responses.
+fn serve_two_requests(cmd: Command) -> ([Phase; 5], Finished, String, String) {
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let before = settled(&mut run);
+    run.proceed();
+    let port: u16 = run.after("PORT ").parse().unwrap();
+    let during = settled(&mut run);
+    let a = http_get(port, "/generate/a");
+    run.proceed();
+    let serving = settled(&mut run);
+    run.proceed();
+    let shutdown = settled(&mut run);
+    let b = http_get(port, "/generate/b");
+    run.proceed();
+    let after = settled(&mut run);
+    let end = run.finish();
+    let phases = [before, during, serving, shutdown, after];
+    (phases, end, a.join().unwrap(), b.join().unwrap())
 }
 
-/// Runs a program through all its phases with no action in between.
-fn all_phases(cmd: Command, count: usize) -> (Vec<Phase>, Finished) {
-    let mut run = Driver::spawn(cmd, LIMIT);
-    let mut phases = Vec::new();
-    for i in 0..count {
-        if i > 0 {
-            run.proceed();
-        }
-        phases.push(settled(&mut run));
-    }
-    (phases, run.finish())
+/// Runs a program through its `N` phases (settled) with no action in between.
+fn all_phases<const N: usize>(cmd: Command) -> ([Phase; N], Finished) {
+    Driver::spawn(cmd, LIMIT).phases_with(settled)
 }
 
 /// Upstream's own log line, with the GPU-local CPUs as the Python list it prints.
@@ -247,9 +194,10 @@ fn upstream_numa_line(cpus: &tllm_affinity_core::mask::CpuMask) -> String {
 fn upstream_pinned_everything(phases: &[&Phase], local: &str, end: &Finished, sysfs: &Sysfs) {
     no_roles(phases);
     for phase in &phases[1..] {
-        everyone_on(
+        expect(
             phase,
-            local,
+            All,
+            on(local),
             "upstream pins every thread of the process, never restores",
         );
     }
@@ -262,51 +210,27 @@ fn upstream_pinned_everything(phases: &[&Phase], local: &str, end: &Finished, sy
 
 // ---- Deployment 1: single-process TP1 worker in the HTTP server's process ----
 
-const TP1_WORKERS: [&str; 5] = [
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
-
 /// The main thread builds the LLM (the worker's threads and the main thread's OpenMP pool are
 /// born in the worker scope), then serves HTTP: the loop's executor threads, born after the LLM,
 /// are host threads; shutdown on the main thread restores the pool it kept.
 fn tp1_http_server(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let mut cmd = app(way, &sysfs, "tp1_http_server.py", None);
     cmd.env("TLLM_WORKER_USE_SINGLE_PROCESS", "1");
-    let mut run = Driver::spawn(cmd, LIMIT);
-    let before = settled(&mut run);
-    run.proceed();
-    let port = port(&mut run);
-    let during = settled(&mut run);
-    let a = http_get(port, "/generate/a");
-    run.proceed();
-    let serving = settled(&mut run);
-    run.proceed();
-    let shutdown = settled(&mut run);
-    let b = http_get(port, "/generate/b");
-    run.proceed();
-    let after = settled(&mut run);
-    let end = run.finish();
+    let ([before, during, serving, shutdown, after], end, a, b) = serve_two_requests(cmd);
     let phases = [&before, &during, &serving, &shutdown, &after];
     table(&format!("tp1 HTTP server {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
     assert!(a.contains(r#""engine": true"#), "the LLM answered a: {a}");
     assert!(
         b.contains(r#""engine": false"#),
         "no LLM after shutdown: {b}"
     );
 
-    everyone_on(&before, &all, "nothing configured yet");
+    expect(&before, All, on(&all), "nothing configured yet");
     present(&before, &["main", "user_metrics"]);
     present(&during, &["main", "user_metrics", "executor_loop"]);
     present(&during, &["await_response_thread", "engine_omp"]);
@@ -363,21 +287,17 @@ const SESSION_WORKERS: [&str; 6] = [
 /// workers; the user's script (main, its loop thread and the loop's executor, grown during the
 /// lease), the proxy's dispatch thread and the session's second pool thread are hosts.
 fn mpi_session_rank0(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let (phases, end) = all_phases(app(way, &sysfs, "mpi_session_rank0.py", None), 5);
-    let [before, during, serving, shutdown, after] = &phases[..] else {
-        unreachable!()
-    };
+    let (phases, end) = all_phases::<5>(app(way, &sysfs, "mpi_session_rank0.py", None));
+    let [before, during, serving, shutdown, after] = &phases;
     let phases = [before, during, serving, shutdown, after];
     table(&format!("MpiCommSession rank 0 {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
 
-    everyone_on(before, &all, "nothing configured yet");
+    expect(before, All, on(&all), "nothing configured yet");
     present(before, &["main", "user_loop", "user_pool0"]);
     present(during, &["ThreadPoolExecutor-*_0", "executor_loop"]);
     present(
@@ -439,37 +359,22 @@ const VISUALGEN_WORKERS: [&str; 3] = ["visual_gen_worker", "visual_gen_postproce
 /// HTTP server (main) and its request threads, the control thread, the coordinator started
 /// before the worker and the executor threads its loop grows are hosts.
 fn visualgen_rank0(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let mut run = Driver::spawn(app(way, &sysfs, "visualgen_rank0.py", None), LIMIT);
-    let before = settled(&mut run);
-    run.proceed();
-    let port = port(&mut run);
-    let during = settled(&mut run);
-    let a = http_get(port, "/generate/a");
-    run.proceed();
-    let serving = settled(&mut run);
-    run.proceed();
-    let shutdown = settled(&mut run);
-    let b = http_get(port, "/generate/b");
-    run.proceed();
-    let after = settled(&mut run);
-    let end = run.finish();
+    let ([before, during, serving, shutdown, after], end, a, b) =
+        serve_two_requests(app(way, &sysfs, "visualgen_rank0.py", None));
     let phases = [&before, &during, &serving, &shutdown, &after];
     table(&format!("VisualGen rank 0 {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
-    let (a, b) = (a.join().unwrap(), b.join().unwrap());
     assert!(a.contains("denoised"), "the worker answered a: {a}");
     assert!(
         b.contains(r#""image": null"#),
         "no executor after shutdown: {b}"
     );
 
-    everyone_on(&before, &all, "nothing configured yet");
+    expect(&before, All, on(&all), "nothing configured yet");
     present(&before, &["main", "control"]);
     present(&during, &["visual_gen_coordinator", "visual_gen_worker"]);
     present(&during, &["visual_gen_postprocess", "visual_omp"]);
@@ -537,25 +442,21 @@ const LEADER_WORKERS: [&str; 9] = [
 /// during the lease, by the worker) are workers: NUMA pinning stays effective for the leader;
 /// main, the control thread, the session server and the session's second pool thread are hosts.
 fn leader(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let mut cmd = app(way, &sysfs, "leader.py", None);
-    cmd.env("RT_NCCL", compile_c("nccl", true))
-        .env("RT_SPAWN", compile_c("rt_spawn", true))
+    cmd.env("RT_NCCL", Program::c("nccl").shared().build())
+        .env("RT_SPAWN", Program::c("progress_threads").shared().build())
         .env_remove("TLLM_AFFINITY_WORKER_LIBS");
-    let (phases, end) = all_phases(cmd, 5);
-    let [before, during, serving, shutdown, after] = &phases[..] else {
-        unreachable!()
-    };
+    let (phases, end) = all_phases::<5>(cmd);
+    let [before, during, serving, shutdown, after] = &phases;
     let phases = [before, during, serving, shutdown, after];
     table(&format!("multi-node leader {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
 
-    everyone_on(before, &all, "nothing configured yet");
+    expect(before, All, on(&all), "nothing configured yet");
     present(
         before,
         &["main", "control", "session_server", "mpi_progress"],
@@ -619,18 +520,14 @@ fn leader_without_the_library_pins_the_session_server() {
 const TWO_LLMS_PHASES: usize = 6;
 
 fn two_llms(way: Way) {
-    if !two_cpus_or_skip("a worker set narrower than the host") {
-        return;
-    }
+    require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let mut cmd = app(way, &sysfs, "two_llms.py", None);
     cmd.env("TLLM_WORKER_USE_SINGLE_PROCESS", "1");
-    let (phases, end) = all_phases(cmd, TWO_LLMS_PHASES);
-    let [before, first, second, first_down, third, last] = &phases[..] else {
-        unreachable!()
-    };
+    let (phases, end) = all_phases::<TWO_LLMS_PHASES>(cmd);
+    let [before, first, second, first_down, third, last] = &phases;
     let phases = [before, first, second, first_down, third, last];
     table(&format!("sequential LLMs {}", way.label()), &phases);
     assert!(end.status.success(), "{}", end.stderr);
@@ -639,10 +536,16 @@ fn two_llms(way: Way) {
 
     if !way.library() {
         no_roles(&phases);
-        everyone_on(first, &local, "upstream's first call pins every thread");
-        everyone_on(
+        expect(
+            first,
+            All,
+            on(&local),
+            "upstream's first call pins every thread",
+        );
+        expect(
             second,
-            &all,
+            All,
+            on(&all),
             "upstream's second call takes its own pin for a constraint and un-pins every thread",
         );
         assert!(
@@ -706,9 +609,8 @@ fn sequential_llms_without_the_library_unpin_at_the_second_llm() {
 /// threads get the same masks with the library as upstream gives them after its first call, while
 /// with the library the host threads keep the taskset mask.
 fn policy_under_taskset(numa_aware: Option<&str>, upstream_gives: fn(&Sysfs) -> String) {
-    if !two_cpus_or_skip("a constraint narrower than the host") || !require_command("taskset") {
-        return;
-    }
+    require!(two_cpus("a constraint narrower than the host"));
+    require!(on_path("taskset"), "`taskset` on PATH");
     let sysfs = Sysfs::two_nodes();
     let pinned = sysfs.node0.iter().next().unwrap().to_string();
     let first_phase = |way: Way| {
@@ -717,7 +619,7 @@ fn policy_under_taskset(numa_aware: Option<&str>, upstream_gives: fn(&Sysfs) -> 
         if let Some(value) = numa_aware {
             cmd.env("TLLM_NUMA_AWARE_WORKER_AFFINITY", value);
         }
-        let (phases, end) = all_phases(cmd, TWO_LLMS_PHASES);
+        let (phases, end) = all_phases::<TWO_LLMS_PHASES>(cmd);
         assert!(end.status.success(), "{}", end.stderr);
         let first = phases.into_iter().nth(1).unwrap();
         let setting = numa_aware.map_or("unset".to_string(), |v| format!("={v}"));

@@ -3,7 +3,7 @@
 
 use crate::mask::CpuMask;
 use crate::registry::{ThreadMasks, Tid};
-use crate::sys::{set_mask, with_mask};
+use crate::sys::{get_mask, set_mask, with_mask};
 
 /// The real kernel, for the registry model.
 pub struct Kernel;
@@ -39,6 +39,3 @@ impl ThreadMasks for Kernel {
         })
     }
 }
-
-/// Kept at its old path for the integration tests' helpers; code in this crate names [`crate::sys`].
-pub use crate::sys::get_mask;

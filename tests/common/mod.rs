@@ -5,15 +5,66 @@
 
 pub mod slurm;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Once, OnceLock};
+use std::time::{Duration, Instant};
 
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::simulated;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
+
+/// Skips the test where the host lacks something it needs: prints `skipped: needs <what>` and
+/// returns, except in CI (`CI=true`, where `.ci/run` installs everything), where it fails.
+/// `require!(available, "what")` for a condition; `let x = require!(probe())` for a probe giving
+/// `Result<T, String>`, its error saying what is missing.
+#[allow(unused_macros)]
+macro_rules! require {
+    ($available:expr, $what:expr $(,)?) => {
+        if !$available {
+            $crate::common::missing(&$what);
+            return;
+        }
+    };
+    ($probe:expr $(,)?) => {
+        match $probe {
+            Ok(found) => found,
+            Err(what) => {
+                $crate::common::missing(&what);
+                return;
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use require;
+
+/// What [`require!`] does for a missing capability: fails in CI, says the test is skipped
+/// elsewhere.
+pub fn missing(what: &str) {
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{what} is missing in CI, where .ci/run installs it"
+    );
+    println!("skipped: needs {what}");
+}
+
+/// Whether `name` is a program on PATH.
+pub fn on_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
+        .unwrap_or(false)
+}
+
+/// Whether this process runs as root.
+pub fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
 
 /// target/<profile>, from this test binary's path (target/<profile>/deps/<test>).
 pub fn target_dir() -> PathBuf {
@@ -137,64 +188,137 @@ pub fn programs_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs")
 }
 
-/// Compiles `tests/programs/<src>.c` into `out_name` under target/<profile>/test-programs with
-/// `compiler` and `flags` (after the source, before `-ldl`); rebuilt when the source,
-/// a header of tests/programs, or the command line changed. Every test program goes through here.
-pub fn compile_program(src: &str, out_name: &str, compiler: &str, flags: &[&str]) -> PathBuf {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let out_dir = target_dir().join("test-programs");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let out = out_dir.join(out_name);
-    let src_path = programs_dir().join(format!("{src}.c"));
-    let stamp = out.with_extension("args");
-    let args = format!("{compiler} {}", flags.join(" "));
-    let headers = std::fs::read_dir(programs_dir())
-        .unwrap()
-        .filter_map(|e| Some(e.ok()?.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "h"));
-    let newest_input = headers
-        .chain([src_path.clone()])
-        .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .max();
-    let fresh = out.exists()
-        && out.metadata().and_then(|m| m.modified()).ok() >= newest_input
-        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(args.as_str());
-    if !fresh {
-        let tmp = out_dir.join(format!("{out_name}.tmp{}", std::process::id()));
-        let status = Command::new(compiler)
-            .args(["-O1", "-g", "-Wall", "-pthread", "-o"])
-            .arg(&tmp)
-            .arg(&src_path)
-            .args(flags)
-            .arg("-ldl")
-            .status()
-            .unwrap_or_else(|e| panic!("{compiler}: {e}"));
-        assert!(status.success(), "compiling {} failed", src_path.display());
-        std::fs::rename(&tmp, &out).unwrap();
-        std::fs::write(&stamp, &args).unwrap();
-    }
-    out
+/// A C program of `tests/programs`, compiled into target/<profile>/test-programs with
+/// `<compiler> -O1 -g -Wall -Wextra -Werror -pthread -o <output> <source> <flags> -ldl`. Every
+/// test program goes through here: it is rebuilt only when its source, a header of
+/// tests/programs, or the command line changed; one test thread at a time builds, and each build
+/// goes to a file of its own renamed into place, so test binaries running at once never see a
+/// half-written program.
+pub struct Program {
+    source: String,
+    output: String,
+    compiler: Vec<String>,
+    flags: Vec<String>,
 }
 
-/// `tests/programs/<name>.c` built with cc; `shared` builds the shared object `lib<name>.so.2`.
-pub fn compile_c(name: &str, shared: bool) -> PathBuf {
-    compile_with(name, shared, "cc", &[])
+impl Program {
+    /// `tests/programs/<source>.c`, built with `cc` as the executable `<source>`.
+    pub fn c(source: &str) -> Program {
+        Program {
+            source: source.to_string(),
+            output: source.to_string(),
+            compiler: vec!["cc".to_string()],
+            flags: Vec::new(),
+        }
+    }
+
+    /// A shared object (`-fPIC -shared`), `lib<source>.so.2` unless [`Program::named`] says.
+    pub fn shared(mut self) -> Program {
+        self.output = format!("lib{}.so.2", self.source);
+        self.flags
+            .splice(0..0, ["-fPIC".to_string(), "-shared".to_string()]);
+        self
+    }
+
+    /// The output's file name (a path under test-programs).
+    pub fn named(mut self, output: &str) -> Program {
+        self.output = output.to_string();
+        self
+    }
+
+    /// Another compiler driver (`mpicc`; zig's `cc` with its target), its words in order.
+    pub fn compiler(mut self, words: &[&str]) -> Program {
+        self.compiler = words.iter().map(|w| w.to_string()).collect();
+        self
+    }
+
+    /// Arguments after the source (`-fopenmp`, `-lrt`, link flags).
+    pub fn flags(mut self, flags: &[&str]) -> Program {
+        self.flags.extend(flags.iter().map(|f| f.to_string()));
+        self
+    }
+
+    pub fn build(&self) -> PathBuf {
+        static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let out = target_dir().join("test-programs").join(&self.output);
+        let out_dir = out.parent().unwrap().to_path_buf();
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let src_path = programs_dir().join(format!("{}.c", self.source));
+        let stamp = out.with_extension("args");
+        let args = format!("{} {}", self.compiler.join(" "), self.flags.join(" "));
+        let headers = std::fs::read_dir(programs_dir())
+            .unwrap()
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "h"));
+        let newest_input = headers
+            .chain([src_path.clone()])
+            .filter_map(|p| p.metadata().and_then(|m| m.modified()).ok())
+            .max();
+        let fresh = out.exists()
+            && out.metadata().and_then(|m| m.modified()).ok() >= newest_input
+            && std::fs::read_to_string(&stamp).ok().as_deref() == Some(args.as_str());
+        if !fresh {
+            let name = out.file_name().unwrap().to_string_lossy();
+            let tmp = out_dir.join(format!("{name}.tmp{}", std::process::id()));
+            let (compiler, words) = self.compiler.split_first().expect("a compiler");
+            let built = Command::new(compiler)
+                .args(words)
+                .args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
+                .arg(&tmp)
+                .arg(&src_path)
+                .args(&self.flags)
+                .arg("-ldl")
+                .output()
+                .unwrap_or_else(|e| panic!("{compiler}: {e}"));
+            assert!(
+                built.status.success(),
+                "compiling {} failed:\n{}{}",
+                src_path.display(),
+                String::from_utf8_lossy(&built.stdout),
+                String::from_utf8_lossy(&built.stderr)
+            );
+            std::fs::rename(&tmp, &out).unwrap();
+            std::fs::write(&stamp, &args).unwrap();
+        }
+        out
+    }
+}
+
+/// `tests/programs/worker_library_routine.c` as `libnccl_routine.so.2`: a start routine the default
+/// `TLLM_AFFINITY_WORKER_LIBS` classifies, for the apply path (a host starting a worker).
+pub fn worker_library() -> PathBuf {
+    Program::c("worker_library_routine")
+        .shared()
+        .named("libnccl_routine.so.2")
+        .build()
+}
+
+/// `libopenmp_region.so.2`: tests/programs/openmp_region.c built with `-fopenmp` (a real libgomp
+/// pool).
+pub fn openmp_library() -> PathBuf {
+    Program::c("openmp_region")
+        .shared()
+        .flags(&["-fopenmp"])
+        .build()
 }
 
 /// The CPUs this test process may use.
 pub fn allowed_cpus() -> CpuMask {
-    tllm_affinity_core::engine::kernel::get_mask(0).expect("sched_getaffinity")
+    tllm_affinity_core::sys::get_mask(0).expect("sched_getaffinity")
 }
 
-/// False, after saying why the test is skipped, when this process has fewer than two CPUs: `what`
-/// (a worker set narrower than the host, a constraint...) cannot be shown then. In CI it fails.
-pub fn two_cpus_or_skip(what: &str) -> bool {
-    let all = allowed_cpus();
-    require(
-        all.count() >= 2,
-        &format!("two allowed CPUs ({what}; this process has [{all}])"),
-    )
+/// For [`require!`]: whether this process may use two CPUs or more, which `why` needs (a worker
+/// set narrower than the host, a constraint, two GPU-local sets cannot be shown on one).
+pub fn two_cpus(why: &str) -> Result<(), String> {
+    let allowed = allowed_cpus();
+    if allowed.count() >= 2 {
+        Ok(())
+    } else {
+        Err(format!(
+            "two allowed CPUs ({why}; this process has [{allowed}])"
+        ))
+    }
 }
 
 /// A simulated host written to a temp dir: node0 = the lower half of the allowed CPUs, node1
@@ -235,6 +359,13 @@ impl Sysfs {
 /// A command with the library preloaded and the simulated topology in place.
 pub fn preloaded(program: impl AsRef<std::ffi::OsStr>, sysfs: &Sysfs) -> Command {
     let mut cmd = Command::new(program);
+    preload(&mut cmd, sysfs);
+    cmd
+}
+
+/// [`preloaded`] for a command made otherwise (a cgroup's wrapper): the library preloaded, the
+/// simulated topology in place, none of the test's own steering variables inherited.
+pub fn preload<'a>(cmd: &'a mut Command, sysfs: &Sysfs) -> &'a mut Command {
     cmd.env("LD_PRELOAD", library())
         .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
         .env("TLLM_AFFINITY_LOG", "info");
@@ -254,6 +385,18 @@ pub fn preloaded(program: impl AsRef<std::ffi::OsStr>, sysfs: &Sysfs) -> Command
         cmd.env_remove(var);
     }
     cmd
+}
+
+/// The runtime programs' OpenMP: `RT_OMP` (a real libgomp region), three threads per team (the
+/// caller and two pool threads) whatever the CPU count, passive waiting so idle pools sleep, and
+/// no binding of libgomp's own.
+pub fn with_openmp(cmd: &mut Command) -> &mut Command {
+    cmd.env("RT_OMP", openmp_library())
+        .env("OMP_NUM_THREADS", "3")
+        .env("OMP_WAIT_POLICY", "passive")
+        .env_remove("OMP_PROC_BIND")
+        .env_remove("OMP_PLACES")
+        .env_remove("GOMP_CPU_AFFINITY")
 }
 
 /// The mask the kernel reports for one thread of a live process.
@@ -337,67 +480,182 @@ pub fn parse_phase(words: &str, pid: u32, host_tid: impl Fn(i32) -> Option<i32>)
     Phase { name, threads }
 }
 
-/// A program that prints `PHASE <name> <thread>=<tid>:<role> ...` and waits for a line on stdin.
-pub struct Population {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-    stderr_path: PathBuf,
-    _stderr_dir: tempfile::TempDir,
+/// The threads of a phase an [`expect`] speaks of.
+#[derive(Clone, Copy, Debug)]
+pub enum Threads<'a> {
+    /// Every thread the phase lists.
+    All,
+    /// These threads, each of which the phase must list.
+    Named(&'a [&'a str]),
+    /// The threads whose names match a pattern (a name prefix, or `head*tail`); each pattern
+    /// must match at least one.
+    Matching(&'a [&'a str]),
 }
 
+/// Whether a thread's name matches one of `patterns`: each a name prefix, or `head*tail`.
+pub fn matches(name: &str, patterns: &[&str]) -> bool {
+    patterns.iter().any(|p| match p.split_once('*') {
+        Some((head, tail)) => {
+            name.len() >= head.len() + tail.len() && name.starts_with(head) && name.ends_with(tail)
+        }
+        None => name.starts_with(p),
+    })
+}
+
+pub use Threads::{All, Matching, Named};
+
+/// What an [`expect`] asks of each thread it picks: a kernel mask and, where it says one, a role
+/// (0 host, 1 worker).
+#[derive(Clone, Copy, Debug)]
+pub struct Want<'a> {
+    pub mask: &'a str,
+    pub role: Option<i32>,
+}
+
+/// On `mask`, whatever the role.
+pub fn on(mask: &str) -> Want<'_> {
+    Want { mask, role: None }
+}
+
+/// A host thread on `mask`.
+pub fn host_on(mask: &str) -> Want<'_> {
+    Want {
+        mask,
+        role: Some(0),
+    }
+}
+
+/// A worker thread on `mask`.
+pub fn worker_on(mask: &str) -> Want<'_> {
+    Want {
+        mask,
+        role: Some(1),
+    }
+}
+
+/// The thread-table assertion of every phase test: each thread `threads` picks in `phase` is as
+/// `want` says; `why` and the whole table are in the message.
+pub fn expect(phase: &Phase, threads: Threads, want: Want, why: &str) {
+    let picked: Vec<(&String, &ThreadSeen)> = match threads {
+        All => phase.threads.iter().collect(),
+        Named(names) => names
+            .iter()
+            .map(|n| {
+                phase
+                    .threads
+                    .get_key_value(*n)
+                    .unwrap_or_else(|| panic!("{}: no thread {n}: {}", phase.name, describe(phase)))
+            })
+            .collect(),
+        Matching(patterns) => {
+            present(phase, patterns);
+            phase
+                .threads
+                .iter()
+                .filter(|(n, _)| matches(n, patterns))
+                .collect()
+        }
+    };
+    for (name, seen) in picked {
+        assert_eq!(
+            (seen.mask.to_list().as_str(), seen.role),
+            (want.mask, want.role.unwrap_or(seen.role)),
+            "{} {name} (tid {}): {why}\n{}",
+            phase.name,
+            seen.tid,
+            describe(phase)
+        );
+    }
+}
+
+/// Each of `patterns` (see [`matches`]) names at least one thread of `phase`.
+pub fn present(phase: &Phase, patterns: &[&str]) {
+    for p in patterns {
+        assert!(
+            phase.threads.keys().any(|n| matches(n, &[p])),
+            "{}: no thread {p}: {}",
+            phase.name,
+            describe(phase)
+        );
+    }
+}
+
+/// With the library: every thread `workers` matches (see [`matches`]) is a worker on `worker`,
+/// every other thread a host on `host`.
+pub fn placed(phase: &Phase, workers: &[&str], worker: &str, host: &str, why: &str) {
+    for name in phase.threads.keys() {
+        let want = if matches(name, workers) {
+            worker_on(worker)
+        } else {
+            host_on(host)
+        };
+        expect(phase, Named(&[name]), want, why);
+    }
+}
+
+/// What a finished program left: its status, everything it printed on stdout, its stderr.
 pub struct Finished {
     pub status: std::process::ExitStatus,
     pub stdout: String,
     pub stderr: String,
 }
 
-/// A program with piped stdin and stdout, its stderr collected in a file (a pipe nobody reads
-/// could fill and block it).
-struct Piped {
+/// The deadline of a run whose test names none.
+pub const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A program driven line by line with a deadline: its stdout read by a thread, its stderr
+/// collected in a file (a pipe nobody reads could fill and block it), in a process group of its
+/// own. Every wait for output fails the test when the deadline passes, killing the process group,
+/// so a hang is a failure, never a stuck test; dropping it kills the group too (what a failed
+/// assertion or the program left running).
+///
+/// Programs with phases print `PHASE <name> <thread>=<tid>:<role> ...` and wait for a line on
+/// stdin before going on.
+pub struct Driver {
     child: Child,
     stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    lines: Receiver<String>,
     stderr_path: PathBuf,
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
+    deadline: Instant,
+    /// Every stdout line read so far.
+    pub out: Vec<String>,
+    /// Lines read by [`Driver::line_in_any_order`] that no call has taken yet.
+    unclaimed: Vec<String>,
 }
 
-fn spawn_piped(cmd: &mut Command) -> Piped {
-    let dir = tempfile::tempdir().unwrap();
-    let stderr_path = dir.path().join("stderr");
-    let stderr = std::fs::File::create(&stderr_path).unwrap();
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    let stdin = child.stdin.take();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    Piped {
-        child,
-        stdin,
-        stdout,
-        stderr_path,
-        dir,
-    }
-}
-
-impl Population {
-    pub fn spawn(mut cmd: Command) -> Population {
-        let Piped {
+impl Driver {
+    pub fn spawn(mut cmd: Command, limit: Duration) -> Driver {
+        let dir = tempfile::tempdir().unwrap();
+        let stderr_path = dir.path().join("stderr");
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Driver {
             child,
             stdin,
-            stdout,
+            lines: rx,
             stderr_path,
-            dir,
-        } = spawn_piped(&mut cmd);
-        Population {
-            child,
-            stdin,
-            stdout,
-            stderr_path,
-            _stderr_dir: dir,
+            _dir: dir,
+            deadline: Instant::now() + limit,
+            out: Vec::new(),
+            unclaimed: Vec::new(),
         }
     }
 
@@ -409,47 +667,201 @@ impl Population {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
-    /// Waits for the next checkpoint and reads every named thread's mask from `/proc`.
+    /// Kills the program's process group (the program and whatever it started that stayed in
+    /// it) and reaps the program.
+    fn kill(&mut self) {
+        // SAFETY: a signal to the process group this Driver made (its id is the program's pid).
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn fail(&mut self, why: &str) -> ! {
+        let states = thread_states(self.pid());
+        self.kill();
+        panic!(
+            "{why}\nthreads (tid:state:wchan): {states}\nstdout so far:\n{}\nstderr:\n{}",
+            self.out.join("\n"),
+            self.stderr()
+        );
+    }
+
+    /// The next stdout line (kept in `out`), `None` once stdout is closed; past the deadline
+    /// the test fails, saying it was `waiting_for` that.
+    fn next_line(&mut self, waiting_for: &str) -> Option<String> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(left) {
+            Ok(line) => {
+                self.out.push(line.clone());
+                Some(line)
+            }
+            Err(RecvTimeoutError::Disconnected) => None,
+            Err(RecvTimeoutError::Timeout) => self.fail(&format!(
+                "deadline passed waiting for {waiting_for}: killed"
+            )),
+        }
+    }
+
+    /// The next stdout line that starts with `prefix` (lines before it are kept in `out`).
+    pub fn line(&mut self, prefix: &str) -> String {
+        loop {
+            match self.next_line(&format!("{prefix:?}")) {
+                Some(line) if line.starts_with(prefix) => return line,
+                Some(_) => {}
+                None => {
+                    let status = self.child.wait().ok();
+                    self.fail(&format!(
+                        "the program ended ({status:?}) before printing {prefix:?}"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// The first line starting with `prefix` that no call of this kind took yet, whatever
+    /// printed before it: for processes that print at once (MPI ranks), in any order.
+    pub fn line_in_any_order(&mut self, prefix: &str) -> String {
+        if let Some(i) = self.unclaimed.iter().position(|l| l.starts_with(prefix)) {
+            return self.unclaimed.remove(i);
+        }
+        loop {
+            match self.next_line(&format!("{prefix:?}")) {
+                Some(line) if line.starts_with(prefix) => return line,
+                Some(line) => self.unclaimed.push(line),
+                None => {
+                    let status = self.child.wait().ok();
+                    self.fail(&format!(
+                        "the program ended ({status:?}) before printing {prefix:?}"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Whether the program has exited, after waiting at most `limit` for it.
+    pub fn exited_within(&mut self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// What follows `prefix` on the next line that starts with it, trimmed (`PORT 8000` → `8000`).
+    pub fn after(&mut self, prefix: &str) -> String {
+        self.line(prefix)[prefix.len()..].trim().to_string()
+    }
+
+    /// The next PHASE line, with every named thread's mask read from `/proc`.
     pub fn phase(&mut self) -> Phase {
-        let line = self.line("PHASE ");
-        parse_phase(&line, self.pid(), Some)
+        let words = self.after("PHASE ");
+        parse_phase(&words, self.pid(), Some)
     }
 
-    /// Lets the program go on to its next phase.
+    /// The next `REPORT <tag> <json>` line, parsed.
+    pub fn report(&mut self, tag: &str) -> serde_json::Value {
+        let json = self.after(&format!("REPORT {tag} "));
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"))
+    }
+
+    /// Lets the program go on past its current phase (a program that has ended is fine).
     pub fn proceed(&mut self) {
-        let stdin = self.stdin.as_mut().unwrap();
-        stdin.write_all(b"\n").unwrap();
-        stdin.flush().unwrap();
-    }
-
-    /// Runs the program to its end, answering every phase, and collects what it printed.
-    pub fn finish(mut self) -> Finished {
-        // Answer a phase the program may still be waiting at (it may also have ended already,
-        // so a closed pipe is fine), then close its stdin.
         if let Some(stdin) = self.stdin.as_mut() {
             let _ = stdin.write_all(b"\n").and_then(|_| stdin.flush());
         }
-        drop(self.stdin.take());
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
-        let status = self.child.wait().unwrap();
-        Finished {
-            status,
-            stdout: rest,
-            stderr: self.stderr(),
-        }
     }
 
-    /// Collects every phase until the program ends.
-    pub fn all_phases(mut self, count: usize) -> (Vec<Phase>, Finished) {
-        let mut phases = Vec::new();
-        for _ in 0..count {
-            phases.push(self.phase());
-            self.proceed();
-        }
-        let finished = self.finish();
-        (phases, finished)
+    /// Answers the current phase, closes stdin, reads the rest of stdout and waits for the end,
+    /// all before the deadline; `stdout` is everything the program printed.
+    pub fn finish(mut self) -> Finished {
+        self.proceed();
+        drop(self.stdin.take());
+        while self.next_line("the end").is_some() {}
+        self.wait()
     }
+
+    /// [`Driver::finish`], and the program exited 0 (its stderr in the message).
+    pub fn succeed(self) -> Finished {
+        let end = self.finish();
+        assert!(end.status.success(), "{}\n{}", end.status, end.stderr);
+        end
+    }
+
+    /// At the program's next phase, the thread ids the kernel lists; answered, the program prints
+    /// `REPORT <tag> <json>`, whose threads must be exactly those (the library's registry equals
+    /// the live threads). The phase, the tids and the report.
+    pub fn phase_and_registry(&mut self, tag: &str) -> (Phase, BTreeSet<i32>, serde_json::Value) {
+        let phase = self.phase();
+        let live = task_tids(self.pid());
+        self.proceed();
+        let report = self.report(tag);
+        assert_eq!(report_tids(&report), live, "{report}");
+        (phase, live, report)
+    }
+
+    /// `N` phases, answered in turn, then the end.
+    pub fn all_phases<const N: usize>(self) -> ([Phase; N], Finished) {
+        self.phases_with(Driver::phase)
+    }
+
+    /// [`Driver::all_phases`], each phase read by `read` (a containerised program's, one
+    /// settled after its exiting threads are gone).
+    pub fn phases_with<const N: usize>(
+        mut self,
+        mut read: impl FnMut(&mut Driver) -> Phase,
+    ) -> ([Phase; N], Finished) {
+        let phases = std::array::from_fn(|i| {
+            if i > 0 {
+                self.proceed();
+            }
+            read(&mut self)
+        });
+        (phases, self.finish())
+    }
+
+    /// Runs the program to its end, answering every PHASE line as it comes; `stdout` is
+    /// everything it printed.
+    pub fn answer_all(mut self) -> Finished {
+        while let Some(line) = self.next_line("the end") {
+            if line.starts_with("PHASE ") {
+                self.proceed();
+            }
+        }
+        self.finish()
+    }
+
+    /// The exit, once stdout is closed, before the deadline.
+    fn wait(&mut self) -> Finished {
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Finished {
+                    status,
+                    stdout: self.out.join("\n"),
+                    stderr: self.stderr(),
+                };
+            }
+            if Instant::now() > self.deadline {
+                self.fail("deadline passed waiting for the exit: killed");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs a command to its end with stdin closed, failing (and killing it) past `limit`.
+pub fn run_bounded(cmd: Command, limit: Duration) -> Finished {
+    Driver::spawn(cmd, limit).finish()
 }
 
 /// True when the kernel lets this process make cpuset cgroups (v1 here, v2 elsewhere).
@@ -467,7 +879,12 @@ pub struct CpusetCgroup {
 }
 
 impl CpusetCgroup {
+    /// The error (for [`require!`]) says why there is none.
     pub fn create(cpus: &str) -> Result<CpusetCgroup, String> {
+        Self::make(cpus).map_err(|why| format!("a cpuset cgroup ({why})"))
+    }
+
+    fn make(cpus: &str) -> Result<CpusetCgroup, String> {
         let root = cpuset_cgroup_root().ok_or("no cgroup v1 cpuset hierarchy mounted")?;
         let path = root.join(format!(
             "tllm-affinity-test-{}-{}",
@@ -515,42 +932,6 @@ fn rand_suffix() -> u64 {
         .unwrap_or(0)
 }
 
-// ---- Helpers of the runtime, MPI, constraint and deployment tests (tests/runtimes.rs, ...) ----
-
-/// As [`compile_c`], with another compiler driver (`mpicc`) and extra flags (`-fopenmp`).
-pub fn compile_with(name: &str, shared: bool, compiler: &str, flags: &[&str]) -> PathBuf {
-    if shared {
-        let flags: Vec<&str> = ["-fPIC", "-shared"].iter().chain(flags).copied().collect();
-        compile_program(name, &format!("lib{name}.so.2"), compiler, &flags)
-    } else {
-        compile_program(name, name, compiler, flags)
-    }
-}
-
-/// `librt_omp.so.2`: tests/programs/rt_omp.c built with `-fopenmp` (a real libgomp pool).
-pub fn rt_omp() -> PathBuf {
-    compile_with("rt_omp", true, "cc", &["-fopenmp"])
-}
-
-impl Population {
-    /// Waits for a line starting with `prefix` (before the next phase) and returns the rest.
-    pub fn line(&mut self, prefix: &str) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = self.stdout.read_line(&mut line).unwrap();
-            assert!(
-                n > 0,
-                "program ended before printing {prefix:?}; stderr:\n{}",
-                self.stderr()
-            );
-            if let Some(rest) = line.strip_prefix(prefix) {
-                return rest.trim().to_string();
-            }
-        }
-    }
-}
-
 /// `GET <path>` on 127.0.0.1:`port` from a new thread; the handle gives the whole response.
 /// Bounded: a server that never answers fails the request after 30 s.
 pub fn http_get(port: u16, path: &str) -> std::thread::JoinHandle<String> {
@@ -566,25 +947,6 @@ pub fn http_get(port: u16, path: &str) -> std::thread::JoinHandle<String> {
         stream.read_to_string(&mut response).expect("response");
         response
     })
-}
-
-// ---- Lifecycle, fault, stress and security tests (tests/lifecycle.rs and its siblings) ----
-
-/// Compiles `tests/programs/<src>.c` (which may include `lc_common.h`) into `out_name`, warnings
-/// as errors, with `extra` cc arguments (link flags, `-shared -fPIC`).
-pub fn compile_lc(src: &str, out_name: &str, extra: &[&str]) -> PathBuf {
-    let flags: Vec<&str> = ["-Wextra", "-Werror"]
-        .iter()
-        .chain(extra)
-        .copied()
-        .collect();
-    compile_program(src, out_name, "cc", &flags)
-}
-
-/// `tests/programs/lc_workerlib.c` as `libnccl_lc.so.2`: a start routine the default
-/// `TLLM_AFFINITY_WORKER_LIBS` classifies, for the apply path (a host starting a worker).
-pub fn worker_library() -> PathBuf {
-    compile_lc("lc_workerlib", "libnccl_lc.so.2", &["-shared", "-fPIC"])
 }
 
 /// The thread ids the kernel lists for a live process.
@@ -646,190 +1008,6 @@ pub fn thread_states(pid: u32) -> String {
         .join(" ")
 }
 
-/// A program driven line by line with a deadline: every wait for output fails the test (and
-/// kills the process) when the deadline passes, so a hang is a failure, never a stuck test.
-pub struct Driver {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: std::sync::mpsc::Receiver<String>,
-    stderr_path: PathBuf,
-    _dir: tempfile::TempDir,
-    deadline: std::time::Instant,
-    /// Every stdout line read so far.
-    pub out: Vec<String>,
-}
-
-impl Driver {
-    pub fn spawn(mut cmd: Command, limit: std::time::Duration) -> Driver {
-        let Piped {
-            child,
-            stdin,
-            stdout,
-            stderr_path,
-            dir,
-        } = spawn_piped(&mut cmd);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Driver {
-            child,
-            stdin,
-            lines: rx,
-            stderr_path,
-            _dir: dir,
-            deadline: std::time::Instant::now() + limit,
-            out: Vec::new(),
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
-    }
-
-    fn fail(&mut self, why: &str) -> ! {
-        let states = thread_states(self.pid());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        panic!(
-            "{why}\nthreads (tid:state:wchan): {states}\nstdout so far:\n{}\nstderr:\n{}",
-            self.out.join("\n"),
-            self.stderr()
-        );
-    }
-
-    /// The next stdout line that starts with `prefix` (lines before it are kept in `out`).
-    pub fn line(&mut self, prefix: &str) -> String {
-        loop {
-            let left = self
-                .deadline
-                .saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.out.push(line.clone());
-                    if line.starts_with(prefix) {
-                        return line;
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    self.fail(&format!("deadline passed waiting for {prefix:?}: killed"))
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = self.child.wait().ok();
-                    self.fail(&format!(
-                        "the program ended ({status:?}) before printing {prefix:?}"
-                    ))
-                }
-            }
-        }
-    }
-
-    /// The next PHASE line, with every named thread's mask read from `/proc`.
-    pub fn phase(&mut self) -> Phase {
-        let line = self.line("PHASE ");
-        parse_phase(&line["PHASE ".len()..], self.pid(), Some)
-    }
-
-    /// The next `REPORT <tag> <json>` line, parsed.
-    pub fn report(&mut self, tag: &str) -> serde_json::Value {
-        let line = self.line(&format!("REPORT {tag} "));
-        let json = &line[format!("REPORT {tag} ").len()..];
-        serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"))
-    }
-
-    /// Lets the program go on past its current phase.
-    pub fn proceed(&mut self) {
-        if let Some(stdin) = self.stdin.as_mut() {
-            let _ = stdin.write_all(b"\n").and_then(|_| stdin.flush());
-        }
-    }
-
-    /// Answers the current phase, closes stdin, reads the rest of stdout and waits for the end,
-    /// all before the deadline;
-    /// `stdout` is everything the program printed.
-    pub fn finish(mut self) -> Finished {
-        // Answer a phase the program may still be waiting at, then close its stdin.
-        self.proceed();
-        drop(self.stdin.take());
-        let mut rest = Vec::new();
-        loop {
-            let left = self
-                .deadline
-                .saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => rest.push(line),
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    self.out.append(&mut rest);
-                    self.fail("deadline passed waiting for the end: killed")
-                }
-            }
-        }
-        self.out.extend(rest);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Finished {
-                    status,
-                    stdout: self.out.join("\n"),
-                    stderr: self.stderr(),
-                };
-            }
-            if std::time::Instant::now() > self.deadline {
-                self.fail("deadline passed waiting for the exit: killed");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-}
-
-impl Driver {
-    /// Runs the program to its end, answering every PHASE line as it comes; `stdout` is
-    /// everything it printed.
-    pub fn answer_all(mut self) -> Finished {
-        loop {
-            let left = self
-                .deadline
-                .saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    let phase = line.starts_with("PHASE ");
-                    self.out.push(line);
-                    if phase {
-                        self.proceed();
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return self.finish(),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    self.fail("deadline passed: killed")
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// Runs a command to its end with stdin closed, failing (and killing it) past `limit`.
-pub fn run_bounded(cmd: Command, limit: std::time::Duration) -> Finished {
-    Driver::spawn(cmd, limit).finish()
-}
-
 /// One line per phase, `phase: thread=mask(role) ...`, for the tests' printed record (seen with
 /// `--nocapture`, and on failure).
 pub fn describe(phase: &Phase) -> String {
@@ -846,48 +1024,17 @@ pub fn describe(phase: &Phase) -> String {
     format!("{}: {}", phase.name, threads.join(" "))
 }
 
-impl Population {
-    /// Answers the phase the program waits at (if it is still there), closes its stdin, and
-    /// collects what it printed until it ends.
-    pub fn conclude(mut self) -> Finished {
-        if let Some(mut stdin) = self.stdin.take() {
-            let _ = stdin.write_all(b"\n");
-            let _ = stdin.flush();
-        }
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
-        let status = self.child.wait().unwrap();
-        Finished {
-            status,
-            stdout: rest,
-            stderr: self.stderr(),
-        }
-    }
-}
-
-/// True when the host can run what a test needs. When it cannot, the test fails in CI
-/// (`CI=true`, where `.ci/run` installs everything) and elsewhere prints why it is skipped.
-pub fn require(available: bool, what: &str) -> bool {
-    if available {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{what} is missing in CI, where .ci/run installs it"
-    );
-    println!("skipped: needs {what}");
-    false
-}
-
-/// [`require`] for a program on PATH.
-pub fn require_command(name: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
-        .unwrap_or(false);
-    require(found, &format!("`{name}` on PATH"))
-}
-
 // ---- The pip-installed Python package (tests/zero_code.rs) ----
+
+/// The worker threads of the zero-code fixture's single-process TP1 LLM
+/// (tests/programs/zero_code, tests/zero_code.rs and tests/containers.rs).
+pub const TP1_WORKERS: [&str; 5] = [
+    "executor_loop",
+    "await_response_thread",
+    "stats_thread",
+    "engine_omp",
+    "loop_omp",
+];
 
 /// The interpreter of a virtual environment holding the repo's `python/` package as `pip install`
 /// leaves it for a user (the `.pth` start-up hook included, once the package ships one):
@@ -974,25 +1121,24 @@ const MIRROR: &str = "http://deb.debian.org/debian";
 
 /// Debian bullseye (glibc 2.31: the old-glibc checks of tests/wheel.rs and tests/containers.rs),
 /// `debootstrap --variant=minbase`, made once and kept in
-/// `/var/cache/tllm-affinity/bullseye-minbase` for every checkout. None (a skip; a failure in
-/// CI) when it cannot be made: not root, no debootstrap, or the mirror out of reach.
-pub fn bullseye_rootfs() -> Option<PathBuf> {
+/// `/var/cache/tllm-affinity/bullseye-minbase` for every checkout. The error (for [`require!`])
+/// says what is missing when it cannot be made: root, debootstrap, or the mirror.
+pub fn bullseye_rootfs() -> Result<PathBuf, String> {
     use std::os::fd::AsRawFd;
     let cache = Path::new(ROOTFS_CACHE);
     let rootfs = cache.join("bullseye-minbase");
-    // SAFETY: geteuid has no preconditions.
-    if !require(unsafe { libc::geteuid() } == 0, "root (chroot)") {
-        return None;
+    if !root() {
+        return Err("root (chroot)".into());
     }
     std::fs::create_dir_all(cache).unwrap();
     let lock = std::fs::File::create(cache.join("bullseye.lock")).unwrap();
     // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
     if rootfs.join("usr/bin/true").is_file() {
-        return Some(rootfs);
+        return Ok(rootfs);
     }
-    if !require_command("debootstrap") {
-        return None;
+    if !on_path("debootstrap") {
+        return Err("`debootstrap` on PATH".into());
     }
     let partial = cache.join(format!("bullseye.partial.{}", std::process::id()));
     let out = Command::new("debootstrap")
@@ -1009,35 +1155,28 @@ pub fn bullseye_rootfs() -> Option<PathBuf> {
             String::from_utf8_lossy(&out.stderr)
         );
         let tail: Vec<&str> = log.lines().rev().take(3).collect();
-        require(
-            false,
-            &format!(
-                "a Debian bullseye root filesystem: `debootstrap --variant=minbase bullseye {MIRROR}` \
-                 failed (is the mirror reachable?): {}",
-                tail.join(" | ")
-            ),
-        );
-        return None;
+        return Err(format!(
+            "a Debian bullseye root filesystem: `debootstrap --variant=minbase bullseye {MIRROR}` \
+             failed (is the mirror reachable?): {}",
+            tail.join(" | ")
+        ));
     }
     std::fs::rename(&partial, &rootfs).unwrap();
-    Some(rootfs)
+    Ok(rootfs)
 }
 
 /// `tests/programs/old_glibc.c` linked against glibc 2.17 by zig (the wheel's toolchain), so that
 /// it runs in the old root filesystem.
-pub fn old_glibc_program(to: &Path) {
-    let out = Command::new(python())
-        .args(["-m", "ziglang", "cc", "-target", "x86_64-linux-gnu.2.17"])
-        .args(["-O1", "-Wall", "-pthread", "-o"])
-        .arg(to)
-        .arg(programs_dir().join("old_glibc.c"))
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "zig cc: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+pub fn old_glibc_program() -> PathBuf {
+    let python = python();
+    Program::c("old_glibc")
+        .compiler(&[
+            python.to_str().unwrap(),
+            "-m",
+            "ziglang",
+            "cc",
+            "-target",
+            "x86_64-linux-gnu.2.17",
+        ])
+        .build()
 }

@@ -62,37 +62,38 @@ static DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 const DAEMONS: [&str; 4] = ["munged", "slurmctld", "slurmd", "srun"];
 
-/// True when the Slurm and munge programs are installed (scripts/setup installs them); otherwise
-/// the test says it is skipped, or fails in CI.
-pub fn installed() -> bool {
-    DAEMONS.iter().all(|d| super::require_command(d))
+/// The first Slurm or munge program that is not installed (scripts/setup installs them), for
+/// [`require!`](super::require).
+fn installed() -> Result<(), String> {
+    match DAEMONS.iter().find(|d| !super::on_path(d)) {
+        Some(missing) => Err(format!("`{missing}` on PATH")),
+        None => Ok(()),
+    }
 }
 
-/// The cluster for `plugin`, started at the first call; `None` (after saying why) where it
-/// cannot run here.
-pub fn cluster(plugin: TaskPlugin) -> Option<&'static Cluster> {
-    static CG: OnceLock<Option<Cluster>> = OnceLock::new();
-    static AF: OnceLock<Option<Cluster>> = OnceLock::new();
+/// The cluster for `plugin`, started at the first call; the error (for
+/// [`require!`](super::require)) says what this host lacks to run it.
+pub fn cluster(plugin: TaskPlugin) -> Result<&'static Cluster, String> {
+    static CG: OnceLock<Result<Cluster, String>> = OnceLock::new();
+    static AF: OnceLock<Result<Cluster, String>> = OnceLock::new();
     let cell = match plugin {
         TaskPlugin::AffinityAndCgroup => &CG,
         TaskPlugin::Affinity => &AF,
     };
     cell.get_or_init(|| {
-        if !installed() {
-            return None;
-        }
+        installed()?;
         if plugin == TaskPlugin::AffinityAndCgroup
-            && !super::require(
-                super::cpuset_cgroup_root().is_some()
-                    && Path::new("/sys/fs/cgroup/freezer").is_dir(),
-                "cgroup v1 cpuset and freezer hierarchies (task/cgroup, proctrack/cgroup)",
-            )
+            && !(super::cpuset_cgroup_root().is_some()
+                && Path::new("/sys/fs/cgroup/freezer").is_dir())
         {
-            return None;
+            return Err(
+                "cgroup v1 cpuset and freezer hierarchies (task/cgroup, proctrack/cgroup)".into(),
+            );
         }
-        Some(start_cluster(plugin))
+        Ok(start_cluster(plugin))
     })
     .as_ref()
+    .map_err(Clone::clone)
 }
 
 impl Cluster {

@@ -3,7 +3,7 @@
  *   vforked   after the child exited: main and T
  *   set       after the worker itself set CUDA_VISIBLE_DEVICES=1
  * then `ERRNO setenv=<rc>/<errno> unsetenv=<rc>/<errno>` for a name with '=' in it (EINVAL). */
-#include "lc_common.h"
+#include "agents.h"
 #include <sys/wait.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

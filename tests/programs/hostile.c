@@ -12,9 +12,9 @@
  *                            creating threads (so both take the library's locks)
  *
  * Output: PHASE lines (the test reads the kernel's masks, then answers on stdin), REPORT lines
- * and result lines, as in lc_common.h.
+ * and result lines, as in agents.h.
  */
-#include "lc_common.h"
+#include "agents.h"
 
 #include <aio.h>
 #include <fcntl.h>

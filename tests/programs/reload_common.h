@@ -2,7 +2,7 @@
 #ifndef RELOAD_COMMON_H
 #define RELOAD_COMMON_H
 
-#include "lc_common.h"
+#include "agents.h"
 
 struct plugin {
     void *handle;

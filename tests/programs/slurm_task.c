@@ -7,7 +7,7 @@
  *
  * (masks from sched_getaffinity, roles from tllm_affinity_role, the cpuset from the cgroup v1
  * file of /proc/self/cpuset, `-` where there is none) and ends. */
-#include "lc_common.h"
+#include "agents.h"
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;

@@ -22,7 +22,7 @@ import threading
 import time
 
 from phases import phase_all
-from rt_lib import say
+from runtime_helpers import say
 from tensorrt_llm.llmapi.mpi_session import RemoteMpiCommSessionServer
 
 server = RemoteMpiCommSessionServer(n_workers=2, addr=("127.0.0.1", 0))

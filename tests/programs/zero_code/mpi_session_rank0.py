@@ -17,7 +17,7 @@ import os
 import threading
 
 from phases import note, phase_all
-from rt_lib import say
+from runtime_helpers import say
 from tensorrt_llm import LLM
 from tensorrt_llm.llmapi import MpiCommSession
 

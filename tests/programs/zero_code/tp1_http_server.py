@@ -17,7 +17,7 @@ import json
 import threading
 
 from phases import note, phase_all, role
-from rt_lib import say
+from runtime_helpers import say
 from tensorrt_llm import LLM
 
 let_go = threading.Event()

@@ -10,7 +10,7 @@ end (llm2 and llm3 shut down). Imports only tensorrt_llm and the test instrument
 import threading
 
 from phases import phase_all
-from rt_lib import say
+from runtime_helpers import say
 from tensorrt_llm import LLM
 
 done = threading.Event()

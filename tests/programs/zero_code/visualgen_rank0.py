@@ -18,7 +18,7 @@ import queue
 import threading
 
 from phases import note, phase_all, role
-from rt_lib import say
+from runtime_helpers import say
 from tensorrt_llm._torch.visual_gen.executor import DiffusionExecutor
 
 let_go = threading.Event()

@@ -1,8 +1,8 @@
 """Stand-ins for the native libraries a real server loads, over the test programs of
-tests/programs: torch's intra-op OpenMP pool (``RT_OMP``: rt_omp.c, a real libgomp parallel
+tests/programs: torch's intra-op OpenMP pool (``RT_OMP``: openmp_region.c, a real libgomp parallel
 region) and MPI/NCCL progress threads (``RT_NCCL`` + ``RT_SPAWN``: nccl.c, built as libnccl.so.2,
-whose start routine the default ``TLLM_AFFINITY_WORKER_LIBS`` matches, started by rt_spawn.c's
-``pthread_create`` from the calling thread). Without the variables there are no such threads.
+whose start routine the default ``TLLM_AFFINITY_WORKER_LIBS`` matches, started by
+progress_threads.c's ``pthread_create`` from the calling thread). Without the variables there are no such threads.
 
 Each native thread gets a name (its kernel ``comm``), as the tests tell threads apart by name.
 """

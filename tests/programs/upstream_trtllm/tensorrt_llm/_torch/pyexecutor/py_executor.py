@@ -4,7 +4,7 @@ step on its own intra-op (OpenMP) pool.
 
 With ``RT_ENGINE_LOOP=1`` (scripts/bench --server) the loop steps without pause, like an
 in-flight batching engine: each iteration takes every request queued since the last one, runs one
-forward step in native code (rt_omp's parallel region, called through ctypes, so the GIL is
+forward step in native code (openmp_region.c's parallel region, called through ctypes, so the GIL is
 released while it computes) and answers the batch; ``iterations`` counts the steps."""
 import os
 import queue

@@ -11,13 +11,13 @@ until the worker lets every held request go at the end.
 Phases, each printed by the worker thread after the requests the test sent since the last one
 have arrived: before (one request held), configured, lease (a request made during the lease,
 with its own OpenMP pool), released, after (a request after release; the worker's pool runs
-again). Env: RT_OMP = librt_omp.so.2; the test sets OMP_NUM_THREADS and OMP_WAIT_POLICY.
+again). Env: RT_OMP = libopenmp_region.so.2; the test sets OMP_NUM_THREADS and OMP_WAIT_POLICY.
 """
 import http.server
 import json
 import threading
 
-from rt_lib import LIB, Omp, blas_work, configure, import_numpy, note, phase, release, say
+from runtime_helpers import LIB, Omp, blas_work, configure, import_numpy, note, phase, release, say
 
 omp = Omp()
 seen = {}

@@ -5,14 +5,14 @@ a native progress thread (mpi_progress) from the host thread; the session server
 thread; the session's two-thread pool runs rank 0's worker_main on one thread, which builds the
 worker (setup_engine configures through the adapter) and initialises "NCCL" (nccl_progress).
 
-Native progress threads are started with rt_spawn.c's spawn_progress from whichever thread asks,
-with their start routine in libnccl.so.2 (tests/programs/nccl.c), a TLLM_AFFINITY_WORKER_LIBS
+Native progress threads are started with progress_threads.c's spawn_progress from whichever
+thread asks, with their start routine in libnccl.so.2 (tests/programs/nccl.c), a TLLM_AFFINITY_WORKER_LIBS
 object: they are workers whoever made them. During the lease the session server, asked over
 loopback, starts one more (late_progress); after shutdown, one more (after_progress).
 
 Phases, printed by the main thread: before, during, serving, shutdown (worker_main returned and
 released; its pool thread and the progress threads live on), after.
-Env: RT_NCCL (libnccl.so.2), RT_SPAWN (librt_spawn.so.2), PYTHONPATH with tllm_affinity.
+Env: RT_NCCL (libnccl.so.2), RT_SPAWN (libprogress_threads.so.2), PYTHONPATH with tllm_affinity.
 """
 import ctypes
 import os
@@ -20,11 +20,11 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import rt_trtllm
-from rt_lib import note, phase, start, stop
+import trtllm_shape
+from runtime_helpers import note, phase, start, stop
 from tllm_affinity.adapters import trtllm
 
-trtllm.install(rt_trtllm, shutdown="shutdown_hook")
+trtllm.install(trtllm_shape, shutdown="shutdown_hook")
 
 nccl = ctypes.CDLL(os.environ["RT_NCCL"])
 spawner = ctypes.CDLL(os.environ["RT_SPAWN"])
@@ -72,7 +72,7 @@ hold = threading.Event()
 
 def worker_main():
     note("leader_worker")
-    worker = rt_trtllm.Worker(0)
+    worker = trtllm_shape.Worker(0)
     worker.setup_engine()
     spawn_progress("nccl_progress")
     answer = worker.generate("warmup")

@@ -7,14 +7,14 @@
  * mask, waits, and registers after the release. It must be born as if after the release: back on
  * the host mask, where nothing would ever restore it from otherwise.
  *
- *   lc_birth_race <worker library> <rounds> <parked workers>
+ *   birth_during_release <worker library> <rounds> <parked workers>
  *
  * Prints "ROUND <r> tid=<tid> role=<role> mask=<list> raced=<0|1>" per round, where raced=1 says
  * the child registered after the release began: its routine started on the host mask, where only
  * a registration that saw no lease puts a worker-library thread (one that registered during the
  * lease starts on the worker mask, and the release moves it back later). Then "DONE".
  */
-#include "lc_common.h"
+#include "agents.h"
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t c = PTHREAD_COND_INITIALIZER;

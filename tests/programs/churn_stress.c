@@ -1,7 +1,7 @@
 /* Bounded stress for issue #7: thread churn, configure/release loops and the application's own
  * setaffinity calls, all at once, with invariants checked by the threads themselves.
  *
- *   lc_stress <threads to churn> <seconds at most> <worker mask> <host mask> <worker library>
+ *   churn_stress <threads to churn> <seconds at most> <worker mask> <host mask> <worker library>
  *
  * Threads:
  * - 2 host checkers (started by main before any lease, so hosts on <host mask>): each step makes
@@ -15,8 +15,8 @@
  *   the host mask outside the worker mask and checks that the pin held; every 32nd child makes a
  *   grandchild.
  * - 2 apply creators (main's, so hosts): make and join batches of children whose routine lives in
- *   the worker library (lc_workerlib.c), so each is a worker that moves itself onto the worker
- *   mask when a lease is open at its birth: each checks it is a worker on the worker or the host
+ *   the worker library (worker_library_routine.c), so each is a worker that moves itself onto the
+ *   worker mask when a lease is open at its birth: each checks it is a worker on the worker or the host
  *   mask. Every 64th batch also leaves one such child parked until the end (at most 32): born
  *   across configures and releases, after the last release every one must be back on the host
  *   mask, on the worker mask under one more configure, and on the host mask after its release.
@@ -24,7 +24,7 @@
  * program prints "STRESS ..." with its figures, then "PHASE end" (the test reads /proc), then the
  * report.
  */
-#include "lc_common.h"
+#include "agents.h"
 
 static cpu_set_t host_set, worker_set, pin_set;
 static volatile int stop;
@@ -249,7 +249,8 @@ static double now(void) { return (double)lc_now_ns() / 1e9; }
 int main(int argc, char **argv) {
     lc_init();
     if (argc < 6) {
-        fprintf(stderr, "usage: lc_stress <threads> <seconds> <worker cpulist> <host cpulist> <worker library>\n");
+        fprintf(stderr, "usage: churn_stress <threads> <seconds> <worker cpulist> <host cpulist> "
+                        "<worker library>\n");
         return 64;
     }
     in_worker_lib = lc_worker_lib_routine(argv[5]);

@@ -1,5 +1,5 @@
 /* A real OpenMP (libgomp) workload for the runtime tests, built as a shared object with
- * -fopenmp and called through ctypes (tests/programs/rt_*.py).
+ * -fopenmp and called through ctypes (runtime_helpers.py).
  *
  * rt_omp_run runs one parallel region of the default team size (OMP_NUM_THREADS) doing real
  * floating-point work; every member writes its kernel tid into tids[omp_get_thread_num()]. The

@@ -1,8 +1,8 @@
 """Where numpy's OpenBLAS pool lands (tests/runtimes.rs, docs/runtimes.md).
 
 OpenBLAS (pthreads build, as in numpy's wheels) starts its pool when the library loads, i.e. at
-`import numpy`, from the importing thread, sized to that thread's CPUs. Usage: rt_blas.py MODE,
-MODE one of
+`import numpy`, from the importing thread, sized to that thread's CPUs. Usage:
+openblas_pool.py MODE, MODE one of
   host-first     the main thread imports numpy at start (a server's usual import order)
   worker-before  the worker thread imports numpy, then configures
   worker-after   the worker thread configures, then imports numpy
@@ -12,7 +12,7 @@ configured, released; the worker does BLAS work during the lease.
 import sys
 import threading
 
-from rt_lib import blas_work, configure, import_numpy, note, phase, release, say
+from runtime_helpers import blas_work, configure, import_numpy, note, phase, release, say
 
 mode = sys.argv[1]
 assert mode in ("host-first", "worker-before", "worker-after"), mode

@@ -10,18 +10,18 @@ Requests come from the test: GET /generate/<name> runs on a host pool thread, wh
 itself as req_<name>, has the engine answer (or answers itself when the engine is gone), and
 holds until the program ends. Phases, printed by the executor thread: before, during (the test
 then sends /generate/a), serving, shutdown (the test then sends /generate/b), after.
-Env: RT_OMP (librt_omp.so.2), PYTHONPATH with the tllm_affinity package.
+Env: RT_OMP (libopenmp_region.so.2), PYTHONPATH with the tllm_affinity package.
 """
 import asyncio
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import rt_trtllm
-from rt_lib import Omp, note, phase, say
+import trtllm_shape
+from runtime_helpers import Omp, note, phase, say
 from tllm_affinity.adapters import trtllm
 
-trtllm.install(rt_trtllm, shutdown="shutdown_hook")
+trtllm.install(trtllm_shape, shutdown="shutdown_hook")
 omp = Omp()
 seen = {}
 seen_cond = threading.Condition()
@@ -70,7 +70,7 @@ def executor_main(loop, done):
     note("executor")
     bg_ready.wait(30)
     phase("before")
-    worker = rt_trtllm.Worker(0, omp)
+    worker = trtllm_shape.Worker(0, omp)
     worker.setup_engine()
     engine["worker"] = worker
     phase("during")

@@ -28,7 +28,7 @@ __attribute__((constructor)) static void lc_dl_start(void) {
         pthread_t t;
         int rc = pthread_create(&t, NULL, dl_thread, (void *)i);
         if (rc != 0) {
-            fprintf(stderr, "lc_dlthreads: pthread_create -> %d\n", rc);
+            fprintf(stderr, "dlopen_threads: pthread_create -> %d\n", rc);
             return;
         }
     }

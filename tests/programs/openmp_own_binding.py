@@ -10,7 +10,7 @@ import json
 import sys
 import threading
 
-from rt_lib import Omp, configure, note, phase, release, report
+from runtime_helpers import Omp, configure, note, phase, release, report
 
 omp = Omp()
 

@@ -22,11 +22,11 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import rt_trtllm
-from rt_lib import Omp, note, phase, say
+import trtllm_shape
+from runtime_helpers import Omp, note, phase, say
 from tllm_affinity.adapters import trtllm
 
-trtllm.install(rt_trtllm, shutdown="shutdown_hook")
+trtllm.install(trtllm_shape, shutdown="shutdown_hook")
 omp = Omp()
 jobs = queue.Queue()
 answers = queue.Queue()
@@ -104,7 +104,7 @@ def wait_for(name):
 def worker_thread():
     note("worker")
     phase("before")
-    worker = rt_trtllm.Worker(0, omp)
+    worker = trtllm_shape.Worker(0, omp)
     worker.setup_engine()
     worker_live.set()
     phase("during")
@@ -112,7 +112,7 @@ def worker_thread():
     def denoise():
         name = jobs.get(timeout=30)
         omp.run("engine_omp")
-        answers.put({"payload": name, "by": rt_trtllm.whoami()})
+        answers.put({"payload": name, "by": trtllm_shape.whoami()})
 
     denoise()
     wait_for("a")

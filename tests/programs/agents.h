@@ -1,4 +1,5 @@
-/* Shared by the lifecycle, fault and stress programs (tests/programs/lc_*.c).
+/* Shared by the lifecycle, fault and stress programs of tests/programs (lifecycle_scenarios.c,
+ * churn_stress.c, birth_during_release.c, malloc_arenas.c, hostile.c, ...).
  *
  * - The library's functions are looked up with dlsym, so every program also runs without it.
  * - "Agents" are parked threads that run tasks on request: the test drives which thread calls
@@ -280,7 +281,8 @@ static uint64_t lc_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Threads started on lc_in_worker_lib (lc_workerlib.c, a worker library) run closure.fn(arg). */
+/* Threads started on lc_in_worker_lib (worker_library_routine.c, a worker library) run
+ * closure.fn(arg). */
 struct lc_closure {
     void *(*fn)(void *);
     void *arg;

@@ -6,9 +6,9 @@
  * whose routine lives in a worker library (apply path: each moves itself onto the worker mask).
  *
  * Prints "ARENAS <before> <during>", then "CHILD <path> <role> <cpulist>" for each child.
- * Usage: lc_arenas <path of libnccl_lc.so.2>
+ * Usage: malloc_arenas <path of libnccl_routine.so.2>
  */
-#include "lc_common.h"
+#include "agents.h"
 #include <malloc.h>
 
 #define K 12

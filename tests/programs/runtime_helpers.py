@@ -1,4 +1,4 @@
-"""Shared helpers of the runtime and deployment programs (tests/programs/rt_*.py).
+"""Shared helpers of the runtime and deployment programs of tests/programs.
 
 The PHASE protocol comes from tests/programs/phases.py (note, phase, start, stop); this module
 adds a watchdog, the C ABI calls with checks, the report, and the numpy/OpenMP helpers.
@@ -10,14 +10,14 @@ import sys
 import threading
 import time
 
-from phases import LIB, note, phase, start, stop  # noqa: F401 (re-exported to rt_* programs)
+from phases import LIB, note, phase, start, stop  # noqa: F401 (re-exported to the runtime programs)
 
 
 def _watchdog(limit):
     """Ends the process should the test be gone while the program waits on something else than
     a phase (the tests take seconds; a program left behind must not live on)."""
     time.sleep(limit)
-    print(f"rt_lib: still running after {limit} s, exiting", file=sys.stderr, flush=True)
+    print(f"runtime_helpers: still running after {limit} s, exiting", file=sys.stderr, flush=True)
     os._exit(4)
 
 
@@ -55,7 +55,7 @@ def report():
 
 
 class Omp:
-    """librt_omp.so.2 (tests/programs/rt_omp.c): a real libgomp parallel region."""
+    """libopenmp_region.so.2 (tests/programs/openmp_region.c): a real libgomp parallel region."""
 
     def __init__(self):
         self.lib = ctypes.CDLL(os.environ["RT_OMP"])

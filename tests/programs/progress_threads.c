@@ -1,4 +1,4 @@
-/* Starts "native progress threads" for the deployment programs (tests/programs/rt_deploy_*.py),
+/* Starts "native progress threads" for the deployment programs (tests/programs/deploy_*.py),
  * as a communication library's init would: spawn_progress(fn, name) calls pthread_create from
  * the calling thread with start routine fn (fake_nccl_progress, which lives in libnccl.so.2, a
  * TLLM_AFFINITY_WORKER_LIBS object) and returns the new thread's tid once it has noted itself

@@ -3,7 +3,7 @@
  * library's path in argv[1] (dlopen'd, so that its constructor runs in the secure process).
  * Prints one line: SECURE at_secure=<0|1> preloaded=<0|1> state=<report state> role=<..>
  * configure=<..> mask_before=<..> mask_after=<..> */
-#include "lc_common.h"
+#include "agents.h"
 
 #include <sys/auxv.h>
 

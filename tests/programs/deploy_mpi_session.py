@@ -18,11 +18,11 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import rt_trtllm
-from rt_lib import note, phase, start, stop
+import trtllm_shape
+from runtime_helpers import note, phase, start, stop
 from tllm_affinity.adapters import trtllm
 
-trtllm.install(rt_trtllm, shutdown="shutdown_hook")
+trtllm.install(trtllm_shape, shutdown="shutdown_hook")
 
 to_worker = queue.Queue()  # the proxy's dispatch socket
 from_worker = queue.Queue()  # the proxy's result socket
@@ -35,7 +35,7 @@ hold = threading.Event()
 def worker_main():
     """Rank 0's worker, on the session's pool."""
     note("session_worker")
-    worker = rt_trtllm.Worker(0)
+    worker = trtllm_shape.Worker(0)
     worker.setup_engine()
     worker_ready.set()
     while True:

@@ -1,5 +1,5 @@
 """A shape-alike of TensorRT-LLM's worker plumbing for the deployment programs
-(tests/programs/rt_deploy_*.py, tests/deployments.rs): no inference, the same threads.
+(tests/programs/deploy_*.py, tests/deployments.rs): no inference, the same threads.
 
 `Worker.setup_engine()` runs on the thread that owns the worker (base_worker.py): it calls this
 module's `configure_cpu_affinity(device_id)` and starts the engine's threads (the executor loop
@@ -8,7 +8,7 @@ OpenMP). `Worker.shutdown()` stops the engine threads, then calls `shutdown_hook
 
 `configure_cpu_affinity` here is the server's old function: one sweep that pins every thread of
 the process and never restores (seeds/shared-process-affinity-never-restored.txt). The programs
-replace it with `tllm_affinity.adapters.trtllm.install(rt_trtllm, shutdown="shutdown_hook")`,
+replace it with `tllm_affinity.adapters.trtllm.install(trtllm_shape, shutdown="shutdown_hook")`,
 which configures the calling thread's lease and releases it after the shutdown hook; should the
 adapter ever not be in place, the old sweep pins the host threads and the tests fail.
 """
@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 
-from rt_lib import LIB, note
+from runtime_helpers import LIB, note
 
 
 def configure_cpu_affinity(device_id):

@@ -2,7 +2,7 @@
  * progress threads exist: MPI_Init starts them (Open MPI 4.1: one from libopen-pal, the opal
  * async progress thread, one from libpmix, the PMIx client's progress thread).
  *
- * Usage: rt_rank MODE, MODE one of
+ * Usage: mpi_rank MODE, MODE one of
  *   dedicated  every rank is a worker process (TLLM_AFFINITY_PROCESS_ROLE=worker, configured at
  *              load): main, the progress threads and an "engine" thread main starts after
  *              MPI_Init; one phase, "running";

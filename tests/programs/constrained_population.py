@@ -11,7 +11,7 @@ import json
 import sys
 import threading
 
-from rt_lib import configure, note, phase, release, report, start, stop
+from runtime_helpers import configure, note, phase, release, report, start, stop
 
 device = int(sys.argv[1])
 make_host_late = threading.Event()

@@ -1,25 +1,26 @@
-/* Lifecycle rules of issue #2 and the faults of issue #7, one mode per scenario:
+/* Lifecycle rules of issue #2 and the faults of issue #7, one mode per scenario
+ * (lifecycle_scenarios <mode> <arguments>):
  *
- *   lc_life explicit <cpu>      attr masks made by a worker during a lease (A1)
- *   lc_life observe <cpu>       the application's own setaffinity calls, and taskset -p (A2)
- *   lc_life exits               return, pthread_exit, cancellation, detached, tombstones (A3)
- *   lc_life createfail <n>      pthread_create failing on an impossible attr mask (A3, B2)
- *   lc_life nproc               pthread_create failing on RLIMIT_NPROC, as nobody (B2)
- *   lc_life fork                fork from a host and from a worker thread of a busy parent (A3)
- *   lc_life forkstorm <n>       n forks while other threads create threads (B2)
- *   lc_life dlopen <a> <b> <c>  dlopen of objects whose constructors start threads (A3)
- *   lc_life configure <device>  a worker configures, then releases (A4, A5)
- *   lc_life role                the roles and masks at load (A4)
- *   lc_life early               a thread started by another object's constructor (A3)
- *   lc_life exec <who>          exec from the main thread or from a worker, during a lease (B2)
- *   lc_life execed              what the exec'd image sees
- *   lc_life exit <status> [dev] configure(dev) when given, make a thread, exit(status) (B3)
- *   lc_life step                pin_step_thread(0), for the lock-file tests (B4)
+ *   explicit <cpu>      attr masks made by a worker during a lease (A1)
+ *   observe <cpu>       the application's own setaffinity calls, and taskset -p (A2)
+ *   exits               return, pthread_exit, cancellation, detached, tombstones (A3)
+ *   createfail <n>      pthread_create failing on an impossible attr mask (A3, B2)
+ *   nproc               pthread_create failing on RLIMIT_NPROC, as nobody (B2)
+ *   fork                fork from a host and from a worker thread of a busy parent (A3)
+ *   forkstorm <n>       n forks while other threads create threads (B2)
+ *   dlopen <a> <b> <c>  dlopen of objects whose constructors start threads (A3)
+ *   configure <device>  a worker configures, then releases (A4, A5)
+ *   role                the roles and masks at load (A4)
+ *   early               a thread started by another object's constructor (A3)
+ *   exec <who>          exec from the main thread or from a worker, during a lease (B2)
+ *   execed              what the exec'd image sees
+ *   exit <status> [dev] configure(dev) when given, make a thread, exit(status) (B3)
+ *   step                pin_step_thread(0), for the lock-file tests (B4)
  *
  * Output: PHASE lines (the test reads the kernel's masks, then answers on stdin), REPORT lines
  * (the library's JSON report) and free-form result lines checked by tests/lifecycle.rs.
  */
-#include "lc_common.h"
+#include "agents.h"
 
 #include <grp.h>
 #include <signal.h>
@@ -706,6 +707,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "step")) return mode_step();
     if (!strcmp(mode, "exec")) return mode_exec(argc > 2 ? argv[2] : "main");
     if (!strcmp(mode, "execed")) return mode_execed(argc > 2 ? argv[2] : "?");
-    fprintf(stderr, "usage: lc_life <mode> ...\n");
+    fprintf(stderr, "usage: lifecycle_scenarios <mode> ...\n");
     return 64;
 }
