@@ -8,7 +8,7 @@
 //!   `write`, the step lock's `flock`, the CLI's `SIGPIPE` and user id), each behind a safe fn;
 //! - [`engine`]: the `pthread_create` trampoline, the interposed functions resolved with
 //!   `dlsym`, the pthread key, the shared-memory thread table, the exec and spawn shims;
-//! - [`lock`]: the spinning lock's `UnsafeCell` and its fork-time `force_unlock`;
+//! - [`lock`]: the futex mutex's `UnsafeCell` and its fork-time `force_unlock`;
 //! - [`nvml`]: NVML's `dlopen` and the foreign calls through it.
 //!
 //! Every unsafe block carries a `// SAFETY:` line, and an unsafe fn's body is checked like any

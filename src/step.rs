@@ -262,7 +262,7 @@ pub(crate) struct HeldLock {
     _file: File,
 }
 
-/// The GPU locks this process holds. A spinning lock, held across a fork by the engine's fork
+/// The GPU locks this process holds. An engine lock, held across a fork by the engine's fork
 /// handlers like its own: a child must never inherit it held.
 pub(crate) static HELD: EngineLock<Vec<HeldLock>> = EngineLock::new(Vec::new());
 

@@ -1,6 +1,6 @@
 //! The raw system calls the safe layers need, behind safe functions: per-thread affinity, thread
-//! and process ids, errno, the log's `write(2)`, the step lock's `flock`, and the CLI's signal and
-//! temporary-directory calls.
+//! and process ids, errno, the log's `write(2)`, the step lock's `flock`, `atexit` and
+//! `pthread_atfork`, and the CLI's `SIGPIPE` reset and effective uid.
 //!
 //! Masks are set with the raw syscall, never through `sched_setaffinity`: inside the preloaded
 //! library that symbol resolves to our own observing shim. Buffers are sized from what the kernel

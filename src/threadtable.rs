@@ -288,13 +288,12 @@ mod tests {
     }
 
     fn expect(tids: &[Tid]) -> Expect<'_> {
-        use std::os::unix::fs::MetadataExt;
         let pid = std::process::id();
         Expect {
             pid,
             proc_pid: pid,
             namespace: ns(),
-            owner: std::fs::metadata("/proc/self").unwrap().uid(),
+            owner: crate::sys::effective_uid(),
             tids,
         }
     }

@@ -6,7 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -508,7 +508,7 @@ fn a_closed_pipe_ends_ps_and_topo_quietly() {
 #[test]
 fn run_simulate_refuses_a_shared_cache_directory_that_others_may_write() {
     let tmp = tempfile::tempdir().unwrap();
-    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    let uid = tllm_affinity_core::sys::effective_uid();
     let planted = tmp.path().join(format!("tllm-affinity-{uid}"));
     std::fs::create_dir(&planted).unwrap();
     std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -152,8 +152,7 @@ fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPl
     let in_worker_lib = !settings.worker_libs.is_empty()
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
     let creator = current_slot();
-    // SAFETY: pthread_self has no preconditions.
-    let me = sys::tid_of(unsafe { libc::pthread_self() });
+    let me = sys::tid_of(sys::pthread_self());
     let mut reg = super::lock_registry();
     // The creator's entry names another tid than its descriptor: a child of `_Fork` or a raw
     // `clone`, where no fork handler ran.
@@ -204,8 +203,7 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
 }
 
 fn register_self(mut plan: ChildPlan) {
-    // SAFETY: pthread_self has no preconditions.
-    let handle = unsafe { libc::pthread_self() };
+    let handle = sys::pthread_self();
     let tid = sys::tid_of(handle);
     // Outside the registry lock: the move can migrate this thread to another CPU.
     if plan

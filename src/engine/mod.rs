@@ -71,9 +71,9 @@ static STATE: AtomicU8 = AtomicU8::new(State::Uninitialised as u8);
 
 static LOAD_FACTS: OnceLock<LoadFacts> = OnceLock::new();
 
-/// One lock over the registry. It spins (yielding) instead of parking: parking_lot would park
-/// through a thread-local with a destructor, whose registration takes the loader lock, and a new
-/// thread in our trampoline must never wait for the loader.
+/// One lock over the registry: an [`EngineLock`], which never parks through a thread-local with a
+/// destructor (a new thread in our trampoline must never wait for the loader lock); see
+/// `lock.rs` for why.
 static REGISTRY: EngineLock<Registry> = EngineLock::new(Registry::new());
 
 pub fn registry() -> &'static EngineLock<Registry> {

@@ -15,6 +15,7 @@ use super::exec;
 use super::{in_own_process, lock_registry, LOAD_FACTS, REGISTRY};
 
 use crate::lock::EngineLock;
+use crate::sys;
 use crate::threadtable::{self, CAPACITY, HEADER_BYTES};
 use crate::{log_debug, log_error};
 
@@ -26,8 +27,7 @@ pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)>
     let pid = std::process::id();
     let dir = threadtable::directory(fallback_dir);
     let namespace = threadtable::pid_namespace(Path::new("/proc/self")).unwrap_or(0);
-    // SAFETY: geteuid has no preconditions.
-    threadtable::remove_stale(&dir, unsafe { libc::geteuid() }, namespace);
+    threadtable::remove_stale(&dir, sys::effective_uid(), namespace);
     let path = dir.join(threadtable::file_name(pid, namespace));
     let mut file = OpenOptions::new()
         .read(true)
@@ -40,8 +40,7 @@ pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)>
     let meta = file.metadata().ok()?;
     // Only a regular file of ours with no other name: never truncate and map a file that a
     // hard link planted at the predictable path shares with something else.
-    // SAFETY: geteuid has no preconditions.
-    if !meta.is_file() || meta.nlink() != 1 || meta.uid() != unsafe { libc::geteuid() } {
+    if !meta.is_file() || meta.nlink() != 1 || meta.uid() != sys::effective_uid() {
         return None;
     }
     file.set_permissions(std::fs::Permissions::from_mode(0o644))
