@@ -8,9 +8,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::sys;
+use tllm_affinity_core::topology::SysfsRoot;
 
 mod cdi;
 mod plan;
@@ -57,6 +61,26 @@ pub enum Command {
     /// Write a Container Device Interface spec (device tllm-affinity.dev/preload=default) that
     /// preloads the library into any glibc container, images unchanged.
     Cdi(cdi::CdiArgs),
+}
+
+/// The sysfs tree a subcommand reads: `--sysfs-root`, else `TLLM_AFFINITY_SYSFS_ROOT`, else `/`.
+pub fn sysfs_root(arg: Option<&Path>) -> SysfsRoot {
+    match arg {
+        Some(path) => SysfsRoot::new(path),
+        None => {
+            SysfsRoot::from_env_value(std::env::var("TLLM_AFFINITY_SYSFS_ROOT").ok().as_deref())
+        }
+    }
+}
+
+/// This process's CPU mask, or the line saying why it cannot be read.
+pub fn process_mask() -> Result<CpuMask, String> {
+    sys::get_mask(0).map_err(|errno| {
+        format!(
+            "cannot read the process mask: {}",
+            std::io::Error::from_raw_os_error(errno)
+        )
+    })
 }
 
 /// A subcommand that failed: the line to print and the exit status.

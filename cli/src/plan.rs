@@ -11,8 +11,7 @@ use tllm_affinity_core::device::{resolve_device_on, DeviceEnv};
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::plan::{self, CpuPlan, GpuPlacement, PlanInput, StepPlacement};
 use tllm_affinity_core::settings::{Settings, StepCore};
-use tllm_affinity_core::sys;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::topology::Topology;
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
@@ -38,12 +37,7 @@ enum StepCoreSource {
 }
 
 pub fn run(args: &PlanArgs) -> Result<(), String> {
-    let root = match &args.sysfs_root {
-        Some(path) => SysfsRoot::new(path.clone()),
-        None => {
-            SysfsRoot::from_env_value(std::env::var("TLLM_AFFINITY_SYSFS_ROOT").ok().as_deref())
-        }
-    };
+    let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let topology = Topology::read(&root).map_err(|e| e.to_string())?;
     if topology.gpus.is_empty() && args.gpu >= -1 {
         return Err(format!(
@@ -72,12 +66,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
             Ok(_) => return Err(format!("--cpus '{list}': expected a non-empty cpulist")),
             Err(e) => return Err(format!("--cpus: {e}")),
         },
-        None => sys::get_mask(0).map_err(|errno| {
-            format!(
-                "cannot read the process mask: {}",
-                std::io::Error::from_raw_os_error(errno)
-            )
-        })?,
+        None => crate::process_mask()?,
     };
     // The cgroup describes this machine; a simulated tree describes another one, whose cpuset is
     // taken as all its online CPUs, with no quota.
@@ -387,7 +376,7 @@ mod tests {
     fn text_and_json_for_the_dgx_under_several_masks() {
         let dir = tempfile::tempdir().unwrap();
         dgx_h100_like().write(dir.path()).unwrap();
-        let t = Topology::read(&SysfsRoot::new(dir.path())).unwrap();
+        let t = Topology::read(&tllm_affinity_core::topology::SysfsRoot::new(dir.path())).unwrap();
         for (mask, expect) in [
             ("0-223", "0,112"),
             ("0-27,56-83,112-139,168-195", "0,112"),

@@ -4,8 +4,7 @@
 use std::path::PathBuf;
 
 use tllm_affinity_core::probe;
-use tllm_affinity_core::sys;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::topology::Topology;
 
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
@@ -24,19 +23,9 @@ pub fn run(args: &ProbeArgs) -> Result<(), String> {
     if args.rounds == 0 {
         return Err("--rounds 0: expected at least one round".to_string());
     }
-    let root = match &args.sysfs_root {
-        Some(path) => SysfsRoot::new(path.clone()),
-        None => {
-            SysfsRoot::from_env_value(std::env::var("TLLM_AFFINITY_SYSFS_ROOT").ok().as_deref())
-        }
-    };
+    let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let topology = Topology::read(&root).map_err(|e| e.to_string())?;
-    let mask = sys::get_mask(0).map_err(|errno| {
-        format!(
-            "cannot read the process mask: {}",
-            std::io::Error::from_raw_os_error(errno)
-        )
-    })?;
+    let mask = crate::process_mask()?;
     let report = probe::run(&topology, &mask, args.rounds);
     if args.json {
         let text = serde_json::to_string_pretty(&report.to_json()).map_err(|e| e.to_string())?;
@@ -59,8 +48,8 @@ mod tests {
             .ok()
             .and_then(|r| r.parse().ok())
             .unwrap_or(50);
-        let topology = Topology::read(&SysfsRoot::default()).unwrap();
-        let mask = sys::get_mask(0).unwrap();
+        let topology = Topology::read(&tllm_affinity_core::topology::SysfsRoot::default()).unwrap();
+        let mask = crate::process_mask().unwrap();
         let report = probe::run(&topology, &mask, rounds);
         let text = report.to_text();
         println!("$ tllm-affinity probe --rounds {rounds}\n{text}");

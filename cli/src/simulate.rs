@@ -86,13 +86,7 @@ pub fn nodes_and_gpus(topology: &Topology) -> (Vec<String>, Vec<String>) {
 
 /// The built-in simulated host over this process's CPUs.
 fn simulated_host() -> Result<simulated::SimulatedHost, String> {
-    let allowed = sys::get_mask(0).map_err(|errno| {
-        format!(
-            "cannot read this process's CPU mask: {}",
-            std::io::Error::from_raw_os_error(errno)
-        )
-    })?;
-    Ok(simulated::two_node_one_gpu(&allowed))
+    Ok(simulated::two_node_one_gpu(&crate::process_mask()?))
 }
 
 /// The simulated host `run --simulate` points the program at: one tree per distinct host (named by

@@ -25,12 +25,7 @@ pub struct TopoArgs {
 }
 
 pub fn run(args: &TopoArgs) -> Result<(), String> {
-    let root = match &args.sysfs_root {
-        Some(path) => SysfsRoot::new(path.clone()),
-        None => {
-            SysfsRoot::from_env_value(std::env::var("TLLM_AFFINITY_SYSFS_ROOT").ok().as_deref())
-        }
-    };
+    let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let topology = Topology::read(&root).map_err(|e| e.to_string())?;
     let view = tllm_affinity_core::gpus::current_view(&root, &topology, true);
     let host = Host {
