@@ -335,3 +335,33 @@ fn the_check_names_each_kind_of_break() {
     }
     assert_eq!(found.len(), expect.len(), "{found:#?}");
 }
+
+/// What only the CLI and the tests need stays out of the preload library's dependency graph: no
+/// clap, and the core without its `simulated` feature (cargo's own answer, not the manifests').
+#[test]
+fn the_preload_library_depends_on_neither_clap_nor_the_simulated_hosts() {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "-p",
+            "tllm-affinity-preload",
+            "-e",
+            "normal,features",
+        ])
+        .args(["--prefix", "none", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree");
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(tree.contains("tllm-affinity-core v"), "{tree}");
+    let unwanted: Vec<&str> = tree
+        .lines()
+        .filter(|l| l.starts_with("clap") || l.contains("feature \"simulated\""))
+        .collect();
+    assert!(unwanted.is_empty(), "{unwanted:#?}");
+}
