@@ -70,6 +70,34 @@ impl<T> EngineLock<T> {
         EngineGuard { lock: self }
     }
 
+    /// [`Self::lock`], giving up after `patience`, for code a signal handler may run: the thread
+    /// it interrupted may hold what this lock's holder is waiting for (a malloc arena that
+    /// `fork` locks after its prepare handlers took this lock, or that the holder's next
+    /// allocation needs), and then waiting for the holder would wait forever.
+    pub fn lock_within(&self, patience: std::time::Duration) -> Option<EngineGuard<'_, T>> {
+        HELD.with(|h| h.set(h.get() + 1));
+        if self
+            .state
+            .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Some(EngineGuard { lock: self });
+        }
+        // The monotonic clock is read through the vDSO: async-signal-safe.
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            if self.state.swap(CONTENDED, Ordering::Acquire) == UNLOCKED {
+                return Some(EngineGuard { lock: self });
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                HELD.with(|h| h.set(h.get().saturating_sub(1)));
+                return None;
+            }
+            futex_wait_for(&self.state, CONTENDED, left);
+        }
+    }
+
     #[cold]
     fn lock_contended(&self) {
         for _ in 0..SPINS_BEFORE_SLEEP {
@@ -151,6 +179,23 @@ fn futex_wait(word: &AtomicU32, expected: u32) {
     }
 }
 
+fn futex_wait_for(word: &AtomicU32, expected: u32, left: std::time::Duration) {
+    let timeout = libc::timespec {
+        tv_sec: left.as_secs() as libc::time_t,
+        tv_nsec: left.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: as in `futex_wait`; the relative timeout lives on this stack for the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &timeout as *const libc::timespec,
+        );
+    }
+}
+
 fn futex_wake_one(word: &AtomicU32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key; it touches no memory.
     unsafe {
@@ -166,6 +211,7 @@ fn futex_wake_one(word: &AtomicU32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn excludes_and_counts_what_this_thread_holds() {
@@ -187,6 +233,31 @@ mod tests {
             }
         });
         assert_eq!(*lock.lock(), 80_001);
+    }
+
+    #[test]
+    fn a_patient_waiter_gives_up_on_a_holder_that_never_lets_go_and_counts_nothing() {
+        let lock = &EngineLock::new(0u64);
+        let held = &std::sync::Barrier::new(2);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let _g = lock.lock();
+                held.wait();
+                let _ = rx.recv();
+            });
+            held.wait();
+            let started = std::time::Instant::now();
+            assert!(lock.lock_within(Duration::from_millis(20)).is_none());
+            assert!(started.elapsed() >= Duration::from_millis(20));
+            assert!(!held_by_this_thread(), "a waiter that gave up holds nothing");
+            tx.send(()).unwrap();
+            let mut g = lock
+                .lock_within(Duration::from_secs(10))
+                .expect("free once the holder let go");
+            *g += 1;
+        });
+        assert_eq!(*lock.lock(), 1);
     }
 
     #[test]

@@ -243,7 +243,7 @@ fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
     let old = nvml_double(true);
     let program = gpu_population();
     let base = container_nvml();
-    let cases: [(String, &Path, &str); 5] = [
+    let cases: [(String, &Path, &str); 6] = [
         (
             format!("{base}init 9\n"),
             &lib,
@@ -263,6 +263,11 @@ fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
             format!("{base}fail nvmlDeviceGetUUID 999\n"),
             &lib,
             "nvmlDeviceGetUUID returned 999 (Unknown Error)",
+        ),
+        (
+            format!("{base}fail nvmlDeviceGetPciInfo_v3 999\n"),
+            &lib,
+            "nvmlDeviceGetPciInfo_v3 returned 999 (Unknown Error)",
         ),
         (
             format!("{base}fail nvmlDeviceGetCount_v2 15\n"),

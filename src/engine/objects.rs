@@ -9,9 +9,16 @@
 //! A new snapshot replaces the old one, which is freed once no reader can still hold it (see
 //! [`publish`]). Never called with the registry lock held: a thread inside `dlopen` holds the
 //! loader lock while its constructors create threads.
+//!
+//! A fork child never calls `dl_iterate_phdr` (nor anything else that takes the loader's
+//! locks): another thread of the parent may have held them at the fork (inside `dlopen`,
+//! `dlclose`, an unwinder or our own scan), and glibc resets only some of them in the child. It
+//! answers from the snapshot it inherited, and where that is stale or misses, from the kernel's
+//! list of its mappings (`/proc/self/maps`), which needs no lock of the process.
 
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::lock::EngineLock;
 
@@ -42,6 +49,9 @@ static UNLOADS: AtomicU64 = AtomicU64::new(0);
 #[allow(clippy::vec_box)]
 pub(super) static PUBLISHED: EngineLock<Vec<Box<Snapshot>>> = EngineLock::new(Vec::new());
 
+/// Set in a fork child, for the life of its image: the loader's locks may be held for good.
+static IN_FORK_CHILD: AtomicBool = AtomicBool::new(false);
+
 /// Answers whether `addr` lies in an object whose file name `is_worker` accepts.
 pub fn in_worker_object(addr: usize, is_worker: &dyn Fn(&str) -> bool) -> bool {
     let unloads = UNLOADS.load(Ordering::Acquire);
@@ -54,13 +64,19 @@ pub fn in_worker_object(addr: usize, is_worker: &dyn Fn(&str) -> bool) -> bool {
         .filter(|s| s.unloads_seen == unloads)
         .map(|s| (lookup(&s.segments, addr), s.loads_seen));
     READERS.fetch_sub(1, Ordering::SeqCst);
-    match seen {
-        Some((Some(worker), _)) => return worker,
-        // A miss, and nothing was loaded since the scan: the address is in no object.
-        Some((None, loads_seen)) if loads_seen == loads_so_far() => return false,
-        _ => {}
+    if let Some((Some(worker), _)) = seen {
+        return worker;
     }
-    let snapshot = scan(is_worker);
+    let forked = IN_FORK_CHILD.load(Ordering::Relaxed);
+    // A miss, and nothing was loaded since the scan: the address is in no object.
+    if !forked && seen.is_some_and(|(_, loads_seen)| loads_seen == loads_so_far()) {
+        return false;
+    }
+    let snapshot = if forked {
+        scan_mappings(is_worker)
+    } else {
+        scan(is_worker)
+    };
     let answer = lookup(&snapshot.segments, addr).unwrap_or(false);
     publish(Box::new(snapshot));
     answer
@@ -117,6 +133,7 @@ pub unsafe fn dlclose(handle: *mut c_void) -> c_int {
 /// the library): readers counted by the parent's other threads are gone with them.
 pub(super) fn after_fork_in_child() {
     READERS.store(0, Ordering::SeqCst);
+    IN_FORK_CHILD.store(true, Ordering::Relaxed);
 }
 
 fn lookup(segments: &[Segment], addr: usize) -> Option<bool> {
@@ -191,6 +208,64 @@ fn scan(is_worker: &dyn Fn(&str) -> bool) -> Snapshot {
     }
 }
 
+/// [`scan`] without the loader: every executable mapping of a file, from `/proc/self/maps`, read
+/// in pieces on the stack. In a fork child only (see the module's doc). The kernel names the file
+/// itself where the loader has the name it was opened by (a symlink such as `libnccl.so.2`
+/// resolves to `libnccl.so.2.18.1`): the worker globs match both. Unreadable, it finds nothing,
+/// and the thread is classified as its creator's child.
+fn scan_mappings(is_worker: &dyn Fn(&str) -> bool) -> Snapshot {
+    let unloads_seen = UNLOADS.load(Ordering::Acquire);
+    let mut segments = Vec::new();
+    if let Ok(mut maps) = std::fs::File::open("/proc/self/maps") {
+        let mut buf = [0u8; 4096];
+        let mut kept = 0;
+        while let Ok(n) = maps.read(&mut buf[kept..]) {
+            if n == 0 {
+                break;
+            }
+            let filled = kept + n;
+            let mut start = 0;
+            while let Some(end) = buf[start..filled].iter().position(|&b| b == b'\n') {
+                segments.extend(executable_file_mapping(&buf[start..start + end], is_worker));
+                start += end + 1;
+            }
+            // A line longer than the buffer (a path of thousands of bytes) is skipped whole.
+            kept = if start == 0 && filled == buf.len() {
+                0
+            } else {
+                buf.copy_within(start..filled, 0);
+                filled - start
+            };
+        }
+    }
+    segments.sort_by_key(|s| s.start);
+    Snapshot {
+        segments,
+        loads_seen: 0,
+        unloads_seen,
+    }
+}
+
+/// One line of `/proc/<pid>/maps` (`start-end perms offset dev inode path`) as a segment, when it
+/// maps a file executable.
+fn executable_file_mapping(line: &[u8], is_worker: &dyn Fn(&str) -> bool) -> Option<Segment> {
+    let line = std::str::from_utf8(line).ok()?;
+    // Five fields one space apart, then the path after padding (it may hold spaces).
+    let mut fields = line.splitn(6, ' ');
+    let (start, end) = fields.next()?.split_once('-')?;
+    let perms = fields.next()?;
+    let path = fields.nth(3)?.trim_start();
+    if perms.as_bytes().get(2) != Some(&b'x') || !path.starts_with('/') {
+        return None;
+    }
+    let file = path.rsplit('/').next().unwrap_or("");
+    Some(Segment {
+        start: usize::from_str_radix(start, 16).ok()?,
+        end: usize::from_str_radix(end, 16).ok()?,
+        worker: !file.is_empty() && is_worker(file),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,5 +293,44 @@ mod tests {
             PUBLISHED.lock().is_empty(),
             "replaced snapshots must be freed when no reader is in flight"
         );
+    }
+
+    #[test]
+    fn the_kernels_mappings_name_the_same_objects_as_the_loader() {
+        let libc_is_worker = |f: &str| f.starts_with("libc.so") || f.starts_with("libc-");
+        let from_kernel = scan_mappings(&libc_is_worker);
+        let in_libc = libc::getpid as *const () as usize;
+        let here = the_kernels_mappings_name_the_same_objects_as_the_loader as *const () as usize;
+        assert_eq!(lookup(&from_kernel.segments, in_libc), Some(true));
+        assert_eq!(lookup(&from_kernel.segments, here), Some(false));
+        assert_eq!(lookup(&from_kernel.segments, 1), None);
+    }
+
+    #[test]
+    fn a_maps_line_is_a_segment_only_when_it_maps_a_file_executable() {
+        let yes = |_: &str| true;
+        let seg = executable_file_mapping(
+            b"7f00a000-7f00b000 r-xp 00001000 08:01 1234   /opt/nccl/lib/libnccl.so.2.18.1",
+            &|f| f == "libnccl.so.2.18.1",
+        )
+        .unwrap();
+        assert_eq!(
+            (seg.start, seg.end, seg.worker),
+            (0x7f00a000, 0x7f00b000, true)
+        );
+        let spaced = executable_file_mapping(
+            b"1000-2000 r-xp 00000000 08:01 99                         /opt/my libs/libucp.so.0",
+            &|f| f == "libucp.so.0",
+        );
+        assert!(spaced.is_some_and(|s| s.worker), "a path with a space");
+        for line in [
+            &b"7f00a000-7f00b000 r--p 00000000 08:01 1234 /usr/lib/libc.so.6"[..],
+            b"7f00a000-7f00b000 r-xp 00000000 00:00 0",
+            b"7ffd000-7ffe000 r-xp 00000000 00:00 0 [vdso]",
+            b"garbage",
+            b"",
+        ] {
+            assert!(executable_file_mapping(line, &yes).is_none(), "{line:?}");
+        }
     }
 }

@@ -74,6 +74,12 @@ pub unsafe fn pthread_setaffinity_np(
     rc
 }
 
+/// How long a shim waits for the registry before it makes its call without it. Far longer than
+/// any registry operation holds the lock; reached only where waiting would never end: a signal
+/// handler whose thread was interrupted inside `malloc` while the holder (a `fork` past its
+/// prepare handlers, or an operation that allocates) waits for that very arena.
+const PATIENCE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Runs `call` (the real function; true on success) and, when it succeeded, queues the thread
 /// `tid` names. `errno` is the real call's. Returns whether the call succeeded.
 fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
@@ -81,7 +87,13 @@ fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
         return call();
     }
     // A signal handler that interrupted the library on this thread: its lock is ours already.
-    let guard = (!lock::held_by_this_thread()).then(|| registry().lock());
+    // Past the patience the call is made unlocked and still queued: the next registry operation
+    // marks the thread `explicit` all the same.
+    let guard = if lock::held_by_this_thread() {
+        None
+    } else {
+        registry().lock_within(PATIENCE)
+    };
     let ok = call();
     if ok {
         let errno = sys::errno();

@@ -678,9 +678,11 @@ impl Driver {
 
     fn fail(&mut self, why: &str) -> ! {
         let states = thread_states(self.pid());
+        // Before the kill: a hang is usually in a child, so every process of the group.
+        let stacks = group_stacks(self.pid());
         self.kill();
         panic!(
-            "{why}\nthreads (tid:state:wchan): {states}\nstdout so far:\n{}\nstderr:\n{}",
+            "{why}\nthreads (tid:state:wchan): {states}\n{stacks}\nstdout so far:\n{}\nstderr:\n{}",
             self.out.join("\n"),
             self.stderr()
         );
@@ -986,6 +988,51 @@ pub fn field(line: &str, key: &str) -> String {
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
         .to_string()
+}
+
+/// The processes of process group `pgid` (a [`Driver`]'s program and what it started that
+/// stayed in its group), from `/proc/<pid>/stat`.
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid: &u32| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // After the command's closing parenthesis: state, ppid, pgrp.
+            stat.rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(2)?.parse().ok())
+                == Some(pgid)
+        })
+        .collect();
+    pids.sort();
+    pids
+}
+
+/// Every thread's stack of every process in the group, from `gdb -batch` (at most 8
+/// processes, 30 s each), for the message of a test that found a hang.
+pub fn group_stacks(pgid: u32) -> String {
+    if !on_path("gdb") {
+        return "stacks: gdb is not installed (scripts/setup installs it)".to_string();
+    }
+    let members = group_members(pgid);
+    let mut out = format!("stacks of the {} processes of group {pgid}:", members.len());
+    for pid in members.iter().take(8) {
+        let stacks = Command::new("timeout")
+            .args(["30", "gdb", "-batch", "-nx", "-p", &pid.to_string()])
+            .args(["-ex", "thread apply all bt"])
+            .stdin(Stdio::null())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_else(|e| format!("gdb: {e}"));
+        let frames: Vec<&str> = stacks
+            .lines()
+            .filter(|l| l.starts_with('#') || l.starts_with("Thread "))
+            .collect();
+        out.push_str(&format!("\n--- pid {pid}\n{}", frames.join("\n")));
+    }
+    out
 }
 
 /// What each thread of a live process is blocked in, for a watchdog's message.
