@@ -624,6 +624,20 @@ impl Registry {
         self.publish(slot);
     }
 
+    /// The application has just set `tid`'s mask: its placement is the application's from now
+    /// on, in the thread table at once (`tllm-affinity ps`), whatever the mask, the worker mask
+    /// included. Allocates nothing (a signal handler may be the caller); the mask itself is taken
+    /// in by [`Registry::observe_explicit`] at the next operation.
+    pub fn mark_explicit(&mut self, tid: Tid) {
+        let Some(slot) = self.find_tid(tid) else {
+            return;
+        };
+        if let Some(e) = self.entry_mut(slot) {
+            e.placement = Placement::Explicit;
+        }
+        self.publish(slot);
+    }
+
     /// Sets the role of a thread (the caller of `configure`), registering nothing new.
     pub fn set_role(&mut self, slot: Slot, role: Role) {
         let mut changed = false;

@@ -318,6 +318,41 @@ fn python_sched_setaffinity_and_taskset_are_preserved() {
     );
 }
 
+/// onnxruntime pins its own pool threads, sometimes to exactly the worker set: the thread is the
+/// application's (`explicit`) in `tllm-affinity ps` at once (the thread table, before any other
+/// call reaches the library), and the release leaves it where the application put it.
+#[test]
+fn an_application_pin_equal_to_the_worker_mask_stays_explicit_and_survives_release() {
+    let sysfs = Sysfs::two_nodes();
+    let c = require!(cpus(&sysfs));
+    let program = Program::c("pin_to_worker_set").build();
+    let mut run = Driver::spawn(preloaded(program, &sysfs), LIMIT);
+    let tid: i32 = field(&run.line("PINNED"), "tid").parse().unwrap();
+    assert_eq!(kernel_mask(run.pid(), tid).to_list(), c.local);
+    let ps = Command::new(cli())
+        .args(["ps", &run.pid().to_string(), "--json"])
+        .output()
+        .expect("tllm-affinity ps");
+    let ps: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap();
+    let row = ps["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == tid)
+        .unwrap_or_else(|| panic!("{tid} not in {ps}"));
+    assert_eq!(row["placement"], "explicit", "{ps}");
+    run.proceed();
+    let report = run.report("released");
+    assert_eq!(placement(&report, tid), "explicit");
+    assert_eq!(
+        kernel_mask(run.pid(), tid).to_list(),
+        c.local,
+        "left where the application put it"
+    );
+    assert_eq!(kernel_mask(run.pid(), run.pid() as i32).to_list(), c.all);
+    run.succeed();
+}
+
 // ---- Rule 3: exits, creation failure, fork, early and dlopen'd constructors ----------------
 
 /// Threads ending by return, `pthread_exit`, deferred, asynchronous and in-wait cancellation,

@@ -97,10 +97,13 @@ fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
     let ok = call();
     if ok {
         let errno = sys::errno();
-        queue(tid());
+        let tid = tid();
+        queue(tid);
+        if let Some(mut reg) = guard {
+            reg.mark_explicit(tid);
+        }
         sys::set_errno(errno);
     }
-    drop(guard);
     ok
 }
 
