@@ -116,6 +116,29 @@ fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
     run.succeed();
 }
 
+/// A worker creates the process's first `SIGEV_THREAD` timer, so glibc starts its helper thread
+/// on the worker mask, and every later callback thread is that helper's child. A callback runs
+/// as its timer's creator would have it: a host's on the host mask, a worker's on the worker
+/// mask during the lease and on its own mask after the release.
+#[test]
+fn a_timers_callback_runs_with_its_creators_role_not_glibcs_helpers() {
+    let sysfs = Sysfs::two_nodes();
+    let (all, local) = require!(all_and_local(&sysfs));
+    let mut cmd = preloaded(hostile(), &sysfs);
+    cmd.arg("timers");
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let line = run.line("TIMERS");
+    run.succeed();
+    assert_eq!(field(&line, "worker"), local, "{line}");
+    assert_eq!(field(&line, "host"), all, "a host's callback: {line}");
+    assert_eq!(
+        field(&line, "worker_after"),
+        all,
+        "after the release: {line}"
+    );
+    assert_eq!(field(&line, "host_after"), all, "{line}");
+}
+
 /// A worker thread's thread-specific-data destructor (a key created after the library's)
 /// creates a thread as the worker exits: the new thread is the worker's child, a worker on the
 /// worker mask, and the last release restores it.

@@ -9,7 +9,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use tllm_affinity_core::engine::{
-    self, create, environ, exec, objects, observe, real::StartRoutine,
+    self, create, environ, exec, objects, observe, real::StartRoutine, timers,
 };
 
 #[ctor::ctor(unsafe)]
@@ -62,6 +62,26 @@ pub unsafe extern "C" fn pthread_setaffinity_np(
 pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
     // SAFETY: the caller's argument, forwarded unchanged.
     unsafe { objects::dlclose(handle) }
+}
+
+/// # Safety
+/// Called by the program as `timer_create(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn timer_create(
+    clock: libc::clockid_t,
+    event: *mut timers::SigEvent,
+    timer: *mut libc::timer_t,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { timers::timer_create(clock, event, timer) }
+}
+
+/// # Safety
+/// Called by the program as `timer_delete(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn timer_delete(timer: libc::timer_t) -> c_int {
+    // SAFETY: the caller's argument, forwarded unchanged.
+    unsafe { timers::timer_delete(timer) }
 }
 
 /// # Safety

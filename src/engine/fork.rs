@@ -6,8 +6,8 @@
 use std::sync::atomic::Ordering;
 
 use super::{
-    api, create, environ, exec, in_own_process, lock_registry, objects, publish, state, State,
-    OWN_PID, REGISTRY,
+    api, create, environ, exec, in_own_process, lock_registry, objects, publish, state, timers,
+    State, OWN_PID, REGISTRY,
 };
 
 use crate::sys;
@@ -46,6 +46,7 @@ pub(super) fn register_fork_handlers() {
     // of them at once, so the order here cannot deadlock.
     extern "C" fn prepare() {
         objects::PUBLISHED.hold_for_fork();
+        timers::CONTEXTS.hold_for_fork();
         crate::step::HELD.hold_for_fork();
         api::WORKER_SETS.hold_for_fork();
         environ::shadow_lock().hold_for_fork();
@@ -64,6 +65,7 @@ pub(super) fn register_fork_handlers() {
             environ::shadow_lock().force_unlock();
             api::WORKER_SETS.force_unlock();
             crate::step::HELD.force_unlock();
+            timers::CONTEXTS.force_unlock();
             objects::PUBLISHED.force_unlock();
         }
     }

@@ -16,8 +16,9 @@
 //!   published) and the clean-up and report at exit;
 //! - [`step_pin`]: pinning a step or result thread under the registry lock;
 //! - [`create`], [`packets`]: the `pthread_create` trampoline and its start packets;
-//! - [`observe`], [`environ`], [`exec`], [`objects`], [`pyhook`]: the other interposed functions
-//!   (affinity calls, the environment, exec and spawn, `dlclose`, the Python hook);
+//! - [`observe`], [`environ`], [`exec`], [`objects`], [`timers`], [`pyhook`]: the other interposed
+//!   functions (affinity calls, the environment, exec and spawn, `dlclose`, `SIGEV_THREAD` timers,
+//!   the Python hook);
 //! - [`real`]: the libc functions the shims call through; [`kernel`]: the registry's kernel.
 //!
 //! This file keeps the state every one of them shares: the state, the load facts, the registry
@@ -37,6 +38,7 @@ pub mod publish;
 pub mod pyhook;
 pub mod real;
 pub mod step_pin;
+pub mod timers;
 
 pub use api::{
     begin_worker_scope, configure, end_worker_scope, note_adapter, pin_step_or_result, release,

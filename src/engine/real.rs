@@ -57,6 +57,8 @@ static SETENV: AtomicUsize = AtomicUsize::new(0);
 static PUTENV: AtomicUsize = AtomicUsize::new(0);
 static UNSETENV: AtomicUsize = AtomicUsize::new(0);
 static CLEARENV: AtomicUsize = AtomicUsize::new(0);
+static TIMER_CREATE: AtomicUsize = AtomicUsize::new(0);
+static TIMER_DELETE: AtomicUsize = AtomicUsize::new(0);
 
 /// The exported symbol every copy of the library defines, which names a copy.
 const MARK: &CStr = c"tllm_affinity_version";
@@ -185,6 +187,8 @@ by_name! {
     fexecve, FEXECVE, c"fexecve", Fexecve;
     posix_spawn, POSIX_SPAWN, c"posix_spawn", PosixSpawn;
     posix_spawnp, POSIX_SPAWNP, c"posix_spawnp", PosixSpawn;
+    timer_create, TIMER_CREATE, c"timer_create", super::timers::TimerCreate;
+    timer_delete, TIMER_DELETE, c"timer_delete", super::timers::TimerDelete;
 }
 
 /// Resolves everything up front, from the constructor, so that hooks rarely need the loader.
@@ -206,6 +210,8 @@ pub fn resolve_all() -> bool {
     putenv();
     unsetenv();
     clearenv();
+    timer_create();
+    timer_delete();
     let first = object_of(lookup(libc::RTLD_DEFAULT, MARK, None));
     // Null when no copy is in the global scope (this one loaded RTLD_LOCAL): it acts.
     let acting = first == 0 || first == object_of(resolve_all as fn() -> bool as usize);

@@ -262,6 +262,77 @@ static int mode_glibc(void) {
     return 0;
 }
 
+/* ---- SIGEV_THREAD timers of a worker and of a host ------------------------------------------ */
+
+/* Each callback writes its thread's mask into the slot its timer's value names. */
+static char timer_masks[4][128];
+static sem_t timer_slot_fired;
+static void record_mask(union sigval v) {
+    lc_mask_of(lc_tid(), timer_masks[v.sival_int], sizeof timer_masks[0]);
+    sem_post(&timer_slot_fired);
+}
+
+static timer_t make_timer(int slot) {
+    struct sigevent sev;
+    memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD;
+    sev.sigev_notify_function = record_mask;
+    sev.sigev_value.sival_int = slot;
+    timer_t timer;
+    if (timer_create(CLOCK_MONOTONIC, &sev, &timer) != 0) {
+        perror("timer_create");
+        exit(5);
+    }
+    return timer;
+}
+
+/* Fires `timer` once, its callback writing into `slot`. */
+static void fire(timer_t timer) {
+    struct itimerspec its;
+    memset(&its, 0, sizeof its);
+    its.it_value.tv_nsec = 1000000;
+    timer_settime(timer, 0, &its, NULL);
+    sem_wait(&timer_slot_fired);
+}
+
+static timer_t worker_timer;
+static void task_worker_timer(agent_t *self, void *arg) {
+    (void)self, (void)arg;
+    worker_timer = make_timer(0);
+    fire(worker_timer);
+}
+
+static void task_worker_timer_after(agent_t *self, void *arg) {
+    (void)self, (void)arg;
+    worker_timer = make_timer(2);
+    fire(worker_timer);
+}
+
+/* The worker creates the process's first SIGEV_THREAD timer (glibc starts its helper thread
+ * there, on the worker mask), then the host main thread creates one; both fire during the lease
+ * and again after the release. Prints "TIMERS worker=.. host=.. worker_after=.. host_after=..",
+ * each the mask its callback ran on. */
+static int mode_timers(void) {
+    sem_init(&timer_slot_fired, 0, 0);
+    note("main");
+    agent_t *w = agent_new("W");
+    agent_do(w, task_configure, (void *)0);
+    agent_do(w, task_worker_timer, NULL);
+    timer_t host_timer = make_timer(1);
+    fire(host_timer);
+    agent_do(w, task_release_all, NULL);
+    timer_delete(worker_timer);
+    agent_do(w, task_worker_timer_after, NULL);
+    timer_delete(host_timer);
+    host_timer = make_timer(3);
+    fire(host_timer);
+    timer_delete(host_timer);
+    timer_delete(worker_timer);
+    lc_say("TIMERS worker=%s host=%s worker_after=%s host_after=%s", timer_masks[0],
+           timer_masks[1], timer_masks[2], timer_masks[3]);
+    return 0;
+}
+
 /* ---- a thread created from a thread-specific-data destructor ------------------------------- */
 
 static pthread_key_t user_key;
@@ -398,6 +469,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "chain")) return mode_chain(argc > 2 ? atol(argv[2]) : 20000);
     if (!strcmp(mode, "glibc")) return mode_glibc();
     if (!strcmp(mode, "tsd")) return mode_tsd();
+    if (!strcmp(mode, "timers")) return mode_timers();
     if (!strcmp(mode, "launchvar")) return mode_launchvar();
     if (!strcmp(mode, "fifo")) return mode_fifo(argc > 2 ? atoi(argv[2]) : 2000);
     fprintf(stderr, "usage: hostile signals|vfork|chain|glibc|tsd|launchvar|fifo\n");
