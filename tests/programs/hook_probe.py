@@ -88,7 +88,7 @@ def main():
         out = probe(device)
     else:
         raise SystemExit("unknown mode " + mode)
-    print(json.dumps(out), flush=True)
+    print(json.dumps(out, separators=(",", ":")), flush=True)  # short: mpirun splits long lines
 
 
 if __name__ == "__main__":
