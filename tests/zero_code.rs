@@ -389,10 +389,18 @@ fn visualgen_rank0(way: Way, visual: Visual) {
     let sysfs = Sysfs::two_nodes();
     let pinned = sysfs.node0.iter().next().unwrap().to_string();
     let (launch, local, setting) = match visual {
-        Visual::Taskset(None) => (pinned.clone(), allowed_cpus().to_list(), "taskset, policy unset"),
+        Visual::Taskset(None) => (
+            pinned.clone(),
+            allowed_cpus().to_list(),
+            "taskset, policy unset",
+        ),
         Visual::Taskset(Some(_)) => (pinned.clone(), sysfs.node1.to_list(), "taskset, policy =1"),
         Visual::Resweep => (allowed_cpus().to_list(), sysfs.node1.to_list(), "re-sweep"),
-        Visual::Unconstrained => (allowed_cpus().to_list(), sysfs.node1.to_list(), "unconstrained"),
+        Visual::Unconstrained => (
+            allowed_cpus().to_list(),
+            sysfs.node1.to_list(),
+            "unconstrained",
+        ),
     };
     let taskset = matches!(visual, Visual::Taskset(_)).then_some(pinned.as_str());
     let mut cmd = app(way, &sysfs, "visualgen_rank0.py", taskset);
@@ -427,7 +435,13 @@ fn visualgen_rank0(way: Way, visual: Visual) {
         upstream_pinned_everything(&phases, &local, &end, &sysfs);
         return;
     }
-    placed(&before, &VISUALGEN_WORKERS, &launch, &launch, "both LLMs shut down, restored");
+    placed(
+        &before,
+        &VISUALGEN_WORKERS,
+        &launch,
+        &launch,
+        "both LLMs shut down, restored",
+    );
     placed(
         &during,
         &VISUALGEN_WORKERS,
@@ -450,7 +464,12 @@ fn visualgen_rank0(way: Way, visual: Visual) {
         &launch,
         "after the worker's life, still serving",
     );
-    expect(&after, Named(&["req_b"]), host_on(&launch), "born after: not pinned");
+    expect(
+        &after,
+        Named(&["req_b"]),
+        host_on(&launch),
+        "born after: not pinned",
+    );
     assert!(
         a.contains(r#""handler_role": 0"#),
         "a host thread served a: {a}"
