@@ -35,8 +35,8 @@ import weakref
 
 import tllm_affinity
 
-__all__ = ["install", "uninstall", "patch_upstream", "status", "release_all", "leases",
-           "CALL_SITES"]
+__all__ = ["install", "uninstall", "patch_upstream", "status", "summary", "release_all",
+           "leases", "CALL_SITES"]
 
 CONFIGURE = "configure_cpu_affinity"
 SWEEPS = ("_set_affinity_all_threads", "_reapply_current_thread_affinity_to_all_threads")
@@ -110,6 +110,8 @@ _sites = {site.name: {"state": "not-imported", "opened": 0, "closed": 0} for sit
 _sites["unknown"] = {"state": "caller", "opened": 0, "closed": 0}
 # The entry calls running on this thread (innermost last), each a list of its leases.
 _entries = threading.local()
+# Set while upstream's own configure runs for a call site the adapter leaves alone.
+_bypass = threading.local()
 
 
 def _log(level, line, once_key=None):
@@ -159,24 +161,21 @@ def _set_status(state, where=None):
 
 
 def _publish():
-    """The report's ``adapters.trtllm``: the state, then the version and each site's state and
-    leases opened/closed, as one short line (docs/report.md)."""
+    """The report's ``adapters.trtllm``: the state word (the C ABI takes one short word; the
+    per-site detail is in :func:`status` and :func:`summary`)."""
     setter = getattr(tllm_affinity, "_note_adapter", None)
-    if setter is None:
-        return
-    setter("trtllm", _status["state"])
-    detail = getattr(tllm_affinity, "_note_adapter_detail", None)
-    if detail is not None:
-        detail("trtllm", _summary())
+    if setter is not None:
+        setter("trtllm", _status["state"])
 
 
-def _summary():
-    """``tensorrt_llm 1.2.0; base_worker found 2/2; visual_gen missing; ...``: the version, then
-    each row that is not ``not-imported`` with its leases opened/closed."""
+def summary():
+    """One line of what engaged: ``tensorrt_llm 1.2.0; base_worker found 2/2; visual_gen
+    missing``: the version, then each row whose module was imported, with its leases
+    opened/closed."""
     parts = ["tensorrt_llm %s" % (_upstream_version() or "?")]
     with _lock:
         for name, site in _sites.items():
-            if site["state"] in ("not-imported",) or (name == "unknown" and not site["opened"]):
+            if site["state"] == "not-imported" or (name == "unknown" and not site["opened"]):
                 continue
             part = "%s %s" % (name, site["state"])
             if site["opened"]:
@@ -395,9 +394,13 @@ def _wrap_configure(original):
             # Its module was imported before the hook: checked now, once.
             patch_upstream(sys.modules.get(site.module))
         if site is not None and _sites[site.name]["state"] in ("signature", "coroutine"):
-            # A call site the adapter does not know the shape of: upstream's function, as
-            # without the adapter.
-            return original(*args, **kwargs)
+            # A call site the adapter does not know the shape of: upstream's function, sweeps
+            # included, as without the adapter.
+            _bypass.active = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _bypass.active = False
         return _configure(original, args, kwargs, caller, site, None)
 
     setattr(configure_cpu_affinity, _ORIGINAL, original)
@@ -466,6 +469,8 @@ def _wrap_entry(original, site):
 def _wrap_sweep(original):
     @functools.wraps(original)
     def sweep(*args, **kwargs):
+        if getattr(_bypass, "active", False):
+            return original(*args, **kwargs)
         _log("debug", "%s: left to libtllm_affinity.so, which placed every worker thread and "
              "no host thread" % getattr(original, "__name__", "sweep"),
              once_key=("sweep", getattr(original, "__name__", "")))
@@ -546,7 +551,10 @@ def _patch_site(module, site):
              "without tllm-affinity" % (site.module, site.qualname),
              once_key=("coroutine", site.name))
         return
-    if _parameters(function)[:len(site.parameters)] != site.parameters:
+    parameters = _parameters(function)
+    # An entry function may grow keyword parameters; a method must be exactly as known.
+    known = parameters[:len(site.parameters)] if site.via == VIA_ENTRY else parameters
+    if known != site.parameters:
         _site_state(site, "signature")
         _log("warn", "%s.%s%s is not the signature the adapter knows: that call site runs as "
              "without tllm-affinity" % (site.module, site.qualname,
