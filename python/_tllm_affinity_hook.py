@@ -3,8 +3,8 @@
 Python runs ``install()`` at start-up, from ``tllm_affinity.pth`` (installed with the package) or
 from the ``sitecustomize`` that ``tllm-affinity run`` puts on ``PYTHONPATH``. It costs one
 environment lookup: it imports nothing and only adds an import hook, which waits for
-``tensorrt_llm.llmapi.utils`` to finish executing and then hands the module to
-``tllm_affinity.adapters.trtllm.patch_upstream`` (docs/runtimes.md says what that wraps).
+``tensorrt_llm.llmapi.utils`` (and each call site's module) to finish executing and then hands
+the module to ``tllm_affinity.adapters.trtllm.patch_upstream`` (docs/runtimes.md says what that wraps).
 
 It does nothing when ``TLLM_AFFINITY_PYTHON_HOOKS=0``, or when libtllm_affinity.so is not
 preloaded into this process (the adapter checks for the library itself before it changes
@@ -17,7 +17,15 @@ for importing the package (ctypes, json) in programs that never import TensorRT-
 import os
 import sys
 
-UPSTREAM_MODULE = "tensorrt_llm.llmapi.utils"
+# The adapter's WATCHED_MODULES (kept here so that start-up imports nothing; tests/python_hook.rs
+# checks that the two agree): upstream's utils, then the module of each call site it covers.
+UPSTREAM_MODULES = (
+    "tensorrt_llm.llmapi.utils",
+    "tensorrt_llm.executor.base_worker",
+    "tensorrt_llm.executor.ray.gpu_worker",
+    "tensorrt_llm.executor.ray_gpu_worker",
+    "tensorrt_llm._torch.visual_gen.executor",
+)
 SWITCH = "TLLM_AFFINITY_PYTHON_HOOKS"
 PREFIX = "[tllm-affinity] "
 
@@ -87,7 +95,7 @@ class _UpstreamFinder:
     """Answers for one module name only; every other import goes straight past it."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != UPSTREAM_MODULE:
+        if name not in UPSTREAM_MODULES:
             return None
         for finder in sys.meta_path:
             if finder is self:
@@ -115,10 +123,10 @@ def install():
         if _installed or not enabled() or not _library_may_be_loaded():
             return
         _installed = True
-        already = sys.modules.get(UPSTREAM_MODULE)
-        if already is not None:
-            _patch(already)
-            return
+        for name in UPSTREAM_MODULES:
+            already = sys.modules.get(name)
+            if already is not None:
+                _patch(already)
         sys.meta_path.insert(0, _UpstreamFinder())
     except Exception as error:
         _say("the Python start-up hook failed: %s: %s" % (type(error).__name__, error))

@@ -403,3 +403,58 @@ fn without_the_library_the_hook_changes_nothing() {
         "{stderr}"
     );
 }
+
+/// A call site with another signature (`BaseWorker._get_comm_ranks_device_id(self, rank)`) and a
+/// `run_diffusion_worker` that is a generator function: one warning each, recorded per site in
+/// the adapter's status with tensorrt_llm's version, and each call runs upstream's own function,
+/// as without the adapter.
+#[test]
+fn call_sites_of_another_shape_run_as_without_the_adapter() {
+    let host = Sysfs::two_nodes();
+    let (v, stderr) = probe(&mut under_run(&host, "bad_sites", &[], &["sites", "0"]));
+    let sites = &v["adapter"]["sites"];
+    assert_eq!(sites["base_worker"]["state"], "signature", "{v}");
+    assert_eq!(sites["visual_gen"]["state"], "coroutine", "{v}");
+    assert_eq!(sites["base_worker"]["opened"], 0, "{v}");
+    assert_eq!(v["adapter"]["version"], "0.0.bad-sites", "{v}");
+    assert_eq!(v["entry_wrapped"], false, "{v}");
+    assert_eq!(
+        v["calls"],
+        serde_json::json!([
+            ["configure", 0],
+            ["sweep", [1]],
+            ["configure", 0],
+            ["sweep", [1]]
+        ]),
+        "upstream's own function answered both calls: {v}"
+    );
+    assert_eq!(
+        lines_with(&stderr, "is not the signature the adapter knows").len(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        lines_with(&stderr, "is a coroutine or generator function").len(),
+        1,
+        "{stderr}"
+    );
+}
+
+/// The start-up hook watches exactly the adapter's modules: utils and each call site's.
+#[test]
+fn the_hook_watches_every_call_sites_module() {
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import _tllm_affinity_hook as h, tllm_affinity.adapters.trtllm as t; \
+             print(h.UPSTREAM_MODULES == t.WATCHED_MODULES)",
+        ])
+        .env("PYTHONPATH", repo().join("python"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "True",
+        "{out:?}"
+    );
+}

@@ -353,20 +353,70 @@ fn mpi_session_rank0_without_the_library_pins_the_users_script() {
 
 // ---- Deployment 3: external-launch VisualGen, rank 0, under an HTTP server ----
 
-const VISUALGEN_WORKERS: [&str; 3] = ["visual_gen_worker", "visual_gen_postprocess", "visual_omp"];
+const VISUALGEN_WORKERS: [&str; 8] = [
+    "visual_gen_worker",
+    "visual_gen_postprocess",
+    "visual_omp",
+    // The two sequential LLMs' threads that outlive them: the main thread's OpenMP pool, born
+    // in the first LLM's worker scope.
+    "executor_loop",
+    "await_response_thread",
+    "stats_thread",
+    "engine_omp",
+    "loop_omp",
+];
 
-/// The worker thread configures: it, its pool and its post-processing thread are workers; the
-/// HTTP server (main) and its request threads, the control thread, the coordinator started
-/// before the worker and the executor threads its loop grows are hosts.
-fn visualgen_rank0(way: Way) {
+/// How a VisualGen run is set up.
+#[derive(Clone, Copy, Debug)]
+enum Visual {
+    /// No constraint, upstream's configure alone.
+    Unconstrained,
+    /// Upstream's re-sweep helper called by the worker once its threads are started.
+    Resweep,
+    /// Under `taskset -c <node0's first CPU>`, TLLM_NUMA_AWARE_WORKER_AFFINITY unset or set.
+    Taskset(Option<&'static str>),
+}
+
+/// Two sequential LLMs (two `BaseWorker`s) are built, used and shut down on the main thread,
+/// then the VisualGen client: its worker thread runs upstream's module-level
+/// `run_diffusion_worker`, which configures: it, its pool and its post-processing thread are
+/// workers; the HTTP server (main) and its request threads, the control thread, the coordinator
+/// started before the worker and the executor threads its loop grows are hosts. The lease ends
+/// when `run_diffusion_worker` returns (the client's shutdown): every mask is back on the launch
+/// mask while the process goes on serving, and a thread born after (req_b) is not pinned.
+fn visualgen_rank0(way: Way, visual: Visual) {
     require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let ([before, during, serving, shutdown, after], end, a, b) =
-        serve_two_requests(app(way, &sysfs, "visualgen_rank0.py", None));
+    let pinned = sysfs.node0.iter().next().unwrap().to_string();
+    let (launch, local, setting) = match visual {
+        Visual::Taskset(None) => (
+            pinned.clone(),
+            allowed_cpus().to_list(),
+            "taskset, policy unset",
+        ),
+        Visual::Taskset(Some(_)) => (pinned.clone(), sysfs.node1.to_list(), "taskset, policy =1"),
+        Visual::Resweep => (allowed_cpus().to_list(), sysfs.node1.to_list(), "re-sweep"),
+        Visual::Unconstrained => (
+            allowed_cpus().to_list(),
+            sysfs.node1.to_list(),
+            "unconstrained",
+        ),
+    };
+    let taskset = matches!(visual, Visual::Taskset(_)).then_some(pinned.as_str());
+    let mut cmd = app(way, &sysfs, "visualgen_rank0.py", taskset);
+    cmd.env("TLLM_WORKER_USE_SINGLE_PROCESS", "1");
+    if let Visual::Taskset(Some(value)) = visual {
+        cmd.env("TLLM_NUMA_AWARE_WORKER_AFFINITY", value);
+    }
+    if let Visual::Resweep = visual {
+        cmd.env("RT_RESWEEP", "1");
+    }
+    let ([before, during, serving, shutdown, after], end, a, b) = serve_two_requests(cmd);
     let phases = [&before, &during, &serving, &shutdown, &after];
-    table(&format!("VisualGen rank 0 {}", way.label()), &phases);
+    table(
+        &format!("VisualGen rank 0 ({setting}) {}", way.label()),
+        &phases,
+    );
     assert!(end.status.success(), "{}", end.stderr);
     assert!(a.contains("denoised"), "the worker answered a: {a}");
     assert!(
@@ -374,7 +424,7 @@ fn visualgen_rank0(way: Way) {
         "no executor after shutdown: {b}"
     );
 
-    expect(&before, All, on(&all), "nothing configured yet");
+    expect(&before, All, on(&launch), "nothing configured yet");
     present(&before, &["main", "control"]);
     present(&during, &["visual_gen_coordinator", "visual_gen_worker"]);
     present(&during, &["visual_gen_postprocess", "visual_omp"]);
@@ -385,22 +435,40 @@ fn visualgen_rank0(way: Way) {
         upstream_pinned_everything(&phases, &local, &end, &sysfs);
         return;
     }
-    placed(&before, &VISUALGEN_WORKERS, &all, &all, "no worker yet");
+    placed(
+        &before,
+        &VISUALGEN_WORKERS,
+        &launch,
+        &launch,
+        "both LLMs shut down, restored",
+    );
     placed(
         &during,
         &VISUALGEN_WORKERS,
         &local,
-        &all,
+        &launch,
         "the worker thread",
     );
-    placed(&serving, &VISUALGEN_WORKERS, &local, &all, "serving");
-    placed(&shutdown, &VISUALGEN_WORKERS, &all, &all, "after shutdown");
+    placed(&serving, &VISUALGEN_WORKERS, &local, &launch, "serving");
+    placed(
+        &shutdown,
+        &VISUALGEN_WORKERS,
+        &launch,
+        &launch,
+        "run_diffusion_worker returned: restored",
+    );
     placed(
         &after,
         &VISUALGEN_WORKERS,
-        &all,
-        &all,
-        "after the worker's life",
+        &launch,
+        &launch,
+        "after the worker's life, still serving",
+    );
+    expect(
+        &after,
+        Named(&["req_b"]),
+        host_on(&launch),
+        "born after: not pinned",
     );
     assert!(
         a.contains(r#""handler_role": 0"#),
@@ -410,17 +478,34 @@ fn visualgen_rank0(way: Way) {
 
 #[test]
 fn visualgen_rank0_under_run_spares_the_coordinator_and_the_http_server() {
-    visualgen_rank0(Way::Run);
+    visualgen_rank0(Way::Run, Visual::Unconstrained);
 }
 
 #[test]
 fn visualgen_rank0_under_preload_spares_the_coordinator_and_the_http_server() {
-    visualgen_rank0(Way::Preload);
+    visualgen_rank0(Way::Preload, Visual::Unconstrained);
 }
 
 #[test]
 fn visualgen_rank0_without_the_library_pins_the_coordinator_and_the_http_server() {
-    visualgen_rank0(Way::Upstream);
+    visualgen_rank0(Way::Upstream, Visual::Unconstrained);
+}
+
+#[test]
+fn visualgen_rank0_with_upstreams_resweep_restores_when_the_worker_function_returns() {
+    visualgen_rank0(Way::Run, Visual::Resweep);
+}
+
+#[test]
+fn visualgen_rank0_under_taskset_policy_unset_restores_the_launch_mask() {
+    require!(on_path("taskset"), "`taskset` on PATH");
+    visualgen_rank0(Way::Run, Visual::Taskset(None));
+}
+
+#[test]
+fn visualgen_rank0_under_taskset_policy_1_restores_the_launch_mask() {
+    require!(on_path("taskset"), "`taskset` on PATH");
+    visualgen_rank0(Way::Run, Visual::Taskset(Some("1")));
 }
 
 // ---- Deployment 4: the leader of a multi-node launch ----

@@ -7,6 +7,7 @@ as upstream does, and calls it on a thread of its own, never touching `tllm_affi
 Usage: hook_probe.py probe DEVICE   the hook as the interpreter started
        hook_probe.py spawn DEVICE   the same, from a multiprocessing "spawn" child
        hook_probe.py late DEVICE    tensorrt_llm imported first, the hook installed afterwards
+       hook_probe.py sites DEVICE   the call sites of hook_cases/bad_sites, each on a thread
 """
 import builtins
 import json
@@ -60,6 +61,22 @@ def probe(device):
     return out
 
 
+def bad_sites(device):
+    from tensorrt_llm._torch.visual_gen import executor
+    from tensorrt_llm.executor.base_worker import BaseWorker
+    from tensorrt_llm.llmapi import utils
+
+    out = {"entry_wrapped": hasattr(executor.run_diffusion_worker, "_tllm_affinity_original")}
+    out["base_worker"] = call_on_a_thread(lambda d: BaseWorker()._get_comm_ranks_device_id(d),
+                                          device)
+    out["visual_gen"] = call_on_a_thread(
+        lambda d: list(executor.run_diffusion_worker(d, 1, "127.0.0.1", 0, None, None, {})),
+        device)
+    out["calls"] = utils.CALLS
+    out["adapter"] = sys.modules["tllm_affinity.adapters.trtllm"].status()
+    return out
+
+
 def spawned(queue, device):
     queue.put(probe(device))
 
@@ -86,9 +103,11 @@ def main():
 
         _tllm_affinity_hook.install()
         out = probe(device)
+    elif mode == "sites":
+        out = bad_sites(device)
     else:
         raise SystemExit("unknown mode " + mode)
-    print(json.dumps(out), flush=True)
+    print(json.dumps(out, separators=(",", ":")), flush=True)  # short: mpirun splits long lines
 
 
 if __name__ == "__main__":

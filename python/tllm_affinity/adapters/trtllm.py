@@ -7,20 +7,14 @@ the moment that module has executed, and :func:`patch_upstream` replaces, there 
 module that already bound the names:
 
 * ``configure_cpu_affinity(device_id)`` with :func:`_wrap_configure`'s wrapper. Same signature,
-  returns None, never raises. Who is calling decides what it does:
-
-  - the main thread, or a thread running an asyncio event loop (the caller is the server itself:
-    single-process TP1 under ``trtllm-serve`` builds the LLM on the thread that then serves HTTP):
-    a *worker scope* opens. The caller keeps its role and mask; the threads it creates until the
-    worker's construction returns (the outermost ``__init__`` of a ``tensorrt_llm`` object on its
-    stack, e.g. ``LLM.__init__``) are born workers on the GPU-local set;
-  - any other thread (an MpiCommSession pool thread, the VisualGen worker thread), or a main
-    thread that is already a worker or runs a worker rank's ``worker_main``: it is the worker's
-    own, so it is configured: it and its later threads are workers.
-
-  The lease belongs to the worker object on the caller's stack (the nearest ``self`` in a
-  ``tensorrt_llm`` frame that has a ``shutdown`` method) and is released when that object's
-  ``shutdown()`` returns; every lease is released at interpreter exit too.
+  returns None, never raises. The call site it is called from (the caller's module and function)
+  is looked up in :data:`CALL_SITES`, the one table of the upstream call sites the adapter covers;
+  the row decides how the worker is placed (:func:`_placement`) and when its lease ends (the
+  owner's ``shutdown()``, or the entry function's return or raise). A caller the table does not
+  know gets the thread rule of :func:`_placement` and a lease that ends at exit;
+* the entry functions of the table (VisualGen's module-level ``run_diffusion_worker``), wrapped
+  in their module at import with ``try``/``finally``, and the worker methods that are themselves
+  the affinity call in older layouts (``RayGPUWorker._configure_affinity``);
 * upstream's all-thread sweeps (``_set_affinity_all_threads(cpus)``,
   ``_reapply_current_thread_affinity_to_all_threads()``), where a version has them, with functions
   that touch no thread: the library already put every worker thread on the set, and new worker
@@ -31,7 +25,9 @@ carry their own copy of the function.
 """
 
 import atexit
+import collections
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -39,22 +35,83 @@ import weakref
 
 import tllm_affinity
 
-__all__ = ["install", "uninstall", "patch_upstream", "status", "release_all", "leases"]
+__all__ = ["install", "uninstall", "patch_upstream", "status", "summary", "release_all",
+           "leases", "CALL_SITES"]
 
 CONFIGURE = "configure_cpu_affinity"
 SWEEPS = ("_set_affinity_all_threads", "_reapply_current_thread_affinity_to_all_threads")
 UPSTREAM_PACKAGE = "tensorrt_llm"
-# Upstream functions that run a whole worker rank (executor/worker.py).
-WORKER_ENTRY_POINTS = ("worker_main",)
+UTILS = "tensorrt_llm.llmapi.utils"
 _ORIGINAL = "_tllm_affinity_original"
 _LEVELS = {"off": 0, "error": 1, "warn": 2, "info": 3, "debug": 4}
 
+# How a lease ends, per row.
+OWNER_SHUTDOWN = "owner-shutdown"  # the worker object's shutdown() returns or raises
+ENTRY_RETURN = "entry-return"      # the entry function returns or raises on that thread
+AT_EXIT = "exit"                   # a caller the table does not know
+
+# How the adapter reaches a row's call.
+VIA_CONFIGURE = "configure"  # the row's function calls llmapi.utils.configure_cpu_affinity
+VIA_ENTRY = "entry"          # the row's function is wrapped; its configure call is inside
+VIA_METHOD = "method"        # the row's function is itself the affinity call (older layout)
+
+# How a worker is placed (_placement).
+PROCESS = "process"  # a dedicated worker process: configured whole, from its main thread
+THREAD = "thread"    # the caller is the worker's own thread: it and its threads are workers
+SCOPE = "scope"      # the caller goes on serving host work: threads it starts meanwhile are
+
+
+CallSite = collections.namedtuple(
+    "CallSite", "name module qualname via ends dedicated parameters")
+CallSite.__doc__ = """One upstream call site: ``module`` and ``qualname`` of the function that
+calls configure_cpu_affinity (or is the call, ``via``), how its lease ends, the rule that says
+whether its process is dedicated (docs/runtimes.md has the table), and the parameter names its
+function must have for the adapter to take it (another signature: the adapter leaves it alone)."""
+
+# The one table of upstream call sites the adapter covers (docs/runtimes.md, "TensorRT-LLM call
+# sites"). Every placement and lease-lifetime decision goes through it.
+CALL_SITES = (
+    CallSite("base_worker", "tensorrt_llm.executor.base_worker",
+             "BaseWorker._get_comm_ranks_device_id", VIA_CONFIGURE, OWNER_SHUTDOWN,
+             "worker_main on the stack: a worker rank (on the main thread, an MPI pool rank or a "
+             "leader's rank > 0: the process; on a session's pool thread: that thread); "
+             "otherwise the thread rule (TP1 under trtllm-serve or a script: not dedicated)",
+             ("self",)),
+    CallSite("ray_gpu_worker", "tensorrt_llm.executor.ray.gpu_worker",
+             "RayGPUWorker._get_comm_ranks_device_id", VIA_CONFIGURE, OWNER_SHUTDOWN,
+             "always: a Ray actor process serves one GPU (on its main thread: the process)",
+             ("self",)),
+    CallSite("ray_gpu_worker_legacy", "tensorrt_llm.executor.ray_gpu_worker",
+             "RayGPUWorker._configure_affinity", VIA_METHOD, OWNER_SHUTDOWN,
+             "always, as ray_gpu_worker (the older layout, before llmapi.utils had the function)",
+             ("self", "device_id")),
+    CallSite("visual_gen", "tensorrt_llm._torch.visual_gen.executor",
+             "run_diffusion_worker", VIA_ENTRY, ENTRY_RETURN,
+             "its own process when on the main thread; rank 0 of an external launch runs it on "
+             "a thread of the client's process: that thread",
+             ("rank", "world_size", "master_addr", "master_port", "request_queue_addr",
+              "response_queue_addr", "visual_gen_args")),
+)
+_BY_MODULE = {}
+for _site in CALL_SITES:
+    _BY_MODULE.setdefault(_site.module, []).append(_site)
+# Module names the start-up hook hands over: utils and every call site's module.
+WATCHED_MODULES = (UTILS,) + tuple(_BY_MODULE)
+
 _lock = threading.Lock()
-# (Lease, weak reference to the owning worker object or None)
+# (Lease, weak reference to the owning worker object or None, call site name, entry token)
 _leases = []
 _atexit_registered = False
 _said = set()
 _status = {"state": "not-imported"}
+# Per call site: "not-imported", "found", "missing", "signature", "coroutine"; leases opened,
+# closed.
+_sites = {site.name: {"state": "not-imported", "opened": 0, "closed": 0} for site in CALL_SITES}
+_sites["unknown"] = {"state": "caller", "opened": 0, "closed": 0}
+# The entry calls running on this thread (innermost last), each a list of its leases.
+_entries = threading.local()
+# Set while upstream's own configure runs for a call site the adapter leaves alone.
+_bypass = threading.local()
 
 
 def _log(level, line, once_key=None):
@@ -77,18 +134,65 @@ def _log(level, line, once_key=None):
 def status():
     """What the adapter did in this process: ``{"state": ...}``, with the state one of
     ``not-imported`` (TensorRT-LLM never imported), ``not-loaded`` (library absent),
-    ``engaged``, ``not-found`` (no configure_cpu_affinity to wrap) or ``signature`` (one that
-    does not take a device id)."""
-    return dict(_status)
+    ``engaged``, ``not-found`` (no configure_cpu_affinity to wrap), ``signature`` (one that
+    does not take a device id) or ``inactive`` (a release with none of the call sites);
+    ``version`` (``tensorrt_llm.__version__``) and ``sites``: per row of :data:`CALL_SITES` whose
+    module was imported (``found``, ``missing``, ``signature``, ``coroutine``), and ``unknown``
+    callers once they opened one, its state and the leases it opened and closed."""
+    with _lock:
+        out = dict(_status)
+        out["sites"] = {name: dict(site) for name, site in _sites.items()
+                        if site["state"] != "not-imported" and site["opened"] + (name != "unknown")}
+    out["version"] = _upstream_version()
+    return out
+
+
+def _upstream_version():
+    package = sys.modules.get(UPSTREAM_PACKAGE)
+    version = getattr(package, "__version__", None)
+    return None if version is None else str(version)
 
 
 def _set_status(state, where=None):
     _status["state"] = state
     if where is not None:
         _status["module"] = where
+    _publish()
+
+
+def _publish():
+    """The report's ``adapters.trtllm``: the state word (the C ABI takes one short word; the
+    per-site detail is in :func:`status` and :func:`summary`)."""
     setter = getattr(tllm_affinity, "_note_adapter", None)
     if setter is not None:
-        setter("trtllm", state)
+        setter("trtllm", _status["state"])
+
+
+def summary():
+    """One line of what engaged: ``tensorrt_llm 1.2.0; base_worker found 2/2; visual_gen
+    missing``: the version, then each row whose module was imported, with its leases
+    opened/closed."""
+    parts = ["tensorrt_llm %s" % (_upstream_version() or "?")]
+    with _lock:
+        for name, site in _sites.items():
+            if site["state"] == "not-imported" or (name == "unknown" and not site["opened"]):
+                continue
+            part = "%s %s" % (name, site["state"])
+            if site["opened"]:
+                part += " %d/%d" % (site["opened"], site["closed"])
+            parts.append(part)
+    return "; ".join(parts)
+
+
+def _site_state(site, state):
+    with _lock:
+        _sites[site.name]["state"] = state
+    _publish()
+
+
+def _count(name, key):
+    with _lock:
+        _sites[name][key] += 1
 
 
 def _device_of(args, kwargs):
@@ -104,12 +208,41 @@ def _device_of(args, kwargs):
 def _accepts_device(function):
     """True when ``function`` can be called with one device id, as upstream's can."""
     try:
-        import inspect
-
         inspect.signature(function).bind(0)
         return True
     except (TypeError, ValueError):
         return False
+
+
+def _parameters(function):
+    try:
+        return tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _qualname(frame):
+    """The qualified name of the function ``frame`` runs (``co_qualname`` from Python 3.11)."""
+    code = frame.f_code
+    qualname = getattr(code, "co_qualname", None)
+    if qualname is not None:
+        return qualname
+    owner = frame.f_locals.get("self") if code.co_argcount else None
+    for cls in type(owner).__mro__ if owner is not None else ():
+        function = cls.__dict__.get(code.co_name)
+        if getattr(function, "__code__", None) is code:
+            return "%s.%s" % (cls.__name__, code.co_name)
+    return code.co_name
+
+
+def _site_of(frame):
+    """The row of :data:`CALL_SITES` whose function ``frame`` runs, or None."""
+    if frame is None:
+        return None
+    for site in _BY_MODULE.get(frame.f_globals.get("__name__", ""), ()):
+        if site.qualname == _qualname(frame):
+            return site
+    return None
 
 
 def _in_upstream(frame):
@@ -126,22 +259,10 @@ def _upstream_frames(frame):
     return run
 
 
-def _owner(frames):
-    """The worker object on the stack: the nearest ``self`` with a ``shutdown`` method."""
-    for frame in frames:
-        code = frame.f_code
-        if not code.co_argcount or code.co_varnames[0] != "self":
-            continue
-        candidate = frame.f_locals.get("self")
-        if callable(getattr(candidate, "shutdown", None)):
-            return candidate
-    return None
-
-
 def _construction_frame(frames):
-    """The frame whose return ends the worker's construction: the outermost ``__init__`` of a
-    TensorRT-LLM object (``LLM.__init__``), else the outermost TensorRT-LLM frame that is not a
-    command-line entry point (``trtllm-serve``'s main serves forever)."""
+    """The frame whose return ends a worker scope: the outermost ``__init__`` of a TensorRT-LLM
+    object (``LLM.__init__``), else the outermost TensorRT-LLM frame that is not a command-line
+    entry point (``trtllm-serve``'s main serves forever)."""
     for frame in reversed(frames):
         if frame.f_code.co_name == "__init__":
             return frame
@@ -151,17 +272,7 @@ def _construction_frame(frames):
     return None
 
 
-def _caller_is_the_server(frames):
-    """The main thread, or a thread running an event loop: threads it starts later serve
-    requests, so it must not become a worker. Not so when the thread is already a worker (a
-    dedicated worker process) or runs a worker rank's entry point (an MPI pool rank's
-    ``worker_main`` runs on its process's main thread)."""
-    if tllm_affinity.role() == "worker":
-        return False
-    if any(frame.f_code.co_name in WORKER_ENTRY_POINTS for frame in frames):
-        return False
-    if threading.current_thread() is threading.main_thread():
-        return True
+def _runs_event_loop():
     asyncio = sys.modules.get("asyncio")
     try:
         return asyncio is not None and asyncio._get_running_loop() is not None
@@ -169,10 +280,47 @@ def _caller_is_the_server(frames):
         return False
 
 
+def _worker_rank_on_stack(frame):
+    """A worker rank's entry point (executor/worker.py's ``worker_main``) on the stack."""
+    while frame is not None:
+        if (frame.f_code.co_name == "worker_main"
+                and frame.f_globals.get("__name__", "").startswith(UPSTREAM_PACKAGE + ".")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _placement(site, frame):
+    """How the worker of a configure call is placed (SPEC §10), from its row's rule:
+
+    * ``PROCESS``: a dedicated worker process (a Ray actor, an MPI pool rank or a leader's rank
+      > 0 running ``worker_main``, VisualGen in its own process), the call on its main thread:
+      the caller is promoted with every thread of the process, as a dedicated worker at load;
+    * ``THREAD``: the worker's own thread in a shared process (a session's pool thread, rank 0
+      of VisualGen on a thread of the client): it and its threads are workers;
+    * ``SCOPE``: the main thread of trtllm-serve or of a user's script, or an event-loop thread,
+      which go on serving host work: a worker scope.
+
+    A caller the table does not know, or an already dedicated one, gets the thread rule."""
+    main = threading.current_thread() is threading.main_thread()
+    if tllm_affinity.role() == "worker":
+        return PROCESS if main else THREAD
+    if site is not None and site.name == "base_worker" and _worker_rank_on_stack(frame):
+        return PROCESS if main else THREAD
+    if site is not None and site.name in ("ray_gpu_worker", "ray_gpu_worker_legacy"):
+        return PROCESS if main else THREAD
+    if site is not None and site.name == "visual_gen":
+        return PROCESS if main else THREAD
+    if main or _runs_event_loop():
+        return SCOPE
+    return THREAD
+
+
 def _end_scope_when_returns(frame, lease):
     """Ends the worker scope when ``frame`` returns (or unwinds), with a profile function on this
-    thread alone. A thread that already has a profiler keeps it, and the scope ends now: its
-    worker threads are then born host, which costs placement but never a host thread's mask."""
+    thread alone, removed then. A thread that already has a profiler keeps it, and the scope
+    ends now: its worker threads are then born host, which costs placement but never a host
+    thread's mask."""
     if frame is None or sys.getprofile() is not None:
         tllm_affinity.end_worker_scope(lease)
         return
@@ -185,7 +333,7 @@ def _end_scope_when_returns(frame, lease):
     sys.setprofile(profile)
 
 
-def _remember(lease, owner):
+def _remember(lease, owner, site_name, entry):
     global _atexit_registered
     ref = None
     if owner is not None:
@@ -195,58 +343,134 @@ def _remember(lease, owner):
         except Exception:
             ref = None  # released at exit instead
     with _lock:
-        _leases.append((lease, ref))
+        _leases.append((lease, ref, site_name, entry))
         if not _atexit_registered:
             _atexit_registered = True
             atexit.register(release_all)
 
 
-def _engage(device, caller):
-    """Opens the lease for a call of configure_cpu_affinity. A library error (no such device,
-    passive library) was already said in one line by the library: nothing is pinned and the
-    server runs on."""
-    frames = _upstream_frames(caller)
-    server = _caller_is_the_server(frames)
+def _engage(device, caller, site=None, owner=None):
+    """Opens the lease for a call of configure_cpu_affinity from ``caller`` (the frame of the
+    function that called it; ``site`` and ``owner`` given by a VIA_METHOD wrapper). A library
+    error (no such device, passive library) was already said in one line by the library:
+    nothing is pinned and the server runs on."""
+    if site is None:
+        site = _site_of(caller)
+    placement = _placement(site, caller)
     lib = tllm_affinity._require()
-    opened = lib.tllm_affinity_begin_worker_scope if server else lib.tllm_affinity_configure
+    scope = placement == SCOPE
+    opened = lib.tllm_affinity_begin_worker_scope if scope else lib.tllm_affinity_configure
     rc = opened(device)
     if rc < 0:
         _log("debug", "configure_cpu_affinity(%d): %s; no thread pinned"
              % (device, os.strerror(-rc)))
         return
     lease = tllm_affinity.Lease(int(rc), device)
-    if server:
-        _end_scope_when_returns(_construction_frame(frames), lease)
-    _remember(lease, _owner(frames))
+    name = site.name if site is not None else "unknown"
+    _count(name, "opened")
+    _log("debug", "configure_cpu_affinity(%d) from %s: %s, lease %d ends at %s"
+         % (device, name, placement, lease.id, site.ends if site is not None else AT_EXIT))
+    if scope:
+        _end_scope_when_returns(_construction_frame(_upstream_frames(caller)), lease)
+    entry = None
+    if site is not None and site.ends == OWNER_SHUTDOWN and owner is None:
+        owner = caller.f_locals.get("self")
+    if site is not None and site.ends == ENTRY_RETURN:
+        running = getattr(_entries, "stack", None)
+        entry = running[-1] if running else None
+    _remember(lease, owner if site is not None and site.ends == OWNER_SHUTDOWN else None,
+              name, entry)
+    if entry is not None:
+        entry.append(lease)
+    _publish()
 
 
 def _wrap_configure(original):
     @functools.wraps(original)
     def configure_cpu_affinity(*args, **kwargs):
-        try:
-            device = int(_device_of(args, kwargs))
-        except (TypeError, ValueError):
-            _log("warn", "configure_cpu_affinity%r: not a device id; no thread pinned"
-                 % (tuple(args),), once_key=("device", repr(args)))
-            return None
-        if not tllm_affinity.available():
-            _log("warn", "libtllm_affinity.so is not preloaded; running the original %s"
-                 % getattr(original, "__name__", CONFIGURE), once_key="unavailable")
-            return original(*args, **kwargs)
-        try:
-            _engage(device, sys._getframe(1))
-        except Exception as error:  # never into the worker's start-up
-            _log("warn", "configure_cpu_affinity(%d): %s: %s; no thread pinned"
-                 % (device, type(error).__name__, error))
-        return None
+        caller = sys._getframe(1)
+        site = _site_of(caller)
+        if site is not None and _sites[site.name]["state"] == "not-imported":
+            # Its module was imported before the hook: checked now, once.
+            patch_upstream(sys.modules.get(site.module))
+        if site is not None and _sites[site.name]["state"] in ("signature", "coroutine"):
+            # A call site the adapter does not know the shape of: upstream's function, sweeps
+            # included, as without the adapter.
+            _bypass.active = True
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _bypass.active = False
+        return _configure(original, args, kwargs, caller, site, None)
 
     setattr(configure_cpu_affinity, _ORIGINAL, original)
     return configure_cpu_affinity
 
 
+def _configure(original, args, kwargs, caller, site, owner):
+    try:
+        device = int(_device_of(args, kwargs))
+    except (TypeError, ValueError):
+        _log("warn", "configure_cpu_affinity%r: not a device id; no thread pinned"
+             % (tuple(args),), once_key=("device", repr(args)))
+        return None
+    if not tllm_affinity.available():
+        _log("warn", "libtllm_affinity.so is not preloaded; running the original %s"
+             % getattr(original, "__name__", CONFIGURE), once_key="unavailable")
+        return original(*args, **kwargs)
+    try:
+        _engage(device, caller, site, owner)
+    except Exception as error:  # never into the worker's start-up
+        _log("warn", "configure_cpu_affinity(%d): %s: %s; no thread pinned"
+             % (device, type(error).__name__, error))
+    return None
+
+
+def _wrap_method_call(original, site):
+    """A worker method that is itself the affinity call (``RayGPUWorker._configure_affinity(self,
+    device_id)`` of the older layout): the lease belongs to ``self``."""
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        return _configure(functools.partial(original, self), args, kwargs,
+                          sys._getframe(1), site, self)
+
+    setattr(method, _ORIGINAL, original)
+    return method
+
+
+def _wrap_entry(original, site):
+    """An entry function whose return or raise on this thread ends the leases it opened: a
+    ``try``/``finally``, no profiler (one would run on every call of the serving loop);
+    ``functools.wraps`` keeps the name and qualname, so pickle (spawn) still finds it in its
+    module."""
+    @functools.wraps(original)
+    def entry(*args, **kwargs):
+        mine = []
+        try:
+            stack = _entries.__dict__.setdefault("stack", [])
+            stack.append(mine)
+        except Exception:
+            stack = None
+        try:
+            return original(*args, **kwargs)
+        finally:
+            try:
+                if stack is not None and stack and stack[-1] is mine:
+                    stack.pop()
+                _release_entry(mine)
+            except Exception as error:  # never into the worker's own exit
+                _log("warn", "ending %s's lease: %s: %s" % (site.qualname,
+                                                           type(error).__name__, error))
+
+    setattr(entry, _ORIGINAL, original)
+    return entry
+
+
 def _wrap_sweep(original):
     @functools.wraps(original)
     def sweep(*args, **kwargs):
+        if getattr(_bypass, "active", False):
+            return original(*args, **kwargs)
         _log("debug", "%s: left to libtllm_affinity.so, which placed every worker thread and "
              "no host thread" % getattr(original, "__name__", "sweep"),
              once_key=("sweep", getattr(original, "__name__", "")))
@@ -295,19 +519,88 @@ def _rebind(replaced):
                 namespace[name] = wrapper
 
 
+def _lookup(module, qualname):
+    """(holder, attribute name, function) for ``qualname`` in ``module``, or None."""
+    holder = module
+    *path, name = qualname.split(".")
+    for part in path:
+        holder = getattr(holder, part, None)
+        if holder is None:
+            return None
+    function = inspect.getattr_static(holder, name, None) if path else getattr(holder, name, None)
+    if function is None or not callable(function):
+        return None
+    return holder, name, function
+
+
+def _patch_site(module, site):
+    """Checks one call site in its module just imported, and wraps it when ``via`` says so."""
+    found = _lookup(module, site.qualname)
+    if found is None:
+        _site_state(site, "missing")
+        _log("info", "%s has no %s: that call site is not covered (a moved or renamed "
+             "upstream)" % (site.module, site.qualname), once_key=("missing", site.name))
+        return
+    holder, name, function = found
+    if hasattr(function, _ORIGINAL):
+        return
+    if inspect.iscoroutinefunction(function) or inspect.isgeneratorfunction(function) or \
+            inspect.isasyncgenfunction(function):
+        _site_state(site, "coroutine")
+        _log("warn", "%s.%s is a coroutine or generator function: that call site runs as "
+             "without tllm-affinity" % (site.module, site.qualname),
+             once_key=("coroutine", site.name))
+        return
+    parameters = _parameters(function)
+    # An entry function may grow keyword parameters; a method must be exactly as known.
+    known = parameters[:len(site.parameters)] if site.via == VIA_ENTRY else parameters
+    if known != site.parameters:
+        _site_state(site, "signature")
+        _log("warn", "%s.%s%s is not the signature the adapter knows: that call site runs as "
+             "without tllm-affinity" % (site.module, site.qualname,
+                                         inspect.signature(function)),
+             once_key=("site-signature", site.name))
+        return
+    if site.via == VIA_ENTRY:
+        wrapper = _wrap_entry(function, site)
+        setattr(holder, name, wrapper)
+        _rebind({name: (function, wrapper)})
+    elif site.via == VIA_METHOD:
+        setattr(holder, name, _wrap_method_call(function, site))
+        if _status.get("state") != "engaged":
+            # The older layout's own method is the affinity call: the adapter is engaged there.
+            _set_status("engaged", site.module)
+    _site_state(site, "found")
+
+
 def patch_upstream(module):
     """Wraps ``configure_cpu_affinity`` and the sweeps in ``module`` (tensorrt_llm.llmapi.utils)
-    and in every module that imported them; called by the start-up hook. Never raises."""
+    and in every module that imported them, or checks and wraps the call sites of a call site's
+    module; called by the start-up hook. Never raises."""
     where = getattr(module, "__name__", repr(module))
-    if not tllm_affinity.available():
-        _status["state"] = "not-loaded"
-        return
+    try:
+        if not tllm_affinity.available():
+            _status["state"] = "not-loaded"
+            return
+        if where in _BY_MODULE:
+            for site in _BY_MODULE[where]:
+                _patch_site(module, site)
+            return
+        _patch_utils(module, where)
+    except Exception as error:
+        _log("warn", "the TensorRT-LLM adapter could not patch %s: %s: %s; it runs as without "
+             "tllm-affinity" % (where, type(error).__name__, error))
+
+
+def _patch_utils(module, where):
     original = getattr(module, CONFIGURE, None)
     if original is None or not callable(original):
         _set_status("not-found", where)
-        _log("warn", "found no %s in %s: the TensorRT-LLM adapter did not engage, and the "
-             "server pins threads as it would without tllm-affinity" % (CONFIGURE, where),
-             once_key="not-found")
+        _log("warn", "found no %s in %s: the TensorRT-LLM adapter did not engage (adapter "
+             "inactive). A release from before the all-thread pin does not pin threads itself, "
+             "and tllm-affinity changes no mask in it unless the program calls tllm_affinity; "
+             "a renamed upstream pins threads as it would without tllm-affinity"
+             % (CONFIGURE, where), once_key="not-found")
         return
     if hasattr(original, _ORIGINAL):
         return
@@ -366,32 +659,42 @@ def uninstall(target, name=CONFIGURE, shutdown=None):
 def leases():
     """The leases the adapter opened and has not released yet."""
     with _lock:
-        return [lease for lease, _ in _leases if not lease.released]
+        return [entry[0] for entry in _leases if not entry[0].released]
 
 
 def _release(taken):
+    """Releases ``taken`` ((lease, owner, site, entry) rows); counts them per site."""
     count = 0
-    for lease in taken:
+    for lease, _, site_name, _ in taken:
         if not lease.released and not lease.inert:
             count += 1
+            _count(site_name, "closed")
         try:
             lease.release()
         except Exception as error:
             _log("warn", "releasing lease %s: %s" % (lease.id, error))
+    if taken:
+        _publish()
     return count
 
 
-def _release_owned_by(owner):
+def _take(keep):
     with _lock:
-        mine = [entry for entry in _leases if entry[1] is not None and entry[1]() is owner]
-        for entry in mine:
-            _leases.remove(entry)
-    return _release([lease for lease, _ in mine])
+        mine = [entry for entry in _leases if not keep(entry)]
+        _leases[:] = [entry for entry in _leases if keep(entry)]
+    return mine
+
+
+def _release_owned_by(owner):
+    return _release(_take(lambda e: e[1] is None or e[1]() is not owner))
+
+
+def _release_entry(opened):
+    """The leases an entry call opened, at its return or raise."""
+    if opened:
+        _release(_take(lambda e: e[3] is not opened))
 
 
 def release_all():
     """Releases every lease the adapter opened; returns how many were open."""
-    with _lock:
-        taken = [lease for lease, _ in _leases]
-        del _leases[:]
-    return _release(taken)
+    return _release(_take(lambda e: False))

@@ -1,13 +1,16 @@
 """Deployment 3 of seeds/shared-process-affinity-never-restored.txt as an unmodified app:
-external-launch VisualGen, rank 0, under an HTTP server. The main thread builds the
-``DiffusionExecutor`` (its coordinator thread, then its worker thread, which configures CPU
-affinity) and runs an HTTP loop on loopback (a thread per request, ``ThreadingHTTPServer``); a
+external-launch VisualGen, rank 0, under an HTTP server. The main thread first serves with two
+LLMs one after the other (single-process TP1 workers, ``TLLM_WORKER_USE_SINGLE_PROCESS=1`` set by
+the test), each shut down before the next: two sequential ``BaseWorker``s. Then it builds the
+VisualGen client, ``DiffusionRemoteClient`` (its coordinator thread, then the worker thread
+running upstream's module-level ``run_diffusion_worker``, which configures CPU affinity) and runs an HTTP loop on loopback (a thread per request, ``ThreadingHTTPServer``); a
 request thread, noted req_<name>, asks the executor (over loopback to the coordinator, whose
 loop waits for the worker on its executor threads) or, once it is shut down, answers itself, and
 holds until the end. The main loop also runs what the app's control thread hands it: the
 executor's shutdown happens on the main thread, as a server's lifespan does it.
 
-Phases, printed by the control thread (started first): before (no executor), during (executor
+Phases, printed by the control thread (started first): before (both LLMs shut down, no
+executor), during (executor
 ready; the test then sends /generate/a), serving (a answered), shutdown (executor shut down on
 main; the test then sends /generate/b), after (b answered). Imports only tensorrt_llm and the
 test instrumentation.
@@ -19,7 +22,8 @@ import threading
 
 from phases import note, phase_all, role
 from runtime_helpers import say
-from tensorrt_llm._torch.visual_gen.executor import DiffusionExecutor
+from tensorrt_llm import LLM
+from tensorrt_llm._torch.visual_gen.client import DiffusionRemoteClient
 
 let_go = threading.Event()
 built = threading.Event()
@@ -80,10 +84,14 @@ def control():
 
 
 state_ready = threading.Event()
+for model in ("stand-in/first", "stand-in/second"):
+    llm = LLM(model)
+    say("ANSWER", llm.generate("llm").outputs[0].text)
+    llm.shutdown()
 controller = threading.Thread(target=control, name="control")
 controller.start()
 assert built.wait(60)
-state["executor"] = DiffusionExecutor(device_id=0)
+state["executor"] = DiffusionRemoteClient(device_id=0)
 server = Server(("127.0.0.1", 0), Handler)
 say("PORT", server.server_address[1])
 state_ready.set()

@@ -1,79 +1,40 @@
-"""VisualGen, external launch, rank 0 in the client's process (``in_client_process``): the
-executor starts the ``_serve_forever`` coordinator thread (its own asyncio loop and socket
-server; ZMQ upstream) *before* the worker thread, which configures CPU affinity and then denoises
-on its own intra-op pool, handing images to its post-processing thread."""
-import asyncio
-import json
+"""VisualGen's worker, in upstream's shape: ``run_diffusion_worker(...)`` is a module-level
+function (no ``self``). It sets the distributed environment, computes its device, calls
+``configure_cpu_affinity(device_id)`` inside a ``try``/``except`` that logs and goes on, builds
+the ``DiffusionExecutor`` (the pipeline loads on its intra-op pool; a post-processing thread hands
+images back) and serves the request queue until a shutdown request (``None``), then returns.
+
+It runs in its own process normally; under an external launcher rank 0 runs it on a
+``threading.Thread`` inside the client's process (``in_client_process=True``; see client.py).
+With ``RT_RESWEEP=1`` it also calls upstream's re-sweep helper once its threads are started."""
+import os
 import queue
-import socket
 import threading
 
 from tensorrt_llm import _native
-from tensorrt_llm.llmapi.utils import configure_cpu_affinity
+from tensorrt_llm.executor.ipc import ZeroMqQueue
+from tensorrt_llm.llmapi.utils import (_reapply_current_thread_affinity_to_all_threads,
+                                       configure_cpu_affinity, get_device_count)
+from tensorrt_llm.logger import logger
 
 
 class DiffusionExecutor:
+    """The worker's executor: denoises each request on the intra-op pool of the thread that
+    serves, and posts the image from its post-processing thread."""
 
-    def __init__(self, device_id: int = 0, in_client_process: bool = True):
+    def __init__(self, device_id, request_queue, response_queue):
         self.device_id = device_id
-        self.in_client_process = in_client_process
-        self.jobs = queue.Queue()
+        self.request_queue = request_queue
+        self.response_queue = response_queue
         self.images = queue.Queue()
-        self.address = None
-        self._loop = None
-        self._stopping = None
-        self._coordinator_ready = threading.Event()
-        self._worker_ready = threading.Event()
-        self.coordinator_thread = threading.Thread(target=self._serve_forever,
-                                                   name="visual_gen_coordinator",
-                                                   daemon=True)
-        self.coordinator_thread.start()
-        self._coordinator_ready.wait(30)
-        self.worker_thread = threading.Thread(target=self._worker_main,
-                                              name="visual_gen_worker",
-                                              daemon=True)
-        self.worker_thread.start()
-        self._worker_ready.wait(30)
-
-    # The coordinator.
-
-    def _serve_forever(self):
-        asyncio.run(self._coordinate())
-
-    async def _coordinate(self):
-        self._loop = asyncio.get_running_loop()
-        self._stopping = asyncio.Event()
-        server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.address = server.sockets[0].getsockname()[:2]
-        self._coordinator_ready.set()
-        await self._stopping.wait()
-        server.close()
-        await server.wait_closed()
-
-    async def _handle(self, reader, writer):
-        prompt = (await reader.readline()).decode().strip()
-        # The wait for the worker is blocking: on the loop's executor.
-        image = await self._loop.run_in_executor(None, self._relay, prompt)
-        writer.write(json.dumps(image).encode() + b"\n")
-        await writer.drain()
-        writer.close()
-
-    def _relay(self, prompt):
-        box = queue.Queue(1)
-        self.jobs.put((prompt, box))
-        return box.get(timeout=60)
-
-    # The worker thread.
-
-    def _worker_main(self):
-        configure_cpu_affinity(self.device_id)
         _native.omp_region("visual_omp")  # loading the pipeline
         self.postprocess_thread = threading.Thread(target=self._postprocess,
                                                    name="visual_gen_postprocess",
                                                    daemon=True)
         self.postprocess_thread.start()
-        self._worker_ready.set()
-        while (job := self.jobs.get()) is not None:
+
+    def serve_forever(self):
+        while (job := self.request_queue.get()) is not None:
             _native.omp_region("visual_omp")  # the denoising steps
             self.images.put(job)
         self.images.put(None)
@@ -81,20 +42,42 @@ class DiffusionExecutor:
 
     def _postprocess(self):
         while (job := self.images.get()) is not None:
-            prompt, box = job
-            box.put({"prompt": prompt, "image": f"<{len(prompt)} denoised>"})
+            request_id, prompt = job
+            self.response_queue.put((request_id, {"prompt": prompt,
+                                                  "image": f"<{len(prompt)} denoised>"}))
 
-    # The client's API.
 
-    def generate(self, prompt: str) -> dict:
-        with socket.create_connection(self.address, timeout=60) as s:
-            s.sendall(prompt.encode() + b"\n")
-            return json.loads(s.makefile().readline())
-
-    def shutdown(self):
-        if self.worker_thread.is_alive():
-            self.jobs.put(None)
-            self.worker_thread.join(30)
-        if self.coordinator_thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stopping.set)
-            self.coordinator_thread.join(30)
+def run_diffusion_worker(rank,
+                         world_size,
+                         master_addr,
+                         master_port,
+                         request_queue_addr,
+                         response_queue_addr,
+                         visual_gen_args,
+                         log_level="warning",
+                         req_hmac_key=None,
+                         resp_hmac_key=None,
+                         local_rank=None,
+                         in_client_process=False,
+                         parent_pid=None):
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(world_size)
+    os.environ["MASTER_ADDR"] = str(master_addr)
+    os.environ["MASTER_PORT"] = str(master_port)
+    device_id = local_rank if local_rank is not None else rank % get_device_count()
+    try:
+        configure_cpu_affinity(device_id)
+    except Exception as e:
+        logger.warning(f"Failed to configure CPU affinity: {e}")
+    request_queue = ZeroMqQueue(request_queue_addr, is_server=False)
+    response_queue = ZeroMqQueue(response_queue_addr, is_server=False)
+    executor = DiffusionExecutor(device_id, request_queue, response_queue)
+    if os.environ.get("RT_RESWEEP") == "1":
+        _reapply_current_thread_affinity_to_all_threads()
+    response_queue.put("ready")
+    try:
+        executor.serve_forever()
+    finally:
+        response_queue.put(None)
+        request_queue.close()
+        response_queue.close()
