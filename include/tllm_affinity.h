@@ -104,6 +104,15 @@ int64_t tllm_affinity_report(char *buf, uint64_t len);  /* JSON snapshot; return
  */
 int32_t tllm_affinity_note_adapter(const char *adapter, const char *state); /* 0, or -errno */
 
+/*
+ * One line of what an adapter that noted its state engaged, for the report's "adapter_details":
+ * the Python adapter gives TensorRT-LLM's version and each call site it found or missed, with the
+ * leases each opened and closed ("tensorrt_llm 1.2.0; base_worker found 1/1; visual_gen missing").
+ * Printable ASCII, 1 to 512 bytes. Returns 0, -EINVAL for anything else, -ENOENT for an adapter
+ * that noted no state.
+ */
+int32_t tllm_affinity_note_adapter_detail(const char *adapter, const char *detail);
+
 /* The library's version, e.g. "0.1.0": a static string, never freed. */
 const char *tllm_affinity_version(void);
 

@@ -52,6 +52,10 @@ pub struct Report {
     pub threads: Vec<ThreadReport>,
     /// What language adapters said of themselves, by adapter: `{"trtllm": "engaged"}`.
     pub adapters: std::collections::BTreeMap<String, String>,
+    /// Each adapter's line of what engaged, where it gave one: `{"trtllm": "tensorrt_llm 1.2.0;
+    /// base_worker found 1/1"}`.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub adapter_details: std::collections::BTreeMap<String, String>,
     #[serde(flatten)]
     pub history: History,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -89,6 +93,7 @@ impl Report {
             workers: count(Role::Worker),
             threads,
             adapters: Default::default(),
+            adapter_details: Default::default(),
             history: registry.history(),
             launch: None,
         }

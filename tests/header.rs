@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// The prototypes of SPEC §7, and the adapters' note, as they must read in the header
 /// (whitespace aside).
-const SPEC_PROTOTYPES: [&str; 10] = [
+const SPEC_PROTOTYPES: [&str; 11] = [
     "int64_t tllm_affinity_configure(int32_t device_id);",
     "int64_t tllm_affinity_begin_worker_scope(int32_t device_id);",
     "int32_t tllm_affinity_end_worker_scope(int64_t lease);",
@@ -24,6 +24,7 @@ const SPEC_PROTOTYPES: [&str; 10] = [
     "int64_t tllm_affinity_report(char *buf, uint64_t len);",
     "const char *tllm_affinity_version(void);",
     "int32_t tllm_affinity_note_adapter(const char *adapter, const char *state);",
+    "int32_t tllm_affinity_note_adapter_detail(const char *adapter, const char *detail);",
 ];
 
 fn header() -> PathBuf {

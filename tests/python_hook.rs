@@ -119,6 +119,15 @@ fn run_wraps_configure_in_an_unmodified_program() {
     ));
     assert_engaged(&v, &host, "run");
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "engaged");
+    // What engaged, in one line: the version, the callers and their leases.
+    let detail = report_at(&report)["adapter_details"]["trtllm"].clone();
+    println!("adapter_details.trtllm: {detail}");
+    assert!(
+        detail
+            .as_str()
+            .is_some_and(|d| d.starts_with("tensorrt_llm ")),
+        "{detail}"
+    );
     assert!(
         v["sitecustomize"]
             .as_str()

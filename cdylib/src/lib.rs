@@ -278,6 +278,29 @@ pub unsafe extern "C" fn tllm_affinity_note_adapter(
     engine::note_adapter(adapter.to_bytes(), state.to_bytes())
 }
 
+/// Records one line of detail for an adapter that noted its state (the report's
+/// `adapter_details`).
+///
+/// # Safety
+/// `adapter` and `detail` are null or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn tllm_affinity_note_adapter_detail(
+    adapter: *const c_char,
+    detail: *const c_char,
+) -> i32 {
+    if adapter.is_null() || detail.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: both are non-null and, per the contract, NUL-terminated.
+    let (adapter, detail) = unsafe {
+        (
+            std::ffi::CStr::from_ptr(adapter),
+            std::ffi::CStr::from_ptr(detail),
+        )
+    };
+    engine::note_adapter_detail(adapter.to_bytes(), detail.to_bytes())
+}
+
 #[no_mangle]
 pub extern "C" fn tllm_affinity_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()

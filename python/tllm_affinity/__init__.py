@@ -112,6 +112,10 @@ def _load():
             lib.tllm_affinity_version.argtypes = []
             lib.tllm_affinity_note_adapter.restype = ctypes.c_int32
             lib.tllm_affinity_note_adapter.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+            detail = getattr(lib, "tllm_affinity_note_adapter_detail", None)
+            if detail is not None:  # an older library has none
+                detail.restype = ctypes.c_int32
+                detail.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         _lib = lib
         _lib_checked = True
         return lib
@@ -157,6 +161,16 @@ def _note_adapter(name, state):
     lib = _load()
     if lib is not None:
         lib.tllm_affinity_note_adapter(name.encode(), state.encode())
+
+
+def _note_adapter_detail(name, detail):
+    """Records in the library's report one line of what an adapter engaged (``adapter_details``).
+    """
+    lib = _load()
+    setter = getattr(lib, "tllm_affinity_note_adapter_detail", None) if lib is not None else None
+    if setter is not None:
+        line = detail.encode("ascii", "replace")[:512]
+        setter(name.encode(), line)
 
 
 def version():

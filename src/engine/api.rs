@@ -308,7 +308,17 @@ pub fn role(tid: i32) -> i32 {
 /// What language adapters said about themselves (`tllm_affinity_note_adapter`): the Python
 /// adapter records whether it found TensorRT-LLM's function to wrap, so a report shows a server
 /// the library silently changed nothing in.
-pub(super) static ADAPTERS: EngineLock<Vec<(String, String)>> = EngineLock::new(Vec::new());
+pub(super) static ADAPTERS: EngineLock<Vec<AdapterNote>> = EngineLock::new(Vec::new());
+
+/// One adapter's word (`engaged`, `not-found`, ...) and its line of detail, if it gave one.
+pub(super) struct AdapterNote {
+    name: String,
+    state: String,
+    detail: Option<String>,
+}
+
+/// The longest detail line an adapter may give.
+const LONGEST_ADAPTER_DETAIL: usize = 512;
 /// Adapters the report keeps; a name or state longer than this is refused.
 const MOST_ADAPTERS: usize = 8;
 const LONGEST_ADAPTER_WORD: usize = 32;
@@ -328,13 +338,35 @@ pub fn note_adapter(name: &[u8], state: &[u8]) -> i32 {
         String::from_utf8_lossy(state).into_owned(),
     );
     let mut adapters = ADAPTERS.lock();
-    if let Some(entry) = adapters.iter_mut().find(|(n, _)| *n == name) {
-        entry.1 = state;
+    if let Some(entry) = adapters.iter_mut().find(|a| a.name == name) {
+        entry.state = state;
     } else if adapters.len() < MOST_ADAPTERS {
-        adapters.push((name, state));
+        adapters.push(AdapterNote {
+            name,
+            state,
+            detail: None,
+        });
     } else {
         return -libc::ENOSPC;
     }
+    0
+}
+
+/// `tllm_affinity_note_adapter_detail`: one line of what an adapter that already noted its state
+/// engaged (for TensorRT-LLM: the version, each call site found or missing, and its leases).
+/// 0; `-EINVAL` for a line that is empty, longer than 512 bytes or not printable ASCII;
+/// `-ENOENT` for an adapter that noted no state.
+pub fn note_adapter_detail(name: &[u8], detail: &[u8]) -> i32 {
+    let printable = (1..=LONGEST_ADAPTER_DETAIL).contains(&detail.len())
+        && detail.iter().all(|&b| (b' '..=b'~').contains(&b));
+    if !printable {
+        return -libc::EINVAL;
+    }
+    let mut adapters = ADAPTERS.lock();
+    let Some(entry) = adapters.iter_mut().find(|a| a.name.as_bytes() == name) else {
+        return -libc::ENOENT;
+    };
+    entry.detail = Some(String::from_utf8_lossy(detail).into_owned());
     0
 }
 
@@ -350,7 +382,14 @@ pub fn report_json() -> String {
         }
         _ => Report::build(state_name(state), None, &Registry::new(), |_| None),
     };
-    report.adapters = ADAPTERS.lock().iter().cloned().collect();
+    for a in ADAPTERS.lock().iter() {
+        report.adapters.insert(a.name.clone(), a.state.clone());
+        if let Some(detail) = &a.detail {
+            report
+                .adapter_details
+                .insert(a.name.clone(), detail.clone());
+        }
+    }
     report.launch = exec::LAUNCH.get().map(|f| f.id.to_string());
     serde_json::to_string(&report).unwrap_or_else(|_| "{}".into())
 }

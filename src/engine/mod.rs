@@ -41,8 +41,8 @@ pub mod step_pin;
 pub mod timers;
 
 pub use api::{
-    begin_worker_scope, configure, end_worker_scope, note_adapter, pin_step_or_result, release,
-    report_json, role,
+    begin_worker_scope, configure, end_worker_scope, note_adapter, note_adapter_detail,
+    pin_step_or_result, release, report_json, role,
 };
 pub use fork::adopt_if_forked_without_handlers;
 pub use init::{alone, ensure_init};

@@ -161,11 +161,14 @@ def _set_status(state, where=None):
 
 
 def _publish():
-    """The report's ``adapters.trtllm``: the state word (the C ABI takes one short word; the
-    per-site detail is in :func:`status` and :func:`summary`)."""
+    """The report's ``adapters.trtllm`` (the state word) and ``adapter_details.trtllm`` (the line
+    of :func:`summary`: the version, each call site found or missing, its leases)."""
     setter = getattr(tllm_affinity, "_note_adapter", None)
     if setter is not None:
         setter("trtllm", _status["state"])
+    detail = getattr(tllm_affinity, "_note_adapter_detail", None)
+    if detail is not None:
+        detail("trtllm", summary())
 
 
 def summary():
