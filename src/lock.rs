@@ -74,7 +74,14 @@ impl<T> EngineLock<T> {
     /// it interrupted may hold what this lock's holder is waiting for (a malloc arena that
     /// `fork` locks after its prepare handlers took this lock, or that the holder's next
     /// allocation needs), and then waiting for the holder would wait forever.
-    pub fn lock_within(&self, patience: std::time::Duration) -> Option<EngineGuard<'_, T>> {
+    ///
+    /// `give_up` is asked at least every millisecond while it waits: true ends the wait at once
+    /// (the caller knows the holder will not let go soon).
+    pub fn lock_within(
+        &self,
+        patience: std::time::Duration,
+        give_up: impl Fn() -> bool,
+    ) -> Option<EngineGuard<'_, T>> {
         HELD.with(|h| h.set(h.get() + 1));
         if self
             .state
@@ -90,11 +97,12 @@ impl<T> EngineLock<T> {
                 return Some(EngineGuard { lock: self });
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || give_up() {
                 HELD.with(|h| h.set(h.get().saturating_sub(1)));
                 return None;
             }
-            futex_wait_for(&self.state, CONTENDED, left);
+            let slice = std::time::Duration::from_millis(1);
+            futex_wait_for(&self.state, CONTENDED, left.min(slice));
         }
     }
 
@@ -248,15 +256,23 @@ mod tests {
             });
             held.wait();
             let started = std::time::Instant::now();
-            assert!(lock.lock_within(Duration::from_millis(20)).is_none());
+            assert!(lock
+                .lock_within(Duration::from_millis(20), || false)
+                .is_none());
             assert!(started.elapsed() >= Duration::from_millis(20));
+            let started = std::time::Instant::now();
+            assert!(lock.lock_within(Duration::from_secs(30), || true).is_none());
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "give_up ends the wait"
+            );
             assert!(
                 !held_by_this_thread(),
                 "a waiter that gave up holds nothing"
             );
             tx.send(()).unwrap();
             let mut g = lock
-                .lock_within(Duration::from_secs(10))
+                .lock_within(Duration::from_secs(10), || false)
                 .expect("free once the holder let go");
             *g += 1;
         });

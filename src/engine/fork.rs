@@ -3,7 +3,7 @@
 //! forking thread and the parent's table is left to the parent. A child of `_Fork` or a raw
 //! `clone`, which runs no handler, starts the same way on the first path that needs it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{
     api, create, environ, exec, in_own_process, lock_registry, objects, publish, state, timers,
@@ -40,11 +40,21 @@ pub(super) fn start_as_fork_child() {
     publish::TABLE_PENDING.store(true, Ordering::Release);
 }
 
+/// From the start of the prepare handler until the fork returned, in the parent and the child:
+/// the engine's locks are held for the fork, and glibc then takes every malloc arena.
+static IN_PROGRESS: AtomicBool = AtomicBool::new(false);
+
+/// Whether a fork holds the engine's locks now (see [`IN_PROGRESS`]).
+pub(super) fn in_progress() -> bool {
+    IN_PROGRESS.load(Ordering::Acquire)
+}
+
 pub(super) fn register_fork_handlers() {
     // Every lock of the engine, so that no other thread holds one across the fork: a child
     // would spin forever on a lock its holder is not there to release. No code path holds two
     // of them at once, so the order here cannot deadlock.
     extern "C" fn prepare() {
+        IN_PROGRESS.store(true, Ordering::Release);
         objects::PUBLISHED.hold_for_fork();
         timers::CONTEXTS.hold_for_fork();
         crate::step::HELD.hold_for_fork();
@@ -71,9 +81,11 @@ pub(super) fn register_fork_handlers() {
     }
     extern "C" fn parent() {
         unlock_all();
+        IN_PROGRESS.store(false, Ordering::Release);
     }
     extern "C" fn child() {
         unlock_all();
+        IN_PROGRESS.store(false, Ordering::Release);
         start_as_fork_child();
     }
     sys::at_fork(prepare, parent, child);

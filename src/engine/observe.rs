@@ -76,8 +76,9 @@ pub unsafe fn pthread_setaffinity_np(
 
 /// How long a shim waits for the registry before it makes its call without it. Far longer than
 /// any registry operation holds the lock; reached only where waiting would never end: a signal
-/// handler whose thread was interrupted inside `malloc` while the holder (a `fork` past its
-/// prepare handlers, or an operation that allocates) waits for that very arena.
+/// handler whose thread was interrupted inside `malloc` while the holder (an operation that
+/// allocates) waits for that very arena. While a fork holds the registry (it then takes every
+/// arena) the shim does not wait at all: the fork changes no mask.
 const PATIENCE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Runs `call` (the real function; true on success) and, when it succeeded, queues the thread
@@ -92,7 +93,9 @@ fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
     let guard = if lock::held_by_this_thread() {
         None
     } else {
-        registry().lock_within(PATIENCE)
+        // A fork past its prepare handlers holds the registry until the child exists, and it
+        // may be waiting for the malloc arena this very thread was interrupted in: no wait.
+        registry().lock_within(PATIENCE, super::fork::in_progress)
     };
     let ok = call();
     if ok {
