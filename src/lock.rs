@@ -250,7 +250,10 @@ mod tests {
             let started = std::time::Instant::now();
             assert!(lock.lock_within(Duration::from_millis(20)).is_none());
             assert!(started.elapsed() >= Duration::from_millis(20));
-            assert!(!held_by_this_thread(), "a waiter that gave up holds nothing");
+            assert!(
+                !held_by_this_thread(),
+                "a waiter that gave up holds nothing"
+            );
             tx.send(()).unwrap();
             let mut g = lock
                 .lock_within(Duration::from_secs(10))

@@ -511,3 +511,73 @@ fn device_check_script_against_the_double() {
         "{text}"
     );
 }
+
+/// A GPU NVML names that sysfs shows as another vendor's function (QEMU's `pci-testdev` on node
+/// 1, the guest tier's "GPU"; a GPU passed through as another class): `configure(0)`, `plan --gpu
+/// 0` and `topo` find it in the same list and read the same PCI locality, its node's CPUs. plan
+/// once read only sysfs's NVIDIA functions and said "no GPU found".
+#[test]
+fn plan_topo_and_configure_agree_on_a_gpu_nvml_names_outside_sysfs_nvidia_functions() {
+    require!(two_cpus("node 1's CPUs narrower than the host"));
+    let allowed = allowed_cpus();
+    let cpus: Vec<usize> = allowed.iter().collect();
+    let half = (cpus.len() / 2).max(1);
+    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
+    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
+    let sysfs = tempfile::tempdir().unwrap();
+    SimulatedHost::new()
+        .node(0, &node0)
+        .node(1, &node1)
+        .node_distances(vec![vec![10, 21], vec![21, 10]])
+        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(1))
+        .write(sysfs.path())
+        .unwrap();
+    let nvml = tempfile::tempdir().unwrap();
+    let nvml_file = nvml.path().join("nvml");
+    std::fs::write(&nvml_file, format!("gpu 00000000:81:00.0 {UUID_BA} -\n")).unwrap();
+    let lib = nvml_double(false);
+    let command = |program: &Path| {
+        let mut cmd = clean(program);
+        cmd.env("LD_PRELOAD", library())
+            .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+            .env("TLLM_AFFINITY_LOG", "debug")
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("TLLM_NVML_DOUBLE", &nvml_file);
+        cmd
+    };
+
+    let mut population = command(&gpu_population());
+    population.arg("0");
+    let out = population.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("DEVICE 0 "))
+        .unwrap_or_else(|| panic!("{stdout}\n{stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[5], node1.to_list(), "configure(0): {line}\n{stderr}");
+
+    let out = command(&cli())
+        .args(["plan", "--gpu", "0", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "plan --gpu 0: {text}{errors}");
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["gpu"]["address"], "0000:81:00.0", "{plan}");
+    assert_eq!(plan["gpu"]["numa_node"], 1, "{plan}");
+    assert_eq!(plan["gpu"]["source"], "NVML", "{plan}");
+    assert_eq!(plan["worker"]["cpus"], node1.to_list(), "{plan}");
+
+    let out = command(&cli()).args(["topo", "--json"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "topo: {text}");
+    let topo: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let devices = &topo["visible"]["devices"];
+    println!("{devices}");
+    assert_eq!(devices[0]["address"], "0000:81:00.0", "{topo}");
+    assert_eq!(devices[0]["local_cpus"], node1.to_list(), "{topo}");
+}

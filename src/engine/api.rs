@@ -130,8 +130,8 @@ fn resolve_worker_set(
         });
     }
     let root = SysfsRoot::new(settings.sysfs_root.clone());
-    let topology = Topology::read(&root).map_err(|e| (libc::EIO, e.to_string()))?;
-    let view = crate::gpus::current_view(&root, &topology, nvml);
+    let mut topology = Topology::read(&root).map_err(|e| (libc::EIO, e.to_string()))?;
+    let view = crate::gpus::current_view(&root, &mut topology, nvml);
     let resolved = resolve_device_on(device_id, env, &view, &root)
         .map_err(|e| (libc::ENODEV, e.to_string()))?;
     let local = crate::gpus::local_cpus(&topology, &view.gpus[resolved.gpu_index]);
