@@ -271,7 +271,7 @@ fn tools() -> Result<Tools, String> {
 /// One guest at a time: each emulates its CPUs on this machine's.
 static ONE_GUEST: Mutex<()> = Mutex::new(());
 
-fn boot(machine: &Machine) -> Result<Booted, NoBoot> {
+fn boot(machine: &Machine, limit: Duration) -> Result<Booted, NoBoot> {
     let tools = tools().map_err(NoBoot::Missing)?;
     // Built here, run there: the guest sees this file system.
     let nvml_dir = Program::c("nvml_double")
@@ -295,20 +295,20 @@ fn boot(machine: &Machine) -> Result<Booted, NoBoot> {
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match attempt(machine, &tools, &exec) {
+        match attempt(machine, &tools, &exec, limit) {
             Ok(booted) => return Ok(booted),
             Err(Attempt::TimedOut) if attempts == 1 => {
                 println!(
                     "{}: the guest did not finish in {} s; booting it once more",
                     machine.name,
-                    BOOT_LIMIT.as_secs()
+                    limit.as_secs()
                 );
             }
             Err(Attempt::TimedOut) => {
                 return Err(NoBoot::Failed(format!(
                     "guest {} did not boot: timeout, {} s twice (QEMU TCG under {})",
                     machine.name,
-                    BOOT_LIMIT.as_secs(),
+                    limit.as_secs(),
                     tools.kernel.display()
                 )))
             }
@@ -327,7 +327,12 @@ enum Attempt {
     Failed(String),
 }
 
-fn attempt(machine: &Machine, tools: &Tools, exec: &str) -> Result<Booted, Attempt> {
+fn attempt(
+    machine: &Machine,
+    tools: &Tools,
+    exec: &str,
+    limit: Duration,
+) -> Result<Booted, Attempt> {
     let logs = tempfile::tempdir().unwrap();
     let (out_path, err_path) = (logs.path().join("out"), logs.path().join("err"));
     let mut cmd = Command::new(&tools.vng);
@@ -355,7 +360,7 @@ fn attempt(machine: &Machine, tools: &Tools, exec: &str) -> Result<Booted, Attem
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if started.elapsed() > BOOT_LIMIT {
+        if started.elapsed() > limit {
             // SAFETY: killpg on the process group this function created for vng and its QEMU.
             unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
             let _ = child.wait();
@@ -428,7 +433,7 @@ fn booted(
     cell: &'static OnceLock<Result<Booted, NoBoot>>,
     machine: fn() -> Machine,
 ) -> Result<&'static Booted, String> {
-    match cell.get_or_init(|| boot(&machine())) {
+    match cell.get_or_init(|| boot(&machine(), BOOT_LIMIT)) {
         Ok(b) => {
             b.check_identity();
             Ok(b)
@@ -811,6 +816,50 @@ fn restored_threads_get_the_cpu_back_as_the_kernel_gives_it_to_any_written_mask(
 }
 
 // ---- The harness itself ----
+
+/// The reason a guest that does not boot fails with: one line.
+fn no_boot(machine: Machine, limit: Duration) -> Result<String, String> {
+    match boot(&machine, limit) {
+        Ok(b) => panic!("{} booted: {:?}", machine.name, b.scenarios.keys()),
+        Err(NoBoot::Missing(what)) => Err(what),
+        Err(NoBoot::Failed(why)) => Ok(why),
+    }
+}
+
+#[test]
+fn a_qemu_error_fails_the_boot_with_one_line_naming_it() {
+    let mut machine = two_nodes_machine();
+    machine.name = "with a device QEMU does not have";
+    machine.qemu_opts = "-device no-such-device".to_string();
+    let why = require!(no_boot(machine, BOOT_LIMIT));
+    println!("{why}");
+    assert!(
+        why.starts_with("guest with a device QEMU does not have did not boot: QEMU error"),
+        "{why}"
+    );
+    assert!(why.contains("no-such-device"), "QEMU's own words: {why}");
+    assert!(!why.contains('\n'), "one line: {why}");
+}
+
+#[test]
+fn a_boot_past_its_limit_is_tried_once_more_then_fails_with_one_line() {
+    let started = Instant::now();
+    let why = require!(no_boot(two_nodes_machine(), Duration::from_secs(3)));
+    println!("{why}");
+    assert_eq!(
+        why,
+        format!(
+            "guest two nodes x two CPUs did not boot: timeout, 3 s twice (QEMU TCG under {})",
+            require!(tools()).kernel.display()
+        )
+    );
+    // Two attempts of 3 s, nothing else retried.
+    assert!(
+        started.elapsed() >= Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+}
 
 #[test]
 fn the_guest_scripts_lines_are_parsed_by_scenario() {
