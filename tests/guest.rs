@@ -57,6 +57,8 @@ struct Machine {
     memory: &'static str,
     numa: &'static [&'static str],
     qemu_opts: String,
+    /// `--numa-distance SRC,DST=VAL` values.
+    distances: Vec<String>,
     /// `/sys/devices/system/node/online` the guest must show.
     nodes: &'static str,
     script: &'static str,
@@ -343,6 +345,9 @@ fn attempt(
     for node in machine.numa {
         cmd.args(["--numa", node]);
     }
+    for distance in &machine.distances {
+        cmd.args(["--numa-distance", distance]);
+    }
     cmd.arg(format!("--qemu-opts={}", machine.qemu_opts))
         .args(["--exec", exec])
         .env("PATH", &tools.path)
@@ -454,6 +459,7 @@ fn two_nodes_machine() -> Machine {
         memory: "2G",
         numa: &["1G,cpus=0-1", "1G,cpus=2-3"],
         qemu_opts: test_device_on(1),
+        distances: Vec::new(),
         nodes: "0-1",
         script: "two_nodes.sh",
         program: "numa_placement",
@@ -688,6 +694,7 @@ fn smt_machine() -> Machine {
             "-smp 8,sockets=2,cores=2,threads=2 -cpu Skylake-Server {}",
             test_device_on(1)
         ),
+        distances: Vec::new(),
         nodes: "0-1",
         script: "smt_offline.sh",
         program: "step_result_hotplug",
@@ -813,6 +820,115 @@ fn restored_threads_get_the_cpu_back_as_the_kernel_gives_it_to_any_written_mask(
         "MEASURED CPU 7 back online: untouched threads [{untouched}], restored threads and a \
          thread that wrote its own mask while CPU 7 was offline [{written}]"
     );
+}
+
+// ---- Topology D: four one-CPU nodes, a memory-only node, a device with no node ----
+
+fn four_nodes_machine() -> Machine {
+    // Every pair at 20 but node 4 (memory only), which is nearest to node 3.
+    let mut distances = Vec::new();
+    for a in 0..5 {
+        for b in a + 1..5 {
+            let d = if (a, b) == (3, 4) { 12 } else { 20 };
+            distances.push(format!("{a},{b}={d}"));
+        }
+    }
+    Machine {
+        name: "four one-CPU nodes and a memory-only node",
+        cpus: 4,
+        memory: "2304M",
+        numa: &[
+            "512M,cpus=0",
+            "512M,cpus=1",
+            "512M,cpus=2",
+            "512M,cpus=3",
+            "256M",
+        ],
+        qemu_opts: format!(
+            "{} -device pci-testdev,bus=pcie.0,addr=0x10",
+            test_device_on(4)
+        ),
+        distances,
+        nodes: "0-4",
+        script: "four_nodes.sh",
+        program: "numa_placement",
+    }
+}
+
+fn four_nodes() -> Result<&'static Booted, String> {
+    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
+    booted(&BOOT, four_nodes_machine)
+}
+
+#[test]
+fn four_nodes_a_memory_only_node_and_a_device_without_a_node_are_the_kernels() {
+    let guest = require!(four_nodes());
+    let nodes = guest.ok("nodes");
+    println!("{}", nodes.text());
+    assert_eq!(nodes.out[0], "has_cpu=0-3");
+    assert_eq!(nodes.out[1], "has_memory=0-4");
+    assert_eq!(nodes.out[2], "node4_distance=20 20 20 12 10");
+    assert_eq!(guest.ok("pci").out, ["0000:81:00.0 4", "0000:00:10.0 -1"]);
+    let topo = guest.ok("topo").json();
+    let nodes = topo["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 5, "{topo}");
+    assert_eq!(nodes[4]["cpus"], "", "{topo}");
+    assert_eq!(nodes[4]["has_memory"], true, "{topo}");
+}
+
+/// GPU 1 sits on node 4, which has memory and no CPU: its workers go to node 3, the nearest
+/// node with CPUs by the kernel's distances, and their first-touched memory too.
+#[test]
+fn a_gpu_on_a_memory_only_node_gets_the_nearest_node_with_cpus() {
+    let guest = require!(four_nodes());
+    let run = guest.ok("placement_gpu1");
+    println!("{}\n{}", run.text(), run.stderr());
+    assert_eq!(run.mask("configured", "W"), ("3".to_string(), Some(1)));
+    assert_eq!(run.mask("configured", "C"), ("3".to_string(), Some(1)));
+    assert_eq!(run.mask("configured", "H").0, ALL4);
+    assert_eq!(run.mask("released", "W").0, ALL4);
+    for buffer in ["worker", "child"] {
+        let (nodes, failed) = run.pages(buffer);
+        assert_eq!(failed, 0);
+        assert_eq!(
+            nodes.keys().copied().collect::<Vec<_>>(),
+            [3],
+            "{buffer}: {nodes:?}"
+        );
+    }
+    assert!(
+        run.stderr().contains("which has no CPUs: using node 3"),
+        "{}",
+        run.stderr()
+    );
+    let plan = guest.ok("plan_gpu1").json();
+    assert_eq!(plan["gpu"]["address"], GUEST_GPU, "{plan}");
+    assert_eq!(plan["gpu"]["numa_node"], 4, "{plan}");
+    assert_eq!(plan["worker"]["cpus"], "3", "{plan}");
+    let topo = guest.ok("topo").json();
+    assert_eq!(topo["visible"]["devices"][1]["local_cpus"], "3", "{topo}");
+}
+
+/// GPU 0 is on the root bus, where the kernel knows no node (`numa_node` -1): every online CPU,
+/// with a line saying why; plan and topo say the same.
+#[test]
+fn a_gpu_the_kernel_knows_no_node_for_gets_every_cpu_with_a_line() {
+    let guest = require!(four_nodes());
+    let run = guest.ok("placement_gpu0");
+    println!("{}\n{}", run.text(), run.stderr());
+    assert_eq!(run.mask("configured", "W"), (ALL4.to_string(), Some(1)));
+    assert!(
+        run.stderr()
+            .contains("GPU 0000:00:10.0 has no NUMA node: using every online CPU"),
+        "{}",
+        run.stderr()
+    );
+    let plan = guest.ok("plan_gpu0").json();
+    assert_eq!(plan["gpu"]["address"], "0000:00:10.0", "{plan}");
+    assert_eq!(plan["gpu"]["numa_node"], serde_json::Value::Null, "{plan}");
+    assert_eq!(plan["worker"]["cpus"], ALL4, "{plan}");
+    let topo = guest.ok("topo").json();
+    assert_eq!(topo["visible"]["devices"][0]["local_cpus"], ALL4, "{topo}");
 }
 
 // ---- The harness itself ----

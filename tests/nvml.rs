@@ -581,3 +581,52 @@ fn plan_topo_and_configure_agree_on_a_gpu_nvml_names_outside_sysfs_nvidia_functi
     assert_eq!(devices[0]["address"], "0000:81:00.0", "{topo}");
     assert_eq!(devices[0]["local_cpus"], node1.to_list(), "{topo}");
 }
+
+/// The fast tier of the guest's four-node machine (tests/guest.rs): a device the kernel knows
+/// no node for (`numa_node` -1, every online CPU in its `local_cpulist`, as a real kernel
+/// writes it) gets every CPU with a line saying so; one on a node without CPUs gets the nearest
+/// node with CPUs. Both are QEMU's pci-testdev, named GPUs by NVML.
+#[test]
+fn a_gpu_without_a_node_gets_every_cpu_with_a_line_and_one_on_a_cpu_less_node_the_nearest() {
+    require!(two_cpus("node 1's CPUs narrower than the host"));
+    let allowed = allowed_cpus();
+    let cpus: Vec<usize> = allowed.iter().collect();
+    let half = (cpus.len() / 2).max(1);
+    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
+    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
+    let sysfs = tempfile::tempdir().unwrap();
+    SimulatedHost::new()
+        .node(0, &node0)
+        .node(1, &node1)
+        .node(2, &CpuMask::new())
+        .node_distances(vec![vec![10, 20, 20], vec![20, 10, 12], vec![20, 12, 10]])
+        .pci_device_on("0000:00:10.0", 0x1b36, 0x00ff00, None)
+        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(2))
+        .write(sysfs.path())
+        .unwrap();
+    let nvml = tempfile::tempdir().unwrap();
+    let nvml_file = nvml.path().join("nvml");
+    std::fs::write(
+        &nvml_file,
+        format!("gpu 00000000:00:10.0 {UUID_3A} -\ngpu 00000000:81:00.0 {UUID_BA} -\n"),
+    )
+    .unwrap();
+    let mut cmd = clean(gpu_population());
+    cmd.env("LD_PRELOAD", library())
+        .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+        .env("TLLM_AFFINITY_LOG", "info")
+        .env("LD_LIBRARY_PATH", nvml_double(false))
+        .env("TLLM_NVML_DOUBLE", &nvml_file);
+    let (lines, stderr) = population(cmd, &[0, 1]);
+    println!("{stderr}");
+    assert_eq!(lines[0].worker, allowed, "{stderr}");
+    assert!(
+        stderr.contains("GPU 0000:00:10.0 has no NUMA node: using every online CPU"),
+        "{stderr}"
+    );
+    assert_eq!(lines[1].worker, node1, "{stderr}");
+    assert!(
+        stderr.contains("GPU 0000:81:00.0 sits on NUMA node 2, which has no CPUs: using node 1"),
+        "{stderr}"
+    );
+}
