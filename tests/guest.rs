@@ -454,8 +454,7 @@ fn two_nodes_machine() -> Machine {
     Machine {
         name: "two nodes x two CPUs",
         cpus: 4,
-        // 1 GiB a node: with 512 MiB, node 1 was near its low watermark once the guest had read
-        // its binaries, and a worker's first touch fell back to node 0 for a sixth of its pages.
+        // 1 GiB a node: room for the buffers of three runs beside what the guest reads.
         memory: "2G",
         numa: &["1G,cpus=0-1", "1G,cpus=2-3"],
         qemu_opts: test_device_on(1),

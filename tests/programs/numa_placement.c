@@ -3,8 +3,8 @@
  *
  * Threads: main (the host thread that configures nothing), H (a host thread started first), W
  * (calls tllm_affinity_configure(device)) and C (a thread W creates after configuring: born a
- * worker). Memory: 4 MiB buffers, each first touched by one thread, their pages' nodes read with
- * move_pages in query mode (no page moves).
+ * worker). Memory: 4 MiB buffers on 2 MiB boundaries, each first touched by one thread, their
+ * pages' nodes read with move_pages in query mode (no page moves).
  *
  *   early    touched by main before any configure (memory touched before configure)
  *   host     touched by H after W configured
@@ -89,13 +89,17 @@ static int policy_mode(void) {
     return mode;
 }
 
+/* A buffer starting on a 2 MiB boundary: a transparent huge page then never spans two buffers
+ * (adjacent mappings merge, and a huge page faulted in by one buffer's toucher would hold pages
+ * of its neighbour, on the first toucher's node). */
 static char *buffer(void) {
-    char *b = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const uintptr_t huge = 2u << 20;
+    char *b = mmap(NULL, BUF + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (b == MAP_FAILED) {
         perror("mmap");
         exit(2);
     }
-    return b;
+    return (char *)(((uintptr_t)b + huge - 1) & ~(huge - 1));
 }
 
 /* The CPU each buffer's toucher ran on at its first and last page. */
