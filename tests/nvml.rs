@@ -630,3 +630,53 @@ fn a_gpu_without_a_node_gets_every_cpu_with_a_line_and_one_on_a_cpu_less_node_th
         "{stderr}"
     );
 }
+
+/// The fast tier of the guest's SMT machine (tests/guest.rs): two sockets of two cores of two
+/// SMT threads, nodes 0-3 and 4-7, CPU 7 offline, QEMU's pci-testdev on node 1 named GPU 0.
+/// `plan` (a what-if over all eight CPUs, since this host may have fewer) keeps CPU 7 out of the
+/// worker set and the placements, with the step CPU named and under `auto`.
+#[test]
+fn plan_keeps_an_offline_cpu_out_of_the_worker_set_and_the_step_placement() {
+    let mut host = SimulatedHost::new()
+        .node(0, &CpuMask::parse_list("0-3").unwrap())
+        .node(1, &CpuMask::parse_list("4-7").unwrap())
+        .online(&CpuMask::parse_list("0-6").unwrap())
+        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(1));
+    for cpu in 0..8 {
+        let core = cpu / 2;
+        host = host.cpu(
+            cpu,
+            core % 2,
+            cpu / 4,
+            &CpuMask::from_cpus([2 * core, 2 * core + 1]),
+        );
+    }
+    let sysfs = tempfile::tempdir().unwrap();
+    host.write(sysfs.path()).unwrap();
+    let nvml = tempfile::tempdir().unwrap();
+    let nvml_file = nvml.path().join("nvml");
+    std::fs::write(&nvml_file, format!("gpu 00000000:81:00.0 {UUID_BA} -\n")).unwrap();
+    for (step_core, result) in [("4", 6), ("auto", 6)] {
+        let out = clean(cli())
+            .args(["plan", "--gpu", "0", "--json", "--cpus", "0-6"])
+            .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+            .env("TLLM_AFFINITY_STEP_CORE", step_core)
+            .env("LD_LIBRARY_PATH", nvml_double(false))
+            .env("TLLM_NVML_DOUBLE", &nvml_file)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(plan["worker"]["cpus"], "4-6", "{step_core}: {plan}");
+        assert_eq!(plan["placement"]["step_cpus"], "4-5", "{step_core}: {plan}");
+        assert_eq!(
+            plan["placement"]["result_cpu"], result,
+            "{step_core}: {plan}"
+        );
+    }
+}
