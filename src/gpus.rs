@@ -270,9 +270,35 @@ pub fn nvml_answer() -> Result<Vec<NvmlGpu>, String> {
     slot.get_or_insert(answer).clone()
 }
 
-/// [`view`] of this process's GPUs, asking NVML (once per process) when `nvml` allows it.
-pub fn current_view(root: &SysfsRoot, topology: &Topology, nvml: bool) -> GpuView {
-    view(root, &topology.gpus, nvml.then(nvml_answer))
+/// [`view`] of this process's GPUs, asking NVML (once per process) when `nvml` allows it, with
+/// the GPUs it names laid into `topology.gpus` ([`adopt_listed_gpus`]): `configure`, `plan`,
+/// `topo` and the step threads' `auto` all call this, so they read one list and one PCI locality.
+pub fn current_view(root: &SysfsRoot, topology: &mut Topology, nvml: bool) -> GpuView {
+    let view = view(root, &topology.gpus, nvml.then(nvml_answer));
+    adopt_listed_gpus(root, topology, &view);
+    view
+}
+
+/// NVML or the driver's list can name as a GPU a PCI function that sysfs does not show as an
+/// NVIDIA display or 3D function (another class, another vendor id). Such a GPU is laid into
+/// `topology.gpus` (PCI order) from its own sysfs entry, so its `numa_node` and `local_cpulist`
+/// are what the kernel says, as for any GPU. A GPU sysfs does not list at all stays out (NVML's
+/// CPU affinity then answers, [`local_cpus`]); a function whose files cannot be read is left out
+/// too, since the sysfs GPUs were read without error.
+pub fn adopt_listed_gpus(root: &SysfsRoot, topology: &mut Topology, view: &GpuView) {
+    let mut adopted = false;
+    for gpu in &view.gpus {
+        if topology.gpus.iter().any(|g| g.address == gpu.address) {
+            continue;
+        }
+        if let Ok(Some(pci)) = crate::topology::read_pci_function(root, &gpu.address) {
+            topology.gpus.push(pci);
+            adopted = true;
+        }
+    }
+    if adopted {
+        topology.gpus.sort_by(|a, b| a.address.cmp(&b.address));
+    }
 }
 
 /// The CPUs local to `gpu` (SPEC §4): sysfs's answer for its address (`local_cpulist`, else its

@@ -118,13 +118,26 @@ impl SimulatedHost {
 
     /// Any other PCI function (no NUMA affinity), e.g. an ASPEED VGA (`0x1a03`, `0x030000`).
     #[must_use]
-    pub fn pci_device(mut self, address: &str, vendor: u16, class: u32) -> Self {
+    pub fn pci_device(self, address: &str, vendor: u16, class: u32) -> Self {
+        self.pci_device_on(address, vendor, class, None)
+    }
+
+    /// [`Self::pci_device`] on a NUMA node (its `local_cpulist` that node's CPUs), e.g. QEMU's
+    /// `pci-testdev` (`0x1b36`, `0x00ff00`) behind a root bridge on node 1.
+    #[must_use]
+    pub fn pci_device_on(
+        mut self,
+        address: &str,
+        vendor: u16,
+        class: u32,
+        numa_node: Option<usize>,
+    ) -> Self {
         self.pci.push(SimPci {
             address: address.to_ascii_lowercase(),
             vendor,
             device: 0,
             class,
-            numa_node: None,
+            numa_node,
             local_cpus: None,
             write_local: true,
         });

@@ -75,7 +75,7 @@ pub fn choose(facts: &LoadFacts, device_id: i32, result: bool) -> Result<StepPin
         return Err(0);
     }
     let root = SysfsRoot::new(facts.settings.sysfs_root.clone());
-    let topology = match Topology::read(&root) {
+    let mut topology = match Topology::read(&root) {
         Ok(t) => t,
         Err(e) => {
             log_error!("{what} thread for device {device_id} not pinned: {e}");
@@ -92,7 +92,7 @@ pub fn choose(facts: &LoadFacts, device_id: i32, result: bool) -> Result<StepPin
             }
         },
         _ => auto(
-            &topology,
+            &mut topology,
             &root,
             &allowed,
             &facts.settings.lock_dir,
@@ -131,7 +131,7 @@ pub fn choose(facts: &LoadFacts, device_id: i32, result: bool) -> Result<StepPin
 /// `auto`: this GPU's placement from the host-wide plan, once this process holds the GPU's lock.
 /// `Err` carries the return value (0 after a warning, or `-errno`).
 fn auto(
-    topology: &Topology,
+    topology: &mut Topology,
     root: &SysfsRoot,
     allowed: &CpuMask,
     lock_dir: &Path,

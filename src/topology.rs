@@ -336,44 +336,66 @@ pub fn read_gpus_of_vendor(root: &SysfsRoot, vendor: u16) -> Result<Vec<PciGpu>,
     names.sort();
     let mut gpus = Vec::new();
     for name in names {
-        let dev = dir.join(&name);
-        // Entries without a vendor file are not PCI functions (nothing else lives here, but a
-        // hand-made tree may hold stray files).
-        let Some(found_vendor) =
-            read_parsed(&dev.join("vendor"), "a hex vendor id", parse_hex_u16)?
-        else {
-            continue;
-        };
-        if found_vendor != vendor {
-            continue;
+        if let Some(gpu) = read_pci_gpu(&dir.join(&name), &name, Some(vendor))? {
+            gpus.push(gpu);
         }
-        let class = read_parsed(&dev.join("class"), "a hex PCI class", parse_hex_u32)?.unwrap_or(0);
-        if !matches!(class >> 8, PCI_CLASS_VGA | PCI_CLASS_3D) {
-            continue;
-        }
-        let device =
-            read_parsed(&dev.join("device"), "a hex device id", parse_hex_u16)?.unwrap_or(0);
-        let numa_node =
-            read_parsed(&dev.join("numa_node"), "a node number or -1", parse_signed)?.flatten();
-        let local_cpus = match read_cpulist(&dev.join("local_cpulist"))? {
-            Some(m) => Some(m),
-            None => read_parsed(
-                &dev.join("local_cpus"),
-                "a hex CPU mask",
-                CpuMask::parse_hex,
-            )?,
-        };
-        gpus.push(PciGpu {
-            address: name.to_ascii_lowercase(),
-            vendor: found_vendor,
-            device,
-            class,
-            numa_node,
-            local_cpus,
-        });
     }
     gpus.sort_by(|a, b| a.address.cmp(&b.address));
     Ok(gpus)
+}
+
+/// The PCI function at `address` under `sys/bus/pci/devices`, of any vendor and class: a device
+/// that NVML or the driver's list names as a GPU although sysfs does not show it as an NVIDIA
+/// display or 3D function. `None` when sysfs has no such function.
+pub fn read_pci_function(root: &SysfsRoot, address: &str) -> Result<Option<PciGpu>, TopologyError> {
+    let Some(name) = normalize_pci_address(address) else {
+        return Ok(None);
+    };
+    let dev = root.path("sys/bus/pci/devices").join(&name);
+    if !dev.is_dir() {
+        return Ok(None);
+    }
+    read_pci_gpu(&dev, &name, None)
+}
+
+/// One PCI function's directory `dev` named `name`; `None` when it is not a PCI function, or
+/// (with `vendor`) not that vendor's display or 3D controller.
+fn read_pci_gpu(
+    dev: &Path,
+    name: &str,
+    vendor: Option<u16>,
+) -> Result<Option<PciGpu>, TopologyError> {
+    // Entries without a vendor file are not PCI functions (nothing else lives here, but a
+    // hand-made tree may hold stray files).
+    let Some(found_vendor) = read_parsed(&dev.join("vendor"), "a hex vendor id", parse_hex_u16)?
+    else {
+        return Ok(None);
+    };
+    let class = read_parsed(&dev.join("class"), "a hex PCI class", parse_hex_u32)?.unwrap_or(0);
+    if let Some(vendor) = vendor {
+        if found_vendor != vendor || !matches!(class >> 8, PCI_CLASS_VGA | PCI_CLASS_3D) {
+            return Ok(None);
+        }
+    }
+    let device = read_parsed(&dev.join("device"), "a hex device id", parse_hex_u16)?.unwrap_or(0);
+    let numa_node =
+        read_parsed(&dev.join("numa_node"), "a node number or -1", parse_signed)?.flatten();
+    let local_cpus = match read_cpulist(&dev.join("local_cpulist"))? {
+        Some(m) => Some(m),
+        None => read_parsed(
+            &dev.join("local_cpus"),
+            "a hex CPU mask",
+            CpuMask::parse_hex,
+        )?,
+    };
+    Ok(Some(PciGpu {
+        address: name.to_ascii_lowercase(),
+        vendor: found_vendor,
+        device,
+        class,
+        numa_node,
+        local_cpus,
+    }))
 }
 
 fn read_online(cpu_dir: &Path) -> Result<CpuMask, TopologyError> {

@@ -511,3 +511,172 @@ fn device_check_script_against_the_double() {
         "{text}"
     );
 }
+
+/// A GPU NVML names that sysfs shows as another vendor's function (QEMU's `pci-testdev` on node
+/// 1, the guest tier's "GPU"; a GPU passed through as another class): `configure(0)`, `plan --gpu
+/// 0` and `topo` find it in the same list and read the same PCI locality, its node's CPUs. plan
+/// once read only sysfs's NVIDIA functions and said "no GPU found".
+#[test]
+fn plan_topo_and_configure_agree_on_a_gpu_nvml_names_outside_sysfs_nvidia_functions() {
+    require!(two_cpus("node 1's CPUs narrower than the host"));
+    let allowed = allowed_cpus();
+    let cpus: Vec<usize> = allowed.iter().collect();
+    let half = (cpus.len() / 2).max(1);
+    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
+    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
+    let sysfs = tempfile::tempdir().unwrap();
+    SimulatedHost::new()
+        .node(0, &node0)
+        .node(1, &node1)
+        .node_distances(vec![vec![10, 21], vec![21, 10]])
+        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(1))
+        .write(sysfs.path())
+        .unwrap();
+    let nvml = tempfile::tempdir().unwrap();
+    let nvml_file = nvml.path().join("nvml");
+    std::fs::write(&nvml_file, format!("gpu 00000000:81:00.0 {UUID_BA} -\n")).unwrap();
+    let lib = nvml_double(false);
+    let command = |program: &Path| {
+        let mut cmd = clean(program);
+        cmd.env("LD_PRELOAD", library())
+            .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+            .env("TLLM_AFFINITY_LOG", "debug")
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("TLLM_NVML_DOUBLE", &nvml_file);
+        cmd
+    };
+
+    let mut population = command(&gpu_population());
+    population.arg("0");
+    let out = population.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("DEVICE 0 "))
+        .unwrap_or_else(|| panic!("{stdout}\n{stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[5], node1.to_list(), "configure(0): {line}\n{stderr}");
+
+    let out = command(&cli())
+        .args(["plan", "--gpu", "0", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let errors = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "plan --gpu 0: {text}{errors}");
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["gpu"]["address"], "0000:81:00.0", "{plan}");
+    assert_eq!(plan["gpu"]["numa_node"], 1, "{plan}");
+    assert_eq!(plan["gpu"]["source"], "NVML", "{plan}");
+    assert_eq!(plan["worker"]["cpus"], node1.to_list(), "{plan}");
+
+    let out = command(&cli()).args(["topo", "--json"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "topo: {text}");
+    let topo: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let devices = &topo["visible"]["devices"];
+    println!("{devices}");
+    assert_eq!(devices[0]["address"], "0000:81:00.0", "{topo}");
+    assert_eq!(devices[0]["local_cpus"], node1.to_list(), "{topo}");
+}
+
+/// The fast tier of the guest's four-node machine (tests/guest.rs): a device the kernel knows
+/// no node for (`numa_node` -1, every online CPU in its `local_cpulist`, as a real kernel
+/// writes it) gets every CPU with a line saying so; one on a node without CPUs gets the nearest
+/// node with CPUs. Both are QEMU's pci-testdev, named GPUs by NVML.
+#[test]
+fn a_gpu_without_a_node_gets_every_cpu_with_a_line_and_one_on_a_cpu_less_node_the_nearest() {
+    require!(two_cpus("node 1's CPUs narrower than the host"));
+    let allowed = allowed_cpus();
+    let cpus: Vec<usize> = allowed.iter().collect();
+    let half = (cpus.len() / 2).max(1);
+    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
+    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
+    let sysfs = tempfile::tempdir().unwrap();
+    SimulatedHost::new()
+        .node(0, &node0)
+        .node(1, &node1)
+        .node(2, &CpuMask::new())
+        .node_distances(vec![vec![10, 20, 20], vec![20, 10, 12], vec![20, 12, 10]])
+        .pci_device_on("0000:00:10.0", 0x1b36, 0x00ff00, None)
+        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(2))
+        .write(sysfs.path())
+        .unwrap();
+    let nvml = tempfile::tempdir().unwrap();
+    let nvml_file = nvml.path().join("nvml");
+    std::fs::write(
+        &nvml_file,
+        format!("gpu 00000000:00:10.0 {UUID_3A} -\ngpu 00000000:81:00.0 {UUID_BA} -\n"),
+    )
+    .unwrap();
+    let mut cmd = clean(gpu_population());
+    cmd.env("LD_PRELOAD", library())
+        .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+        .env("TLLM_AFFINITY_LOG", "info")
+        .env("LD_LIBRARY_PATH", nvml_double(false))
+        .env("TLLM_NVML_DOUBLE", &nvml_file);
+    let (lines, stderr) = population(cmd, &[0, 1]);
+    println!("{stderr}");
+    assert_eq!(lines[0].worker, allowed, "{stderr}");
+    assert!(
+        stderr.contains("GPU 0000:00:10.0 has no NUMA node: using every online CPU"),
+        "{stderr}"
+    );
+    assert_eq!(lines[1].worker, node1, "{stderr}");
+    assert!(
+        stderr.contains("GPU 0000:81:00.0 sits on NUMA node 2, which has no CPUs: using node 1"),
+        "{stderr}"
+    );
+}
+
+/// The fast tier of the guest's SMT machine (tests/guest.rs): two sockets of two cores of two
+/// SMT threads, nodes 0-3 and 4-7, CPU 7 offline, QEMU's pci-testdev on node 1 named GPU 0.
+/// `plan` (a what-if over all eight CPUs, since this host may have fewer) keeps CPU 7 out of the
+/// worker set and the placements, with the step CPU named and under `auto`.
+#[test]
+fn plan_keeps_an_offline_cpu_out_of_the_worker_set_and_the_step_placement() {
+    let mut host = SimulatedHost::new()
+        .node(0, &CpuMask::parse_list("0-3").unwrap())
+        .node(1, &CpuMask::parse_list("4-7").unwrap())
+        .online(&CpuMask::parse_list("0-6").unwrap())
+        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(1));
+    for cpu in 0..8 {
+        let core = cpu / 2;
+        host = host.cpu(
+            cpu,
+            core % 2,
+            cpu / 4,
+            &CpuMask::from_cpus([2 * core, 2 * core + 1]),
+        );
+    }
+    let sysfs = tempfile::tempdir().unwrap();
+    host.write(sysfs.path()).unwrap();
+    let nvml = tempfile::tempdir().unwrap();
+    let nvml_file = nvml.path().join("nvml");
+    std::fs::write(&nvml_file, format!("gpu 00000000:81:00.0 {UUID_BA} -\n")).unwrap();
+    for (step_core, result) in [("4", 6), ("auto", 6)] {
+        let out = clean(cli())
+            .args(["plan", "--gpu", "0", "--json", "--cpus", "0-6"])
+            .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
+            .env("TLLM_AFFINITY_STEP_CORE", step_core)
+            .env("LD_LIBRARY_PATH", nvml_double(false))
+            .env("TLLM_NVML_DOUBLE", &nvml_file)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(plan["worker"]["cpus"], "4-6", "{step_core}: {plan}");
+        assert_eq!(plan["placement"]["step_cpus"], "4-5", "{step_core}: {plan}");
+        assert_eq!(
+            plan["placement"]["result_cpu"], result,
+            "{step_core}: {plan}"
+        );
+    }
+}

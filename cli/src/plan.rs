@@ -38,7 +38,10 @@ enum StepCoreSource {
 
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
-    let topology = Topology::read(&root).map_err(|e| e.to_string())?;
+    let mut topology = Topology::read(&root).map_err(|e| e.to_string())?;
+    // The list configure numbers into (NVML, the driver's list, sysfs), its GPUs laid into the
+    // topology, so plan finds every GPU configure finds.
+    let view = tllm_affinity_core::gpus::current_view(&root, &mut topology, true);
     if topology.gpus.is_empty() && args.gpu >= -1 {
         return Err(format!(
             "{} (looked under {})",
@@ -46,7 +49,6 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
             root.path("sys/bus/pci/devices").display()
         ));
     }
-    let view = tllm_affinity_core::gpus::current_view(&root, &topology, true);
     let resolved = resolve_device_on(args.gpu, &DeviceEnv::from_env(), &view, &root)
         .map_err(|e| e.to_string())?;
     // The plan is laid over sysfs's GPUs (the whole host); NVML or the driver picked which.

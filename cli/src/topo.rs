@@ -26,8 +26,8 @@ pub struct TopoArgs {
 
 pub fn run(args: &TopoArgs) -> Result<(), String> {
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
-    let topology = Topology::read(&root).map_err(|e| e.to_string())?;
-    let view = tllm_affinity_core::gpus::current_view(&root, &topology, true);
+    let mut topology = Topology::read(&root).map_err(|e| e.to_string())?;
+    let view = tllm_affinity_core::gpus::current_view(&root, &mut topology, true);
     let host = Host {
         view: &view,
         env: DeviceEnv::from_env(),

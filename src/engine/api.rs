@@ -130,12 +130,23 @@ fn resolve_worker_set(
         });
     }
     let root = SysfsRoot::new(settings.sysfs_root.clone());
-    let topology = Topology::read(&root).map_err(|e| (libc::EIO, e.to_string()))?;
-    let view = crate::gpus::current_view(&root, &topology, nvml);
+    let mut topology = Topology::read(&root).map_err(|e| (libc::EIO, e.to_string()))?;
+    let view = crate::gpus::current_view(&root, &mut topology, nvml);
     let resolved = resolve_device_on(device_id, env, &view, &root)
         .map_err(|e| (libc::ENODEV, e.to_string()))?;
     let local = crate::gpus::local_cpus(&topology, &view.gpus[resolved.gpu_index]);
+    // A device whose node the kernel does not know (`numa_node` -1) has every online CPU in its
+    // `local_cpulist` on a real kernel (seen in tests/guest.rs): that list says nothing either.
+    let node_unknown = local.cpus == topology.online
+        && topology.nodes.len() > 1
+        && topology
+            .gpu_by_address(&resolved.address)
+            .is_some_and(|g| g.numa_node.is_none());
     let note = match local.source {
+        LocalCpuSource::PciLocalCpulist if node_unknown => Some(format!(
+            "GPU {} has no NUMA node: using every online CPU",
+            resolved.address
+        )),
         LocalCpuSource::SingleNode => Some(
             "this host has one NUMA node: NUMA-aware placement means every allowed CPU".to_string(),
         ),

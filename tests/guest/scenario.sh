@@ -1,0 +1,31 @@
+# Sourced by the guest scripts of tests/guest.rs, which run inside the guest. Every line a
+# scenario prints goes to the console as `<name>| <line>` (stdout) or `<name>! <line>` (stderr),
+# then `<name>= <exit status>`, so the host test finds each scenario's output whatever ran
+# around it.
+
+# scenario NAME COMMAND [ARG...]
+scenario() {
+  name=$1
+  shift
+  out=$(mktemp) err=$(mktemp)
+  "$@" >"$out" 2>"$err"
+  emit "$name" "$out" "$err" $?
+  rm -f "$out" "$err"
+}
+
+# emit NAME STDOUT_FILE STDERR_FILE STATUS: a scenario run otherwise (one the script talks to).
+emit() {
+  sed "s/^/$1| /" "$2"
+  sed "s/^/$1! /" "$3"
+  echo "$1= $4"
+}
+
+# What the host test checks first: this is the guest's kernel, with the nodes the topology
+# asked for, read from the real /sys (no simulated root).
+identity() {
+  echo "uname=$(uname -r)"
+  echo "nodes=$(cat /sys/devices/system/node/online)"
+  echo "cpus=$(cat /sys/devices/system/cpu/online)"
+  echo "sysfs_root=${TLLM_AFFINITY_SYSFS_ROOT-unset}"
+  echo "cgroup=$(stat -fc %T /sys/fs/cgroup)"
+}

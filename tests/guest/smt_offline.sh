@@ -1,0 +1,41 @@
+#!/bin/sh
+# Inside the guest of tests/guest.rs: two sockets of two cores of two SMT threads (an Intel CPU
+# model), one NUMA node per socket (0-3, 4-7), QEMU's pci-testdev at 0000:81:00.0 on node 1,
+# named GPU 0 by the NVML test double. CPU 7 goes offline here, and comes back online while a
+# process whose worker masks the library restored is still running. Arguments: the preload
+# library, the CLI, the double's directory, step_result_hotplug.
+lib=$1 cli=$2 nvml_dir=$3 program=$4
+. "$(dirname "$0")/scenario.sh"
+scenario guest identity
+scenario siblings sh -c 'for c in /sys/devices/system/cpu/cpu[0-9]*; do
+  echo "${c##*/} $(cat $c/topology/thread_siblings_list) $(cat $c/topology/physical_package_id)"
+done'
+work=$(mktemp -d)
+echo "gpu 00000000:81:00.0 GPU-81818181-0000-1111-2222-333344445555 -" >"$work/nvml"
+export LD_LIBRARY_PATH="$nvml_dir" TLLM_NVML_DOUBLE="$work/nvml"
+# The guest's "GPU" is not an NVIDIA function: the step CPU is named.
+export TLLM_AFFINITY_STEP_CORE=4
+
+echo 0 >/sys/devices/system/cpu/cpu7/online
+scenario offline cat /sys/devices/system/cpu/online
+scenario plan "$cli" plan --gpu 0 --json
+scenario auto env TLLM_AFFINITY_STEP_CORE=auto "$cli" plan --gpu 0 --json
+
+# Configure, pin, release with CPU 7 offline; bring it online; read every thread again.
+mkfifo "$work/in"
+(
+  env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$program" 0 <"$work/in" >"$work/out" 2>"$work/err"
+  echo $? >"$work/rc"
+) &
+exec 3>"$work/in"
+i=0
+while ! grep -q '^READY' "$work/out" 2>/dev/null && [ $i -lt 600 ]; do
+  sleep 0.1
+  i=$((i + 1))
+done
+echo 1 >/sys/devices/system/cpu/cpu7/online
+echo go >&3
+exec 3>&-
+wait
+emit hotplug "$work/out" "$work/err" "$(cat "$work/rc")"
+scenario back_online cat /sys/devices/system/cpu/online

@@ -1,0 +1,191 @@
+/* Step and result threads, and masks across a CPU coming back online (tests/guest.rs runs it
+ * inside a guest where a CPU is offline; it runs on any Linux).
+ *
+ * Threads: main and H (host threads the library never touches), W (calls
+ * tllm_affinity_configure(device)), ST and RT (W's children, born workers, which then pin
+ * themselves as the device's step and result threads), and T, a host thread that writes its own
+ * mask (the one it has) with sched_setaffinity while the CPU is offline: what the kernel does
+ * with any mask written then. The lease is released, then the program prints READY and waits
+ * for a line on stdin (the guest script brings the CPU online there), and prints the masks
+ * again, with N, a thread created after the CPU came back.
+ *
+ *   PIN step <rc> result <rc>
+ *   MASK <phase> <thread> <cpulist>          phase: configured, released, online
+ *   REPORT <the library's JSON report while configured>
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static int64_t (*configure)(int32_t);
+static int32_t (*release_lease)(int64_t);
+static int32_t (*pin_step)(int32_t);
+static int32_t (*pin_result)(int32_t);
+static int64_t (*report)(char *, uint64_t);
+
+static int device;
+static pid_t tids[7];
+static const char *names[7] = {"main", "H", "W", "ST", "RT", "T", "N"};
+static int step_rc = -999, result_rc = -999;
+static int64_t lease;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
+static int ready, quit;
+
+static void mark_ready(void) {
+    pthread_mutex_lock(&lock);
+    ready++;
+    pthread_cond_broadcast(&changed);
+    pthread_mutex_unlock(&lock);
+}
+
+static void wait_ready(int n) {
+    pthread_mutex_lock(&lock);
+    while (ready < n) pthread_cond_wait(&changed, &lock);
+    pthread_mutex_unlock(&lock);
+}
+
+static void wait_quit(void) {
+    pthread_mutex_lock(&lock);
+    while (!quit) pthread_cond_wait(&changed, &lock);
+    pthread_mutex_unlock(&lock);
+}
+
+static pid_t gettid_(void) { return (pid_t)syscall(SYS_gettid); }
+
+static void cpulist(const cpu_set_t *set, char *out, size_t len) {
+    size_t used = 0;
+    out[0] = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, set)) continue;
+        int hi = c;
+        while (hi + 1 < CPU_SETSIZE && CPU_ISSET(hi + 1, set)) hi++;
+        int n = hi > c ? snprintf(out + used, len - used, "%s%d-%d", used ? "," : "", c, hi)
+                       : snprintf(out + used, len - used, "%s%d", used ? "," : "", c);
+        if (n < 0 || (size_t)n >= len - used) break;
+        used += (size_t)n;
+        c = hi;
+    }
+}
+
+static void masks(const char *phase, int count) {
+    for (int i = 0; i < count; i++) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        char list[1024] = "gone";
+        if (sched_getaffinity(tids[i], sizeof set, &set) == 0) cpulist(&set, list, sizeof list);
+        printf("MASK %s %s %s\n", phase, names[i], list);
+    }
+    fflush(stdout);
+}
+
+static void *host_thread(void *arg) {
+    (void)arg;
+    tids[1] = gettid_();
+    mark_ready();
+    wait_quit();
+    return NULL;
+}
+
+static void *step_thread(void *arg) {
+    (void)arg;
+    tids[3] = gettid_();
+    step_rc = pin_step(device);
+    mark_ready();
+    wait_quit();
+    return NULL;
+}
+
+static void *result_thread(void *arg) {
+    (void)arg;
+    tids[4] = gettid_();
+    result_rc = pin_result(device);
+    mark_ready();
+    wait_quit();
+    return NULL;
+}
+
+static void *worker_thread(void *arg) {
+    (void)arg;
+    tids[2] = gettid_();
+    lease = configure(device);
+    pthread_t st, rt;
+    pthread_create(&st, NULL, step_thread, NULL);
+    pthread_create(&rt, NULL, result_thread, NULL);
+    mark_ready();
+    wait_quit();
+    pthread_join(st, NULL);
+    pthread_join(rt, NULL);
+    return NULL;
+}
+
+static void *self_set_thread(void *arg) {
+    (void)arg;
+    tids[5] = gettid_();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    sched_getaffinity(0, sizeof set, &set);
+    sched_setaffinity(0, sizeof set, &set);
+    mark_ready();
+    wait_quit();
+    return NULL;
+}
+
+static void *late_thread(void *arg) {
+    (void)arg;
+    tids[6] = gettid_();
+    mark_ready();
+    wait_quit();
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    device = argc > 1 ? atoi(argv[1]) : 0;
+    configure = dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
+    release_lease = dlsym(RTLD_DEFAULT, "tllm_affinity_release");
+    pin_step = dlsym(RTLD_DEFAULT, "tllm_affinity_pin_step_thread");
+    pin_result = dlsym(RTLD_DEFAULT, "tllm_affinity_pin_result_thread");
+    report = dlsym(RTLD_DEFAULT, "tllm_affinity_report");
+    if (!configure || !release_lease || !pin_step || !pin_result || !report) {
+        printf("NOLIB libtllm_affinity.so is not loaded\n");
+        return 3;
+    }
+    tids[0] = gettid_();
+    pthread_t h, t, w, n;
+    pthread_create(&h, NULL, host_thread, NULL);
+    pthread_create(&t, NULL, self_set_thread, NULL);
+    wait_ready(2);
+    pthread_create(&w, NULL, worker_thread, NULL);
+    wait_ready(5); /* W configured, ST and RT pinned */
+    printf("PIN step %d result %d\nLEASE %lld\n", step_rc, result_rc, (long long)lease);
+    masks("configured", 6);
+    static char json[1 << 16];
+    int64_t need = report(json, sizeof json);
+    if (need > 0 && (size_t)need < sizeof json) printf("REPORT %s\n", json);
+    if (lease > 0) release_lease(lease);
+    masks("released", 6);
+    printf("READY\n");
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) return 4;
+    pthread_create(&n, NULL, late_thread, NULL);
+    wait_ready(6);
+    masks("online", 7);
+    pthread_mutex_lock(&lock);
+    quit = 1;
+    pthread_cond_broadcast(&changed);
+    pthread_mutex_unlock(&lock);
+    pthread_join(w, NULL);
+    pthread_join(h, NULL);
+    pthread_join(t, NULL);
+    pthread_join(n, NULL);
+    return 0;
+}
