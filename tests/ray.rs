@@ -155,6 +155,9 @@ struct RayRun {
     noset: bool,
     /// Each actor's `num_gpus`.
     gpus: &'static str,
+    /// Upstream's older layout (`executor/ray_gpu_worker.py`, the worker's own
+    /// `_configure_affinity`).
+    legacy: bool,
 }
 
 /// tests/programs/zero_code/ray_actors.py under `tllm-affinity run`, `ray.init()` inside the
@@ -187,6 +190,10 @@ fn ray_zero_code(how: RayRun) {
             std::env::join_paths([programs_dir().join("upstream_trtllm"), programs_dir()]).unwrap(),
         )
         .env("RT_NUM_GPUS", how.gpus)
+        .env(
+            "RT_RAY_LAYOUT",
+            if how.legacy { "legacy" } else { "current" },
+        )
         .env("RAY_DEDUP_LOGS", "0")
         .env("RAY_USAGE_STATS_ENABLED", "0");
     if how.noset {
@@ -295,6 +302,7 @@ fn ray_zero_code_actors_are_dedicated_workers_with_no_variable() {
     ray_zero_code(RayRun {
         noset: false,
         gpus: "1",
+        legacy: false,
     });
 }
 
@@ -303,6 +311,7 @@ fn ray_zero_code_actors_follow_upstreams_mapping_with_every_gpu_visible() {
     ray_zero_code(RayRun {
         noset: true,
         gpus: "1",
+        legacy: false,
     });
 }
 
@@ -311,5 +320,17 @@ fn ray_zero_code_fractional_gpus_are_placed_on_the_gpu_ray_gave() {
     ray_zero_code(RayRun {
         noset: false,
         gpus: "0.5",
+        legacy: false,
+    });
+}
+
+/// Upstream's older layout, where `RayGPUWorker` sets its engine up at construction and its own
+/// `_configure_affinity` pins every thread: the adapter covers that method too.
+#[test]
+fn ray_zero_code_actors_of_the_older_layout_are_dedicated_workers_too() {
+    ray_zero_code(RayRun {
+        noset: false,
+        gpus: "1",
+        legacy: true,
     });
 }

@@ -8,13 +8,19 @@ hook reach the actors through the environment the driver passes on.
 After setup_engine and after shutdown it prints ``ACTORS <json>``: per actor, its pid, Ray's GPU
 ids, CUDA_VISIBLE_DEVICES, and every thread of its process (name, tid, kernel mask, role), read
 inside the actor by ``__ray_call__``; then ``DRIVER <json>``. Usage: ray_actors.py <temp dir>.
+``RT_RAY_LAYOUT=legacy`` takes upstream's older ``executor/ray_gpu_worker.py`` instead.
 Imports only ray, tensorrt_llm and the test instrumentation."""
 import json
 import os
 import sys
 
 import ray
-from tensorrt_llm.executor.ray.gpu_worker import RayWorkerWrapper
+
+if os.environ.get("RT_RAY_LAYOUT") == "legacy":
+    # Upstream's older layout: executor/ray_gpu_worker.py, the worker's own _configure_affinity.
+    from tensorrt_llm.executor.ray_gpu_worker import RayWorkerWrapper
+else:
+    from tensorrt_llm.executor.ray.gpu_worker import RayWorkerWrapper
 
 
 def threads_of_this_process():
