@@ -177,6 +177,16 @@ fn ray_zero_code(how: RayRun) {
         .prefix("tllm-ray.")
         .tempdir_in("/tmp")
         .unwrap();
+    let mut cmd = driver_under_run(&sysfs, temp.path(), how);
+    if how.noset {
+        cmd.env("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1");
+    }
+    let end = run_bounded(cmd, LIMIT);
+    check_actors(&end, &sysfs, how, Reached::Library);
+}
+
+/// tests/programs/zero_code/ray_actors.py, the driver, under `tllm-affinity run`.
+fn driver_under_run(sysfs: &Sysfs, temp: &std::path::Path, how: RayRun) -> Command {
     let mut cmd = clean(cli());
     cmd.arg("run")
         .arg("--sysfs-root")
@@ -184,11 +194,8 @@ fn ray_zero_code(how: RayRun) {
         .args(["--log", "info", "--"])
         .arg(python())
         .arg(programs_dir().join("zero_code").join("ray_actors.py"))
-        .arg(temp.path())
-        .env(
-            "PYTHONPATH",
-            std::env::join_paths([programs_dir().join("upstream_trtllm"), programs_dir()]).unwrap(),
-        )
+        .arg(temp)
+        .env("PYTHONPATH", stand_in_path())
         .env("RT_NUM_GPUS", how.gpus)
         .env(
             "RT_RAY_LAYOUT",
@@ -196,11 +203,29 @@ fn ray_zero_code(how: RayRun) {
         )
         .env("RAY_DEDUP_LOGS", "0")
         .env("RAY_USAGE_STATS_ENABLED", "0");
-    if how.noset {
-        cmd.env("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1");
-    }
     with_openmp(&mut cmd);
-    let end = run_bounded(cmd, LIMIT);
+    cmd
+}
+
+/// The upstream stand-in and the deployment's instrumentation, as a machine with TensorRT-LLM
+/// installed has them.
+fn stand_in_path() -> std::ffi::OsString {
+    std::env::join_paths([programs_dir().join("upstream_trtllm"), programs_dir()]).unwrap()
+}
+
+/// What reached the actors.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reached {
+    /// The library and its start-up hook: every actor thread a worker on its GPU's CPUs after
+    /// `setup_engine`, all back on the launch mask after `shutdown()`.
+    Library,
+    /// Nothing of ours: upstream's process-wide pin, never undone (no role known).
+    Nothing,
+}
+
+/// The driver's `SETUP`, `SHUTDOWN` and `DRIVER` lines, checked for what `reached` the actors;
+/// prints each actor's thread table.
+fn check_actors(end: &Finished, sysfs: &Sysfs, how: RayRun, reached: Reached) {
     let context = format!("stdout:\n{}\nstderr:\n{}", end.stdout, end.stderr);
     assert!(end.status.success(), "{:?}\n{context}", end.status);
     let parsed = |tag: &str| -> Value {
@@ -269,17 +294,28 @@ fn ray_zero_code(how: RayRun) {
             };
             println!("  {name:28}  {:14}  {later_cell:14}", cell(t));
         }
+        // Without the library, upstream's sweep pinned every thread to the set its own device
+        // lookup chose (the stand-in's reads sysfs by index), and nothing undoes it.
+        let pinned = match reached {
+            Reached::Library => local(gpu),
+            Reached::Nothing => threads["main"]["mask"].as_str().unwrap().to_string(),
+        };
+        assert_ne!(pinned, all, "the actor's threads were pinned\n{context}");
+        let (role, after) = match reached {
+            Reached::Library => (1, all.clone()),
+            Reached::Nothing => (-1, pinned.clone()),
+        };
         for (name, t) in threads {
             assert_eq!(
                 (t["role"].as_i64(), t["mask"].as_str()),
-                (Some(1), Some(local(gpu).as_str())),
+                (Some(role), Some(pinned.as_str())),
                 "actor on GPU {gpu}, thread {name} after setup_engine\n{context}"
             );
         }
         for (name, t) in at_shutdown["threads"].as_object().unwrap() {
             assert_eq!(
                 t["mask"].as_str(),
-                Some(all.as_str()),
+                Some(after.as_str()),
                 "actor on GPU {gpu}, thread {name} after shutdown\n{context}"
             );
         }
@@ -333,4 +369,125 @@ fn ray_zero_code_actors_of_the_older_layout_are_dedicated_workers_too() {
         gpus: "1",
         legacy: true,
     });
+}
+
+/// A cluster started beforehand with `ray start`, as production does, and the driver under
+/// `tllm-affinity run` joining it: the actors are the raylet's children, not the driver's, so
+/// they have what the cluster was started with plus what the job passes on in its runtime_env.
+/// Started with `runtime_env`, what reached each actor, in one row: `Nothing` without it.
+fn ray_start_cluster(runtime_env: bool) {
+    require!(two_cpus("two GPUs with different local CPUs"));
+    require!(
+        ray_installed(),
+        "Ray for python3 (`python3 -m pip install ray==2.60.0`, as scripts/setup does)"
+    );
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let sysfs = Sysfs::two_nodes();
+    let temp = tempfile::Builder::new()
+        .prefix("tllm-ray.")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let cluster = RayCluster::start(&sysfs, temp.path(), port);
+    let how = RayRun {
+        noset: false,
+        gpus: "1",
+        legacy: false,
+    };
+    let mut cmd = driver_under_run(&sysfs, temp.path(), how);
+    cmd.env("RT_RAY_ADDRESS", format!("127.0.0.1:{port}"))
+        .env("RAY_AUTH_MODE", "disabled");
+    if runtime_env {
+        // What the job passes on: the library and the start-up hook `tllm-affinity run` gave the
+        // driver, and the simulated host.
+        let hook = std::env::join_paths([
+            repo().join("python/tllm_affinity/_sitecustomize"),
+            repo().join("python"),
+            programs_dir().join("upstream_trtllm"),
+            programs_dir(),
+        ])
+        .unwrap();
+        let env = serde_json::json!({"env_vars": {
+            "LD_PRELOAD": library().to_str().unwrap(),
+            "PYTHONPATH": hook.to_str().unwrap(),
+            "TLLM_AFFINITY_SYSFS_ROOT": sysfs.path().to_str().unwrap(),
+        }});
+        cmd.env("RT_RAY_RUNTIME_ENV", env.to_string());
+    }
+    let end = run_bounded(cmd, LIMIT);
+    drop(cluster);
+    let reached = if runtime_env {
+        Reached::Library
+    } else {
+        Reached::Nothing
+    };
+    check_actors(&end, &sysfs, how, reached);
+}
+
+/// `ray start --head` on the test's own port and temp dir; `ray stop` when dropped.
+struct RayCluster {
+    env: Vec<(String, std::ffi::OsString)>,
+}
+
+impl RayCluster {
+    fn start(sysfs: &Sysfs, temp: &std::path::Path, port: u16) -> RayCluster {
+        let env = vec![
+            ("PYTHONPATH".to_string(), stand_in_path()),
+            (
+                "TLLM_AFFINITY_SYSFS_ROOT".to_string(),
+                sysfs.path().as_os_str().to_owned(),
+            ),
+            ("RAY_USAGE_STATS_ENABLED".to_string(), "0".into()),
+            // The test's own cluster on loopback: no token for the driver to find.
+            ("RAY_AUTH_MODE".to_string(), "disabled".into()),
+        ];
+        // The daemons it leaves running keep whatever it writes to open: a file, not a pipe.
+        let log = temp.join("ray-start.log");
+        let mut cmd = clean("timeout");
+        cmd.arg("120")
+            .arg(python())
+            .args(["-m", "ray.scripts.scripts", "start", "--head"])
+            .arg(format!("--port={port}"))
+            .args(["--num-cpus=2", "--num-gpus=2", "--include-dashboard=false"])
+            .arg(format!("--temp-dir={}", temp.display()))
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(temp.join("ray-start.err")).unwrap());
+        let status = cmd.status().expect("ray start");
+        let cluster = RayCluster { env };
+        assert!(
+            status.success(),
+            "ray start: {status}\n{}",
+            std::fs::read_to_string(temp.join("ray-start.err")).unwrap_or_default()
+        );
+        cluster
+    }
+}
+
+impl Drop for RayCluster {
+    fn drop(&mut self) {
+        let _ = clean("timeout")
+            .arg("60")
+            .arg(python())
+            .args(["-m", "ray.scripts.scripts", "stop", "--force"])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+#[test]
+fn ray_start_cluster_actors_get_the_library_through_the_jobs_runtime_env() {
+    ray_start_cluster(true);
+}
+
+#[test]
+fn ray_start_cluster_actors_without_a_runtime_env_are_upstreams_process_wide_pin() {
+    ray_start_cluster(false);
 }

@@ -8,7 +8,9 @@ hook reach the actors through the environment the driver passes on.
 After setup_engine and after shutdown it prints ``ACTORS <json>``: per actor, its pid, Ray's GPU
 ids, CUDA_VISIBLE_DEVICES, and every thread of its process (name, tid, kernel mask, role), read
 inside the actor by ``__ray_call__``; then ``DRIVER <json>``. Usage: ray_actors.py <temp dir>.
-``RT_RAY_LAYOUT=legacy`` takes upstream's older ``executor/ray_gpu_worker.py`` instead.
+``RT_RAY_LAYOUT=legacy`` takes upstream's older ``executor/ray_gpu_worker.py`` instead;
+``RT_RAY_ADDRESS`` joins a cluster started beforehand with ``ray start``, passing the job's
+runtime_env from ``RT_RAY_RUNTIME_ENV`` (JSON).
 Imports only ray, tensorrt_llm and the test instrumentation."""
 import json
 import os
@@ -50,7 +52,12 @@ def look(wrapper):
 
 def main():
     gpus = float(os.environ.get("RT_NUM_GPUS", "1"))
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, _temp_dir=sys.argv[1])
+    address = os.environ.get("RT_RAY_ADDRESS")
+    if address:
+        # A cluster started beforehand (`ray start`): what the job passes on is its runtime_env.
+        ray.init(address=address, runtime_env=json.loads(os.environ.get("RT_RAY_RUNTIME_ENV", "null")))
+    else:
+        ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, _temp_dir=sys.argv[1])
     actors = [RayWorkerWrapper.options(num_gpus=gpus).remote(rank=i, world_size=2)
               for i in range(2)]
     ray.get([a.setup_distributed_env_and_worker.remote("stand-in/ray") for a in actors])
