@@ -160,23 +160,31 @@ struct RayRun {
     legacy: bool,
 }
 
+/// What every test of a Ray cluster needs: two CPUs, Ray, this binary's one cluster at a time,
+/// the simulated host and a short temp dir (Ray's socket paths live under it and must fit in
+/// sun_path); the error, for `require!`, when the machine lacks one.
+fn one_cluster() -> Result<(std::sync::MutexGuard<'static, ()>, Sysfs, tempfile::TempDir), String> {
+    two_cpus("two GPUs with different local CPUs")?;
+    if !ray_installed() {
+        return Err(
+            "Ray for python3 (`python3 -m pip install ray==2.60.0`, as scripts/setup does)".into(),
+        );
+    }
+    let one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let temp = tempfile::Builder::new()
+        .prefix("tllm-ray.")
+        .tempdir_in("/tmp")
+        .unwrap();
+    Ok((one, Sysfs::two_nodes(), temp))
+}
+
 /// tests/programs/zero_code/ray_actors.py under `tllm-affinity run`, `ray.init()` inside the
 /// `run` process: upstream's `RayWorkerWrapper` actors with `RayGPUWorker` built inside, no
 /// `TLLM_AFFINITY_PROCESS_ROLE` set by anyone. After `setup_engine` every thread of each actor
 /// (its main thread, which runs the actor's methods, included) is a worker on its GPU's CPUs;
 /// after `shutdown()` every one is back on the launch mask; the driver's threads stay hosts.
 fn ray_zero_code(how: RayRun) {
-    require!(two_cpus("two GPUs with different local CPUs"));
-    require!(
-        ray_installed(),
-        "Ray for python3 (`python3 -m pip install ray==2.60.0`, as scripts/setup does)"
-    );
-    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    let sysfs = Sysfs::two_nodes();
-    let temp = tempfile::Builder::new()
-        .prefix("tllm-ray.")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let (_one, sysfs, temp) = require!(one_cluster());
     let mut cmd = driver_under_run(&sysfs, temp.path(), how);
     if how.noset {
         cmd.env("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1");
@@ -376,17 +384,7 @@ fn ray_zero_code_actors_of_the_older_layout_are_dedicated_workers_too() {
 /// they have what the cluster was started with plus what the job passes on in its runtime_env.
 /// Started with `runtime_env`, what reached each actor, in one row: `Nothing` without it.
 fn ray_start_cluster(runtime_env: bool) {
-    require!(two_cpus("two GPUs with different local CPUs"));
-    require!(
-        ray_installed(),
-        "Ray for python3 (`python3 -m pip install ray==2.60.0`, as scripts/setup does)"
-    );
-    let _one = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    let sysfs = Sysfs::two_nodes();
-    let temp = tempfile::Builder::new()
-        .prefix("tllm-ray.")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let (_one, sysfs, temp) = require!(one_cluster());
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap()
