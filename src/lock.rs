@@ -102,7 +102,7 @@ impl<T> EngineLock<T> {
                 return None;
             }
             let slice = std::time::Duration::from_millis(1);
-            futex_wait_for(&self.state, CONTENDED, left.min(slice));
+            futex_wait(&self.state, CONTENDED, Some(left.min(slice)));
         }
     }
 
@@ -122,7 +122,7 @@ impl<T> EngineLock<T> {
         // Drepper's "mutex 2": whoever takes the lock from here on marks it contended, so the
         // holder's unlock wakes a sleeper.
         while self.state.swap(CONTENDED, Ordering::Acquire) != UNLOCKED {
-            futex_wait(&self.state, CONTENDED);
+            futex_wait(&self.state, CONTENDED, None);
         }
     }
 
@@ -173,33 +173,24 @@ impl<T> Drop for EngineGuard<'_, T> {
     }
 }
 
-fn futex_wait(word: &AtomicU32, expected: u32) {
-    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which outlives the call; it returns
-    // at once when the word no longer holds `expected`, and on a wake or a signal otherwise.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            std::ptr::null::<libc::timespec>(),
-        );
-    }
-}
-
-fn futex_wait_for(word: &AtomicU32, expected: u32, left: std::time::Duration) {
-    let timeout = libc::timespec {
+/// Sleeps while `word` holds `expected`, until a wake, a signal or `timeout` (none: no limit).
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<std::time::Duration>) {
+    let relative = timeout.map(|left| libc::timespec {
         tv_sec: left.as_secs() as libc::time_t,
         tv_nsec: left.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: as in `futex_wait`; the relative timeout lives on this stack for the call.
+    });
+    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which outlives the call; it returns
+    // at once when the word no longer holds `expected`, and on a wake, a signal or the timeout
+    // otherwise; the relative timeout, when given, lives on this stack for the call.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
             expected,
-            &timeout as *const libc::timespec,
+            relative
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const libc::timespec),
         );
     }
 }

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpulist.h"
+
 static int64_t (*t_configure)(int32_t);
 static int32_t (*t_release)(int64_t);
 static int32_t (*t_role)(int32_t);
@@ -79,26 +81,15 @@ static void lc_say(const char *fmt, ...) {
     va_end(ap);
 }
 
-/* The calling thread's kernel mask as a cpulist ("0-1" style, ranges merged). */
+/* A thread's kernel mask as a cpulist ("0-1" style, ranges merged). */
 static void lc_mask_of(pid_t tid, char *out, size_t len) {
     cpu_set_t set;
     CPU_ZERO(&set);
-    out[0] = 0;
     if (syscall(SYS_sched_getaffinity, tid, sizeof set, &set) < 0) {
         snprintf(out, len, "?");
         return;
     }
-    size_t used = 0;
-    for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
-        if (!CPU_ISSET(cpu, &set)) continue;
-        int end = cpu;
-        while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set)) end++;
-        int n = end == cpu ? snprintf(out + used, len - used, "%s%d", used ? "," : "", cpu)
-                           : snprintf(out + used, len - used, "%s%d-%d", used ? "," : "", cpu, end);
-        if (n < 0 || (size_t)n >= len - used) break;
-        used += (size_t)n;
-        cpu = end;
-    }
+    cpulist(&set, out, len);
 }
 
 /* ---- named threads and phases ---------------------------------------------------------- */

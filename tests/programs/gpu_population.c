@@ -22,27 +22,13 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "cpulist.h"
 
 typedef int64_t (*configure_fn)(int32_t);
 typedef int32_t (*release_fn)(int64_t);
 
 static configure_fn tllm_configure;
 static release_fn tllm_release;
-
-static void cpulist(const cpu_set_t *set, char *out, size_t len) {
-    size_t used = 0;
-    out[0] = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++) {
-        if (!CPU_ISSET(c, set)) continue;
-        int hi = c;
-        while (hi + 1 < CPU_SETSIZE && CPU_ISSET(hi + 1, set)) hi++;
-        int n = hi > c ? snprintf(out + used, len - used, "%s%d-%d", used ? "," : "", c, hi)
-                       : snprintf(out + used, len - used, "%s%d", used ? "," : "", c);
-        if (n < 0 || (size_t)n >= len - used) break;
-        used += (size_t)n;
-        c = hi;
-    }
-}
 
 static void own_mask(char *out, size_t len) {
     cpu_set_t set;

@@ -32,6 +32,7 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "cpulist.h"
 
 #define BUF (4u << 20)
 #define MAX_NODES 64
@@ -144,21 +145,6 @@ static void pages(const char *name, char *b) {
     printf("\n");
     free(addrs);
     free(status);
-}
-
-static void cpulist(const cpu_set_t *set, char *out, size_t len) {
-    size_t used = 0;
-    out[0] = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++) {
-        if (!CPU_ISSET(c, set)) continue;
-        int hi = c;
-        while (hi + 1 < CPU_SETSIZE && CPU_ISSET(hi + 1, set)) hi++;
-        int n = hi > c ? snprintf(out + used, len - used, "%s%d-%d", used ? "," : "", c, hi)
-                       : snprintf(out + used, len - used, "%s%d", used ? "," : "", c);
-        if (n < 0 || (size_t)n >= len - used) break;
-        used += (size_t)n;
-        c = hi;
-    }
 }
 
 static void mask_line(const char *phase, const char *name, pid_t tid) {

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "cpulist.h"
 
 static int64_t (*configure)(int32_t);
 static int32_t (*release_lease)(int64_t);
@@ -60,21 +61,6 @@ static void wait_quit(void) {
 }
 
 static pid_t gettid_(void) { return (pid_t)syscall(SYS_gettid); }
-
-static void cpulist(const cpu_set_t *set, char *out, size_t len) {
-    size_t used = 0;
-    out[0] = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++) {
-        if (!CPU_ISSET(c, set)) continue;
-        int hi = c;
-        while (hi + 1 < CPU_SETSIZE && CPU_ISSET(hi + 1, set)) hi++;
-        int n = hi > c ? snprintf(out + used, len - used, "%s%d-%d", used ? "," : "", c, hi)
-                       : snprintf(out + used, len - used, "%s%d", used ? "," : "", c);
-        if (n < 0 || (size_t)n >= len - used) break;
-        used += (size_t)n;
-        c = hi;
-    }
-}
 
 static void masks(const char *phase, int count) {
     for (int i = 0; i < count; i++) {
