@@ -128,6 +128,27 @@ impl Rule {
     }
 }
 
+/// The NUMA node whose memory a worker scope's caller prefers while the scope is open: the caller
+/// keeps its host mask, so without this what it allocates for the workers lands wherever the
+/// scheduler runs it. `memory_nodes` are the host's nodes with memory, with their CPUs; the
+/// answer is the one among them that the worker mask lies on, and `None` on a host of one node
+/// or a mask that spans several (no single node to prefer).
+pub fn scope_memory_node(
+    memory_nodes: &[(usize, CpuMask)],
+    worker_mask: &CpuMask,
+) -> Option<usize> {
+    if memory_nodes.len() < 2 || worker_mask.is_empty() {
+        return None;
+    }
+    let mut on = memory_nodes
+        .iter()
+        .filter(|(_, cpus)| !cpus.intersection(worker_mask).is_empty());
+    match (on.next(), on.next()) {
+        (Some((node, _)), None) => Some(*node),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +222,19 @@ mod tests {
         let reason = d.empty_reason.unwrap();
         assert!(reason.starts_with("TLLM_AFFINITY_CPUS [32-63]"), "{reason}");
         assert!(!reason.contains("GPU-local"), "{reason}");
+    }
+
+    #[test]
+    fn a_scopes_caller_prefers_the_one_node_the_worker_mask_lies_on() {
+        let m = |l: &str| CpuMask::parse_list(l).unwrap();
+        let two = [(0, m("0-1")), (1, m("2-3"))];
+        assert_eq!(scope_memory_node(&two, &m("2-3")), Some(1));
+        assert_eq!(scope_memory_node(&two, &m("3")), Some(1));
+        assert_eq!(scope_memory_node(&two, &m("1-2")), None, "spans two nodes");
+        assert_eq!(scope_memory_node(&two, &CpuMask::default()), None);
+        assert_eq!(scope_memory_node(&two[..1], &m("0-1")), None, "one node");
+        // A memory-only node has no CPUs: never the one the mask lies on.
+        let gb200 = [(0, m("0-3")), (1, CpuMask::default())];
+        assert_eq!(scope_memory_node(&gb200, &m("0-3")), Some(0));
     }
 }

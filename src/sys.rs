@@ -116,6 +116,62 @@ pub fn own_mask_words(out: &mut [u64]) -> Option<usize> {
     (rc > 0).then(|| (rc as usize).div_ceil(8))
 }
 
+/// `MPOL_DEFAULT` and `MPOL_PREFERRED` of `set_mempolicy(2)`.
+pub const MPOL_DEFAULT: i32 = 0;
+pub const MPOL_PREFERRED: i32 = 1;
+/// Node masks as wide as the kernel's largest `MAX_NUMNODES` (`CONFIG_NODES_SHIFT` 10).
+const NODE_MASK_WORDS: usize = 1024 / 64;
+
+/// The calling thread's memory policy: its mode and its nodes; errors are positive errno values.
+pub fn memory_policy() -> Result<(i32, Vec<usize>), i32> {
+    let mut mode: libc::c_int = -1;
+    let mut words = [0u64; NODE_MASK_WORDS];
+    // SAFETY: the kernel writes one int to `mode` and at most `maxnode` bits into `words`, which
+    // holds NODE_MASK_WORDS * 64 of them; no address is passed (flags 0: the thread's policy).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut mode as *mut libc::c_int,
+            words.as_mut_ptr(),
+            (NODE_MASK_WORDS * 64) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            0 as libc::c_ulong,
+        )
+    };
+    if rc < 0 {
+        return Err(errno());
+    }
+    let nodes = (0..NODE_MASK_WORDS * 64)
+        .filter(|&n| words[n / 64] & (1 << (n % 64)) != 0)
+        .collect();
+    Ok((mode, nodes))
+}
+
+/// Sets the calling thread's memory policy: `MPOL_PREFERRED` on `node`, or `MPOL_DEFAULT`.
+pub fn set_memory_policy(preferred: Option<usize>) -> Result<(), i32> {
+    let mut words = [0u64; NODE_MASK_WORDS];
+    let mode = match preferred {
+        Some(node) if node < NODE_MASK_WORDS * 64 => {
+            words[node / 64] |= 1 << (node % 64);
+            MPOL_PREFERRED
+        }
+        Some(_) => return Err(libc::EINVAL),
+        None => MPOL_DEFAULT,
+    };
+    let (mask, maxnode) = match preferred {
+        Some(_) => (words.as_ptr(), (NODE_MASK_WORDS * 64) as libc::c_ulong),
+        None => (std::ptr::null(), 0),
+    };
+    // SAFETY: the kernel reads at most `maxnode` bits from `mask`, a live array of that many
+    // (or nothing, for MPOL_DEFAULT); the policy is the calling thread's alone.
+    let rc = unsafe { libc::syscall(libc::SYS_set_mempolicy, mode, mask, maxnode) };
+    if rc < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
 /// The kernel thread id of `thread`, without a syscall: glibc answers `pthread_getcpuclockid`
 /// from the tid the kernel stored in the thread's descriptor at clone, and the clock id encodes
 /// it by the kernel's ABI (`CPUCLOCK_PID`: the bitwise complement of the tid, shifted left by

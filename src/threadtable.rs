@@ -13,11 +13,15 @@
 //! process is never mistaken for a live one that reused its pid.
 //!
 //! Layout (little-endian): magic `TLLMAFT1`, pid (u32), 4 reserved bytes, start time in clock
-//! ticks (u64, field 22 of `/proc/<pid>/stat`), capacity (u64), 32 reserved bytes; then
-//! `capacity` records of `tid | role << 32 | placement << 40`, where 0 is an empty record.
+//! ticks (u64, field 22 of `/proc/<pid>/stat`), capacity (u64), the notes' sequence number (u64,
+//! odd while they are rewritten) and length (u64), 16 reserved bytes; then `capacity` records of
+//! `tid | role << 32 | placement << 40`, where 0 is an empty record; then [`NOTES_BYTES`] of
+//! notes: what the language adapters said about themselves, one printable line each, which `ps`
+//! shows above the grid.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::identity::{Placement, Role, Tid};
 
@@ -25,6 +29,15 @@ pub const MAGIC: &[u8; 8] = b"TLLMAFT1";
 pub const HEADER_BYTES: usize = 64;
 /// Records for this many slots; a process with more live threads publishes the first ones.
 pub const CAPACITY: usize = 1 << 20;
+/// Where the notes start, after the last record.
+pub const NOTES_OFFSET: usize = HEADER_BYTES + CAPACITY * 8;
+/// Room for the notes: every adapter the library keeps, each with its longest line.
+pub const NOTES_BYTES: usize = 8192;
+/// The whole file.
+pub const FILE_BYTES: usize = NOTES_OFFSET + NOTES_BYTES;
+/// The header's words (u64 index) that carry the notes' sequence number and length.
+const NOTES_SEQUENCE_WORD: usize = 4;
+const NOTES_LENGTH_WORD: usize = 5;
 
 /// The table's file name for `pid` in the PID namespace `namespace` (the namespace's inode): a
 /// process in another namespace that shares `/dev/shm` (`--ipc=host`) may have the same pid
@@ -112,6 +125,35 @@ pub fn header(pid: u32, start_time: u64) -> [u8; HEADER_BYTES] {
     h
 }
 
+/// Rewrites the notes of a mapped table (`header`: its first [`HEADER_BYTES`] as words; `notes`:
+/// its last [`NOTES_BYTES`]). A reader takes them only when the sequence number was even and the
+/// same before and after its read (a seqlock: one writer, whoever holds the adapters' lock).
+/// Text past the room is cut at its last whole line.
+pub fn write_notes(header: &[AtomicU64], notes: &[AtomicU64], text: &str) {
+    let mut text = text.as_bytes();
+    if text.len() > NOTES_BYTES {
+        let cut = text[..NOTES_BYTES]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        text = &text[..cut];
+    }
+    let (Some(sequence), Some(length)) = (
+        header.get(NOTES_SEQUENCE_WORD),
+        header.get(NOTES_LENGTH_WORD),
+    ) else {
+        return;
+    };
+    sequence.fetch_add(1, Ordering::AcqRel);
+    for (word, chunk) in notes.iter().zip(text.chunks(8)) {
+        let mut bytes = [0u8; 8];
+        bytes[..chunk.len()].copy_from_slice(chunk);
+        word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+    }
+    length.store(text.len() as u64, Ordering::Relaxed);
+    sequence.fetch_add(1, Ordering::Release);
+}
+
 /// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -184,10 +226,12 @@ pub struct Expect<'a> {
     pub tids: &'a [Tid],
 }
 
-/// Roles and placements a live process published, for the threads `expect` names. Reads the
-/// header and then the records only as far as needed: never more than [`CAPACITY`] of them,
-/// whatever size the file claims (anybody may plant a sparse file of any size at the path).
-pub fn read(dir: &Path, expect: &Expect) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
+/// Opens the table `expect` names when it is believed: a regular file of the process's owner,
+/// with the magic, and the header of this very process (not of an earlier one with its pid).
+fn open_believed(
+    dir: &Path,
+    expect: &Expect,
+) -> Result<(std::fs::File, [u8; HEADER_BYTES]), String> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
     let path = dir.join(file_name(expect.pid, expect.namespace));
@@ -203,20 +247,35 @@ pub fn read(dir: &Path, expect: &Expect) -> Result<BTreeMap<Tid, (Role, Placemen
             expect.owner
         ));
     }
-    let file = std::fs::File::open(&path).map_err(|e| format!("{shown}: {e}"))?;
-    let mut reader = file.take((HEADER_BYTES + CAPACITY * 8) as u64);
+    let mut file = std::fs::File::open(&path).map_err(|e| format!("{shown}: {e}"))?;
     let mut head = [0u8; HEADER_BYTES];
-    if reader.read_exact(&mut head).is_err() || &head[..8] != MAGIC {
+    if file.read_exact(&mut head).is_err() || &head[..8] != MAGIC {
         return Err(format!("{shown}: not a tllm-affinity thread table"));
     }
-    let word = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or([0; 8]));
     let file_pid = u32::from_le_bytes(head[8..12].try_into().unwrap_or([0; 4]));
-    if file_pid != expect.pid || Some(word(16)) != start_time(expect.proc_pid) {
+    if file_pid != expect.pid || Some(header_word(&head, 2)) != start_time(expect.proc_pid) {
         return Err(format!(
             "{shown}: left by an earlier process with pid {}",
             expect.pid
         ));
     }
+    Ok((file, head))
+}
+
+fn header_word(head: &[u8; HEADER_BYTES], index: usize) -> u64 {
+    let at = index * 8;
+    u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+/// Roles and placements a live process published, for the threads `expect` names. Reads the
+/// header and then the records only as far as needed: never more than [`CAPACITY`] of them,
+/// whatever size the file claims (anybody may plant a sparse file of any size at the path).
+pub fn read(dir: &Path, expect: &Expect) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
+    use std::io::Read;
+    let (file, _) = open_believed(dir, expect)?;
+    let shown = dir.join(file_name(expect.pid, expect.namespace));
+    let shown = shown.display();
+    let mut reader = file.take((CAPACITY * 8) as u64);
     let mut found = BTreeMap::new();
     let mut chunk = vec![0u8; 64 * 1024];
     while found.len() < expect.tids.len() {
@@ -237,6 +296,38 @@ pub fn read(dir: &Path, expect: &Expect) -> Result<BTreeMap<Tid, (Role, Placemen
         }
     }
     Ok(found)
+}
+
+/// The notes a live process published (see [`write_notes`]): empty when it has none, an error
+/// when the table is not believed or its notes kept changing while we read them.
+pub fn read_notes(dir: &Path, expect: &Expect) -> Result<String, String> {
+    use std::os::unix::fs::FileExt;
+    let (file, _) = open_believed(dir, expect)?;
+    let mut head = [0u8; HEADER_BYTES];
+    for _ in 0..8 {
+        file.read_exact_at(&mut head, 0)
+            .map_err(|e| e.to_string())?;
+        let before = header_word(&head, NOTES_SEQUENCE_WORD);
+        let length = (header_word(&head, NOTES_LENGTH_WORD) as usize).min(NOTES_BYTES);
+        let mut text = vec![0u8; length];
+        // A table of a library from before the notes ends at the records: no notes.
+        if length > 0 && file.read_exact_at(&mut text, NOTES_OFFSET as u64).is_err() {
+            return Ok(String::new());
+        }
+        file.read_exact_at(&mut head, 0)
+            .map_err(|e| e.to_string())?;
+        if before.is_multiple_of(2) && header_word(&head, NOTES_SEQUENCE_WORD) == before {
+            let printable = text
+                .iter()
+                .all(|&b| b == b'\n' || (b' '..=b'~').contains(&b));
+            if !printable {
+                return Err("the adapters' notes are not printable text: not believed".into());
+            }
+            return Ok(String::from_utf8_lossy(&text).into_owned());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    Err("the adapters' notes kept changing while read".into())
 }
 
 #[cfg(test)]
@@ -334,5 +425,67 @@ mod tests {
         assert!(read(dir.path(), &other)
             .unwrap_err()
             .contains("not believed"));
+    }
+
+    /// The table's bytes as a mapping holds them: header words, records, notes words.
+    fn file_bytes(header: &[AtomicU64], notes: &[AtomicU64]) -> Vec<u8> {
+        let mut bytes: Vec<u8> = header
+            .iter()
+            .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes())
+            .collect();
+        bytes.resize(NOTES_OFFSET, 0);
+        bytes.extend(
+            notes
+                .iter()
+                .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes()),
+        );
+        bytes
+    }
+
+    fn words(bytes: &[u8]) -> Vec<AtomicU64> {
+        bytes
+            .chunks(8)
+            .map(|c| AtomicU64::new(u64::from_le_bytes(c.try_into().unwrap())))
+            .collect()
+    }
+
+    #[test]
+    fn notes_round_trip_and_a_long_text_is_cut_at_a_whole_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        let path = dir.path().join(file_name(pid, ns()));
+        let header = words(&header(pid, start_time(pid).unwrap()));
+        let notes: Vec<AtomicU64> = (0..NOTES_BYTES / 8).map(|_| AtomicU64::new(0)).collect();
+        std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
+        assert_eq!(read_notes(dir.path(), &expect(&[])).unwrap(), "");
+        write_notes(&header, &notes, "trtllm: engaged; tensorrt_llm 1.2\n");
+        std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
+        assert_eq!(
+            read_notes(dir.path(), &expect(&[])).unwrap(),
+            "trtllm: engaged; tensorrt_llm 1.2\n"
+        );
+        let line = format!("{}\n", "x".repeat(1000));
+        write_notes(&header, &notes, &line.repeat(9));
+        std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
+        assert_eq!(
+            read_notes(dir.path(), &expect(&[])).unwrap(),
+            line.repeat(8)
+        );
+        // A writer caught in the middle (odd sequence number) is never believed.
+        header[NOTES_SEQUENCE_WORD].fetch_add(1, Ordering::Relaxed);
+        std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
+        assert!(read_notes(dir.path(), &expect(&[]))
+            .unwrap_err()
+            .contains("kept changing"));
+    }
+
+    #[test]
+    fn a_table_from_before_the_notes_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        let mut bytes = header(pid, start_time(pid).unwrap()).to_vec();
+        bytes[40..48].copy_from_slice(&100u64.to_le_bytes());
+        std::fs::write(dir.path().join(file_name(pid, ns())), bytes).unwrap();
+        assert_eq!(read_notes(dir.path(), &expect(&[])).unwrap(), "");
     }
 }

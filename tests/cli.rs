@@ -159,6 +159,44 @@ fn ps_shows_roles_from_the_table_and_the_kernels_masks() {
     let plain = tllm_affinity(&["ps", &pid.to_string()]).output().unwrap();
     assert!(!stdout_of(&plain).contains('\x1b'));
     println!("$ tllm-affinity ps {pid}\n{text}");
+    // Its memory per node, beside the grid: the host's one node holds it all.
+    assert!(text.contains("memory per node: node 0 "), "{text}");
+    let resident = &v["memory"]["bytes_per_node"]["0"];
+    assert!(resident.as_u64().is_some_and(|b| b > 0), "{v}");
+    target.finish();
+}
+
+/// `numa_maps` is readable only by who may trace the process: another user's `ps` gets one line
+/// saying so, and the threads all the same.
+#[test]
+fn ps_without_access_to_the_memory_says_so_and_still_shows_the_threads() {
+    if !root() {
+        return missing("root (to run ps as another user against this user's process)");
+    }
+    let target = Target::start();
+    let pid = target.pid().to_string();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(cli())
+        .args(["ps", &pid, "--no-color"])
+        .output()
+        .unwrap();
+    let text = stdout_of(&out);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("memory per node: "))
+        .unwrap_or_else(|| panic!("no memory line:\n{text}"));
+    assert!(
+        line.starts_with("memory per node: not readable (") && line.contains("numa_maps"),
+        "{line}"
+    );
+    let worker = target.tid("worker").to_string();
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().next() == Some(worker.as_str())),
+        "{text}"
+    );
     target.finish();
 }
 

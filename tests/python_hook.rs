@@ -111,13 +111,20 @@ fn run_wraps_configure_in_an_unmodified_program() {
     let host = Sysfs::two_nodes();
     let report = host.path().join("report.json");
     let report_option = format!("--report={}", report.display());
-    let (v, stderr) = probe(&mut under_run(
-        &host,
-        "upstream",
-        &[&report_option],
-        &["probe", "0"],
-    ));
+    let (v, stderr) = probe(
+        under_run(&host, "upstream", &[&report_option], &["probe", "0"])
+            .env("HOOK_PROBE_PS", cli()),
+    );
     assert_engaged(&v, &host, "run");
+    // `ps` of the live process shows what engaged in one line, beside its memory per node.
+    let ps = v["ps"].as_str().unwrap_or_default();
+    println!("$ tllm-affinity ps (the probe, live)\n{ps}");
+    let adapter_line = ps
+        .lines()
+        .find(|l| l.starts_with("adapter trtllm: engaged; tensorrt_llm "))
+        .unwrap_or_else(|| panic!("no adapter line in ps:\n{ps}"));
+    assert!(adapter_line.contains(" 1/"), "one lease opened: {adapter_line}");
+    assert!(ps.contains("memory per node: node 0 "), "{ps}");
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "engaged");
     // What engaged, in one line: the version, the callers and their leases.
     let detail = report_at(&report)["adapter_details"]["trtllm"].clone();
@@ -327,14 +334,17 @@ fn a_renamed_upstream_is_said_once_and_recorded() {
     let host = Sysfs::two_nodes();
     let report = host.path().join("report.json");
     let report_option = format!("--report={}", report.display());
-    let (v, stderr) = probe(&mut under_run(
-        &host,
-        "renamed",
-        &[&report_option],
-        &["probe", "0"],
-    ));
+    let (v, stderr) = probe(
+        under_run(&host, "renamed", &[&report_option], &["probe", "0"]).env("HOOK_PROBE_PS", cli()),
+    );
     assert_eq!(v["wrapped"], false, "{v}");
     assert_eq!(v["adapter"]["state"], "not-found", "{v}");
+    // `ps` says the adapter is inactive and what that means.
+    let ps = v["ps"].as_str().unwrap_or_default();
+    assert!(
+        ps.contains("adapter trtllm: not-found") && ps.contains("adapter inactive:"),
+        "{ps}"
+    );
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "not-found");
     let said = lines_with(&stderr, "found no configure_cpu_affinity");
     assert_eq!(said.len(), 1, "{stderr}");

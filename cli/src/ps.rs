@@ -56,6 +56,46 @@ pub struct Snapshot {
     /// The host's online CPUs: the grid's columns.
     pub cpus: Vec<usize>,
     pub threads: Vec<ThreadRow>,
+    /// Resident memory per NUMA node, or why it cannot be read.
+    pub memory: Result<crate::memory::NodeMemory, String>,
+    /// What the language adapters noted (one line each), or why the notes cannot be read.
+    pub adapters: Result<Vec<AdapterLine>, String>,
+}
+
+/// One adapter's line in the table's notes: `name: state; detail`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterLine {
+    pub name: String,
+    pub state: String,
+    pub detail: Option<String>,
+}
+
+impl AdapterLine {
+    fn parse(line: &str) -> Option<AdapterLine> {
+        let (name, rest) = line.split_once(": ")?;
+        let (state, detail) = match rest.split_once("; ") {
+            Some((state, detail)) => (state, Some(detail.to_string())),
+            None => (rest, None),
+        };
+        Some(AdapterLine {
+            name: name.to_string(),
+            state: state.to_string(),
+            detail,
+        })
+    }
+
+    /// What the state means for the user, where it is not the adapter doing its work.
+    fn meaning(&self) -> Option<&'static str> {
+        match (self.name.as_str(), self.state.as_str()) {
+            (_, "engaged") => None,
+            ("trtllm", "not-found" | "signature") => Some(
+                "adapter inactive: this TensorRT-LLM has none of the call sites the adapter wraps, \
+                 so its own pinning (if any) runs as without tllm-affinity",
+            ),
+            ("trtllm", "not-imported") => Some("TensorRT-LLM is not imported in this process"),
+            _ => None,
+        }
+    }
 }
 
 pub fn run(args: &PsArgs) -> Result<(), String> {
@@ -129,6 +169,19 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         }
     };
     let table_refused = table_refused && no_table.is_some();
+    let adapters = if no_table.is_some() {
+        Ok(Vec::new())
+    } else {
+        let expect = threadtable::Expect {
+            pid: published_pid,
+            proc_pid: pid,
+            namespace,
+            owner: owner_of(&proc_dir).unwrap_or(u32::MAX),
+            tids: &[],
+        };
+        threadtable::read_notes(&dir, &expect)
+            .map(|notes| notes.lines().filter_map(AdapterLine::parse).collect())
+    };
     let mut threads = Vec::with_capacity(statuses.len());
     for (tid, status) in statuses {
         let task = proc_dir.join(format!("task/{tid}"));
@@ -177,6 +230,8 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         library_loaded,
         cpus: cpus.iter().collect(),
         threads,
+        memory: crate::memory::read(&proc_dir, pid),
+        adapters,
     })
 }
 
@@ -342,6 +397,23 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
     if let Some(note) = note(s) {
         let _ = writeln!(out, "note: {note}");
     }
+    match &s.adapters {
+        Ok(lines) => {
+            for a in lines {
+                let detail = a
+                    .detail
+                    .as_deref()
+                    .map(|d| format!("; {d}"))
+                    .unwrap_or_default();
+                let meaning = a.meaning().map(|m| format!(" ({m})")).unwrap_or_default();
+                let _ = writeln!(out, "adapter {}: {}{detail}{meaning}", a.name, a.state);
+            }
+        }
+        Err(why) => {
+            let _ = writeln!(out, "adapters: not readable ({why})");
+        }
+    }
+    let _ = writeln!(out, "{}", memory_line(&s.memory));
     let w_name = s
         .threads
         .iter()
@@ -460,6 +532,36 @@ fn note(s: &Snapshot) -> Option<String> {
     })
 }
 
+/// `memory per node: node 0 1.0 GiB, node 1 12.0 MiB (from ...)`, or why not.
+fn memory_line(memory: &Result<crate::memory::NodeMemory, String>) -> String {
+    match memory {
+        Ok(m) => {
+            let partial = m
+                .partial
+                .as_deref()
+                .map(|p| format!("; partial: {p}"))
+                .unwrap_or_default();
+            format!(
+                "memory per node: {} (resident, from {}{partial})",
+                crate::memory::describe(&m.bytes),
+                m.source
+            )
+        }
+        Err(why) => format!("memory per node: not readable ({why})"),
+    }
+}
+
+fn memory_json(memory: &Result<crate::memory::NodeMemory, String>) -> Value {
+    match memory {
+        Ok(m) => json!({
+            "bytes_per_node": m.bytes.iter().map(|(n, b)| (n.to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
+            "source": m.source,
+            "partial": m.partial,
+        }),
+        Err(why) => json!({ "error": format!("memory per node: not readable ({why})") }),
+    }
+}
+
 pub fn to_json(s: &Snapshot) -> Value {
     json!({
         "pid": s.pid,
@@ -468,6 +570,16 @@ pub fn to_json(s: &Snapshot) -> Value {
         "table": s.no_table.is_none(),
         "note": note(s),
         "cpus": CpuMask::from_cpus(s.cpus.iter().copied()).to_list(),
+        "memory": memory_json(&s.memory),
+        "adapters": match &s.adapters {
+            Ok(lines) => json!(lines.iter().map(|a| json!({
+                "name": a.name,
+                "state": a.state,
+                "detail": a.detail,
+                "meaning": a.meaning(),
+            })).collect::<Vec<_>>()),
+            Err(why) => json!({ "error": why }),
+        },
         "threads": s.threads.iter().map(|t| json!({
             "tid": t.tid,
             "namespace_tid": t.namespace_tid,
@@ -503,6 +615,8 @@ mod tests {
             table_refused: false,
             library_loaded: Some(true),
             cpus: (0..12).collect(),
+            memory: Err("test".into()),
+            adapters: Ok(Vec::new()),
             threads: vec![
                 row(10, Some((Role::Host, Placement::Inherited)), "0-11"),
                 row(11, Some((Role::Worker, Placement::Worker)), "6-11"),
@@ -526,10 +640,11 @@ mod tests {
         let text = to_text(&snapshot(), false);
         assert!(!text.contains('\x1b'), "{text}");
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[3].ends_with("hhhhhhhhhhhh"), "{text}");
-        assert!(lines[4].ends_with("......wwwwww"), "{text}");
-        assert!(lines[5].ends_with("......s....."), "{text}");
-        assert!(lines[6].ends_with("????????????"), "{text}");
+        assert_eq!(lines[1], "memory per node: not readable (test)", "{text}");
+        assert!(lines[4].ends_with("hhhhhhhhhhhh"), "{text}");
+        assert!(lines[5].ends_with("......wwwwww"), "{text}");
+        assert!(lines[6].ends_with("......s....."), "{text}");
+        assert!(lines[7].ends_with("????????????"), "{text}");
         assert!(
             text.contains("unknown: threads the library never saw"),
             "{text}"
@@ -577,6 +692,29 @@ mod tests {
         named.threads[1].name = "host".into();
         let text = to_text(&named, true);
         assert!(text.contains("host  \x1b[32mworker\x1b[0m "), "{text}");
+    }
+
+    #[test]
+    fn adapter_lines_say_what_engaged_and_what_inactive_means() {
+        let mut s = snapshot();
+        s.adapters = Ok([
+            "trtllm: engaged; tensorrt_llm 1.2; base_worker found 1/0",
+            "trtllm: not-found",
+        ]
+        .iter()
+        .filter_map(|l| AdapterLine::parse(l))
+        .collect());
+        let text = to_text(&s, false);
+        assert!(
+            text.contains("adapter trtllm: engaged; tensorrt_llm 1.2; base_worker found 1/0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("adapter trtllm: not-found (adapter inactive: "),
+            "{text}"
+        );
+        s.adapters = Err("kept changing".into());
+        assert!(to_text(&s, false).contains("adapters: not readable (kept changing)"));
     }
 
     #[test]

@@ -7,8 +7,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use super::fork::adopt_if_forked_without_handlers;
 use super::init::ensure_init;
 use super::kernel::Kernel;
-use super::publish::publish_table_if_pending;
-use super::{create, environ, exec, load_facts, lock_registry, step_pin, State, LOAD_FACTS};
+use super::publish::{publish_table_if_pending, show_notes};
+use super::{
+    create, environ, exec, load_facts, lock_registry, scope_memory, step_pin, State, LOAD_FACTS,
+};
 
 use crate::device::{resolve_device_on, DeviceEnv};
 use crate::lock::EngineLock;
@@ -53,6 +55,7 @@ pub fn end_worker_scope(lease: i64) -> i32 {
     }
     match catch_unwind(|| lock_registry().end_scope(lease)) {
         Ok(Ok(tid)) => {
+            scope_memory::restore_after_scope(lease);
             log_info!(
                 "worker scope closed on thread {tid}: threads it creates take its role again (lease {lease} stays open until released)"
             );
@@ -89,6 +92,8 @@ fn current_or_register() -> Slot {
 pub(super) struct WorkerSet {
     device: String,
     gpu_local: CpuMask,
+    /// The host's nodes with memory, with their CPUs (none on a host of one node).
+    memory_nodes: Vec<(usize, CpuMask)>,
     note: Option<String>,
     /// A configure already warned that the policy leaves this device no worker CPU.
     empty_warned: bool,
@@ -125,6 +130,7 @@ fn resolve_worker_set(
         return Ok(WorkerSet {
             device: format!("TLLM_AFFINITY_CPUS={cpus}"),
             gpu_local: cpus.clone(),
+            memory_nodes: Vec::new(),
             note: None,
             empty_warned: false,
         });
@@ -161,9 +167,20 @@ fn resolve_worker_set(
         _ => None,
     };
     log_debug!("{}", resolved.how);
+    let memory_nodes = if topology.nodes.len() > 1 {
+        topology
+            .nodes
+            .iter()
+            .filter(|n| n.has_memory)
+            .map(|n| (n.id, n.cpus.clone()))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(WorkerSet {
         device: resolved.address,
         gpu_local: local.cpus,
+        memory_nodes,
         note,
         empty_warned: false,
     })
@@ -210,6 +227,9 @@ pub(super) fn configure_for(caller: Slot, device_id: i32, kind: LeaseKind, nvml:
             set.device,
             outcome.lease
         );
+        if let Some(mask) = &decision.mask {
+            scope_memory::prefer_while_open(outcome.lease, &set.memory_nodes, mask);
+        }
     }
     if outcome.unchanged {
         log_debug!(
@@ -284,6 +304,7 @@ pub fn release(lease: i64) -> i32 {
     });
     match result {
         Ok(Ok(outcome)) => {
+            scope_memory::restore_after_scope(lease);
             if outcome.last {
                 log_info!(
                     "released lease {lease}: restored {} threads, preserved {} externally changed",
@@ -344,6 +365,9 @@ pub fn note_adapter(name: &[u8], state: &[u8]) -> i32 {
     if !word(name) || !word(state) {
         return -libc::EINVAL;
     }
+    // A process whose adapter noted itself matters (it runs an inference server): `ps` shows
+    // the note even before its first thread. Not under the adapters' lock, which publishing takes.
+    publish_table_if_pending();
     let (name, state) = (
         String::from_utf8_lossy(name).into_owned(),
         String::from_utf8_lossy(state).into_owned(),
@@ -360,7 +384,27 @@ pub fn note_adapter(name: &[u8], state: &[u8]) -> i32 {
     } else {
         return -libc::ENOSPC;
     }
+    show_notes(&notes_text(&adapters));
     0
+}
+
+/// The adapters' notes as `ps` shows them: `name: state` and the detail, one line each.
+fn notes_text(adapters: &[AdapterNote]) -> String {
+    adapters
+        .iter()
+        .map(|a| match &a.detail {
+            Some(detail) => format!("{}: {}; {detail}\n", a.name, a.state),
+            None => format!("{}: {}\n", a.name, a.state),
+        })
+        .collect()
+}
+
+/// Shows the notes given so far, when the table has just been mapped (an adapter that engaged
+/// at import noted itself before). Under the adapters' lock, as every write of the notes is, so
+/// an older text never overwrites a newer one.
+pub(super) fn show_adapter_notes() {
+    let adapters = ADAPTERS.lock();
+    show_notes(&notes_text(&adapters));
 }
 
 /// `tllm_affinity_note_adapter_detail`: one line of what an adapter that already noted its state
@@ -378,6 +422,7 @@ pub fn note_adapter_detail(name: &[u8], detail: &[u8]) -> i32 {
         return -libc::ENOENT;
     };
     entry.detail = Some(String::from_utf8_lossy(detail).into_owned());
+    show_notes(&notes_text(&adapters));
     0
 }
 

@@ -6,8 +6,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{
-    api, create, environ, exec, in_own_process, lock_registry, objects, publish, state, timers,
-    State, OWN_PID, REGISTRY,
+    api, create, environ, exec, in_own_process, lock_registry, objects, publish, scope_memory,
+    state, timers, State, OWN_PID, REGISTRY,
 };
 
 use crate::sys;
@@ -37,6 +37,8 @@ pub(super) fn start_as_fork_child() {
     }
     lock_registry().publish_into(None);
     *publish::TABLE_PATH.lock() = None;
+    *publish::NOTES.lock() = None;
+    scope_memory::forget_after_fork();
     publish::TABLE_PENDING.store(true, Ordering::Release);
 }
 
@@ -51,8 +53,9 @@ pub(super) fn in_progress() -> bool {
 
 pub(super) fn register_fork_handlers() {
     // Every lock of the engine, so that no other thread holds one across the fork: a child
-    // would spin forever on a lock its holder is not there to release. No code path holds two
-    // of them at once, so the order here cannot deadlock.
+    // would spin forever on a lock its holder is not there to release. The one path that holds
+    // two (the adapters' notes: ADAPTERS, then NOTES) takes them in this order, so the order
+    // here cannot deadlock.
     extern "C" fn prepare() {
         IN_PROGRESS.store(true, Ordering::Release);
         objects::PUBLISHED.hold_for_fork();
@@ -63,12 +66,16 @@ pub(super) fn register_fork_handlers() {
         crate::gpus::nvml_lock().hold_for_fork();
         publish::TABLE_PATH.hold_for_fork();
         api::ADAPTERS.hold_for_fork();
+        publish::NOTES.hold_for_fork();
+        scope_memory::PREFERRED.hold_for_fork();
         REGISTRY.hold_for_fork();
     }
     fn unlock_all() {
         // SAFETY: `prepare` of this same fork took each of them.
         unsafe {
             REGISTRY.force_unlock();
+            scope_memory::PREFERRED.force_unlock();
+            publish::NOTES.force_unlock();
             api::ADAPTERS.force_unlock();
             publish::TABLE_PATH.force_unlock();
             crate::gpus::nvml_lock().force_unlock();

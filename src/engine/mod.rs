@@ -15,6 +15,7 @@
 //! - [`publish`]: the thread table `tllm-affinity ps` reads (its mapping, its path, when it is
 //!   published) and the clean-up and report at exit;
 //! - [`step_pin`]: pinning a step or result thread under the registry lock;
+//! - [`scope_memory`]: the memory policy of a worker scope's caller while the scope is open;
 //! - [`create`], [`packets`]: the `pthread_create` trampoline and its start packets;
 //! - [`observe`], [`environ`], [`exec`], [`objects`], [`timers`], [`pyhook`]: the other interposed
 //!   functions (affinity calls, the environment, exec and spawn, `dlclose`, `SIGEV_THREAD` timers,
@@ -37,6 +38,7 @@ pub mod packets;
 pub mod publish;
 pub mod pyhook;
 pub mod real;
+pub mod scope_memory;
 pub mod step_pin;
 pub mod timers;
 

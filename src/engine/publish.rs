@@ -16,14 +16,23 @@ use super::{in_own_process, lock_registry, LOAD_FACTS, REGISTRY};
 
 use crate::lock::EngineLock;
 use crate::sys;
-use crate::threadtable::{self, CAPACITY, HEADER_BYTES};
+use crate::threadtable::{self, CAPACITY, FILE_BYTES, HEADER_BYTES, NOTES_BYTES, NOTES_OFFSET};
 use crate::{log_debug, log_error};
 
-/// Creates (or takes over, if this uid left it) the table file for this pid and maps its
-/// records. `None` when the directory refuses, or something else holds the path (a symbolic
+/// A mapped table: the records the registry publishes into, and the header and notes words the
+/// adapters' notes go to.
+pub struct MappedTable {
+    pub records: &'static [AtomicU64],
+    pub header: &'static [AtomicU64],
+    pub notes: &'static [AtomicU64],
+    pub path: PathBuf,
+}
+
+/// Creates (or takes over, if this uid left it) the table file for this pid and maps it.
+/// `None` when the directory refuses, or something else holds the path (a symbolic
 /// link, a FIFO, a directory, a hard link, another user's file): `ps` then shows masks without
 /// roles.
-pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)> {
+pub fn map_table(fallback_dir: &Path) -> Option<MappedTable> {
     let pid = std::process::id();
     let dir = threadtable::directory(fallback_dir);
     let namespace = threadtable::pid_namespace(Path::new("/proc/self")).unwrap_or(0);
@@ -45,7 +54,7 @@ pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)>
     }
     file.set_permissions(std::fs::Permissions::from_mode(0o644))
         .ok()?;
-    let bytes = HEADER_BYTES + CAPACITY * 8;
+    let bytes = FILE_BYTES;
     file.set_len(0).ok()?;
     file.set_len(bytes as u64).ok()?;
     let start = threadtable::start_time(pid).unwrap_or(0);
@@ -66,16 +75,20 @@ pub fn map_table(fallback_dir: &Path) -> Option<(&'static [AtomicU64], PathBuf)>
     if base == libc::MAP_FAILED {
         return None;
     }
-    // SAFETY: the records start HEADER_BYTES (a multiple of 8) into a page-aligned mapping of
-    // HEADER_BYTES + CAPACITY * 8 bytes that lives for the rest of the process; AtomicU64 has
-    // the size and alignment of u64, and every access to the records goes through atomics.
-    let records = unsafe {
-        std::slice::from_raw_parts(
-            (base as *const u8).add(HEADER_BYTES) as *const AtomicU64,
-            CAPACITY,
-        )
+    let words = |offset: usize, count: usize| {
+        // SAFETY: every view taken below lies inside the page-aligned mapping of FILE_BYTES
+        // bytes, starts at a multiple of 8 and lives for the rest of the process; AtomicU64 has
+        // the size and alignment of u64, and every access to the file goes through atomics.
+        unsafe {
+            std::slice::from_raw_parts((base as *const u8).add(offset) as *const AtomicU64, count)
+        }
     };
-    Some((records, path))
+    Some(MappedTable {
+        header: words(0, HEADER_BYTES / 8),
+        records: words(HEADER_BYTES, CAPACITY),
+        notes: words(NOTES_OFFSET, NOTES_BYTES / 8),
+        path,
+    })
 }
 
 pub(super) static TABLE_PATH: EngineLock<Option<std::path::PathBuf>> = EngineLock::new(None);
@@ -86,11 +99,25 @@ pub(super) static TABLE_PATH: EngineLock<Option<std::path::PathBuf>> = EngineLoc
 /// the file.
 pub(super) static TABLE_PENDING: AtomicBool = AtomicBool::new(true);
 
+/// Where the adapters' notes go once the table is mapped: its header and notes words.
+pub(super) static NOTES: EngineLock<Option<(&'static [AtomicU64], &'static [AtomicU64])>> =
+    EngineLock::new(None);
+
 /// Maps the thread table `tllm-affinity ps` reads; without it `ps` still shows masks.
 fn publish_thread_table(dir: &std::path::Path) {
     let mapped = map_table(dir);
-    *TABLE_PATH.lock() = mapped.as_ref().map(|(_, path)| path.clone());
-    lock_registry().publish_into(mapped.map(|(records, _)| records));
+    *TABLE_PATH.lock() = mapped.as_ref().map(|t| t.path.clone());
+    *NOTES.lock() = mapped.as_ref().map(|t| (t.header, t.notes));
+    super::api::show_adapter_notes();
+    lock_registry().publish_into(mapped.map(|t| t.records));
+}
+
+/// Puts the adapters' notes (one line each) into the table, if it is mapped. The caller holds
+/// the adapters' lock (taken before this one, as the fork handlers take them).
+pub(super) fn show_notes(text: &str) {
+    if let Some((header, notes)) = *NOTES.lock() {
+        threadtable::write_notes(header, notes, text);
+    }
 }
 
 /// Called on the paths where a process starts to matter (thread creation, configure, worker

@@ -58,6 +58,14 @@ def probe(device):
     out["main_mask"] = sorted(os.sched_getaffinity(0))
     adapter = sys.modules.get("tllm_affinity.adapters.trtllm")
     out["adapter"] = adapter.status() if adapter else None
+    # `tllm-affinity ps` of this very process, while it lives, when the test names the CLI.
+    cli = os.environ.get("HOOK_PROBE_PS")
+    if cli:
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        out["ps"] = subprocess.run([cli, "ps", "--no-color", str(os.getpid())], env=env,
+                                   capture_output=True, text=True, timeout=60).stdout
     return out
 
 

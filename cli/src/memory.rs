@@ -1,0 +1,287 @@
+//! A process's resident memory per NUMA node, for `tllm-affinity ps`: where its pages are, so
+//! worker memory on the remote node shows as plainly as a wrong mask.
+//!
+//! Two sources. The cheap one is the cgroup v2 `memory.numa_stat` of a process alone in its
+//! cgroup (a server in its own container): counters the kernel keeps, read in one small file.
+//! Otherwise `/proc/PID/numa_maps`, which the kernel builds by walking the process's page
+//! tables under its `mmap_lock`: it is read in pieces and given up after [`READ_LIMIT`] or
+//! [`TIME_LIMIT`], so `ps` never holds up a server with hundreds of GB mapped for long (the
+//! figures are then marked partial). Pages count `kernelpagesize_kB` each: hugetlb pages are huge.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The most of `numa_maps` read: about 100 000 mappings.
+pub const READ_LIMIT: usize = 16 << 20;
+/// The longest `ps` spends in `numa_maps`.
+pub const TIME_LIMIT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// Bytes per node.
+    pub bytes: BTreeMap<usize, u64>,
+    /// Where the figures come from, in words.
+    pub source: String,
+    /// Why the figures cover only part of the process, when they do.
+    pub partial: Option<String>,
+}
+
+/// The memory per node of process `pid` (whose `/proc` directory is `proc_dir`), or why it
+/// cannot be read.
+pub fn read(proc_dir: &Path, pid: u32) -> Result<NodeMemory, String> {
+    if let Some(memory) = from_own_cgroup(proc_dir, pid) {
+        return Ok(memory);
+    }
+    let path = proc_dir.join("numa_maps");
+    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    from_numa_maps(
+        file,
+        &path.display().to_string(),
+        Instant::now() + TIME_LIMIT,
+    )
+}
+
+/// `memory.numa_stat` of the process's cgroup v2, when the process is the only one in it: its
+/// anonymous and mapped file pages there (`anon` + `file_mapped`).
+fn from_own_cgroup(proc_dir: &Path, pid: u32) -> Option<NodeMemory> {
+    let cgroups = std::fs::read_to_string(proc_dir.join("cgroup")).ok()?;
+    let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    if procs.split_whitespace().collect::<Vec<_>>() != [pid.to_string()] {
+        return None;
+    }
+    let stat = std::fs::read_to_string(dir.join("memory.numa_stat")).ok()?;
+    let bytes = parse_numa_stat(&stat).ok()?;
+    Some(NodeMemory {
+        bytes,
+        source: format!(
+            "{} (anon + file_mapped; the process is alone in its cgroup)",
+            dir.join("memory.numa_stat").display()
+        ),
+        partial: None,
+    })
+}
+
+/// Sums `anon` and `file_mapped` per node from a cgroup v2 `memory.numa_stat` (`anon N0=4096
+/// N1=0` lines, in bytes).
+pub fn parse_numa_stat(text: &str) -> Result<BTreeMap<usize, u64>, String> {
+    let mut bytes = BTreeMap::new();
+    let mut seen = false;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        if !matches!(words.next(), Some("anon" | "file_mapped")) {
+            continue;
+        }
+        seen = true;
+        for word in words {
+            let (node, value) = node_count(word).ok_or_else(|| format!("malformed: {line:?}"))?;
+            *bytes.entry(node).or_insert(0) += value;
+        }
+    }
+    if !seen {
+        return Err("no anon line".into());
+    }
+    Ok(bytes)
+}
+
+/// `N<node>=<count>`.
+fn node_count(word: &str) -> Option<(usize, u64)> {
+    let (node, count) = word.strip_prefix('N')?.split_once('=')?;
+    Some((node.parse().ok()?, count.parse().ok()?))
+}
+
+/// Reads `numa_maps` text from `source` until its end, [`READ_LIMIT`] or `deadline`, and sums
+/// each mapping's pages per node times its page size.
+pub fn from_numa_maps(
+    mut source: impl Read,
+    name: &str,
+    deadline: Instant,
+) -> Result<NodeMemory, String> {
+    let mut bytes = BTreeMap::new();
+    let mut pending = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let (mut read, mut line_number, mut partial) = (0usize, 0usize, None);
+    loop {
+        if read >= READ_LIMIT {
+            partial = Some(format!("stopped after {} MiB of {name}", READ_LIMIT >> 20));
+            break;
+        }
+        if Instant::now() >= deadline {
+            partial = Some(format!(
+                "stopped after {} s in {name} (the kernel walks the page tables to write it)",
+                TIME_LIMIT.as_secs()
+            ));
+            break;
+        }
+        let n = source
+            .read(&mut chunk)
+            .map_err(|e| format!("{name}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        read += n;
+        pending.extend_from_slice(&chunk[..n]);
+        let whole = pending
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        for line in pending[..whole]
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            line_number += 1;
+            let line = std::str::from_utf8(line)
+                .map_err(|_| format!("line {line_number} of {name} is not text"))?;
+            add_mapping(line, &mut bytes)
+                .map_err(|problem| format!("line {line_number} of {name}: {problem}"))?;
+        }
+        pending.drain(..whole);
+    }
+    if read == 0 {
+        return Err(format!("{name} is empty"));
+    }
+    Ok(NodeMemory {
+        bytes,
+        source: name.to_string(),
+        partial,
+    })
+}
+
+/// Adds one `numa_maps` line (`7f00... default anon=3 N0=2 N1=1 kernelpagesize_kB=4`).
+fn add_mapping(line: &str, bytes: &mut BTreeMap<usize, u64>) -> Result<(), String> {
+    let mut words = line.split_whitespace();
+    let address = words.next().unwrap_or_default();
+    if u64::from_str_radix(address, 16).is_err() {
+        return Err(format!("{address:?} is not a mapping's address"));
+    }
+    let mut page_kb = None;
+    let mut pages = Vec::new();
+    for word in words {
+        if let Some(kb) = word.strip_prefix("kernelpagesize_kB=") {
+            page_kb = Some(kb.parse::<u64>().map_err(|_| format!("page size {kb:?}"))?);
+        } else if word.starts_with('N') && word.contains('=') {
+            pages.push(node_count(word).ok_or_else(|| format!("{word:?} is not N<node>=<pages>"))?);
+        }
+    }
+    if pages.is_empty() {
+        return Ok(());
+    }
+    let page = page_kb.ok_or("pages without kernelpagesize_kB")? * 1024;
+    for (node, count) in pages {
+        *bytes.entry(node).or_insert(0) += count * page;
+    }
+    Ok(())
+}
+
+/// `node 0 12.0 MiB, node 1 1.5 GiB`.
+pub fn describe(bytes: &BTreeMap<usize, u64>) -> String {
+    if bytes.is_empty() {
+        return "no resident pages".into();
+    }
+    bytes
+        .iter()
+        .map(|(node, b)| format!("node {node} {}", human(*b)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    #[test]
+    fn pages_count_their_own_page_size() {
+        let text = "\
+5587cef77000 default file=/usr/bin/head mapped=2 N0=2 kernelpagesize_kB=4
+7f0000000000 bind:1 file=/dev/hugepages/x huge dirty=2 N1=2 kernelpagesize_kB=2048
+7f1000000000 default anon=3 dirty=3 N0=1 N1=2 kernelpagesize_kB=4
+7ffd0000000 default stack
+";
+        let m = from_numa_maps(text.as_bytes(), "maps", far()).unwrap();
+        assert_eq!(m.bytes[&0], 3 * 4096);
+        assert_eq!(m.bytes[&1], 2 * 2048 * 1024 + 2 * 4096);
+        assert_eq!(m.partial, None);
+        assert_eq!(describe(&m.bytes), "node 0 12.0 KiB, node 1 4.0 MiB");
+    }
+
+    #[test]
+    fn a_malformed_line_is_named() {
+        let bad = "5587cef77000 default N0=2 kernelpagesize_kB=4\nnot-an-address default N0=1\n";
+        let e = from_numa_maps(bad.as_bytes(), "maps", far()).unwrap_err();
+        assert!(e.contains("line 2 of maps"), "{e}");
+        let e = from_numa_maps(
+            "1000 default N0=x kernelpagesize_kB=4\n".as_bytes(),
+            "maps",
+            far(),
+        )
+        .unwrap_err();
+        assert!(e.contains("N0=x"), "{e}");
+        assert!(from_numa_maps(&b""[..], "maps", far())
+            .unwrap_err()
+            .contains("empty"));
+    }
+
+    #[test]
+    fn reading_stops_at_the_deadline_and_says_partial() {
+        let text = "1000 default N0=1 kernelpagesize_kB=4\n".repeat(10);
+        let m = from_numa_maps(text.as_bytes(), "maps", Instant::now()).unwrap_err();
+        // Nothing read before the deadline: no figures to give.
+        assert!(m.contains("empty"), "{m}");
+        struct Slow(usize);
+        impl Read for Slow {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                std::thread::sleep(Duration::from_millis(20));
+                self.0 += 1;
+                let line = b"1000 default N1=1 kernelpagesize_kB=4\n";
+                out[..line.len()].copy_from_slice(line);
+                Ok(line.len())
+            }
+        }
+        let m =
+            from_numa_maps(Slow(0), "maps", Instant::now() + Duration::from_millis(100)).unwrap();
+        assert!(
+            m.partial.as_deref().unwrap().contains("stopped after"),
+            "{m:?}"
+        );
+        assert!(m.bytes[&1] >= 4096);
+    }
+
+    #[test]
+    fn numa_stat_sums_anon_and_mapped_files() {
+        let stat =
+            "anon N0=4096 N1=8192\nfile N0=999999 N1=0\nfile_mapped N0=4096 N1=0\nshmem N0=1\n";
+        let b = parse_numa_stat(stat).unwrap();
+        assert_eq!(b[&0], 8192);
+        assert_eq!(b[&1], 8192);
+        assert!(parse_numa_stat("anon N0=x\n").is_err());
+        assert!(parse_numa_stat("file N0=1\n").is_err());
+    }
+
+    #[test]
+    fn this_process_has_memory_on_a_node() {
+        let m = read(Path::new("/proc/self"), std::process::id()).unwrap();
+        assert!(m.bytes.values().sum::<u64>() > 0, "{m:?}");
+    }
+}
