@@ -535,13 +535,12 @@ fn memory_first_touched_by_workers_is_on_the_gpus_node_and_host_policy_is_untouc
             "{buffer}: every page on node 1, {nodes:?}"
         );
     }
-    // The host threads' memory policy is what it was (MPOL_DEFAULT, 0), before, during and
-    // after configure and the scope; their masks are checked above.
+    // The host threads' memory policy is what it was (MPOL_DEFAULT, 0), before and after
+    // configure; their masks are checked above. The scope's caller is the one exception (the
+    // next test).
     for (thread, phase) in [
         ("main", "before"),
         ("main", "configured"),
-        ("main", "scope"),
-        ("main", "after_scope"),
         ("H", "before"),
         ("H", "configured"),
     ] {
@@ -551,6 +550,69 @@ fn memory_first_touched_by_workers_is_on_the_gpus_node_and_host_policy_is_untouc
     let (host, failed) = run.pages("host");
     assert_eq!(failed, 0);
     assert_eq!(host.values().sum::<usize>(), 1024, "{host:?}");
+}
+
+/// The scope's caller keeps its host mask; while its scope is open it prefers the workers' node
+/// (MPOL_PREFERRED, mode 1, node mask 2: node 1), and has the default again once it ended. A
+/// caller under `numactl --membind=0` (MPOL_BIND, 2) keeps its own policy throughout.
+#[test]
+fn a_scopes_caller_prefers_the_gpus_node_while_the_scope_is_open_unless_it_has_a_policy() {
+    let guest = require!(two_nodes());
+    let words = |run: &Scenario, phase: &str| -> String {
+        run.lines("POLICY main ")
+            .into_iter()
+            .find(|w| w[0] == phase)
+            .map(|w| w[1..].join(" "))
+            .unwrap_or_else(|| panic!("no POLICY main {phase}:\n{}", run.text()))
+    };
+    for name in ["placement", "placement_2", "placement_3"] {
+        let run = guest.ok(name);
+        assert_eq!(words(run, "scope"), "1 2", "{name}");
+        assert_eq!(words(run, "after_scope"), "0 0", "{name}");
+    }
+    let bound = guest.ok("placement_membind");
+    assert_eq!(words(bound, "scope"), "2 1");
+    assert_eq!(words(bound, "after_scope"), "2 1");
+    assert!(
+        guest
+            .ok("placement")
+            .stderr()
+            .contains("prefers NUMA node 1, the workers' node, until the scope ends"),
+        "{}",
+        guest.ok("placement").stderr()
+    );
+}
+
+/// `tllm-affinity ps` of a live configured process shows its memory per node: the worker's and
+/// its child's buffers (4 MiB each, first touched on node 1's CPUs) on node 1; from numa_maps
+/// for a process among others, from its cgroup's memory.numa_stat when it is alone there.
+#[test]
+fn ps_shows_the_workers_memory_on_the_gpus_node() {
+    let guest = require!(two_nodes());
+    for (name, source) in [
+        ("ps_numa_maps", "numa_maps"),
+        ("ps_numa_stat", "memory.numa_stat"),
+    ] {
+        guest.ok(name);
+        let ps = guest.ok(&format!("{name}_ps")).json();
+        let memory = &ps["memory"];
+        println!("{name}: {memory}");
+        assert!(
+            memory["source"]
+                .as_str()
+                .is_some_and(|s| s.contains(source)),
+            "{name}: {memory}"
+        );
+        let node1 = memory["bytes_per_node"]["1"].as_u64().unwrap_or(0);
+        assert!(node1 >= 8 << 20, "{name}: {memory}");
+        let threads = ps["threads"].as_array().unwrap();
+        assert!(
+            threads
+                .iter()
+                .any(|t| t["role"] == "worker" && t["mask"] == NODE1),
+            "{ps}"
+        );
+    }
 }
 
 /// The two cases where pinning threads (not the process) can lose to a process-wide pin on

@@ -123,7 +123,10 @@ fn run_wraps_configure_in_an_unmodified_program() {
         .lines()
         .find(|l| l.starts_with("adapter trtllm: engaged; tensorrt_llm "))
         .unwrap_or_else(|| panic!("no adapter line in ps:\n{ps}"));
-    assert!(adapter_line.contains(" 1/"), "one lease opened: {adapter_line}");
+    assert!(
+        adapter_line.contains(" 1/"),
+        "one lease opened: {adapter_line}"
+    );
     assert!(ps.contains("memory per node: node 0 "), "{ps}");
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "engaged");
     // What engaged, in one line: the version, the callers and their leases.

@@ -86,3 +86,66 @@ fn a_passive_library_gives_an_inert_scope_and_a_warning() {
         "{warning}"
     );
 }
+
+/// tests/programs/numa_placement.c's `POLICY main <phase>` line: the mode and the node mask.
+fn caller_policy(stdout: &str, phase: &str) -> String {
+    let prefix = format!("POLICY main {phase} ");
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {prefix}line in:\n{stdout}"))
+        .to_string()
+}
+
+/// numa_placement's run on device `device` of the simulated host, under `around` (numactl).
+fn placement_policies(sysfs: &Sysfs, around: &[&str], device: &str) -> (String, String, String) {
+    let mut cmd = clean(around.first().copied().unwrap_or("env"));
+    cmd.args(around.iter().skip(1))
+        .arg(Program::c("numa_placement").build())
+        .arg(device);
+    preload(&mut cmd, sysfs).env("TLLM_AFFINITY_POLICY", "numa");
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        caller_policy(&stdout, "configured")
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string(),
+        caller_policy(&stdout, "scope"),
+        caller_policy(&stdout, "after_scope"),
+    )
+}
+
+/// The scope's caller keeps its host mask, so what it allocates while the scope is open would
+/// land wherever the scheduler runs it: it prefers the workers' node (`MPOL_PREFERRED`, mode 1)
+/// until the scope ends, then has the default (0) again. A policy of its own (numactl
+/// `--membind`: 2, `--preferred`) is left as it is, during and after. Device 1 of the simulated
+/// host is local to node 0, the one node this kernel really has (the guest tier shows node 1 of
+/// a real two-node kernel); device 0's node 1 the kernel lacks, so nothing changes there.
+#[test]
+fn a_scopes_caller_prefers_the_workers_node_until_the_scope_ends_unless_it_has_a_policy() {
+    require!(two_cpus("a simulated host of two nodes"));
+    let sysfs = Sysfs::two_nodes();
+    let (configured, scope, after) = placement_policies(&sysfs, &[], "1");
+    assert_eq!(configured, "0", "no scope open: the default");
+    assert_eq!(
+        scope, "1 1",
+        "MPOL_PREFERRED on node 0 while the scope is open"
+    );
+    assert_eq!(after, "0 0", "the default again once it ended");
+    if !on_path("numactl") {
+        return missing("numactl");
+    }
+    let membind = placement_policies(&sysfs, &["numactl", "--membind=0"], "1");
+    assert_eq!((membind.1.as_str(), membind.2.as_str()), ("2 1", "2 1"));
+    let preferred = placement_policies(&sysfs, &["numactl", "--preferred=0"], "1");
+    assert_eq!((preferred.1.as_str(), preferred.2.as_str()), ("1 1", "1 1"));
+    let absent = placement_policies(&sysfs, &[], "0");
+    assert_eq!((absent.1.as_str(), absent.2.as_str()), ("0 0", "0 0"));
+}

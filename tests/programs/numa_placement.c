@@ -17,7 +17,11 @@
  *
  *   MASK <phase> <thread> <cpulist> <role>    phase: before, configured, released, scope
  *   PAGES <buffer> <node>=<pages> ... fail=<n> cpu=<CPU at the first touch>-<at the last>
- *   POLICY <thread> <phase> <mode>            get_mempolicy's mode (0 MPOL_DEFAULT)
+ *   POLICY <thread> <phase> <mode> <nodes>    get_mempolicy's mode (0 MPOL_DEFAULT, 1
+ *                                             MPOL_PREFERRED, 2 MPOL_BIND) and node mask (hex)
+ *   HOLD                                      while configured, with NUMA_PLACEMENT_HOLD set to
+ *                                             a FIFO: the program waits for a line from it (a
+ *                                             test reads the process from outside meanwhile)
  *   LEASE <configure's lease> SCOPE <scope's lease>
  *   REPORT <the library's JSON report while configured>
  */
@@ -82,12 +86,22 @@ static void wait_ready(int n) {
 
 static pid_t gettid_(void) { return (pid_t)syscall(SYS_gettid); }
 
-static int policy_mode(void) {
+/* The calling thread's policy mode; its node mask's first word in *nodes_out when given. The
+ * mask is as wide as the kernel's largest node count (1024 nodes), which get_mempolicy needs. */
+static int policy_of(unsigned long *nodes_out) {
     int mode = -1;
-    unsigned long nodes[MAX_NODES / (8 * sizeof(unsigned long)) + 1] = {0};
-    if (syscall(SYS_get_mempolicy, &mode, nodes, (unsigned long)MAX_NODES, NULL, 0UL) != 0)
-        return -1;
+    unsigned long nodes[1024 / (8 * sizeof(unsigned long))] = {0};
+    if (syscall(SYS_get_mempolicy, &mode, nodes, 1024UL, NULL, 0UL) != 0) return -1;
+    if (nodes_out) *nodes_out = nodes[0];
     return mode;
+}
+
+static int policy_mode(void) { return policy_of(NULL); }
+
+static void policy_line(const char *thread, const char *phase) {
+    unsigned long nodes = 0;
+    int mode = policy_of(&nodes);
+    printf("POLICY %s %s %d %lx\n", thread, phase, mode, nodes);
 }
 
 /* A buffer starting on a 2 MiB boundary: a transparent huge page then never spans two buffers
@@ -247,12 +261,23 @@ int main(int argc, char **argv) {
     printf("POLICY main before %d\nPOLICY main configured %d\n", policy_main_before,
            policy_mode());
     printf("POLICY H before %d\nPOLICY H configured %d\n", policy_h_before, policy_h_after);
+    const char *hold = getenv("NUMA_PLACEMENT_HOLD");
+    if (hold) {
+        printf("HOLD\n");
+        fflush(stdout);
+        FILE *go = fopen(hold, "r");
+        char line[16];
+        if (go) {
+            if (!fgets(line, sizeof line, go)) line[0] = 0;
+            fclose(go);
+        }
+    }
     if (lease > 0) release_lease(lease);
     masks("released");
 
     /* The scope's caller: main opens a worker scope and allocates while it is open. */
     int64_t scope = begin_scope(device);
-    printf("POLICY main scope %d\n", policy_mode());
+    policy_line("main", "scope");
     touch(buf_scope);
     mask_line("scope", "main", tid_main);
     pthread_t s;
@@ -262,7 +287,7 @@ int main(int argc, char **argv) {
         end_scope(scope);
         release_lease(scope);
     }
-    printf("POLICY main after_scope %d\n", policy_mode());
+    policy_line("main", "after_scope");
     pages("scope", buf_scope);
     pages("scoped", buf_scoped);
     printf("LEASE %lld SCOPE %lld\n", (long long)lease, (long long)scope);
