@@ -1,15 +1,19 @@
-"""`scripts/bench --server` (issue 17): what placement does to a server's requests and its step
-loop, side by side in one run. Imported by scripts/bench; see docs/server-benchmark.md.
+"""`scripts/bench --server` (issues 17, 29): what placement does to a server's requests and its
+engine, side by side in one run. Imported by scripts/bench; see docs/server-benchmark.md.
 
 1. One server process (benches/programs/server_app.py: uvicorn + FastAPI handlers doing host-side
    CPU work, over the stand-in TensorRT-LLM of tests/programs/upstream_trtllm built as the
-   single-process TP1 deployment builds it, whose engine steps in native code) under load from
-   `wrk` (a separate process; an asyncio client of this file when wrk is missing): a fixed request
-   count at a fixed concurrency. Three modes, interleaved rounds, one command line:
-   no pinning, upstream's process-wide pinning, the same command under `tllm-affinity run`.
+   single-process TP1 deployment builds it) under load from `wrk` (a separate process; an asyncio
+   client of this file when wrk is missing): a fixed request count at a fixed concurrency. The
+   engine is benches/programs/engine_step.c: a native thread born from the engine's loop thread,
+   doing fixed CPU work per step, stepping continuously whatever the load, without the GIL; its
+   steps/s, CPU time per step (busy) and wall - CPU per step (runnable, off the CPU) are read
+   over the load and over an idle window before it. Three modes, interleaved rounds, one command
+   line: no pinning, upstream's process-wide pinning, the same command under `tllm-affinity run`.
 2. The same server under `taskset -c <GPU-local CPU>` (a constrained launch), with
    TLLM_NUMA_AWARE_WORKER_AFFINITY unset vs =0.
 3. benches/programs/step_loop.c, with and without TLLM_AFFINITY_STEP_CORE=auto.
+Every ratio is a median over rounds of per-round ratios, printed with its spread (min–max).
 """
 import asyncio
 import json
@@ -109,8 +113,21 @@ def load(port, requests):
             errors)
 
 
+def engine_window(before, after):
+    """The step thread's figures between two /stats answers."""
+    steps = after["steps"] - before["steps"]
+    cpu = after["cpu_ns"] - before["cpu_ns"]
+    wall = after["wall_ns"] - before["wall_ns"]
+    elapsed = after["clock_ns"] - before["clock_ns"]
+    if steps <= 0:
+        return {"steps_s": 0.0, "cpu_step": float("nan"), "off_step": float("nan")}
+    return {"steps_s": steps / (elapsed / 1e9), "cpu_step": cpu / steps / 1e3,
+            "off_step": max(0, wall - cpu) / steps / 1e3}
+
+
 def serve_once(ctx, argv_prefix, env_extra, requests):
-    """Starts the server under `argv_prefix`, warms it, loads it, stops it; one sample."""
+    """Starts the server under `argv_prefix`, warms it, reads the engine idle, loads it, stops
+    it; one sample."""
     port = free_port()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TLLM_") and k not in ("LD_PRELOAD", "PYTHONPATH")}
@@ -134,6 +151,8 @@ def serve_once(ctx, argv_prefix, env_extra, requests):
                 time.sleep(0.05)
         for _ in range(20):
             post(port)
+        quiet = get_json(port, "/stats")
+        time.sleep(ctx["idle_s"])
         before = get_json(port, "/stats")
         rps, p50, p99, errors = load(port, requests)
         after = get_json(port, "/stats")
@@ -145,33 +164,39 @@ def serve_once(ctx, argv_prefix, env_extra, requests):
             proc.kill()
             proc.wait()
         log.close()
-    iters = (after["iterations"] - before["iterations"]) / (after["clock"] - before["clock"])
-    place = (f"main {fmt_mask(after['main'])}, engine {fmt_mask(after['engine'])}, "
-             f"pool {fmt_mask(after['pool'])}")
-    return {"rps": rps, "p50": p50, "p99": p99, "iters": iters, "errors": errors,
-            "place": place}
+    idle = engine_window(quiet, before)
+    busy = engine_window(before, after)
+    place = (f"main {fmt_mask(after['main'])}, loop {fmt_mask(after['loop'])}, "
+             f"step {fmt_mask(after['step'])}, pool {fmt_mask(after['pool'])}")
+    return {"rps": rps, "p50": p50 / 1e3, "p99": p99 / 1e3, "errors": errors, "place": place,
+            "steps_load": busy["steps_s"], "cpu_step": busy["cpu_step"],
+            "off_step": busy["off_step"], "steps_idle": idle["steps_s"]}
 
 
-def ratio_cell(samples, base, key):
-    ratios = [s[key] / b[key] for s, b in zip(samples, base)]
-    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+# Per-mode columns: (key, heading, format).
+COLUMNS = [("rps", "host req/s", "{:.0f}"), ("p50", "p50 ms", "{:.1f}"),
+           ("p99", "p99 ms", "{:.1f}"), ("steps_load", "engine steps/s, loaded", "{:.0f}"),
+           ("cpu_step", "engine CPU µs/step (busy)", "{:.0f}"),
+           ("off_step", "engine off-CPU µs/step (runnable, waiting)", "{:.0f}"),
+           ("steps_idle", "engine steps/s, idle server", "{:.0f}")]
 
 
-def server_table(title, variants, samples, base_name):
+def cell(values, fmt):
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–" \
+           f"{fmt.format(max(values))})"
+
+
+def server_table(title, variants, samples):
     print(f"\n{title}\n")
-    print("| mode | command | placement (main = event loop / engine loop / a FastAPI pool "
-          "thread) | req/s | p50 ms | p99 ms | engine it/s | req/s ratio | p50 ratio | p99 ratio | "
-          "engine it/s ratio |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    base = samples[base_name]
+    print("| mode | command | placement (main = event loop, loop = engine loop, step = engine "
+          "step thread, pool = a FastAPI pool thread) | "
+          + " | ".join(h for _, h, _ in COLUMNS) + " |")
+    print("|---|---|---|" + "---:|" * len(COLUMNS))
     for name, (_, _, shown) in variants.items():
         got = samples[name]
-        med = {k: statistics.median(s[k] for s in got) for k in ("rps", "p50", "p99", "iters")}
         places = sorted({s["place"] for s in got})
-        print(f"| {name} | `{shown}` | {'; '.join(places)} | {med['rps']:.0f} | "
-              f"{med['p50'] / 1e3:.1f} | {med['p99'] / 1e3:.1f} | {med['iters']:.0f} | "
-              + " | ".join(ratio_cell(got, base, k) for k in ("rps", "p50", "p99", "iters"))
-              + " |")
+        print(f"| {name} | `{shown}` | {'; '.join(places)} | "
+              + " | ".join(cell([s[k] for s in got], f) for k, _, f in COLUMNS) + " |")
     errors = sum(s["errors"] for got in samples.values() for s in got)
     if errors:
         print(f"\n{errors} request(s) failed (non-2xx or socket errors)")
@@ -198,19 +223,15 @@ def step_loop(ctx, rounds):
     print("| step core | step / result CPU | hand-off p50 µs | hand-off p99 µs | iteration "
           "p50 µs | iteration p99 µs |")
     print("|---|---|---:|---:|---:|---:|")
-    meds = {}
     for name, got in samples.items():
-        cells = []
-        for key in ("handoff_p50_ns", "handoff_p99_ns", "iter_p50_ns", "iter_p99_ns"):
-            vals = [s[key] / 1e3 for s in got]
-            meds[(name, key)] = statistics.median(vals)
-            cells.append(f"{statistics.median(vals):.1f} ({min(vals):.1f}–{max(vals):.1f})")
+        cells = [cell([s[key] / 1e3 for s in got], "{:.1f}")
+                 for key in ("handoff_p50_ns", "handoff_p99_ns", "iter_p50_ns", "iter_p99_ns")]
         pinned = got[-1]["step_rc"] > 0
         where = (f"{got[-1]['step_cpu']} / {got[-1]['result_cpu']} (pinned)" if pinned
                  else "floating (scheduler's choice)")
         print(f"| {name} | {where} | " + " | ".join(cells) + " |")
     off, on = list(variants)
-    return {key: meds[(on, key)] / meds[(off, key)]
+    return {key: [a[key] / b[key] for a, b in zip(samples[on], samples[off])]
             for key in ("handoff_p50_ns", "handoff_p99_ns", "iter_p50_ns", "iter_p99_ns")}
 
 
@@ -235,8 +256,34 @@ def check_stack():
         sys.exit(1)
 
 
+# Summary rows: (what the row measures, key in a sample).
+SUMMARY_ROWS = [
+    ("engine steps/s under load (fixed native work per step, stepping continuously, no GIL; "
+     "higher is better)", "steps_load"),
+    ("engine steps/s with the server idle (the same engine before the load; higher is better)",
+     "steps_idle"),
+    ("engine CPU time per step under load (busy time of the fixed work; ~1.00 = the same work)",
+     "cpu_step"),
+    (f"host requests/s at concurrency {CONCURRENCY} (wrk, fixed request count; higher is better)",
+     "rps"),
+    ("request latency p50 (lower is better)", "p50"),
+    ("request latency p99 (lower is better)", "p99"),
+]
+# Summary columns: (heading, mode, the mode it is divided by).
+COMPARISONS = [
+    ("process-wide (upstream) / no pinning", "process-wide (upstream)", "no pinning"),
+    ("tllm-affinity run / no pinning", "tllm-affinity run", "no pinning"),
+    ("tllm-affinity run / process-wide (upstream)", "tllm-affinity run",
+     "process-wide (upstream)"),
+    ("constrained: upstream clears (unset) / kept (=0)", "constrained, unset (upstream clears)",
+     "constrained, policy =0 (kept)"),
+    ("constrained: tllm-affinity run (unset) / kept (=0)",
+     "constrained, unset, tllm-affinity run", "constrained, policy =0 (kept)"),
+]
+
+
 def run(tmp, lib, simulated_sysfs, quick):
-    """The whole --server section; prints its tables and the one summary table."""
+    """The whole --server section; prints its tables and the summary."""
     check_stack()
     start = time.monotonic()
     tmp = os.path.join(tmp, "server")  # the full scripts/bench has written its own tree already
@@ -244,9 +291,9 @@ def run(tmp, lib, simulated_sysfs, quick):
     load_before = open("/proc/loadavg").read().split()[:3]
     subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
     cli = os.path.join(ROOT, "target", "release", "tllm-affinity")
-    rt_omp = os.path.join(tmp, "libopenmp_region.so")
-    subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-fopenmp", "-o", rt_omp,
-                    os.path.join(ROOT, "tests", "programs", "openmp_region.c")], check=True)
+    engine = os.path.join(tmp, "libengine_step.so")
+    subprocess.run(["cc", "-O2", "-fPIC", "-shared", "-pthread", "-o", engine,
+                    os.path.join(PROGS, "engine_step.c")], check=True)
     step_exe = os.path.join(tmp, "step_loop")
     subprocess.run(["cc", "-O2", "-pthread", "-o", step_exe,
                     os.path.join(PROGS, "step_loop.c"), "-ldl"], check=True)
@@ -258,13 +305,12 @@ def run(tmp, lib, simulated_sysfs, quick):
     gpu_cpus = open(os.path.join(sysfs, "sys/bus/pci/devices/0000:3b:00.0/local_cpulist")
                     ).read().strip()
     ctx = {"tmp": tmp, "lib": lib, "cli": cli, "quick": quick, "one_node": one_node,
-           "locks": locks, "step_loop": step_exe,
+           "locks": locks, "step_loop": step_exe, "idle_s": 0.5 if quick else 1.0,
            "server_env": {"PYTHONPATH": os.path.join(ROOT, "tests", "programs", "upstream_trtllm"),
                           "TLLM_WORKER_USE_SINGLE_PROCESS": "1", "RT_ENGINE_LOOP": "1",
-                          "RT_OMP": rt_omp, "OMP_NUM_THREADS": "1",
-                          "TLLM_AFFINITY_SYSFS_ROOT": sysfs}}
-    rounds = 2 if quick else 7
-    requests = 300 if quick else 400
+                          "RT_ENGINE_STEP": engine, "TLLM_AFFINITY_SYSFS_ROOT": sysfs}}
+    rounds = 3 if quick else 7
+    requests = 300 if quick else 600
     run_lib = [cli, "run", "--sysfs-root", sysfs, "--lock-dir", locks, "--log", "error", "--"]
     taskset = ["taskset", "-c", gpu_cpus]
     py = "python server_app.py"
@@ -284,22 +330,26 @@ def run(tmp, lib, simulated_sysfs, quick):
                                                   f"taskset -c {gpu_cpus} tllm-affinity run "
                                                   f"--sysfs-root SIM -- {py}"),
     }
-    samples = {name: [] for name in [*part1, *part2]}
-    for _ in range(rounds):
-        for name, (prefix, env, _) in [*part1.items(), *part2.items()]:
+    modes = [*part1.items(), *part2.items()]
+    samples = {name: [] for name, _ in modes}
+    for r in range(rounds):
+        # Each round starts at another mode, so no mode always follows the same one.
+        for name, (prefix, env, _) in modes[r % len(modes):] + modes[:r % len(modes)]:
             samples[name].append(serve_once(ctx, prefix, env, requests))
     loader = "wrk -t1" if shutil.which("wrk") else "the asyncio client of scripts/bench_server.py"
     cpus = sorted(os.sched_getaffinity(0))
     print(f"\nServer (benches/programs/server_app.py: uvicorn + FastAPI, stand-in TensorRT-LLM "
-          f"single-process TP1, engine stepping in native code); load: {loader}, {requests} "
-          f"requests at concurrency {CONCURRENCY} after 20 warm-up requests; {rounds} "
-          f"interleaved rounds; simulated host SIM: two NUMA nodes over CPUs "
-          f"{fmt_mask(cpus)}, the GPU local to CPU(s) {gpu_cpus}. Cells: median (spread: "
-          f"min–max); ratios are per-round ratios to the first row, their median and spread. "
-          f"Latency ratios below 1 are better.")
-    server_table("1. Placement modes", part1, samples, "no pinning")
+          f"single-process TP1; engine: benches/programs/engine_step.c, a native step thread "
+          f"born from the engine loop, fixed CPU work per step, stepping continuously without "
+          f"the GIL); load: {loader}, {requests} requests at concurrency {CONCURRENCY} after 20 "
+          f"warm-up requests and a {ctx['idle_s']:.1f} s idle window; {rounds} interleaved "
+          f"rounds; simulated host SIM: two NUMA nodes over CPUs {fmt_mask(cpus)}, the GPU "
+          f"local to CPU(s) {gpu_cpus}. Cells: median (spread: min–max over the rounds). "
+          f"Busy = the step thread's CPU time (CLOCK_THREAD_CPUTIME_ID); off-CPU = its wall "
+          f"time minus that (it never blocks, so: runnable, waiting for a CPU).")
+    server_table("1. Placement modes", part1, samples)
     server_table(f"2. Constrained launch (taskset -c {gpu_cpus}: the process starts on the "
-                 f"GPU-local CPU only)", part2, samples, "constrained, policy =0 (kept)")
+                 f"GPU-local CPU only)", part2, samples)
     step_rounds = 3 if quick else 7
     step = step_loop(ctx, step_rounds)
     same, cross, states, rec = probe_figures(ctx)
@@ -307,26 +357,33 @@ def run(tmp, lib, simulated_sysfs, quick):
           f"{cross} µs across two cores (median); idle states: {states}; its recommendation: "
           f"{rec}")
 
-    def med_ratio(name, base, key):
-        return statistics.median(s[key] / b[key] for s, b in zip(samples[name], samples[base]))
+    def ratios(name, base, key):
+        return [s[key] / b[key] for s, b in zip(samples[name], samples[base])]
 
-    print("\nSummary (what placement buys; ratios, medians of interleaved rounds)\n")
-    print("| figure | req/s | p50 latency | p99 latency | engine it/s |")
-    print("|---|---:|---:|---:|---:|")
-    rows = [("process-wide (upstream) / no pinning", "process-wide (upstream)", "no pinning"),
-            ("tllm-affinity run / no pinning", "tllm-affinity run", "no pinning"),
-            ("tllm-affinity run / process-wide (upstream)", "tllm-affinity run",
-             "process-wide (upstream)"),
-            ("constrained: upstream clears (unset) / kept (=0)",
-             "constrained, unset (upstream clears)", "constrained, policy =0 (kept)"),
-            ("constrained: tllm-affinity run (unset) / kept (=0)",
-             "constrained, unset, tllm-affinity run", "constrained, policy =0 (kept)")]
-    for label, name, base in rows:
-        print(f"| {label} | " + " | ".join(f"{med_ratio(name, base, k):.2f}"
-                                            for k in ("rps", "p50", "p99", "iters")) + " |")
-    print(f"| step loop: STEP_CORE=auto / off, iteration latency (hand-off: p50 "
-          f"{step['handoff_p50_ns']:.2f}, p99 {step['handoff_p99_ns']:.2f}) | – | "
-          f"{step['iter_p50_ns']:.2f} | {step['iter_p99_ns']:.2f} | – |")
+    print(f"\nSummary: what placement buys. Each cell: the median over {rounds} interleaved "
+          f"rounds of the per-round ratio (spread: min–max); the modes of a round ran back to "
+          f"back on the same machine.\n")
+    print("| figure (what it measures) | " + " | ".join(h for h, _, _ in COMPARISONS) + " |")
+    print("|---|" + "---:|" * len(COMPARISONS))
+    for label, key in SUMMARY_ROWS:
+        print(f"| {label} | " + " | ".join(cell(ratios(name, base, key), "{:.2f}")
+                                            for _, name, base in COMPARISONS) + " |")
+    print(f"\n| step loop ({step_rounds} rounds; benches/programs/step_loop.c) | "
+          f"TLLM_AFFINITY_STEP_CORE=auto / off |")
+    print("|---|---:|")
+    for label, key in [("step iteration latency p50 (lower is better)", "iter_p50_ns"),
+                       ("step iteration latency p99", "iter_p99_ns"),
+                       ("step-to-result hand-off p50", "handoff_p50_ns"),
+                       ("step-to-result hand-off p99", "handoff_p99_ns")]:
+        print(f"| {label} | {cell(step[key], '{:.2f}')} |")
+    for label, key in [("engine steps/s under load", "steps_load"),
+                       ("host requests/s", "rps")]:
+        got = ratios("tllm-affinity run", "process-wide (upstream)", key)
+        wins = sum(1 for x in got if x >= 1)
+        print(f"\n{label}, tllm-affinity run / process-wide (upstream): "
+              f"{statistics.median(got):.2f} ({min(got):.2f}–{max(got):.2f}); the library at or "
+              f"above upstream in {wins} of {len(got)} rounds", end="")
+    print()
     load_after = open("/proc/loadavg").read().split()[:3]
     print(f"\n--server took {time.monotonic() - start:.0f} s; load average (1, 5, 15 min) "
           f"{' '.join(load_before)} before, {' '.join(load_after)} after, on "
