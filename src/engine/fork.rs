@@ -5,10 +5,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{
-    api, create, environ, exec, in_own_process, lock_registry, objects, publish, state, timers,
-    State, OWN_PID, REGISTRY,
-};
+use super::state::{in_own_process, lock_registry, own_this_process, state, State, REGISTRY};
+use super::thread_key::current_slot;
+use super::{configure, environ, exec, objects, publish, report, timer_calls};
 
 use crate::sys;
 
@@ -27,12 +26,12 @@ pub fn adopt_if_forked_without_handlers() {
 /// and the parent's table, still mapped, is left to the parent.
 pub(super) fn start_as_fork_child() {
     environ::after_fork_child();
-    OWN_PID.store(sys::getpid(), Ordering::Relaxed);
+    own_this_process();
     objects::after_fork_in_child();
     let handle = sys::pthread_self() as u64;
     {
         let mut reg = REGISTRY.lock();
-        reg.reset_after_fork(create::current_slot(), sys::gettid(), handle);
+        reg.reset_after_fork(current_slot(), sys::gettid(), handle);
         exec::publish_target(reg.target().map(|t| &*t.mask));
     }
     lock_registry().publish_into(None);
@@ -56,26 +55,26 @@ pub(super) fn register_fork_handlers() {
     extern "C" fn prepare() {
         IN_PROGRESS.store(true, Ordering::Release);
         objects::PUBLISHED.hold_for_fork();
-        timers::CONTEXTS.hold_for_fork();
+        timer_calls::CONTEXTS.hold_for_fork();
         crate::step::HELD.hold_for_fork();
-        api::WORKER_SETS.hold_for_fork();
+        configure::WORKER_SETS.hold_for_fork();
         environ::shadow_lock().hold_for_fork();
         crate::gpus::nvml_lock().hold_for_fork();
         publish::TABLE_PATH.hold_for_fork();
-        api::ADAPTERS.hold_for_fork();
+        report::ADAPTERS.hold_for_fork();
         REGISTRY.hold_for_fork();
     }
     fn unlock_all() {
         // SAFETY: `prepare` of this same fork took each of them.
         unsafe {
             REGISTRY.force_unlock();
-            api::ADAPTERS.force_unlock();
+            report::ADAPTERS.force_unlock();
             publish::TABLE_PATH.force_unlock();
             crate::gpus::nvml_lock().force_unlock();
             environ::shadow_lock().force_unlock();
-            api::WORKER_SETS.force_unlock();
+            configure::WORKER_SETS.force_unlock();
             crate::step::HELD.force_unlock();
-            timers::CONTEXTS.force_unlock();
+            timer_calls::CONTEXTS.force_unlock();
             objects::PUBLISHED.force_unlock();
         }
     }

@@ -10,9 +10,8 @@ use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::api::report_json;
-use super::exec;
-use super::{in_own_process, lock_registry, LOAD_FACTS, REGISTRY};
+use super::state::{in_own_process, lock_registry, state, LOAD_FACTS, REGISTRY};
+use super::{exec, report};
 
 use crate::lock::EngineLock;
 use crate::sys;
@@ -137,7 +136,7 @@ fn write_report_at_exit() {
             );
             return;
         }
-        if let Err(e) = crate::report::write_file(&path, &report_json()) {
+        if let Err(e) = crate::report::write_file(&path, &report::json(state())) {
             log_error!("TLLM_AFFINITY_REPORT='{}': {e}", path.display());
         }
     });
