@@ -65,23 +65,62 @@ type MigParentFn = unsafe extern "C" fn(Device, *mut Device) -> c_int;
 type MigByIndexFn = unsafe extern "C" fn(Device, c_uint, *mut Device) -> c_int;
 type MaxMigFn = unsafe extern "C" fn(Device, *mut c_uint) -> c_int;
 
-/// The entry points used. The first group is required; a driver without the MIG ones has no MIG
-/// (names then fail to resolve, with a warning), one without either affinity call leaves the CPUs
-/// to sysfs.
-struct Api {
-    init: InitFn,
-    shutdown: InitFn,
-    error_string: ErrorStringFn,
-    count: CountFn,
-    handle_by_index: HandleByIndexFn,
-    pci_info: PciInfoFn,
-    uuid: UuidFn,
-    affinity_scope: Option<AffinityScopeFn>,
-    affinity: Option<AffinityFn>,
-    is_mig: Option<IsMigFn>,
-    mig_parent: Option<MigParentFn>,
-    mig_by_index: Option<MigByIndexFn>,
-    max_mig: Option<MaxMigFn>,
+/// Declares [`Api`] and its loader from one list: each entry point is named once, with its
+/// field, its prototype and its C name.
+macro_rules! entry_points {
+    (
+        required { $($req:ident: $req_ty:ty = $req_name:literal,)* }
+        optional { $($opt:ident: $opt_ty:ty = $opt_name:literal,)* }
+    ) => {
+        /// The entry points used. The required ones must all resolve; a driver without the MIG
+        /// ones has no MIG (names then fail to resolve, with a warning), one without either
+        /// affinity call leaves the CPUs to sysfs.
+        struct Api {
+            $($req: $req_ty,)*
+            $($opt: Option<$opt_ty>,)*
+        }
+
+        impl Api {
+            /// Every entry point from `lib`; `Err` names the first required one missing.
+            ///
+            /// # Safety
+            /// `lib` is a live `dlopen` handle of NVML.
+            unsafe fn from_library(lib: *mut c_void) -> Result<Api, String> {
+                Ok(Api {
+                    $($req: {
+                        // SAFETY: `lib` is live (the contract); the type is nvml.h's prototype
+                        // for the name.
+                        let found = unsafe { symbol::<$req_ty>(lib, $req_name) };
+                        found.ok_or_else(|| {
+                            format!("{LIBRARY} has no {}", $req_name.to_str().unwrap_or_default())
+                        })?
+                    },)*
+                    // SAFETY: as for the required ones.
+                    $($opt: unsafe { symbol::<$opt_ty>(lib, $opt_name) },)*
+                })
+            }
+        }
+    };
+}
+
+entry_points! {
+    required {
+        init: InitFn = c"nvmlInit_v2",
+        shutdown: InitFn = c"nvmlShutdown",
+        error_string: ErrorStringFn = c"nvmlErrorString",
+        count: CountFn = c"nvmlDeviceGetCount_v2",
+        handle_by_index: HandleByIndexFn = c"nvmlDeviceGetHandleByIndex_v2",
+        pci_info: PciInfoFn = c"nvmlDeviceGetPciInfo_v3",
+        uuid: UuidFn = c"nvmlDeviceGetUUID",
+    }
+    optional {
+        affinity_scope: AffinityScopeFn = c"nvmlDeviceGetCpuAffinityWithinScope",
+        affinity: AffinityFn = c"nvmlDeviceGetCpuAffinity",
+        is_mig: IsMigFn = c"nvmlDeviceIsMigDeviceHandle",
+        mig_parent: MigParentFn = c"nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        mig_by_index: MigByIndexFn = c"nvmlDeviceGetMigDeviceHandleByIndex",
+        max_mig: MaxMigFn = c"nvmlDeviceGetMaxMigDeviceCount",
+    }
 }
 
 /// `dlsym(lib, name)` as a function pointer of type `F`, or `None`.
@@ -133,41 +172,8 @@ fn resolve() -> Result<Api, String> {
     if lib.is_null() {
         return Err(format!("{LIBRARY} does not load: {}", dlerror_text()));
     }
-    macro_rules! required {
-        ($name:literal) => {
-            // SAFETY: `lib` is live; the type at the use site is nvml.h's prototype for $name.
-            match unsafe { symbol(lib, $name) } {
-                Some(f) => f,
-                None => {
-                    return Err(format!(
-                        "{LIBRARY} has no {}",
-                        $name.to_str().unwrap_or_default()
-                    ))
-                }
-            }
-        };
-    }
-    macro_rules! optional {
-        ($name:literal) => {
-            // SAFETY: as for `required!`.
-            unsafe { symbol(lib, $name) }
-        };
-    }
-    Ok(Api {
-        init: required!(c"nvmlInit_v2"),
-        shutdown: required!(c"nvmlShutdown"),
-        error_string: required!(c"nvmlErrorString"),
-        count: required!(c"nvmlDeviceGetCount_v2"),
-        handle_by_index: required!(c"nvmlDeviceGetHandleByIndex_v2"),
-        pci_info: required!(c"nvmlDeviceGetPciInfo_v3"),
-        uuid: required!(c"nvmlDeviceGetUUID"),
-        affinity_scope: optional!(c"nvmlDeviceGetCpuAffinityWithinScope"),
-        affinity: optional!(c"nvmlDeviceGetCpuAffinity"),
-        is_mig: optional!(c"nvmlDeviceIsMigDeviceHandle"),
-        mig_parent: optional!(c"nvmlDeviceGetDeviceHandleFromMigDeviceHandle"),
-        mig_by_index: optional!(c"nvmlDeviceGetMigDeviceHandleByIndex"),
-        max_mig: optional!(c"nvmlDeviceGetMaxMigDeviceCount"),
-    })
+    // SAFETY: `lib` was just returned by dlopen and is never closed.
+    unsafe { Api::from_library(lib) }
 }
 
 /// A NUL-terminated C string in a fixed buffer; up to the end when NVML wrote no NUL.

@@ -63,6 +63,9 @@ struct Machine {
     nodes: &'static str,
     script: &'static str,
     program: &'static str,
+    /// Whether the script also runs the seed deployments (it then gets the Python, the test
+    /// programs' directory and the native libraries the apps load).
+    deployments: bool,
 }
 
 /// What one scenario printed: stdout lines, stderr lines, exit status.
@@ -285,7 +288,7 @@ fn boot(machine: &Machine, limit: Duration) -> Result<Booted, NoBoot> {
         .to_path_buf();
     let program = Program::c(machine.program).build();
     let script = repo().join("tests/guest").join(machine.script);
-    let exec = format!(
+    let mut exec = format!(
         "sh {} {} {} {} {}",
         script.display(),
         library().display(),
@@ -293,6 +296,17 @@ fn boot(machine: &Machine, limit: Duration) -> Result<Booted, NoBoot> {
         nvml_dir.display(),
         program.display()
     );
+    if machine.deployments {
+        for path in [
+            python(),
+            programs_dir(),
+            openmp_library(),
+            Program::c("nccl").shared().build(),
+            Program::c("progress_threads").shared().build(),
+        ] {
+            exec.push_str(&format!(" {}", path.display()));
+        }
+    }
     let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
     let mut attempts = 0;
     loop {
@@ -462,12 +476,28 @@ fn two_nodes_machine() -> Machine {
         nodes: "0-1",
         script: "two_nodes.sh",
         program: "numa_placement",
+        deployments: false,
     }
 }
 
 fn two_nodes() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
     booted(&BOOT, two_nodes_machine)
+}
+
+/// The same machine, booted apart for the seed deployments.
+fn deployments_machine() -> Machine {
+    Machine {
+        name: "two nodes x two CPUs, the seed deployments",
+        script: "deployments.sh",
+        deployments: true,
+        ..two_nodes_machine()
+    }
+}
+
+fn deployments() -> Result<&'static Booted, String> {
+    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
+    booted(&BOOT, deployments_machine)
 }
 
 const NODE1: &str = "2-3";
@@ -743,6 +773,153 @@ fn taskset_inside_the_cgroup_cpuset_is_a_constraint() {
     );
 }
 
+// ---- The seed deployments, unmodified, through `tllm-affinity run` on the real kernel ----
+
+/// A deployment scenario's phases (tests/guest/drive.py's `PHASE <name> <thread>=<tid>:<role>:
+/// <mask>` lines), as [`Phase`]s, so the fast tier's checks apply.
+fn guest_phases(run: &Scenario) -> Vec<Phase> {
+    run.lines("PHASE ")
+        .into_iter()
+        .map(|words| {
+            let threads = words[1..]
+                .iter()
+                .filter_map(|w| {
+                    let (thread, rest) = w.split_once('=')?;
+                    let mut parts = rest.splitn(3, ':');
+                    let tid = parts.next()?.parse().ok()?;
+                    let role = parts.next()?.parse().ok()?;
+                    let mask = CpuMask::parse_list(parts.next()?).ok()?;
+                    Some((thread.to_string(), ThreadSeen { tid, role, mask }))
+                })
+                .collect();
+            Phase {
+                name: words[0].clone(),
+                threads,
+            }
+        })
+        .collect()
+}
+
+/// Checks a deployment: `want[i]` is phase i's worker threads' mask (the GPU's node, or the
+/// launch mask once restored); every other thread is a host on the launch mask throughout.
+fn deployment(guest: &Booted, name: &str, workers: &[&str], want: &[&str]) -> Vec<Phase> {
+    let run = guest.ok(name);
+    let phases = guest_phases(run);
+    assert_eq!(
+        phases.len(),
+        want.len(),
+        "{name}: phases\n{}\n{}",
+        run.text(),
+        run.stderr()
+    );
+    for (phase, worker_mask) in phases.iter().zip(want) {
+        let mut row: Vec<String> = phase
+            .threads
+            .iter()
+            .map(|(n, t)| format!("{n}={}:{}", t.mask.to_list(), t.role))
+            .collect();
+        row.sort();
+        println!("{name} {}: {}", phase.name, row.join(" "));
+        placed(phase, workers, worker_mask, ALL4, name);
+    }
+    phases
+}
+
+#[test]
+fn tp1_under_an_http_server_pins_only_the_worker_on_the_real_gpu_node() {
+    let guest = require!(deployments());
+    deployment(
+        guest,
+        "seed_tp1",
+        &TP1_WORKERS,
+        &[ALL4, NODE1, NODE1, ALL4, ALL4],
+    );
+    let run = guest.ok("seed_tp1");
+    let answers = run.lines("GET ");
+    assert_eq!(answers.len(), 2, "{}", run.text());
+}
+
+#[test]
+fn mpi_session_rank0_pins_only_the_worker_pool_thread_on_the_real_gpu_node() {
+    let guest = require!(deployments());
+    let workers = [
+        "ThreadPoolExecutor-*_0",
+        "executor_loop",
+        "await_response_thread",
+        "stats_thread",
+        "engine_omp",
+        "loop_omp",
+    ];
+    deployment(
+        guest,
+        "seed_mpi_session",
+        &workers,
+        &[ALL4, NODE1, NODE1, ALL4, ALL4],
+    );
+}
+
+#[test]
+fn visualgen_rank0_spares_the_coordinator_and_restores_at_the_clients_shutdown() {
+    let guest = require!(deployments());
+    let workers = [
+        "visual_gen_worker",
+        "visual_gen_postprocess",
+        "visual_omp",
+        "executor_loop",
+        "await_response_thread",
+        "stats_thread",
+        "engine_omp",
+        "loop_omp",
+    ];
+    let phases = deployment(
+        guest,
+        "seed_visualgen",
+        &workers,
+        &[ALL4, NODE1, NODE1, ALL4, ALL4],
+    );
+    assert!(phases[1].threads.contains_key("visual_gen_coordinator"));
+    assert_eq!(phases[1].mask("visual_gen_coordinator"), ALL4);
+}
+
+#[test]
+fn the_leaders_rank0_and_progress_threads_are_on_the_real_gpu_node() {
+    let guest = require!(deployments());
+    let workers = [
+        "ThreadPoolExecutor-*_0",
+        "executor_loop",
+        "await_response_thread",
+        "stats_thread",
+        "engine_omp",
+        "loop_omp",
+        "mpi_progress",
+        "nccl_progress",
+        "mpi_req",
+    ];
+    deployment(
+        guest,
+        "seed_leader",
+        &workers,
+        &[ALL4, NODE1, NODE1, ALL4, ALL4],
+    );
+}
+
+#[test]
+fn a_second_llm_keeps_the_first_ones_threads_on_the_real_gpu_node() {
+    let guest = require!(deployments());
+    deployment(
+        guest,
+        "seed_two_llms",
+        &TP1_WORKERS,
+        &[ALL4, NODE1, NODE1, NODE1, NODE1, ALL4],
+    );
+    let run = guest.ok("seed_two_llms");
+    assert!(
+        !run.stderr().contains("Removing CPU affinity constraints"),
+        "{}",
+        run.stderr()
+    );
+}
+
 // ---- Topology B: two sockets x two cores x two SMT threads, CPU 7 offline ----
 
 fn smt_machine() -> Machine {
@@ -759,6 +936,7 @@ fn smt_machine() -> Machine {
         nodes: "0-1",
         script: "smt_offline.sh",
         program: "step_result_hotplug",
+        deployments: false,
     }
 }
 
@@ -913,6 +1091,7 @@ fn four_nodes_machine() -> Machine {
         nodes: "0-4",
         script: "four_nodes.sh",
         program: "numa_placement",
+        deployments: false,
     }
 }
 

@@ -1,11 +1,16 @@
-//! The layers, read from the sources (issue 16): no core module names the engine, no top-level
-//! modules depend on each other in a cycle, `unsafe` is allowed only on the modules `src/lib.rs`
-//! lists for it, and the CLI crate (`cli/`, which the compiler already keeps the core from naming)
-//! names the core but never the engine, and has no `unsafe`.
+//! The layers, read from the sources (issues 16, 30): no core module names the engine, no top-level
+//! modules depend on each other in a cycle, no file of the engine names another round a cycle,
+//! `unsafe` is allowed only on the modules `src/lib.rs` lists for it, and the CLI crate (`cli/`,
+//! which the compiler already keeps the core from naming) names the core but never the engine,
+//! and has no `unsafe`.
 //!
 //! A module's dependencies are the `crate::<module>` paths its code names, over its file and, for
-//! a directory module, every file under it. Comments are left out (a doc link is no dependency),
-//! and so are `#[cfg(test)]` items: a unit test may write any module's simulated host.
+//! a directory module, every file under it; inside the engine, a file's are the `super::<file>`
+//! and `crate::engine::<file>` paths it names, in `use` lines or inline. The engine's `mod.rs`
+//! only names its files and hands on the C ABI's functions, so a file names another by its home:
+//! `super::lock_registry` through a re-export would hide the arrow, and is refused. Comments are
+//! left out (a doc link is no dependency), and so are `#[cfg(test)]` items: a unit test may write
+//! any module's simulated host.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -71,13 +76,21 @@ fn ident_at(text: &str) -> &str {
 
 /// The top-level names after each `crate::` (and inside `crate::{...}`), modules or not.
 fn named_after_crate(code: &str) -> BTreeSet<String> {
+    named_after(code, "crate::")
+}
+
+/// The names right after each `prefix` (a path such as `super::`, not preceded by another path
+/// segment, and inside `prefix{...}`), whether in a `use` line or inline.
+fn named_after(code: &str, prefix: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
+    while let Some(at) = rest.find(prefix) {
         let before = rest[..at].chars().last();
-        rest = &rest[at + "crate::".len()..];
-        // `$crate::` in macros and paths like `tllm_affinity_core::` are not this crate's.
-        if matches!(before, Some(c) if c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+        rest = &rest[at + prefix.len()..];
+        // `$crate::` in macros, paths like `tllm_affinity_core::` and `a::super::` (never
+        // written, but not this prefix) are not the path asked for.
+        if matches!(before, Some(c) if c.is_ascii_alphanumeric() || c == '_' || c == '$' || c == ':')
+        {
             continue;
         }
         if let Some(group) = rest.strip_prefix('{') {
@@ -195,11 +208,71 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
         .find_map(|start| visit(start, graph, &mut Vec::new(), &mut done))
 }
 
+/// The engine's files (`src/engine/*.rs` but `mod.rs`), each with the other files it names, and
+/// each way a file names the engine's face instead of a file.
+fn engine_graph(engine: &Path) -> (Graph, Vec<String>) {
+    let mut texts = BTreeMap::new();
+    for entry in fs::read_dir(engine).unwrap_or_else(|e| panic!("{}: {e}", engine.display())) {
+        let path = entry.unwrap().path();
+        let Some(name) = path.file_stem().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if path.extension().is_some_and(|e| e == "rs") && name != "mod" {
+            let text = fs::read_to_string(&path).unwrap();
+            // From a file of the engine, `super::super::` is the crate: no file of the engine.
+            let code = without_test_items(&code_of(&text)).replace("super::super::", "crate::");
+            texts.insert(name.to_string(), code);
+        }
+    }
+    let mut refused = Vec::new();
+    let graph = texts
+        .iter()
+        .map(|(name, code)| {
+            let mut deps = BTreeSet::new();
+            for named in named_after(code, "super::") {
+                if texts.contains_key(&named) {
+                    deps.insert(named);
+                } else {
+                    refused.push(format!(
+                        "engine/{name}.rs names super::{named}, which is no file of the engine: name it by its home"
+                    ));
+                }
+            }
+            deps.extend(
+                named_after(code, "crate::engine::")
+                    .into_iter()
+                    .filter(|n| texts.contains_key(n)),
+            );
+            deps.remove(name);
+            (name.clone(), deps)
+        })
+        .collect();
+    if let Ok(face) = fs::read_to_string(engine.join("mod.rs")) {
+        let code = code_of(&face);
+        for word in ["fn ", "static ", "struct ", "enum ", "const ", "impl "] {
+            if code.contains(word) {
+                refused.push(format!(
+                    "engine/mod.rs defines something ({}): it only names the files and hands on the C ABI",
+                    word.trim()
+                ));
+            }
+        }
+    }
+    (graph, refused)
+}
+
 /// Each way the sources at `src` break the layers, as one line.
 fn violations(src: &Path) -> Vec<String> {
     let modules = modules(src);
     let graph = graph(&modules);
     let mut found = Vec::new();
+    if src.join("engine").is_dir() {
+        let (engine, refused) = engine_graph(&src.join("engine"));
+        found.extend(refused);
+        if let Some(cycle) = find_cycle(&engine) {
+            found.push(format!("engine import cycle: {}", cycle.join(" -> ")));
+        }
+    }
     for (module, deps) in &graph {
         if module != ENGINE && deps.contains(ENGINE) {
             found.push(format!("{module} names crate::{ENGINE}"));
@@ -260,6 +333,11 @@ fn the_layers_hold_in_this_crates_sources() {
             "{expected} not found in lib.rs"
         );
     }
+    // The engine's order is read, not assumed: api calls init, and init never calls back.
+    let (engine, _) = engine_graph(&src.join("engine"));
+    assert!(engine["api"].contains("init"), "{engine:#?}");
+    assert!(!engine["init"].contains("api"), "{engine:#?}");
+    assert!(engine["fork"].contains("state"), "{engine:#?}");
 }
 
 /// The CLI is a crate of its own (`cli/`): the compiler keeps the core from naming it; this keeps
@@ -306,13 +384,24 @@ fn the_check_names_each_kind_of_break() {
     write("b.rs", "use crate::a;\nfn f() { crate::engine::go() }\n");
     write(
         "engine/mod.rs",
-        "pub mod inner;\n// crate::d in a comment is no dependency\n",
+        "pub mod inner;\n// crate::d in a comment is no dependency\nstatic S: u8 = 0;\n",
     );
     write(
         "engine/inner.rs",
         "#![allow(unsafe_code)]\nuse crate::c::kept;\n",
     );
     write("d/mod.rs", "pub mod deep;\n");
+    // Inside the engine: a cycle through an inline `super::` path and a `crate::engine::` group,
+    // a name taken through the face, and a face that defines something.
+    write(
+        "engine/first.rs",
+        "fn f() { super::second::go() }\nuse super::super::c;\n",
+    );
+    write(
+        "engine/second.rs",
+        "use crate::engine::{first::x, third};\nfn g() { super::lock_registry() }\n",
+    );
+    write("engine/third.rs", "use self::nested::y;\nmod nested {}\n");
     write("d/deep.rs", "use crate::engine;\n");
     // Test-only items name what they like: none of these counts.
     write(
@@ -324,6 +413,9 @@ fn the_check_names_each_kind_of_break() {
         "b names crate::engine",
         "d names crate::engine",
         "import cycle: a -> b -> a",
+        "engine import cycle: first -> second -> first",
+        "engine/second.rs names super::lock_registry",
+        "engine/mod.rs defines something (static)",
         "lib.rs allows unsafe_code on d",
         "allows unsafe_code itself",
     ];

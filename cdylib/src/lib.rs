@@ -9,7 +9,9 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use tllm_affinity_core::engine::{
-    self, create, environ, exec, objects, observe, real::StartRoutine, timers,
+    self, create, environ, exec, objects, observe,
+    real::{SigEvent, StartRoutine},
+    timers,
 };
 
 #[ctor::ctor(unsafe)]
@@ -69,7 +71,7 @@ pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn timer_create(
     clock: libc::clockid_t,
-    event: *mut timers::SigEvent,
+    event: *mut SigEvent,
     timer: *mut libc::timer_t,
 ) -> c_int {
     // SAFETY: the caller's arguments, forwarded unchanged.

@@ -10,84 +10,26 @@
 //!   loader lock while its constructors create threads); the registry lock only spins;
 //! - the user routine is never wrapped in `catch_unwind` and no `Drop` value lives across it:
 //!   `pthread_exit` and cancellation unwind through this frame. Exit bookkeeping happens in a
-//!   pthread key destructor, which runs on every way out.
+//!   pthread key destructor, which runs on every way out ([`super::thread_key`]).
 
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::fork::adopt_if_forked_without_handlers;
+use super::init::ensure_init;
 use super::kernel::Kernel;
+use super::objects;
 use super::packets::{self, StartPacket};
+use super::publish::publish_table_if_pending;
 use super::real::{self, StartRoutine};
-use super::{load_facts, objects, registry, State};
+use super::state::{load_facts, lock_registry, registry, State};
+use super::thread_key::{current_slot, set_current_slot};
 use crate::mask::CpuMask;
-use crate::registry::{ChildPlan, Slot};
+use crate::registry::ChildPlan;
 use crate::sys;
-
-/// The pthread key whose value is `slot + 1` for every registered thread (with [`EXITING`] once
-/// its exit was first seen); `u32::MAX` until created.
-static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
-
-/// Marks a key value whose destructor already ran once (see [`on_thread_exit`]).
-const EXITING: usize = 1 << (usize::BITS - 1);
 
 /// Forced unwinding (`pthread_exit`, cancellation) must be able to pass through the trampoline.
 type UnwindingStart = extern "C-unwind" fn(*mut c_void) -> *mut c_void;
-
-pub fn create_thread_key() -> bool {
-    let mut key: libc::pthread_key_t = 0;
-    // SAFETY: `key` is a valid out-pointer; the destructor has the signature pthread expects.
-    let rc = unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) };
-    if rc == 0 {
-        THREAD_KEY.store(key, Ordering::Release);
-    }
-    rc == 0
-}
-
-/// The calling thread's registry slot, if the library registered it.
-pub fn current_slot() -> Option<Slot> {
-    let key = THREAD_KEY.load(Ordering::Acquire);
-    if key == u32::MAX {
-        return None;
-    }
-    // SAFETY: `key` came from pthread_key_create and is never deleted.
-    let value = unsafe { libc::pthread_getspecific(key) } as usize;
-    (value & !EXITING).checked_sub(1).map(|s| s as Slot)
-}
-
-pub fn set_current_slot(slot: Slot) -> bool {
-    let key = THREAD_KEY.load(Ordering::Acquire);
-    // SAFETY: as in `current_slot`; the value is an integer, never dereferenced.
-    key != u32::MAX
-        && unsafe { libc::pthread_setspecific(key, (slot as usize + 1) as *const c_void) } == 0
-}
-
-/// The key's destructor. Other thread-specific-data destructors may run after ours in the same
-/// round and create threads (SPEC §2: such a thread is its creator's child like any other), so
-/// for a thread whose children differ from an unknown creator's (a worker) the first call only
-/// sets the value again, marked [`EXITING`]: glibc then runs another round of destructors (it
-/// allows `PTHREAD_DESTRUCTOR_ITERATIONS`, at least four), and the second call, after every
-/// destructor of the first round, unregisters the thread. A host thread is unregistered at once:
-/// a thread it creates after that is a host on its mask all the same, and its exit costs no
-/// second round.
-extern "C" fn on_thread_exit(value: *mut c_void) {
-    let value = value as usize;
-    let Some(slot) = (value & !EXITING).checked_sub(1) else {
-        return;
-    };
-    if value & EXITING == 0 {
-        let done = catch_unwind(|| registry().lock().thread_exiting(slot as Slot)).unwrap_or(false);
-        if done {
-            return;
-        }
-        let key = THREAD_KEY.load(Ordering::Acquire);
-        // SAFETY: the key is ours and live; the value is an integer, never dereferenced.
-        if unsafe { libc::pthread_setspecific(key, (value | EXITING) as *const c_void) } == 0 {
-            return;
-        }
-    }
-    let _ = catch_unwind(|| registry().lock().thread_exited(slot as Slot));
-}
 
 /// The interposed `pthread_create`. Fails open: whatever happens in here, the real function
 /// runs, and its return code and `errno` reach the caller untouched.
@@ -109,7 +51,7 @@ pub unsafe fn pthread_create(
         return unsafe { real_create(thread, attr, None, arg) };
     };
     let saved_errno = sys::errno();
-    let plan = if super::ensure_init() == State::Active {
+    let plan = if ensure_init() == State::Active {
         catch_unwind(AssertUnwindSafe(|| plan_child(attr, start))).ok()
     } else {
         None
@@ -138,7 +80,7 @@ pub unsafe fn pthread_create(
         // SAFETY: the thread was not created, so the packet is still ours alone.
         let packet = unsafe { packets::reclaim(packet) };
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            super::lock_registry().cancel_child(packet.plan)
+            lock_registry().cancel_child(packet.plan)
         }));
         sys::set_errno(errno_after);
     }
@@ -146,14 +88,14 @@ pub unsafe fn pthread_create(
 }
 
 fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPlan {
-    super::publish_table_if_pending();
+    publish_table_if_pending();
     let settings = &load_facts().settings;
     let explicit = explicit_mask(attr);
     let in_worker_lib = !settings.worker_libs.is_empty()
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
     let creator = current_slot();
     let me = sys::tid_of(sys::pthread_self());
-    let mut reg = super::lock_registry();
+    let mut reg = lock_registry();
     // The creator's entry names another tid than its descriptor: a child of `_Fork` or a raw
     // `clone`, where no fork handler ran.
     if creator
@@ -161,9 +103,9 @@ fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPl
         .is_some_and(|e| e.tid != me)
     {
         drop(reg);
-        super::adopt_if_forked_without_handlers();
-        super::publish_table_if_pending();
-        reg = super::lock_registry();
+        adopt_if_forked_without_handlers();
+        publish_table_if_pending();
+        reg = lock_registry();
     }
     reg.plan_child(creator, in_worker_lib, explicit)
 }

@@ -19,8 +19,9 @@ use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
+use super::configure::configure_for;
 use super::kernel::Kernel;
-use super::{in_own_process, lock_registry, state, State};
+use super::state::{in_own_process, lock_registry, state, State};
 use crate::device::{DeviceEnv, LOCAL_RANK_VARS};
 use crate::lock::EngineLock;
 use crate::registry::LeaseKind;
@@ -290,7 +291,7 @@ fn retarget_dedicated() {
     };
     // As at load, without NVML: the call may come from a library's constructor, under the
     // loader lock, where NVML must not be loaded.
-    let lease = super::api::configure_for(main, -1, LeaseKind::Configure, false);
+    let lease = configure_for(main, -1, LeaseKind::Configure, false, device_env());
     if lease < 0 {
         let target = lock_registry().target().map(|t| t.device.clone());
         log_warn!(

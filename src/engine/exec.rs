@@ -197,36 +197,40 @@ pub unsafe fn execve(
 /// # Safety
 /// The arguments are those of `execv(3)`.
 pub unsafe fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    let (Some(real_execv), Some(real_execve)) = (real::execv(), real::execve()) else {
-        return fail_enosys();
-    };
-    let envp = current_environ();
-    // SAFETY: as in `execve`; execv is execve with `environ`.
-    unsafe {
-        with_handover(envp, |e| {
-            if e == envp {
-                real_execv(path, argv)
-            } else {
-                real_execve(path, argv, e)
-            }
-        })
-    }
+    // SAFETY: the caller's arguments; execv is execve with `environ`.
+    unsafe { with_environ(path, argv, real::execv(), real::execve()) }
 }
 
 /// # Safety
 /// The arguments are those of `execvp(3)`.
 pub unsafe fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    let (Some(real_execvp), Some(real_execvpe)) = (real::execvp(), real::execvpe()) else {
+    // SAFETY: the caller's arguments; execvp is execvpe with `environ`.
+    unsafe { with_environ(file, argv, real::execvp(), real::execvpe()) }
+}
+
+/// The body of the exec functions that take the environment from `environ`: `plain` (the real
+/// `execv` or `execvp`) when there is nothing to hand over, else `twin` (its `execve` or
+/// `execvpe`) with the new environment.
+///
+/// # Safety
+/// `name` and `argv` are the arguments of `plain`, and `twin` is `plain` with an environment.
+unsafe fn with_environ(
+    name: *const c_char,
+    argv: *const *const c_char,
+    plain: Option<real::Execv>,
+    twin: Option<real::Execve>,
+) -> c_int {
+    let (Some(plain), Some(twin)) = (plain, twin) else {
         return fail_enosys();
     };
     let envp = current_environ();
-    // SAFETY: as in `execve`; execvp is execvpe with `environ`.
+    // SAFETY: as in `execve`; the caller's arguments with `environ` or a copy of it plus ours.
     unsafe {
         with_handover(envp, |e| {
             if e == envp {
-                real_execvp(file, argv)
+                plain(name, argv)
             } else {
-                real_execvpe(file, argv, e)
+                twin(name, argv, e)
             }
         })
     }

@@ -5,10 +5,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::{
-    api, create, environ, exec, in_own_process, lock_registry, objects, publish, scope_memory,
-    state, timers, State, OWN_PID, REGISTRY,
-};
+use super::state::{in_own_process, lock_registry, own_this_process, state, State, REGISTRY};
+use super::thread_key::current_slot;
+use super::{configure, environ, exec, objects, publish, report, scope_memory, timer_calls};
 
 use crate::sys;
 
@@ -27,17 +26,17 @@ pub fn adopt_if_forked_without_handlers() {
 /// and the parent's table, still mapped, is left to the parent.
 pub(super) fn start_as_fork_child() {
     environ::after_fork_child();
-    OWN_PID.store(sys::getpid(), Ordering::Relaxed);
+    own_this_process();
     objects::after_fork_in_child();
     let handle = sys::pthread_self() as u64;
     {
         let mut reg = REGISTRY.lock();
-        reg.reset_after_fork(create::current_slot(), sys::gettid(), handle);
+        reg.reset_after_fork(current_slot(), sys::gettid(), handle);
         exec::publish_target(reg.target().map(|t| &*t.mask));
     }
     lock_registry().publish_into(None);
     *publish::TABLE_PATH.lock() = None;
-    *publish::NOTES.lock() = None;
+    *report::NOTES.lock() = None;
     scope_memory::forget_after_fork();
     publish::TABLE_PENDING.store(true, Ordering::Release);
 }
@@ -53,20 +52,19 @@ pub(super) fn in_progress() -> bool {
 
 pub(super) fn register_fork_handlers() {
     // Every lock of the engine, so that no other thread holds one across the fork: a child
-    // would spin forever on a lock its holder is not there to release. The one path that holds
-    // two (the adapters' notes: ADAPTERS, then NOTES) takes them in this order, so the order
-    // here cannot deadlock.
+    // would spin forever on a lock its holder is not there to release. No code path holds two
+    // of them at once, so the order here cannot deadlock.
     extern "C" fn prepare() {
         IN_PROGRESS.store(true, Ordering::Release);
         objects::PUBLISHED.hold_for_fork();
-        timers::CONTEXTS.hold_for_fork();
+        timer_calls::CONTEXTS.hold_for_fork();
         crate::step::HELD.hold_for_fork();
-        api::WORKER_SETS.hold_for_fork();
+        configure::WORKER_SETS.hold_for_fork();
         environ::shadow_lock().hold_for_fork();
         crate::gpus::nvml_lock().hold_for_fork();
         publish::TABLE_PATH.hold_for_fork();
-        api::ADAPTERS.hold_for_fork();
-        publish::NOTES.hold_for_fork();
+        report::ADAPTERS.hold_for_fork();
+        report::NOTES.hold_for_fork();
         scope_memory::PREFERRED.hold_for_fork();
         REGISTRY.hold_for_fork();
     }
@@ -75,14 +73,14 @@ pub(super) fn register_fork_handlers() {
         unsafe {
             REGISTRY.force_unlock();
             scope_memory::PREFERRED.force_unlock();
-            publish::NOTES.force_unlock();
-            api::ADAPTERS.force_unlock();
+            report::NOTES.force_unlock();
+            report::ADAPTERS.force_unlock();
             publish::TABLE_PATH.force_unlock();
             crate::gpus::nvml_lock().force_unlock();
             environ::shadow_lock().force_unlock();
-            api::WORKER_SETS.force_unlock();
+            configure::WORKER_SETS.force_unlock();
             crate::step::HELD.force_unlock();
-            timers::CONTEXTS.force_unlock();
+            timer_calls::CONTEXTS.force_unlock();
             objects::PUBLISHED.force_unlock();
         }
     }

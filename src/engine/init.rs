@@ -6,12 +6,11 @@
 use std::panic::catch_unwind;
 use std::sync::atomic::Ordering;
 
+use super::configure::configure_for;
 use super::kernel::Kernel;
-use super::publish::publish_table_if_pending;
-use super::{
-    api, create, environ, exec, fork, load_facts, lock_registry, publish, real, state, State,
-    LOAD_FACTS, OWN_PID, STATE,
-};
+use super::publish::{self, publish_table_if_pending};
+use super::state::{load_facts, lock_registry, own_this_process, state, State, LOAD_FACTS, STATE};
+use super::{environ, exec, fork, real, thread_key};
 
 use crate::cgroup;
 use crate::launch::{self, LaunchId};
@@ -58,8 +57,7 @@ fn initialise() -> State {
     if sys::is_secure_execution() {
         return State::Disabled;
     }
-    let pid = sys::getpid();
-    OWN_PID.store(pid, Ordering::Relaxed);
+    let pid = own_this_process();
     let main_mask = sys::get_mask(pid).unwrap_or_default();
     let launch = learn_launch(pid, &main_mask);
     let mask_at_load = launch.launch.clone();
@@ -115,7 +113,7 @@ fn initialise() -> State {
             true
         }
     };
-    if !create::create_thread_key() {
+    if !thread_key::create_thread_key() {
         log_error!("no pthread key available; the library stays passive");
         return State::Disabled;
     }
@@ -136,7 +134,7 @@ fn initialise() -> State {
         reg.register_root(pid, handle, role, main_mask)
     };
     if handle != 0 {
-        create::set_current_slot(main);
+        thread_key::set_current_slot(main);
     }
     // The thread table is mapped later, by `publish_table_if_pending`.
     sys::at_exit(publish::at_exit);
@@ -254,7 +252,7 @@ fn configure_dedicated_worker() {
         return;
     };
     // From the constructor: NVML must not be loaded here, the driver's list and sysfs decide.
-    let lease = api::configure_for(main, -1, LeaseKind::Configure, false);
+    let lease = configure_for(main, -1, LeaseKind::Configure, false, environ::device_env());
     if lease < 0 {
         log_warn!("TLLM_AFFINITY_PROCESS_ROLE=worker: the process could not be configured");
         return;

@@ -6,7 +6,7 @@
 //! `vfork` or `clone(CLONE_VM)` child, which shares the parent's memory and thread-local state
 //! until it execs. So a shim never allocates and never waits for a lock its own thread holds: it
 //! makes the real call and queues the thread's tid in a fixed, lock-free queue; the next registry
-//! operation outside a thread's birth or exit takes the queue in (see [`super::lock_registry`])
+//! operation outside a thread's birth or exit takes the queue in (see [`super::state::lock_registry`])
 //! and marks those threads `explicit` with the mask the kernel then holds. A child sharing our
 //! memory (its pid is not ours) only makes the real call: it changes nothing of the parent's.
 //!
@@ -16,19 +16,14 @@
 //! be overwritten.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
-use super::{ensure_init, real, registry, State};
+use super::fork;
+use super::init::ensure_init;
+use super::real;
+use super::state::{in_own_process, queue_observed, registry, State};
 use crate::lock;
-use crate::registry::{Registry, Tid};
+use crate::registry::Tid;
 use crate::sys;
-
-/// Threads whose masks the application set and the registry has not taken in yet. Far more than
-/// can be outstanding between two registry operations; when it is full, the change is still found
-/// later, as any change behind the library's back is (placement `external`), and never overridden.
-const QUEUE_LEN: usize = 64;
-static QUEUED: [AtomicI32; QUEUE_LEN] = [const { AtomicI32::new(0) }; QUEUE_LEN];
-static ANY_QUEUED: AtomicBool = AtomicBool::new(false);
 
 /// # Safety
 /// The arguments are those of `sched_setaffinity(2)`.
@@ -84,7 +79,7 @@ const PATIENCE: std::time::Duration = std::time::Duration::from_millis(50);
 /// Runs `call` (the real function; true on success) and, when it succeeded, queues the thread
 /// `tid` names. `errno` is the real call's. Returns whether the call succeeded.
 fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
-    if ensure_init() != State::Active || !super::in_own_process() {
+    if ensure_init() != State::Active || !in_own_process() {
         return call();
     }
     // A signal handler that interrupted the library on this thread: its lock is ours already.
@@ -95,48 +90,17 @@ fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
     } else {
         // A fork past its prepare handlers holds the registry until the child exists, and it
         // may be waiting for the malloc arena this very thread was interrupted in: no wait.
-        registry().lock_within(PATIENCE, super::fork::in_progress)
+        registry().lock_within(PATIENCE, fork::in_progress)
     };
     let ok = call();
     if ok {
         let errno = sys::errno();
         let tid = tid();
-        queue(tid);
+        queue_observed(tid);
         if let Some(mut reg) = guard {
             reg.mark_explicit(tid);
         }
         sys::set_errno(errno);
     }
     ok
-}
-
-fn queue(tid: Tid) {
-    for cell in &QUEUED {
-        if cell
-            .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            ANY_QUEUED.store(true, Ordering::Release);
-            return;
-        }
-    }
-}
-
-/// Takes the queued observations into `reg`: each named thread becomes `explicit` with the mask
-/// the kernel holds now. Called with the registry lock held, outside births and exits (it reads
-/// masks into new allocations).
-pub(super) fn take_queued(reg: &mut Registry) {
-    if !ANY_QUEUED.load(Ordering::Acquire) {
-        return;
-    }
-    ANY_QUEUED.store(false, Ordering::Release);
-    for cell in &QUEUED {
-        let tid = cell.swap(0, Ordering::AcqRel);
-        if tid == 0 {
-            continue;
-        }
-        if let (Some(slot), Ok(actual)) = (reg.find_tid(tid), sys::get_mask(tid)) {
-            reg.observe_explicit(slot, actual);
-        }
-    }
 }

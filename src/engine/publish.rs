@@ -10,9 +10,8 @@ use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::api::report_json;
-use super::exec;
-use super::{in_own_process, lock_registry, LOAD_FACTS, REGISTRY};
+use super::state::{in_own_process, lock_registry, state, LOAD_FACTS, REGISTRY};
+use super::{exec, report};
 
 use crate::lock::EngineLock;
 use crate::sys;
@@ -99,25 +98,12 @@ pub(super) static TABLE_PATH: EngineLock<Option<std::path::PathBuf>> = EngineLoc
 /// the file.
 pub(super) static TABLE_PENDING: AtomicBool = AtomicBool::new(true);
 
-/// Where the adapters' notes go once the table is mapped: its header and notes words.
-pub(super) static NOTES: EngineLock<Option<(&'static [AtomicU64], &'static [AtomicU64])>> =
-    EngineLock::new(None);
-
 /// Maps the thread table `tllm-affinity ps` reads; without it `ps` still shows masks.
 fn publish_thread_table(dir: &std::path::Path) {
     let mapped = map_table(dir);
     *TABLE_PATH.lock() = mapped.as_ref().map(|t| t.path.clone());
-    *NOTES.lock() = mapped.as_ref().map(|t| (t.header, t.notes));
-    super::api::show_adapter_notes();
+    super::report::notes_go_to(mapped.as_ref().map(|t| (t.header, t.notes)));
     lock_registry().publish_into(mapped.map(|t| t.records));
-}
-
-/// Puts the adapters' notes (one line each) into the table, if it is mapped. The caller holds
-/// the adapters' lock (taken before this one, as the fork handlers take them).
-pub(super) fn show_notes(text: &str) {
-    if let Some((header, notes)) = *NOTES.lock() {
-        threadtable::write_notes(header, notes, text);
-    }
 }
 
 /// Called on the paths where a process starts to matter (thread creation, configure, worker
@@ -164,7 +150,7 @@ fn write_report_at_exit() {
             );
             return;
         }
-        if let Err(e) = crate::report::write_file(&path, &report_json()) {
+        if let Err(e) = crate::report::write_file(&path, &report::json(state())) {
             log_error!("TLLM_AFFINITY_REPORT='{}': {e}", path.display());
         }
     });

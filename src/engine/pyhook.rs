@@ -9,7 +9,8 @@ use std::ffi::{c_void, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use super::{state, State};
+use super::init::alone;
+use super::state::{state, State};
 use crate::pyhook;
 
 /// Called once from the library's constructor, after initialisation.
@@ -26,7 +27,7 @@ pub fn at_load() {
     else {
         return;
     };
-    if super::alone() {
+    if alone() {
         std::env::set_var("PYTHONPATH", value);
     }
 }

@@ -1,4 +1,5 @@
-//! The real libc functions behind our shims, found with `dlsym(RTLD_NEXT)` / `dlvsym`.
+//! The real libc functions behind our shims, found with `dlsym(RTLD_NEXT)` / `dlvsym`, and the C
+//! types they take that the `libc` crate lacks.
 //!
 //! Resolution happens in the creating thread or at load, never inside a new thread's trampoline
 //! (the loader lock may be held by whoever is creating it). `sched_setaffinity` and
@@ -41,6 +42,25 @@ pub type PosixSpawn = unsafe extern "C" fn(
     Argv,
     Argv,
 ) -> c_int;
+
+pub type NotifyFunction = extern "C" fn(libc::sigval);
+pub type TimerCreate =
+    unsafe extern "C" fn(libc::clockid_t, *mut SigEvent, *mut libc::timer_t) -> c_int;
+pub type TimerDelete = unsafe extern "C" fn(libc::timer_t) -> c_int;
+
+/// glibc's `struct sigevent` (64 bytes on Linux), with the `SIGEV_THREAD` members of its union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SigEvent {
+    pub value: libc::sigval,
+    signo: c_int,
+    pub notify: c_int,
+    pub function: Option<NotifyFunction>,
+    attributes: *mut libc::pthread_attr_t,
+    pad: [c_int; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<SigEvent>() == 64);
 
 static PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
 static SCHED_SETAFFINITY: AtomicUsize = AtomicUsize::new(0);
@@ -187,8 +207,8 @@ by_name! {
     fexecve, FEXECVE, c"fexecve", Fexecve;
     posix_spawn, POSIX_SPAWN, c"posix_spawn", PosixSpawn;
     posix_spawnp, POSIX_SPAWNP, c"posix_spawnp", PosixSpawn;
-    timer_create, TIMER_CREATE, c"timer_create", super::timers::TimerCreate;
-    timer_delete, TIMER_DELETE, c"timer_delete", super::timers::TimerDelete;
+    timer_create, TIMER_CREATE, c"timer_create", TimerCreate;
+    timer_delete, TIMER_DELETE, c"timer_delete", TimerDelete;
 }
 
 /// Resolves everything up front, from the constructor, so that hooks rarely need the loader.

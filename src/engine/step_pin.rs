@@ -5,7 +5,7 @@
 use std::io;
 
 use super::kernel::Kernel;
-use super::{load_facts, lock_registry};
+use super::state::{load_facts, lock_registry};
 use crate::registry::Slot;
 use crate::step;
 use crate::sys;

@@ -3,7 +3,8 @@
 # pci-testdev at 0000:81:00.0 behind a root bridge on node 1, which the NVML test double names
 # GPU 0. Arguments: the preload library, the CLI, the double's directory, numa_placement.
 lib=$1 cli=$2 nvml_dir=$3 placement=$4
-. "$(dirname "$0")/scenario.sh"
+here=$(dirname "$0")
+. "$here/scenario.sh"
 scenario guest identity
 work=$(mktemp -d)
 echo "gpu 00000000:81:00.0 GPU-81818181-0000-1111-2222-333344445555 -" >"$work/nvml"
@@ -62,3 +63,4 @@ scenario cpuset_taskset sh -c '
 scenario cpuset_plan sh -c '
   echo $$ >/sys/fs/cgroup/narrow/cgroup.procs || exit 90
   exec "$0" plan --gpu 0 --json' "$cli"
+
