@@ -28,4 +28,3 @@ deploy seed_mpi_session -- $(run_app mpi_session_rank0.py)
 deploy seed_visualgen --get 2:/generate/a --get 4:/generate/b -- \
   env TLLM_WORKER_USE_SINGLE_PROCESS=1 $(run_app visualgen_rank0.py)
 deploy seed_leader -- env RT_NCCL="$nccl" RT_SPAWN="$spawn" $(run_app leader.py)
-deploy seed_two_llms -- env TLLM_WORKER_USE_SINGLE_PROCESS=1 $(run_app two_llms.py)
