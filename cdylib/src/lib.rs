@@ -33,6 +33,29 @@ pub unsafe extern "C" fn pthread_create(
 }
 
 /// # Safety
+/// Called by the program as `pthread_setspecific(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_setspecific(
+    key: libc::pthread_key_t,
+    value: *const c_void,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { create::pthread_setspecific(key, value) }
+}
+
+/// # Safety
+/// Called by the C++ runtime (and Rust's std) as glibc's `__cxa_thread_atexit_impl`.
+#[no_mangle]
+pub unsafe extern "C" fn __cxa_thread_atexit_impl(
+    dtor: unsafe extern "C" fn(*mut c_void),
+    obj: *mut c_void,
+    dso: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { create::cxa_thread_atexit_impl(dtor, obj, dso) }
+}
+
+/// # Safety
 /// Called by the program as `sched_setaffinity(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn sched_setaffinity(
