@@ -402,8 +402,10 @@ static void tls_destructor(void *obj) {
     pthread_t t;
     pthread_create(&t, &attr, orphan, NULL);
     pthread_attr_destroy(&attr);
-    /* Then its own mask, set again (after the create: a child of a thread whose mask the
-     * program chose would keep that choice): the library must still know the thread. */
+    /* Then, once the child runs (registered), its own mask, set again: the library must still
+     * know the thread. Not before: a child that registers after its creator chose its own mask
+     * takes that choice on (register_child reads the creator's placement as it is then). */
+    sem_wait(&orphan_started);
     cpu_set_t set;
     CPU_ZERO(&set);
     if (syscall(SYS_sched_getaffinity, 0, sizeof set, &set) > 0) sched_setaffinity(0, sizeof set, &set);
@@ -431,8 +433,8 @@ static int mode_tlsdtor(void) {
     sem_init(&orphan_started, 0, 0);
     agent_t *w = agent_new("W");
     agent_do(w, task_configure, (void *)0);
+    /* Joined: its destructor waited for the orphan to start. */
     agent_do(w, task_start_tls_exiting, NULL);
-    sem_wait(&orphan_started);
     /* Gone and joined: the library must answer that it no longer knows the tid. */
     lc_say("EXITED %d role=%d", (int)tls_exiting_tid, lc_role(tls_exiting_tid));
     phase("configured");
