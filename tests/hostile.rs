@@ -1,7 +1,7 @@
 //! The engine under hostile conditions, on real processes (`tests/programs/hostile.c`): signal
 //! handlers that call an interposed function while their thread is inside the library, `vfork`
 //! and `clone(CLONE_VM)` children, long chains of short-lived threads, glibc's own helper
-//! threads, threads created from thread-specific-data destructors, and a process that already
+//! threads, threads created from thread-specific-data and `thread_local` destructors, and a process that already
 //! has a thread the library never saw when it loads. Every run is bounded by a deadline: a hang
 //! fails the test.
 //!
@@ -153,6 +153,36 @@ fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
     assert_eq!(configured.role("orphan"), 1, "a worker, as its creator was");
     assert_eq!(configured.mask("orphan"), local);
     run.proceed();
+    let released = run.phase();
+    assert_eq!(released.mask("orphan"), all, "restored at the last release");
+    run.succeed();
+}
+
+/// A worker thread's `thread_local` destructor (registered with `__cxa_thread_atexit_impl`, as
+/// C++ does) sets its own mask and creates a thread after the worker's routine returned: the
+/// worker is still registered then (its child is a worker on the worker mask, restored at the
+/// last release), and unregistered once it is gone (the registry holds the live threads alone).
+#[test]
+fn a_thread_created_from_a_thread_local_destructor_is_its_exiting_creators_child() {
+    let sysfs = Sysfs::two_nodes();
+    let (all, local) = require!(all_and_local(&sysfs));
+    let mut cmd = preloaded(hostile(), &sysfs);
+    cmd.arg("tlsdtor");
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let exited = run.after("EXITED ");
+    let (tid, role) = exited.split_once(" role=").unwrap();
+    assert!(
+        role.parse::<i32>().unwrap() < 0,
+        "unknown once gone: {exited}"
+    );
+    // The report lists the live threads and no other (checked there).
+    let (configured, _, report) = run.phase_and_registry("configured");
+    assert_eq!(configured.role("orphan"), 1, "a worker, as its creator was");
+    assert_eq!(configured.mask("orphan"), local);
+    assert!(
+        !report_tids(&report).contains(&tid.parse().unwrap()),
+        "the exited worker is unregistered: {report}"
+    );
     let released = run.phase();
     assert_eq!(released.mask("orphan"), all, "restored at the last release");
     run.succeed();

@@ -7,7 +7,8 @@
  *   births apply N            a worker thread holds a lease; the host main thread starts N
  *                             threads whose routine is in $BENCH_WORK_LIB (a worker library):
  *                             each moves itself onto the worker mask (applied)
- *   births cycles N           64 parked threads; N configure + release cycles of the main thread
+ *   births cycles N           64 parked threads (all asleep first); N configure + release cycles
+ *                             of the main thread
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -38,8 +39,12 @@ static void *lease_holder(void *a) {
     return NULL;
 }
 
+static pthread_cond_t all_parked = PTHREAD_COND_INITIALIZER;
+static int parked_count;
+
 static void *parked(void *a) {
     pthread_mutex_lock(&m);
+    if (++parked_count == 64) pthread_cond_signal(&all_parked);
     while (state != 2) pthread_cond_wait(&c, &m);
     pthread_mutex_unlock(&m);
     return a;
@@ -83,6 +88,10 @@ int main(int argc, char **argv) {
         pthread_t pool[64];
         for (int i = 0; i < 64; i++)
             if (pthread_create(&pool[i], NULL, parked, NULL)) return 1;
+        /* Every pool thread asleep before the first configure: none of them runs in between. */
+        pthread_mutex_lock(&m);
+        while (parked_count < 64) pthread_cond_wait(&all_parked, &m);
+        pthread_mutex_unlock(&m);
         int rc = 0;
         for (int i = 0; i < n && !rc; i++) {
             int64_t lease = configure(0);

@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_void};
 use tllm_affinity_core::engine::{
     self, create, environ, exec, objects, observe,
     real::{SigEvent, StartRoutine},
-    timers,
+    thread_key, timers,
 };
 
 #[ctor::ctor(unsafe)]
@@ -32,6 +32,29 @@ pub unsafe extern "C" fn pthread_create(
 ) -> c_int {
     // SAFETY: the caller's arguments, forwarded unchanged.
     unsafe { create::pthread_create(thread, attr, start, arg) }
+}
+
+/// # Safety
+/// Called by the program as `pthread_setspecific(3)`.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_setspecific(
+    key: libc::pthread_key_t,
+    value: *const c_void,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { thread_key::pthread_setspecific(key, value) }
+}
+
+/// # Safety
+/// Called by the C++ runtime (and Rust's std) as glibc's `__cxa_thread_atexit_impl`.
+#[no_mangle]
+pub unsafe extern "C" fn __cxa_thread_atexit_impl(
+    dtor: unsafe extern "C" fn(*mut c_void),
+    obj: *mut c_void,
+    dso: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's arguments, forwarded unchanged.
+    unsafe { thread_key::cxa_thread_atexit_impl(dtor, obj, dso) }
 }
 
 /// # Safety

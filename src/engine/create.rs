@@ -9,8 +9,17 @@
 //! - no `dlsym`/`dladdr`/TLS-with-destructor in the child (a `dlopen` in progress holds the
 //!   loader lock while its constructors create threads); the registry lock only spins;
 //! - the user routine is never wrapped in `catch_unwind` and no `Drop` value lives across it:
-//!   `pthread_exit` and cancellation unwind through this frame. Exit bookkeeping happens in a
-//!   pthread key destructor, which runs on every way out ([`super::thread_key`]).
+//!   `pthread_exit` and cancellation unwind through this frame.
+//!
+//! Exit bookkeeping (docs/design.md, "Thread exit"): a thread the trampoline started is
+//! unregistered when its routine returns, or, on `pthread_exit` and cancellation, by a glibc
+//! cleanup buffer in the trampoline's frame, which the forced unwind runs as it leaves the frame.
+//! Code of the thread can still run after that only in destructors it registered itself
+//! (thread-specific data, C++/Rust `thread_local`): the shims of `pthread_setspecific` and
+//! `__cxa_thread_atexit_impl` mark such a thread, and for it the pthread key is armed instead, whose
+//! destructor unregisters the thread after them ([`super::thread_key`]), as it does for every thread the library did not
+//! start (the main thread, threads seen first in a call). A thread with no destructor of its own
+//! thus costs glibc no thread-specific-data round at exit.
 
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -23,7 +32,7 @@ use super::packets::{self, StartPacket};
 use super::publish::publish_table_if_pending;
 use super::real::{self, StartRoutine};
 use super::state::{load_facts, lock_registry, registry, State};
-use super::thread_key::{current_slot, set_current_slot};
+use super::thread_key::{current_slot, registered_by_trampoline, routine_ended};
 use crate::mask::CpuMask;
 use crate::registry::ChildPlan;
 use crate::sys;
@@ -132,6 +141,26 @@ fn explicit_mask(attr: *const libc::pthread_attr_t) -> Option<CpuMask> {
     (rc == 0 && !unset).then(|| CpuMask::from_kernel_bytes(&big))
 }
 
+/// glibc's cleanup buffer (`struct _pthread_cleanup_buffer`), as `_pthread_cleanup_push` links
+/// it into the thread's list; the forced unwind of `pthread_exit` and cancellation runs its
+/// routine when it leaves the frame that holds it.
+#[repr(C)]
+struct CleanupBuffer {
+    routine: Option<extern "C" fn(*mut c_void)>,
+    arg: *mut c_void,
+    canceltype: c_int,
+    prev: *mut CleanupBuffer,
+}
+
+extern "C" {
+    fn _pthread_cleanup_push(
+        buffer: *mut CleanupBuffer,
+        routine: extern "C" fn(*mut c_void),
+        arg: *mut c_void,
+    );
+    fn _pthread_cleanup_pop(buffer: *mut CleanupBuffer, execute: c_int);
+}
+
 extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     // SAFETY: `raw` is the packet the hook handed to this thread and to no one else. Its contents
     // are moved out here; nothing of it stays owned by this frame while the user routine runs.
@@ -141,7 +170,20 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     // Nothing with a destructor is alive in this frame.
     let start: UnwindingStart =
         unsafe { std::mem::transmute::<StartRoutine, UnwindingStart>(start) };
-    start(arg)
+    let mut buffer = CleanupBuffer {
+        routine: None,
+        arg: std::ptr::null_mut(),
+        canceltype: 0,
+        prev: std::ptr::null_mut(),
+    };
+    // SAFETY: the buffer lives in this frame until the pop below, or until the forced unwind,
+    // which runs (and unlinks) it as it leaves this frame; the routine takes no argument.
+    unsafe { _pthread_cleanup_push(&mut buffer, routine_ended, std::ptr::null_mut()) };
+    let ret = start(arg);
+    // SAFETY: the buffer pushed above, still the thread's innermost: the routine returned, so
+    // every buffer it pushed was popped.
+    unsafe { _pthread_cleanup_pop(&mut buffer, 1) };
+    ret
 }
 
 fn register_self(mut plan: ChildPlan) {
@@ -157,8 +199,5 @@ fn register_self(mut plan: ChildPlan) {
     let slot = registry()
         .lock()
         .register_child(plan, tid, handle as u64, &Kernel);
-    if !set_current_slot(slot) {
-        // Without the key its exit would go unseen: forget it now rather than leak it.
-        registry().lock().thread_exited(slot);
-    }
+    registered_by_trampoline(slot);
 }

@@ -24,11 +24,19 @@ use crate::{log_debug, log_error, log_warn};
 
 /// Runs initialisation once; a hook that arrives while it runs (on this thread or another)
 /// passes through untouched.
+#[inline]
 pub fn ensure_init() -> State {
     let now = state();
     if now != State::Uninitialised {
         return now;
     }
+    initialise_once()
+}
+
+/// [`ensure_init`]'s first call, out of line: every hook pays only the load above.
+#[cold]
+#[inline(never)]
+fn initialise_once() -> State {
     if STATE
         .compare_exchange(
             State::Uninitialised as u8,

@@ -52,9 +52,37 @@ pub(super) static PUBLISHED: EngineLock<Vec<Box<Snapshot>>> = EngineLock::new(Ve
 /// Set in a fork child, for the life of its image: the loader's locks may be held for good.
 static IN_FORK_CHILD: AtomicBool = AtomicBool::new(false);
 
+/// The last answer, packed in one word so that no reader sees half of another's update:
+/// the address (user space fits in 47 bits), the answer, and the low 16 bits of the unload count
+/// it was given under. Thread pools start the same routine again and again; a hit costs a load
+/// and a compare instead of the snapshot's search. 0: empty.
+static LAST: AtomicU64 = AtomicU64::new(0);
+
+const ADDR_BITS: u32 = 47;
+
+fn pack(addr: usize, worker: bool, unloads: u64) -> Option<u64> {
+    let addr = addr as u64;
+    (addr != 0 && addr >> ADDR_BITS == 0)
+        .then_some(addr | (worker as u64) << ADDR_BITS | (unloads & 0xffff) << (ADDR_BITS + 1))
+}
+
 /// Answers whether `addr` lies in an object whose file name `is_worker` accepts.
 pub fn in_worker_object(addr: usize, is_worker: &dyn Fn(&str) -> bool) -> bool {
     let unloads = UNLOADS.load(Ordering::Acquire);
+    let last = LAST.load(Ordering::Relaxed);
+    if let Some(key) = pack(addr, false, unloads) {
+        if last & !(1 << ADDR_BITS) == key {
+            return last & (1 << ADDR_BITS) != 0;
+        }
+    }
+    let answer = lookup_uncached(addr, unloads, is_worker);
+    if let Some(packed) = pack(addr, answer, unloads) {
+        LAST.store(packed, Ordering::Relaxed);
+    }
+    answer
+}
+
+fn lookup_uncached(addr: usize, unloads: u64, is_worker: &dyn Fn(&str) -> bool) -> bool {
     READERS.fetch_add(1, Ordering::SeqCst);
     // SAFETY: a non-null CURRENT points to a snapshot leaked from a Box; a writer frees it only
     // after replacing it and then seeing no reader in flight, and this reader is counted from
@@ -112,6 +140,7 @@ fn publish(snapshot: Box<Snapshot>) {
 /// After the real `dlclose` returned: every snapshot scanned before is stale.
 pub fn unloaded() {
     UNLOADS.fetch_add(1, Ordering::Release);
+    LAST.store(0, Ordering::Relaxed);
 }
 
 /// The interposed `dlclose`: the real one, then the snapshot marked stale. Its return value,

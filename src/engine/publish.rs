@@ -109,10 +109,16 @@ fn publish_thread_table(dir: &std::path::Path) {
 /// Called on the paths where a process starts to matter (thread creation, configure, worker
 /// scope, pin). The registry publishes every slot it holds when the table arrives, so threads
 /// registered before it (the main thread) are shown too.
+#[inline]
 pub fn publish_table_if_pending() {
-    if !TABLE_PENDING.load(Ordering::Relaxed) {
-        return;
+    if TABLE_PENDING.load(Ordering::Relaxed) {
+        publish_pending();
     }
+}
+
+#[cold]
+#[inline(never)]
+fn publish_pending() {
     let Some(p) = LOAD_FACTS.get() else {
         return;
     };

@@ -34,6 +34,9 @@ pub type Setenv = unsafe extern "C" fn(*const c_char, *const c_char, c_int) -> c
 pub type Putenv = unsafe extern "C" fn(*mut c_char) -> c_int;
 pub type Unsetenv = unsafe extern "C" fn(*const c_char) -> c_int;
 pub type Clearenv = unsafe extern "C" fn() -> c_int;
+pub type PthreadSetspecific = unsafe extern "C" fn(libc::pthread_key_t, *const c_void) -> c_int;
+pub type CxaThreadAtexit =
+    unsafe extern "C" fn(unsafe extern "C" fn(*mut c_void), *mut c_void, *mut c_void) -> c_int;
 pub type PosixSpawn = unsafe extern "C" fn(
     *mut libc::pid_t,
     *const c_char,
@@ -79,6 +82,8 @@ static UNSETENV: AtomicUsize = AtomicUsize::new(0);
 static CLEARENV: AtomicUsize = AtomicUsize::new(0);
 static TIMER_CREATE: AtomicUsize = AtomicUsize::new(0);
 static TIMER_DELETE: AtomicUsize = AtomicUsize::new(0);
+static PTHREAD_SETSPECIFIC: AtomicUsize = AtomicUsize::new(0);
+static CXA_THREAD_ATEXIT: AtomicUsize = AtomicUsize::new(0);
 
 /// The exported symbol every copy of the library defines, which names a copy.
 const MARK: &CStr = c"tllm_affinity_version";
@@ -183,7 +188,8 @@ pub fn dlclose() -> Option<Dlclose> {
 }
 
 /// Functions looked up by name alone, resolved at load: a `vfork` child (which may exec or set
-/// its environment) must never enter the loader.
+/// its environment) must never enter the loader, nor a thread registering its exit destructors
+/// while another thread's `dlopen` holds the loader lock.
 macro_rules! by_name {
     ($($fn:ident, $cache:ident, $name:literal, $ty:ty;)*) => {$(
         pub fn $fn() -> Option<$ty> {
@@ -209,6 +215,8 @@ by_name! {
     posix_spawnp, POSIX_SPAWNP, c"posix_spawnp", PosixSpawn;
     timer_create, TIMER_CREATE, c"timer_create", TimerCreate;
     timer_delete, TIMER_DELETE, c"timer_delete", TimerDelete;
+    pthread_setspecific, PTHREAD_SETSPECIFIC, c"pthread_setspecific", PthreadSetspecific;
+    cxa_thread_atexit_impl, CXA_THREAD_ATEXIT, c"__cxa_thread_atexit_impl", CxaThreadAtexit;
 }
 
 /// Resolves everything up front, from the constructor, so that hooks rarely need the loader.
@@ -232,6 +240,8 @@ pub fn resolve_all() -> bool {
     clearenv();
     timer_create();
     timer_delete();
+    pthread_setspecific();
+    cxa_thread_atexit_impl();
     let first = object_of(lookup(libc::RTLD_DEFAULT, MARK, None));
     // Null when no copy is in the global scope (this one loaded RTLD_LOCAL): it acts.
     let acting = first == 0 || first == object_of(resolve_all as fn() -> bool as usize);

@@ -7,6 +7,8 @@
  *   hostile glibc            glibc's own helper threads (timer_create SIGEV_THREAD, aio) started
  *                            from a worker during a lease
  *   hostile tsd              a worker's thread-specific-data destructor creates a thread
+ *   hostile tlsdtor          a worker's thread_local destructor (__cxa_thread_atexit_impl, as
+ *                            C++ registers one) creates a thread and sets its own mask
  *   hostile launchvar        prints what the library left in TLLM_AFFINITY_LAUNCH
  *   hostile fifo <ms>        two SCHED_FIFO threads of different priorities on one CPU, both
  *                            creating threads (so both take the library's locks)
@@ -386,6 +388,62 @@ static int mode_tsd(void) {
     return 0;
 }
 
+/* ---- a thread created from a thread_local destructor -------------------------------------- */
+
+/* What a C++ `thread_local` with a destructor registers (g++ emits this call). */
+extern int __cxa_thread_atexit_impl(void (*dtor)(void *), void *obj, void *dso);
+extern void *__dso_handle;
+
+static void tls_destructor(void *obj) {
+    (void)obj;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    pthread_create(&t, &attr, orphan, NULL);
+    pthread_attr_destroy(&attr);
+    /* Then, once the child runs (registered), its own mask, set again: the library must still
+     * know the thread. Not before: a child that registers after its creator chose its own mask
+     * takes that choice on (register_child reads the creator's placement as it is then). */
+    sem_wait(&orphan_started);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (syscall(SYS_sched_getaffinity, 0, sizeof set, &set) > 0) sched_setaffinity(0, sizeof set, &set);
+}
+
+static pid_t tls_exiting_tid;
+
+static void *tls_exiting_worker(void *arg) {
+    (void)arg;
+    tls_exiting_tid = lc_tid();
+    __cxa_thread_atexit_impl(tls_destructor, NULL, &__dso_handle);
+    return NULL;
+}
+
+static void task_start_tls_exiting(agent_t *self, void *arg) {
+    (void)self;
+    (void)arg;
+    pthread_t t;
+    pthread_create(&t, NULL, tls_exiting_worker, NULL);
+    pthread_join(t, NULL);
+}
+
+static int mode_tlsdtor(void) {
+    note("main");
+    sem_init(&orphan_started, 0, 0);
+    agent_t *w = agent_new("W");
+    agent_do(w, task_configure, (void *)0);
+    /* Joined: its destructor waited for the orphan to start. */
+    agent_do(w, task_start_tls_exiting, NULL);
+    /* Gone and joined: the library must answer that it no longer knows the tid. */
+    lc_say("EXITED %d role=%d", (int)tls_exiting_tid, lc_role(tls_exiting_tid));
+    phase("configured");
+    lc_report("configured");
+    agent_do(w, task_release_all, NULL);
+    phase("released");
+    return 0;
+}
+
 /* ---- SCHED_FIFO threads of two priorities on one CPU -------------------------------------- */
 
 static volatile int stop_fifo;
@@ -469,9 +527,10 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "chain")) return mode_chain(argc > 2 ? atol(argv[2]) : 20000);
     if (!strcmp(mode, "glibc")) return mode_glibc();
     if (!strcmp(mode, "tsd")) return mode_tsd();
+    if (!strcmp(mode, "tlsdtor")) return mode_tlsdtor();
     if (!strcmp(mode, "timers")) return mode_timers();
     if (!strcmp(mode, "launchvar")) return mode_launchvar();
     if (!strcmp(mode, "fifo")) return mode_fifo(argc > 2 ? atoi(argv[2]) : 2000);
-    fprintf(stderr, "usage: hostile signals|vfork|chain|glibc|tsd|launchvar|fifo\n");
+    fprintf(stderr, "usage: hostile signals|vfork|chain|glibc|tsd|tlsdtor|launchvar|fifo\n");
     return 64;
 }
