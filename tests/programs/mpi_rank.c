@@ -30,16 +30,8 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-typedef int64_t (*configure_fn)(int32_t);
-typedef int32_t (*release_fn)(int64_t);
-typedef int32_t (*role_fn)(int32_t);
-typedef int64_t (*report_fn)(char *, uint64_t);
-
-static configure_fn tllm_configure;
-static release_fn tllm_release;
-static role_fn tllm_role;
-static report_fn tllm_report;
+#include "abi.h"
+#include "park.h"
 
 #define MAX_THREADS 64
 static struct { char name[16]; pid_t tid; } threads[MAX_THREADS];
@@ -72,9 +64,7 @@ static void wait_for_count(int n) {
 
 static void *parked(void *name) {
     note((const char *)name);
-    pthread_mutex_lock(&lock);
-    while (!quit) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
+    park_until(&lock, &changed, &quit);
     return NULL;
 }
 
@@ -209,10 +199,7 @@ static void *worker_main(void *unused) {
 }
 
 int main(int argc, char **argv) {
-    tllm_configure = (configure_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
-    tllm_release = (release_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_release");
-    tllm_role = (role_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_role");
-    tllm_report = (report_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_report");
+    tllm_abi_load();
     const char *mode = argc > 1 ? argv[1] : "dedicated";
 
     note("main");
@@ -237,10 +224,7 @@ int main(int argc, char **argv) {
     }
     int sum = 0, one = 1;
     MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    pthread_mutex_lock(&lock);
-    quit = 1;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
+    raise_flag(&lock, &changed, &quit);
     if (!leader) {
         pthread_join(engine, NULL);
     } else {

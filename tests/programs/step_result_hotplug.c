@@ -24,6 +24,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "cpulist.h"
+#include "park.h"
 
 static int64_t (*configure)(int32_t);
 static int32_t (*release_lease)(int64_t);
@@ -54,11 +55,7 @@ static void wait_ready(int n) {
     pthread_mutex_unlock(&lock);
 }
 
-static void wait_quit(void) {
-    pthread_mutex_lock(&lock);
-    while (!quit) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
+static void wait_quit(void) { park_until(&lock, &changed, &quit); }
 
 static pid_t gettid_(void) { return (pid_t)syscall(SYS_gettid); }
 
@@ -165,10 +162,7 @@ int main(int argc, char **argv) {
     pthread_create(&n, NULL, late_thread, NULL);
     wait_ready(6);
     masks("online", 7);
-    pthread_mutex_lock(&lock);
-    quit = 1;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
+    raise_flag(&lock, &changed, &quit);
     pthread_join(w, NULL);
     pthread_join(h, NULL);
     pthread_join(t, NULL);
