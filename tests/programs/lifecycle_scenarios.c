@@ -21,6 +21,7 @@
  * (the library's JSON report) and free-form result lines checked by tests/lifecycle.rs.
  */
 #include "agents.h"
+#include "park.h"
 
 #include <grp.h>
 #include <signal.h>
@@ -30,6 +31,14 @@
 
 static int cpu_arg;
 
+/* The one-CPU mask {cpu_arg} that the pinning tasks set. */
+static cpu_set_t only_cpu_arg(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu_arg, &set);
+    return set;
+}
+
 /* ---- explicit --------------------------------------------------------------------------- */
 
 static agent_t *explicit_child;
@@ -37,9 +46,7 @@ static void task_spawn_explicit(agent_t *self, void *arg) {
     (void)self;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu_arg, &set);
+    cpu_set_t set = only_cpu_arg();
     pthread_attr_setaffinity_np(&attr, sizeof set, &set);
     int rc;
     explicit_child = agent_new_attr((const char *)arg, &attr, &rc);
@@ -78,27 +85,21 @@ static int mode_explicit(void) {
 
 static void task_pin_self(agent_t *self, void *arg) {
     (void)arg;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu_arg, &set);
+    cpu_set_t set = only_cpu_arg();
     int rc = sched_setaffinity(0, sizeof set, &set);
     lc_say("PINNED %s sched_setaffinity(0) -> %d", self->name, rc);
 }
 
 static void task_pin_other_pthread(agent_t *self, void *arg) {
     agent_t *other = arg;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu_arg, &set);
+    cpu_set_t set = only_cpu_arg();
     int rc = pthread_setaffinity_np(other->thread, sizeof set, &set);
     lc_say("PINNED %s pthread_setaffinity_np(%s) -> %d", self->name, other->name, rc);
 }
 
 static void task_pin_other_tid(agent_t *self, void *arg) {
     agent_t *other = arg;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu_arg, &set);
+    cpu_set_t set = only_cpu_arg();
     int rc = sched_setaffinity(other->tid, sizeof set, &set);
     lc_say("PINNED %s sched_setaffinity(%s) -> %d", self->name, other->name, rc);
 }
@@ -313,11 +314,7 @@ static int mode_createfail(int n) {
 static int unpark, parked_count;
 static void *parked(void *arg) {
     (void)arg;
-    pthread_mutex_lock(&park_m);
-    parked_count++;
-    pthread_cond_broadcast(&park_c);
-    while (!unpark) pthread_cond_wait(&park_c, &park_m);
-    pthread_mutex_unlock(&park_m);
+    park_counted(&park_m, &park_c, &parked_count, &unpark);
     return NULL;
 }
 
@@ -346,10 +343,7 @@ static int mode_nproc(void) {
     lc_say("NPROC made=%d rc=%d errno=%d", made, rc, errno_after);
     phase("limited");
     lc_report("limited");
-    pthread_mutex_lock(&park_m);
-    unpark = 1;
-    pthread_cond_broadcast(&park_c);
-    pthread_mutex_unlock(&park_m);
+    raise_flag(&park_m, &park_c, &unpark);
     for (int i = 0; i < made; i++) pthread_join(threads[i], NULL);
     lc_wait_tasks(2);
     agent_t *late = agent_new("late");

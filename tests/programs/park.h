@@ -5,16 +5,27 @@
 
 #include <pthread.h>
 
-static void park_until(pthread_mutex_t *m, pthread_cond_t *c, const int *flag) {
+/* Not every program uses every one. */
+__attribute__((unused)) static void park_until(pthread_mutex_t *m, pthread_cond_t *c, const int *flag) {
     pthread_mutex_lock(m);
     while (!*flag) pthread_cond_wait(c, m);
     pthread_mutex_unlock(m);
 }
 
-static void raise_flag(pthread_mutex_t *m, pthread_cond_t *c, int *flag) {
+__attribute__((unused)) static void raise_flag(pthread_mutex_t *m, pthread_cond_t *c, int *flag) {
     pthread_mutex_lock(m);
     *flag = 1;
     pthread_cond_broadcast(c);
+    pthread_mutex_unlock(m);
+}
+
+/* park_until, counting itself in first, so that whoever started the thread can wait for it. */
+__attribute__((unused)) static void park_counted(pthread_mutex_t *m, pthread_cond_t *c, int *count,
+                                                 const int *flag) {
+    pthread_mutex_lock(m);
+    (*count)++;
+    pthread_cond_broadcast(c);
+    while (!*flag) pthread_cond_wait(c, m);
     pthread_mutex_unlock(m);
 }
 
