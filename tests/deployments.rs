@@ -183,20 +183,9 @@ fn check(deployment: &Deployment) {
     (deployment.own)(&seen);
 }
 
-/// One `#[test]` per deployment, named after the rule it shows.
-macro_rules! deployments {
-    ($($(#[$doc:meta])* $name:ident: $deployment:expr;)*) => {
-        $(
-            $(#[$doc])*
-            #[test]
-            fn $name() {
-                check(&$deployment);
-            }
-        )*
-    };
-}
-
-deployments! {
+// One `#[test]` per deployment, named after the rule it shows.
+table_tests! {
+    check;
     /// Deployment 1, single-process TP1 worker in the HTTP server's process: the event loop
     /// (main), the host pool (a background task's thread, the threads requests run on, made
     /// before, during and after the lease) keep the launch mask; the executor thread, the

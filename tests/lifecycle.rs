@@ -235,20 +235,8 @@ fn check_preserved(row: &Preserved) {
     (row.own)(&end);
 }
 
-/// One `#[test]` per program of `Preserved`.
-macro_rules! preserved {
-    ($($(#[$doc:meta])* $name:ident: $row:expr;)*) => {
-        $(
-            $(#[$doc])*
-            #[test]
-            fn $name() {
-                check_preserved(&$row);
-            }
-        )*
-    };
-}
-
-preserved! {
+table_tests! {
+    check_preserved;
     /// `sched_setaffinity(0)`, `sched_setaffinity(tid)` and `pthread_setaffinity_np` by the
     /// program on worker threads during a lease are observed: a second configure and the release
     /// leave them alone. `taskset -p` from outside on another worker is found at release
