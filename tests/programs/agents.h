@@ -247,6 +247,13 @@ static void task_configure(agent_t *self, void *arg) {
     if (lease > 0 && lc_n_leases < 64) lc_leases[lc_n_leases++] = lease;
 }
 
+/* An agent that has configured `device`: the worker most scenarios start with. */
+static agent_t *configured_agent(const char *name, int device) {
+    agent_t *a = agent_new(name);
+    agent_do(a, task_configure, (void *)(intptr_t)device);
+    return a;
+}
+
 static void task_release_all(agent_t *self, void *arg) {
     (void)arg;
     for (int i = 0; i < lc_n_leases; i++)

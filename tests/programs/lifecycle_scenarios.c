@@ -59,8 +59,7 @@ static void task_spawn_explicit(agent_t *self, void *arg) {
 
 static int mode_explicit(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     spawn_from(w, "C");
     agent_do(w, task_spawn_explicit, "E");
     agent_t *e = explicit_child;
@@ -106,8 +105,7 @@ static void task_pin_other_tid(agent_t *self, void *arg) {
 
 static int mode_observe(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     spawn_from(w, "C");
     agent_t *s1 = spawn_from(w, "S1");
     agent_t *s2 = spawn_from(w, "S2");
@@ -238,8 +236,7 @@ static int mode_exits(void) {
     lc_report("start");
     int n = churn_ways("main");
     lc_say("ENDED main %d", n);
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     detached_done = 0;
     agent_do(w, task_churn, NULL);
     agent_do(w, task_orphan, NULL);
@@ -299,8 +296,7 @@ static int mode_createfail(int n) {
     note("main");
     lc_report("before");
     fail_loop("main", n);
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     agent_do(w, task_fail, NULL);
     spawn_from(w, "C");
     phase("after");
@@ -320,8 +316,7 @@ static void *parked(void *arg) {
 
 static int mode_nproc(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    (void)configured_agent("W", 0);
     struct rlimit lim = {16, 16};
     if (setrlimit(RLIMIT_NPROC, &lim) != 0 || setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
         setresuid(65534, 65534, 65534) != 0) {
@@ -418,8 +413,7 @@ static int mode_fork(void) {
     note("main");
     agent_t *h = agent_new("H");
     (void)h;
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     spawn_from(w, "C1");
     spawn_from(w, "C2");
     fork_and_wait("main", 0);
@@ -465,8 +459,7 @@ static void *storm_configurer(void *arg) {
 
 static int mode_forkstorm(int n) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     pthread_create(&storm_threads[0], NULL, storm_creator, NULL); /* a host creator */
     agent_do(w, task_start_storm, NULL);                         /* a worker creator */
     pthread_t conf;
@@ -548,8 +541,7 @@ static void task_dlopen(agent_t *self, void *arg) {
 
 static int mode_dlopen(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     agent_do(w, task_dlopen, "A");
     dlopen_and_note(dl_paths[1], "B");
     dlopen_and_note(dl_paths[2], "N");
@@ -562,16 +554,21 @@ static int mode_dlopen(void) {
 
 /* ---- configure / role ------------------------------------------------------------------- */
 
-static int mode_configure(int device) {
-    note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)(intptr_t)device);
+/* W configures `device` and makes C; the phase and report "configured", then W releases and the
+ * phase "released" (the configure and early modes). */
+static int configure_and_release(int device) {
+    agent_t *w = configured_agent("W", device);
     spawn_from(w, "C");
     phase("configured");
     lc_report("configured");
     agent_do(w, task_release_all, NULL);
     phase("released");
     return 0;
+}
+
+static int mode_configure(int device) {
+    note("main");
+    return configure_and_release(device);
 }
 
 static int mode_role(void) {
@@ -596,14 +593,7 @@ static int mode_early(void) {
     note_tid("early", early_tid());
     lc_say("EARLY tid=%d role=%d", (int)early_tid(), lc_role(early_tid()));
     lc_report("load");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
-    spawn_from(w, "C");
-    phase("configured");
-    lc_report("configured");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
-    return 0;
+    return configure_and_release(0);
 }
 
 /* ---- exit: a plain program for the bad-input table -------------------------------------- */
@@ -647,8 +637,7 @@ static void task_exec(agent_t *self, void *arg) {
 
 static int mode_exec(const char *who) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     spawn_from(w, "C");
     phase("before-exec");
     lc_report("before-exec");
