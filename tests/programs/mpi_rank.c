@@ -31,36 +31,11 @@
 #include <time.h>
 #include <unistd.h>
 #include "abi.h"
+#include "named_threads.h"
 #include "park.h"
 
-#define MAX_THREADS 64
-static struct { char name[16]; pid_t tid; } threads[MAX_THREADS];
-static int n_threads;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static int quit;
 static int rank;
-
-static pid_t gettid_(void) { return (pid_t)syscall(SYS_gettid); }
-
-static void note_tid(const char *name, pid_t tid) {
-    pthread_mutex_lock(&lock);
-    if (n_threads < MAX_THREADS) {
-        snprintf(threads[n_threads].name, sizeof threads[n_threads].name, "%s", name);
-        threads[n_threads].tid = tid;
-        n_threads++;
-    }
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
-}
-
-static void note(const char *name) { note_tid(name, gettid_()); }
-
-static void wait_for_count(int n) {
-    pthread_mutex_lock(&lock);
-    while (n_threads < n) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
 
 static void *parked(void *name) {
     note((const char *)name);

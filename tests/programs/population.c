@@ -21,29 +21,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "abi.h"
+#include "named_threads.h"
 #include "park.h"
 
-#define MAX_THREADS 32
-static struct { char name[8]; pid_t tid; } threads[MAX_THREADS];
-static int n_threads;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static int quit;
-
-static void note(const char *name) {
-    pthread_mutex_lock(&lock);
-    snprintf(threads[n_threads].name, sizeof threads[n_threads].name, "%s", name);
-    threads[n_threads].tid = (pid_t)syscall(SYS_gettid);
-    n_threads++;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
-}
-
-static void wait_for_count(int n) {
-    pthread_mutex_lock(&lock);
-    while (n_threads < n) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
 
 static void park(void) { park_until(&lock, &changed, &quit); }
 
