@@ -132,8 +132,7 @@ static int mode_vfork(void) {
     agent_do(w, task_children, NULL);
     lc_report("children");
     phase("children");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 
@@ -254,8 +253,7 @@ static int mode_glibc(void) {
     agent_do(w, task_glibc_helpers, NULL);
     note_unnamed("helper");
     phase("configured");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 
@@ -376,8 +374,7 @@ static int mode_tsd(void) {
     agent_do(w, task_start_exiting, NULL);
     sem_wait(&orphan_started);
     phase("configured");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 

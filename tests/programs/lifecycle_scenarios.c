@@ -120,8 +120,7 @@ static int mode_observe(void) {
     spawn_from(s1, "S1child");
     phase("configured-twice");
     /* the test runs taskset -p on S3 here */
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     lc_report("released");
     agent_do(w, task_configure, (void *)0);
     phase("configured-again");
@@ -547,8 +546,7 @@ static int mode_dlopen(void) {
     dlopen_and_note(dl_paths[2], "N");
     phase("loaded");
     lc_report("loaded");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 
@@ -561,8 +559,7 @@ static int configure_and_release(int device) {
     spawn_from(w, "C");
     phase("configured");
     lc_report("configured");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 
