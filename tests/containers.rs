@@ -654,6 +654,26 @@ fn population_phases<const N: usize>(cmd: Command, name: &str) -> ([Phase; N], F
     })
 }
 
+/// [`population_phases`] of [`population_in_container`], in a container named after `case`; the
+/// phases are printed as the host read them.
+fn population_run<const N: usize>(
+    device: &Device,
+    sysfs: &Sysfs,
+    case: &str,
+    options: &[&str],
+    prefix: &[&str],
+) -> ([Phase; N], Finished) {
+    let name = container_name(case);
+    let (phases, end) = population_phases::<N>(
+        population_in_container(device, sysfs, &name, options, prefix),
+        &name,
+    );
+    for phase in &phases {
+        println!("  {}", describe(phase));
+    }
+    (phases, end)
+}
+
 /// [`container_phase`] for a line already read.
 fn phase_from_line(line: &str, pid: u32) -> Phase {
     let host = tids_by_namespace_tid(pid);
@@ -671,21 +691,14 @@ fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let name = container_name("mixed");
     let started = Instant::now();
-    let (phases, end) = population_phases::<5>(
-        population_in_container(&device, &sysfs, &name, &[], &[]),
-        &name,
-    );
+    let (phases, end) = population_run::<5>(&device, &sysfs, "mixed", &[], &[]);
     println!(
         "$ podman run --device {} -v <simulated sysfs>:/sim:ro -e TLLM_AFFINITY_SYSFS_ROOT=/sim \
          --rootfs <glibc image> /opt/test/population 0   ({:.1} s)",
         device.request(),
         started.elapsed().as_secs_f64()
     );
-    for phase in &phases {
-        println!("  {}", describe(phase));
-    }
     println!("{}", end.stderr);
     assert!(end.status.success(), "{}", end.stderr);
     let [before, configured, _twice, released, _after] = &phases;
@@ -716,14 +729,8 @@ fn a_containers_own_cpuset_is_not_a_constraint() {
     let device = Device::new("cpuset", None);
     let sysfs = Sysfs::two_nodes();
     let local = sysfs.node1.to_list();
-    let name = container_name("cpuset");
-    let (phases, end) = population_phases::<2>(
-        population_in_container(&device, &sysfs, &name, &["--cpuset-cpus", &local], &[]),
-        &name,
-    );
-    for phase in &phases {
-        println!("  {}", describe(phase));
-    }
+    let (phases, end) =
+        population_run::<2>(&device, &sysfs, "cpuset", &["--cpuset-cpus", &local], &[]);
     let configured = &phases[1];
     assert_eq!(
         configured.mask("main"),
@@ -754,14 +761,8 @@ fn taskset_inside_a_container_is_a_constraint() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let pinned = sysfs.node0.to_list();
-    let name = container_name("taskset");
-    let (phases, end) = population_phases::<2>(
-        population_in_container(&device, &sysfs, &name, &[], &["taskset", "-c", &pinned]),
-        &name,
-    );
-    for phase in &phases {
-        println!("  {}", describe(phase));
-    }
+    let (phases, end) =
+        population_run::<2>(&device, &sysfs, "taskset", &[], &["taskset", "-c", &pinned]);
     let configured = &phases[1];
     let keeps = "a host thread keeps the binding";
     expect(configured, Named(&["main", "H1"]), on(&pinned), keeps);
@@ -790,11 +791,8 @@ fn the_users_policy_variables_decide_inside_the_container() {
         ("TLLM_AFFINITY_POLICY=keep", all.clone()),
         (cpus.as_str(), node0.clone()),
     ] {
-        let name = container_name(&format!("policy-{}", variable.len()));
-        let (phases, end) = population_phases::<2>(
-            population_in_container(&device, &sysfs, &name, &["-e", variable], &[]),
-            &name,
-        );
+        let case = format!("policy-{}", variable.len());
+        let (phases, end) = population_run::<2>(&device, &sysfs, &case, &["-e", variable], &[]);
         println!("-e {variable}: {}", describe(&phases[1]));
         let why = format!("-e {variable}\n{}", end.stderr);
         expect(&phases[1], Named(&WORKERS), worker_on(&workers), &why);

@@ -47,338 +47,326 @@ fn serve_two_requests(cmd: Command) -> ([Phase; 5], Finished, String, String) {
     (phases, end, a.join().unwrap(), b.join().unwrap())
 }
 
-fn record(deployment: &str, phases: &[&Phase]) {
-    for phase in phases {
-        println!("{deployment} {}", describe(phase));
+/// The five phases every deployment goes through, in order.
+#[derive(Clone, Copy)]
+enum At {
+    Before,
+    During,
+    Serving,
+    Shutdown,
+    After,
+}
+use At::*;
+
+/// The CPUs a rule expects: the launch mask, or the GPU-local set (node1).
+#[derive(Clone, Copy)]
+enum Cpus {
+    Launch,
+    Local,
+}
+
+/// One line of a deployment's table: in each phase of `at`, every thread `threads` matches is a
+/// host (`worker == false`) or a worker on `cpus`.
+struct Rule {
+    at: &'static [At],
+    threads: &'static [&'static str],
+    worker: bool,
+    cpus: Cpus,
+    why: &'static str,
+}
+
+const fn host(at: &'static [At], threads: &'static [&'static str], why: &'static str) -> Rule {
+    Rule {
+        at,
+        threads,
+        worker: false,
+        cpus: Cpus::Launch,
+        why,
     }
 }
 
-/// Deployment 1, single-process TP1 worker in the HTTP server's process: the event loop (main),
-/// the host pool (a background task's thread, the threads requests run on, made before, during
-/// and after the lease) keep the launch mask; the executor thread, the engine's threads and its
-/// OpenMP pool get the GPU-local set and serve the request; shutdown restores every mask.
-#[test]
-fn tp1_worker_inside_the_http_server() {
+const fn worker(
+    at: &'static [At],
+    threads: &'static [&'static str],
+    cpus: Cpus,
+    why: &'static str,
+) -> Rule {
+    Rule {
+        at,
+        threads,
+        worker: true,
+        cpus,
+        why,
+    }
+}
+
+const LEASE: &[At] = &[During, Serving];
+
+/// A deployment: its program, whether it serves HTTP (then the test sends `GET /generate/a`
+/// during the lease and `GET /generate/b` after shutdown), its table of rules and the checks
+/// that are its own.
+struct Deployment<'a> {
+    label: &'static str,
+    program: &'static str,
+    http: bool,
+    rules: &'a [Rule],
+    own: fn(&Seen),
+}
+
+/// What a deployment's run left: its phases, its end, the two responses of an HTTP deployment
+/// and the GPU-local set.
+struct Seen {
+    phases: [Phase; 5],
+    end: Finished,
+    a: String,
+    b: String,
+    local: String,
+}
+
+/// Runs `deployment` through its phases and checks what every deployment shares (the whole
+/// process on the launch mask before configure, at shutdown and after; lease 1 released with
+/// its masks restored; an HTTP deployment's worker answering, nothing after shutdown), its
+/// table, then its own checks.
+fn check(deployment: &Deployment) {
     require!(two_cpus("a worker set narrower than the host"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
-    let ([before, during, serving, shutdown, after], end, a, b) =
-        serve_two_requests(deployment(&sysfs, "deploy_tp1_server.py"));
+    let cmd = self::deployment(&sysfs, deployment.program);
+    let (phases, end, a, b) = if deployment.http {
+        serve_two_requests(cmd)
+    } else {
+        let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases::<5>();
+        (phases, end, String::new(), String::new())
+    };
     assert!(end.status.success(), "{}", end.stderr);
-    record("tp1", &[&before, &during, &serving, &shutdown, &after]);
-
-    expect(&before, All, on(&all), "nothing configured yet");
-    expect(
-        &before,
-        Matching(&["main", "host_pool0", "executor"]),
-        host_on(&all),
-        "host",
-    );
-
-    for phase in [&during, &serving] {
-        expect(
-            phase,
-            Matching(&["main", "host_pool0"]),
-            host_on(&all),
-            "the server's threads",
-        );
-        expect(
-            phase,
-            Matching(&["executor", "executor_loop", "await_response", "engine_omp"]),
-            worker_on(&local),
-            "the worker's threads",
-        );
+    for phase in &phases {
+        println!("{} {}", deployment.label, describe(phase));
     }
-    expect(
-        &serving,
-        Matching(&["req_a"]),
-        host_on(&all),
-        "a request thread made during the lease",
-    );
-    assert_ne!(
-        serving.thread("req_a").tid,
-        serving.thread("host_pool0").tid,
-        "the pool grew for the request: a thread the event loop made during the lease"
-    );
+    let seen = Seen {
+        phases,
+        end,
+        a,
+        b,
+        local,
+    };
+    let phase = |at: At| &seen.phases[at as usize];
 
-    // Shutdown: the engine's threads were joined; the executor thread and its OpenMP pool
-    // remain, restored; the server's threads never moved.
-    expect(&shutdown, All, on(&all), "restored at shutdown");
-    expect(
-        &shutdown,
-        Matching(&["executor", "engine_omp"]),
-        worker_on(&all),
-        "restored",
-    );
-    expect(&after, All, on(&all), "after the worker's life");
-    expect(
-        &after,
-        Matching(&["req_b"]),
-        host_on(&all),
-        "a request after shutdown",
-    );
-
-    assert!(a.starts_with("HTTP/1.0 200"), "{a}");
+    expect(phase(Before), All, on(&all), "nothing configured yet");
+    expect(phase(Shutdown), All, on(&all), "restored at shutdown");
+    expect(phase(After), All, on(&all), "after the worker's life");
+    for rule in deployment.rules {
+        let cpus = match rule.cpus {
+            Cpus::Launch => &all,
+            Cpus::Local => &seen.local,
+        };
+        let want = if rule.worker {
+            worker_on(cpus)
+        } else {
+            host_on(cpus)
+        };
+        for at in rule.at {
+            expect(phase(*at), Matching(rule.threads), want, rule.why);
+        }
+    }
+    if deployment.http {
+        let (a, b) = (&seen.a, &seen.b);
+        assert!(a.starts_with("HTTP/1.0 200"), "{a}");
+        assert!(a.contains(r#""role": 1"#), "a worker answered: {a}");
+        assert!(b.contains(r#""by": null"#), "no worker after shutdown: {b}");
+    }
     assert!(
-        a.contains(r#""role": 1"#),
-        "the engine (a worker) answered: {a}"
-    );
-    assert!(b.contains(r#""by": null"#), "no engine after shutdown: {b}");
-    assert!(
-        end.stderr.contains("released lease 1: restored"),
+        seen.end.stderr.contains("released lease 1: restored"),
         "{}",
-        end.stderr
+        seen.end.stderr
     );
+    (deployment.own)(&seen);
 }
 
-/// Deployment 2, an externally supplied MpiCommSession, rank 0: the user's script (main, its
-/// event loop's executor, grown during the lease), the proxy's dispatch and result threads and
-/// the session's second pool thread keep the launch mask; worker_main's pool thread and the
-/// engine's threads get the GPU-local set and answer the proxied request; at shutdown the
-/// worker's pool thread, idle in the session's pool, is restored.
-#[test]
-fn mpi_comm_session_rank0_in_the_users_script() {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let (phases, end) =
-        Driver::spawn(deployment(&sysfs, "deploy_mpi_session.py"), DEADLINE).all_phases::<5>();
-    assert!(end.status.success(), "{}", end.stderr);
-    let [before, during, serving, shutdown, after] = &phases;
-    record("mpi-session", &[before, during, serving, shutdown, after]);
+// One `#[test]` per deployment, named after the rule it shows.
+table_tests! {
+    check;
+    /// Deployment 1, single-process TP1 worker in the HTTP server's process: the event loop
+    /// (main), the host pool (a background task's thread, the threads requests run on, made
+    /// before, during and after the lease) keep the launch mask; the executor thread, the
+    /// engine's threads and its OpenMP pool get the GPU-local set and serve the request;
+    /// shutdown restores every mask.
+    tp1_worker_inside_the_http_server: Deployment {
+        label: "tp1",
+        program: "deploy_tp1_server.py",
+        http: true,
+        rules: &[
+            host(&[Before], &["main", "host_pool0", "executor"], "host"),
+            host(LEASE, &["main", "host_pool0"], "the server's threads"),
+            worker(
+                LEASE,
+                &["executor", "executor_loop", "await_response", "engine_omp"],
+                Cpus::Local,
+                "the worker's threads",
+            ),
+            host(&[Serving], &["req_a"], "a request thread made during the lease"),
+            // The engine's threads were joined; the executor thread and its OpenMP pool
+            // remain, restored; the server's threads never moved.
+            worker(&[Shutdown], &["executor", "engine_omp"], Cpus::Launch, "restored"),
+            host(&[After], &["req_b"], "a request after shutdown"),
+        ],
+        own: |seen| {
+            let serving = &seen.phases[Serving as usize];
+            assert_ne!(
+                serving.thread("req_a").tid,
+                serving.thread("host_pool0").tid,
+                "the pool grew for the request: a thread the event loop made during the lease"
+            );
+        },
+    };
 
-    let script = ["main", "user_pool0", "proxy_dispatch", "proxy_result"];
-    expect(before, All, on(&all), "nothing configured yet");
-    expect(
-        before,
-        Matching(&script),
-        host_on(&all),
-        "the user's script",
-    );
-    for phase in [during, serving] {
-        expect(phase, Matching(&script), host_on(&all), "the user's script");
-        expect(
-            phase,
-            Matching(&["session_pool1"]),
-            host_on(&all),
-            "the session's other pool thread",
-        );
-        expect(
-            phase,
-            Matching(&["session_worker", "executor_loop", "await_response"]),
-            worker_on(&local),
-            "rank 0's worker",
-        );
-    }
-    expect(
-        serving,
-        Matching(&["user_pool_grown"]),
-        host_on(&all),
-        "the user's loop grew its executor during the lease",
-    );
-    // Two blocking calls ran at once on the loop's executor: two threads, one of them made
-    // (by the loop's thread) during the lease.
-    let held = serving.thread("user_pool_held").tid;
-    let grown = serving.thread("user_pool_grown").tid;
-    assert_ne!(held, grown, "{}", describe(serving));
-    assert!(
-        [held, grown]
-            .iter()
-            .any(|tid| during.threads.values().all(|t| t.tid != *tid)),
-        "the executor grew during the lease: {}",
-        describe(serving)
-    );
-    expect(
-        serving,
-        Matching(&["user_pool_held"]),
-        host_on(&all),
-        "the user's loop executor",
-    );
+    /// Deployment 2, an externally supplied MpiCommSession, rank 0: the user's script (main,
+    /// its event loop's executor, grown during the lease), the proxy's dispatch and result
+    /// threads and the session's second pool thread keep the launch mask; worker_main's pool
+    /// thread and the engine's threads get the GPU-local set and answer the proxied request; at
+    /// shutdown the worker's pool thread, idle in the session's pool, is restored.
+    mpi_comm_session_rank0_in_the_users_script: Deployment {
+        label: "mpi-session",
+        program: "deploy_mpi_session.py",
+        http: false,
+        rules: &[
+            host(&[Before, During, Serving], MPI_SCRIPT, "the user's script"),
+            host(LEASE, &["session_pool1"], "the session's other pool thread"),
+            worker(
+                LEASE,
+                &["session_worker", "executor_loop", "await_response"],
+                Cpus::Local,
+                "rank 0's worker",
+            ),
+            host(
+                &[Serving],
+                &["user_pool_grown"],
+                "the user's loop grew its executor during the lease",
+            ),
+            host(&[Serving], &["user_pool_held"], "the user's loop executor"),
+            worker(
+                &[Shutdown],
+                &["session_worker"],
+                Cpus::Launch,
+                "the worker's pool thread, idle, restored",
+            ),
+            host(&[Shutdown], MPI_SCRIPT, "never touched"),
+        ],
+        own: |seen| {
+            // Two blocking calls ran at once on the loop's executor: two threads, one of them
+            // made (by the loop's thread) during the lease.
+            let (during, serving) = (&seen.phases[During as usize], &seen.phases[Serving as usize]);
+            let held = serving.thread("user_pool_held").tid;
+            let grown = serving.thread("user_pool_grown").tid;
+            assert_ne!(held, grown, "{}", describe(serving));
+            assert!(
+                [held, grown]
+                    .iter()
+                    .any(|tid| during.threads.values().all(|t| t.tid != *tid)),
+                "the executor grew during the lease: {}",
+                describe(serving)
+            );
+        },
+    };
 
-    expect(shutdown, All, on(&all), "restored at shutdown");
-    expect(
-        shutdown,
-        Matching(&["session_worker"]),
-        worker_on(&all),
-        "the worker's pool thread, idle, restored",
-    );
-    expect(shutdown, Matching(&script), host_on(&all), "never touched");
-    expect(after, All, on(&all), "after the worker's life");
-    assert!(
-        end.stderr.contains("released lease 1: restored"),
-        "{}",
-        end.stderr
-    );
+    /// Deployment 3, external-launch VisualGen rank 0 under an HTTP server: the HTTP server
+    /// (main) and its request threads, the coordinator thread started before the worker, with
+    /// its own event loop and the executor threads it makes (before and during the lease), keep
+    /// the launch mask; the worker thread, the engine's threads and its OpenMP denoising pool
+    /// get the GPU-local set and answer the request relayed over loopback; shutdown restores
+    /// them.
+    visualgen_rank0_coordinator_started_before_the_worker: Deployment {
+        label: "visualgen",
+        program: "deploy_visualgen.py",
+        http: true,
+        rules: &[
+            host(&[Before], VISUALGEN_HOSTS, "host"),
+            host(&[Before], &["worker"], "not a worker until it configures"),
+            host(LEASE, VISUALGEN_HOSTS, "the server and the coordinator"),
+            worker(
+                LEASE,
+                &["worker", "executor_loop", "await_response", "engine_omp"],
+                Cpus::Local,
+                "the diffusion worker",
+            ),
+            host(
+                &[Serving],
+                &["req_a", "coord_pool_a"],
+                "the request's threads, made during the lease",
+            ),
+            worker(&[Shutdown], &["worker", "engine_omp"], Cpus::Launch, "restored"),
+            host(&[Shutdown], VISUALGEN_HOSTS, "never touched"),
+            host(&[After], &["req_b"], "a request after shutdown"),
+        ],
+        own: |_| {},
+    };
+
+    /// Deployment 4, the leader of a multi-node launch: the session server thread, main and
+    /// the session's other pool thread keep the launch mask; rank 0's worker on the session
+    /// pool, the engine's threads and every native progress thread started from the
+    /// worker-libs object — by main before configure (MPI), by the worker (NCCL), by the
+    /// session server during the lease — get the GPU-local set: NUMA pinning stays effective
+    /// for the leader. Shutdown restores them all, and a progress thread started afterwards is
+    /// born on the launch mask.
+    multi_node_leader_session_server_and_progress_threads: Deployment {
+        label: "leader",
+        program: "deploy_multinode_leader.py",
+        http: false,
+        rules: &[
+            host(&[Before], LEADER_HOSTS, "host"),
+            worker(
+                &[Before],
+                &["mpi_progress"],
+                Cpus::Launch,
+                "a worker by TLLM_AFFINITY_WORKER_LIBS, though main started it",
+            ),
+            host(LEASE, LEADER_HOSTS, "the leader's host threads"),
+            host(LEASE, &["session_pool1"], "the session's other pool thread"),
+            worker(
+                LEASE,
+                &[
+                    "leader_worker",
+                    "executor_loop",
+                    "await_response",
+                    "mpi_progress",
+                    "nccl_progress",
+                ],
+                Cpus::Local,
+                "rank 0's worker threads",
+            ),
+            worker(
+                &[Serving],
+                &["late_progress"],
+                Cpus::Local,
+                "started by the session server during the lease: born on the worker set",
+            ),
+            worker(
+                &[Shutdown],
+                &["leader_worker", "mpi_progress", "nccl_progress", "late_progress"],
+                Cpus::Launch,
+                "restored, still workers",
+            ),
+            host(&[Shutdown], LEADER_HOSTS, "never touched"),
+            worker(
+                &[After],
+                &["after_progress"],
+                Cpus::Launch,
+                "born after the last release: on the restored mask",
+            ),
+        ],
+        own: |seen| {
+            let local = &seen.local;
+            assert!(
+                seen.end.stderr.contains(&format!(
+                    "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (2/2 threads)"
+                )),
+                "configure placed the worker and the progress thread main had started:\n{}",
+                seen.end.stderr
+            );
+        },
+    };
 }
 
-/// Deployment 3, external-launch VisualGen rank 0 under an HTTP server: the HTTP server (main)
-/// and its request threads, the coordinator thread started before the worker, with its own
-/// event loop and the executor threads it makes (before and during the lease), keep the launch
-/// mask; the worker thread, the engine's threads and its OpenMP denoising pool get the
-/// GPU-local set and answer the request relayed over loopback; shutdown restores them.
-#[test]
-fn visualgen_rank0_coordinator_started_before_the_worker() {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let ([before, during, serving, shutdown, after], end, a, b) =
-        serve_two_requests(deployment(&sysfs, "deploy_visualgen.py"));
-    assert!(end.status.success(), "{}", end.stderr);
-    record(
-        "visualgen",
-        &[&before, &during, &serving, &shutdown, &after],
-    );
-
-    let hosts = ["main", "coordinator", "coord_pool0"];
-    expect(&before, All, on(&all), "nothing configured yet");
-    expect(&before, Matching(&hosts), host_on(&all), "host");
-    expect(
-        &before,
-        Matching(&["worker"]),
-        host_on(&all),
-        "not a worker until it configures",
-    );
-    for phase in [&during, &serving] {
-        expect(
-            phase,
-            Matching(&hosts),
-            host_on(&all),
-            "the server and the coordinator",
-        );
-        expect(
-            phase,
-            Matching(&["worker", "executor_loop", "await_response", "engine_omp"]),
-            worker_on(&local),
-            "the diffusion worker",
-        );
-    }
-    expect(
-        &serving,
-        Matching(&["req_a", "coord_pool_a"]),
-        host_on(&all),
-        "the request's threads, made during the lease",
-    );
-
-    expect(&shutdown, All, on(&all), "restored at shutdown");
-    expect(
-        &shutdown,
-        Matching(&["worker", "engine_omp"]),
-        worker_on(&all),
-        "restored",
-    );
-    expect(&shutdown, Matching(&hosts), host_on(&all), "never touched");
-    expect(&after, All, on(&all), "after the worker's life");
-    expect(
-        &after,
-        Matching(&["req_b"]),
-        host_on(&all),
-        "a request after shutdown",
-    );
-
-    assert!(a.starts_with("HTTP/1.0 200"), "{a}");
-    assert!(a.contains(r#""role": 1"#), "the worker denoised: {a}");
-    assert!(b.contains(r#""by": null"#), "{b}");
-    assert!(
-        end.stderr.contains("released lease 1: restored"),
-        "{}",
-        end.stderr
-    );
-}
-
-/// Deployment 4, the leader of a multi-node launch: the session server thread, main and the
-/// session's other pool thread keep the launch mask; rank 0's worker on the session pool, the
-/// engine's threads and every native progress thread started from the worker-libs object —
-/// by main before configure (MPI), by the worker (NCCL), by the session server during the
-/// lease — get the GPU-local set: NUMA pinning stays effective for the leader. Shutdown
-/// restores them all, and a progress thread started afterwards is born on the launch mask.
-#[test]
-fn multi_node_leader_session_server_and_progress_threads() {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let (phases, end) =
-        Driver::spawn(deployment(&sysfs, "deploy_multinode_leader.py"), DEADLINE).all_phases::<5>();
-    assert!(end.status.success(), "{}", end.stderr);
-    let [before, during, serving, shutdown, after] = &phases;
-    record("leader", &[before, during, serving, shutdown, after]);
-
-    let hosts = ["main", "session_server"];
-    expect(before, All, on(&all), "nothing configured yet");
-    expect(before, Matching(&hosts), host_on(&all), "host");
-    expect(
-        before,
-        Matching(&["mpi_progress"]),
-        worker_on(&all),
-        "a worker by TLLM_AFFINITY_WORKER_LIBS, though main started it",
-    );
-    let workers = [
-        "leader_worker",
-        "executor_loop",
-        "await_response",
-        "mpi_progress",
-        "nccl_progress",
-    ];
-    for phase in [during, serving] {
-        expect(
-            phase,
-            Matching(&hosts),
-            host_on(&all),
-            "the leader's host threads",
-        );
-        expect(
-            phase,
-            Matching(&["session_pool1"]),
-            host_on(&all),
-            "the session's other pool thread",
-        );
-        expect(
-            phase,
-            Matching(&workers),
-            worker_on(&local),
-            "rank 0's worker threads",
-        );
-    }
-    expect(
-        serving,
-        Matching(&["late_progress"]),
-        worker_on(&local),
-        "started by the session server during the lease: born on the worker set",
-    );
-
-    expect(shutdown, All, on(&all), "restored at shutdown");
-    expect(
-        shutdown,
-        Matching(&[
-            "leader_worker",
-            "mpi_progress",
-            "nccl_progress",
-            "late_progress",
-        ]),
-        worker_on(&all),
-        "restored, still workers",
-    );
-    expect(shutdown, Matching(&hosts), host_on(&all), "never touched");
-    expect(
-        after,
-        Matching(&["after_progress"]),
-        worker_on(&all),
-        "born after the last release: on the restored mask",
-    );
-    expect(after, All, on(&all), "after the worker's life");
-    assert!(
-        end.stderr.contains(&format!(
-            "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (2/2 threads)"
-        )),
-        "configure placed the worker and the progress thread main had started:\n{}",
-        end.stderr
-    );
-    assert!(
-        end.stderr.contains("released lease 1: restored"),
-        "{}",
-        end.stderr
-    );
-}
+const MPI_SCRIPT: &[&str] = &["main", "user_pool0", "proxy_dispatch", "proxy_result"];
+const VISUALGEN_HOSTS: &[&str] = &["main", "coordinator", "coord_pool0"];
+const LEADER_HOSTS: &[&str] = &["main", "session_server"];

@@ -147,68 +147,75 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
 
 // ---- Rule 2: the application's own calls, and taskset from outside -----------------------
 
-/// `sched_setaffinity(0)`, `sched_setaffinity(tid)` and `pthread_setaffinity_np` by the program
-/// on worker threads during a lease are observed: a second configure and the release leave them
-/// alone. `taskset -p` from outside on another worker is found at release ("preserved 1
-/// externally changed", placement `external`) and a later configure leaves it too.
-#[test]
-fn applications_own_setaffinity_and_taskset_are_preserved() {
+/// A program whose threads pin themselves during a lease (`by_app`, and `child`, a child of the
+/// first), on whose thread `ext` the test runs `taskset -p` from outside after a second
+/// configure, while `workers` stay the library's. The C and the Python program are rows of it.
+struct Preserved {
+    command: fn(&Sysfs, &str) -> Command,
+    by_app: &'static [&'static str],
+    child: &'static [&'static str],
+    workers: &'static [&'static str],
+    ext: &'static str,
+    /// `expect`'s words at the first phase, at release and at the configure after it.
+    pinned: &'static str,
+    released: &'static str,
+    again: &'static str,
+    own: fn(&Finished),
+}
+
+fn check_preserved(row: &Preserved) {
     let sysfs = Sysfs::two_nodes();
     let c = require!(cpus(&sysfs));
     let cpu = sysfs.node0.first().unwrap().to_string();
-    let mut run = Driver::spawn(life_cmd(&sysfs, &["observe", &cpu]), LIMIT);
-    let pinned_by_app = ["S1", "S2", "S4"];
+    let mut run = Driver::spawn((row.command)(&sysfs, &cpu), LIMIT);
+    let with = |names: &[&'static str], more: &[&'static str]| -> Vec<&'static str> {
+        names.iter().chain(more).copied().collect()
+    };
+    let workers_and_ext = with(row.workers, &[row.ext]);
+    let left_alone = with(&with(row.by_app, row.child), &[row.ext]);
 
     let pinned = run.phase();
-    expect(
-        &pinned,
-        Named(&pinned_by_app),
-        on(&c.other),
-        "pinned by the program",
-    );
-    expect(&pinned, Named(&["W", "C", "S3"]), on(&c.local), "worker");
+    expect(&pinned, Named(row.by_app), on(&c.other), row.pinned);
+    expect(&pinned, Named(&workers_and_ext), on(&c.local), "worker");
     run.proceed();
 
     let twice = run.phase();
     expect(
         &twice,
-        Named(&pinned_by_app),
+        Named(row.by_app),
         on(&c.other),
         "after the second configure",
     );
-    expect(
-        &twice,
-        Named(&["S1child"]),
-        on(&c.other),
-        "child of a pinned thread",
-    );
-    expect(&twice, Named(&["W", "C", "S3"]), on(&c.local), "worker");
-    let s3 = twice.thread("S3").tid;
+    if !row.child.is_empty() {
+        expect(
+            &twice,
+            Named(row.child),
+            on(&c.other),
+            "child of a pinned thread",
+        );
+    }
+    expect(&twice, Named(&workers_and_ext), on(&c.local), "worker");
+    let ext = twice.thread(row.ext).tid;
     let taskset = Command::new("taskset")
-        .args(["-p", "-c", &cpu, &s3.to_string()])
+        .args(["-p", "-c", &cpu, &ext.to_string()])
         .output()
         .expect("taskset");
     assert!(taskset.status.success(), "{taskset:?}");
-    assert_eq!(kernel_mask(run.pid(), s3).to_list(), c.other);
+    assert_eq!(kernel_mask(run.pid(), ext).to_list(), c.other);
     run.proceed();
 
     let released = run.phase();
     expect(
         &released,
-        Named(&["W", "C", "main"]),
+        Named(&with(row.workers, &["main"])),
         on(&c.all),
         "restored",
     );
-    expect(
-        &released,
-        Named(&["S1", "S2", "S4", "S1child", "S3"]),
-        on(&c.other),
-        "left alone by release",
-    );
+    expect(&released, Named(&left_alone), on(&c.other), row.released);
     run.proceed();
     let report = run.report("released");
-    assert_eq!(placement(&report, s3), "external", "{report}");
-    for t in pinned_by_app {
+    assert_eq!(placement(&report, ext), "external", "{report}");
+    for t in row.by_app {
         assert_eq!(
             placement(&report, released.thread(t).tid),
             "explicit",
@@ -217,105 +224,51 @@ fn applications_own_setaffinity_and_taskset_are_preserved() {
     }
 
     let again = run.phase();
-    expect(
-        &again,
-        Named(&["S1", "S2", "S4", "S1child", "S3"]),
-        on(&c.other),
-        "left alone by the next configure",
-    );
-    expect(&again, Named(&["W", "C"]), on(&c.local), "worker");
+    expect(&again, Named(&left_alone), on(&c.other), row.again);
+    expect(&again, Named(row.workers), on(&c.local), "worker");
     let end = run.succeed();
     assert!(
         end.stderr.contains("preserved 1 externally changed"),
         "{}",
         end.stderr
     );
-    assert_eq!(end.stdout.matches("PINNED").count(), 3, "{}", end.stdout);
-    assert!(!end.stdout.contains("-> -"), "a pin failed: {}", end.stdout);
+    (row.own)(&end);
 }
 
-/// The same with real Python threads: `os.sched_setaffinity` on the calling thread and on
-/// another thread by its native id, and `taskset -p` on a third.
-#[test]
-fn python_sched_setaffinity_and_taskset_are_preserved() {
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
-    let cpu = sysfs.node0.first().unwrap().to_string();
-    let mut run = Driver::spawn(python_cmd(&sysfs, "own_setaffinity.py", &[&cpu]), LIMIT);
-    let by_app = ["self_pinned", "other_pinned"];
-
-    let pinned = run.phase();
-    expect(
-        &pinned,
-        Named(&by_app),
-        on(&c.other),
-        "pinned by os.sched_setaffinity",
-    );
-    expect(
-        &pinned,
-        Named(&["engine", "plain", "ext"]),
-        on(&c.local),
-        "worker",
-    );
-    run.proceed();
-    let twice = run.phase();
-    expect(
-        &twice,
-        Named(&by_app),
-        on(&c.other),
-        "after the second configure",
-    );
-    expect(
-        &twice,
-        Named(&["engine", "plain", "ext"]),
-        on(&c.local),
-        "worker",
-    );
-    let ext = twice.thread("ext").tid;
-    let status = Command::new("taskset")
-        .args(["-p", "-c", &cpu, &ext.to_string()])
-        .output()
-        .expect("taskset")
-        .status;
-    assert!(status.success());
-    run.proceed();
-    let released = run.phase();
-    expect(
-        &released,
-        Named(&["engine", "plain", "main"]),
-        on(&c.all),
-        "restored",
-    );
-    expect(
-        &released,
-        Named(&["self_pinned", "other_pinned", "ext"]),
-        on(&c.other),
-        "left alone",
-    );
-    run.proceed();
-    let report = run.report("released");
-    assert_eq!(placement(&report, ext), "external");
-    for t in by_app {
-        assert_eq!(
-            placement(&report, released.thread(t).tid),
-            "explicit",
-            "{t}"
-        );
-    }
-    let again = run.phase();
-    expect(
-        &again,
-        Named(&["self_pinned", "other_pinned", "ext"]),
-        on(&c.other),
-        "left alone",
-    );
-    expect(&again, Named(&["engine", "plain"]), on(&c.local), "worker");
-    let end = run.succeed();
-    assert!(
-        end.stderr.contains("preserved 1 externally changed"),
-        "{}",
-        end.stderr
-    );
+table_tests! {
+    check_preserved;
+    /// `sched_setaffinity(0)`, `sched_setaffinity(tid)` and `pthread_setaffinity_np` by the
+    /// program on worker threads during a lease are observed: a second configure and the release
+    /// leave them alone. `taskset -p` from outside on another worker is found at release
+    /// ("preserved 1 externally changed", placement `external`) and a later configure leaves it
+    /// too.
+    applications_own_setaffinity_and_taskset_are_preserved: Preserved {
+        command: |sysfs, cpu| life_cmd(sysfs, &["observe", cpu]),
+        by_app: &["S1", "S2", "S4"],
+        child: &["S1child"],
+        workers: &["W", "C"],
+        ext: "S3",
+        pinned: "pinned by the program",
+        released: "left alone by release",
+        again: "left alone by the next configure",
+        own: |end| {
+            assert_eq!(end.stdout.matches("PINNED").count(), 3, "{}", end.stdout);
+            assert!(!end.stdout.contains("-> -"), "a pin failed: {}", end.stdout);
+        },
+    };
+    /// The same with real Python threads: `os.sched_setaffinity` on the calling thread and on
+    /// another thread by its native id, and `taskset -p` on a third.
+    python_sched_setaffinity_and_taskset_are_preserved: Preserved {
+        command: |sysfs, cpu| python_cmd(sysfs, "own_setaffinity.py", &[cpu]),
+        by_app: &["self_pinned", "other_pinned"],
+        child: &[],
+        workers: &["engine", "plain"],
+        ext: "ext",
+        pinned: "pinned by os.sched_setaffinity",
+        released: "left alone",
+        again: "left alone",
+        own: |_| {},
+    };
 }
 
 /// onnxruntime pins its own pool threads, sometimes to exactly the worker set: the thread is the

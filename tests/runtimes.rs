@@ -209,6 +209,13 @@ fn blas_run(sysfs: &Sysfs, mode: &str, vars: &[(&str, &str)]) -> (usize, [Phase;
     (blas.unwrap(), [before, configured, released], end)
 }
 
+/// `expect` for rows of (phase, the threads whose names start with `name`, what they have, why).
+fn expect_each(rows: &[(&Phase, &str, Want, &str)]) {
+    for (phase, name, want, why) in rows {
+        expect(phase, Matching(&[name]), *want, why);
+    }
+}
+
 /// The recipe of docs/runtimes.md: import numpy on the thread that configures. Before
 /// configure, OpenBLAS's pool is born on the launch mask, sized to it, and configure promotes it
 /// with its creator; after configure, it is born on the worker set and sized to it. Either way
@@ -228,30 +235,22 @@ fn openblas_pool_imported_on_the_worker_thread() {
         pool_for(all.count()),
         "OpenBLAS's pool: one thread per CPU of the importing thread, less the caller"
     );
-    expect(
-        &before,
-        Matching(&["blas"]),
-        host_on(&all.to_list()),
-        "born on the launch mask",
-    );
-    expect(
-        &configured,
-        Matching(&["blas"]),
-        worker_on(&local),
-        "promoted with its creator",
-    );
-    expect(
-        &configured,
-        Matching(&["main"]),
-        host_on(&all.to_list()),
-        "host",
-    );
-    expect(
-        &released,
-        Matching(&["blas"]),
-        worker_on(&all.to_list()),
-        "restored",
-    );
+    expect_each(&[
+        (
+            &before,
+            "blas",
+            host_on(&all.to_list()),
+            "born on the launch mask",
+        ),
+        (
+            &configured,
+            "blas",
+            worker_on(&local),
+            "promoted with its creator",
+        ),
+        (&configured, "main", host_on(&all.to_list()), "host"),
+        (&released, "blas", worker_on(&all.to_list()), "restored"),
+    ]);
 
     let (blas, [_, configured, released], end) = blas_run(&sysfs, "worker-after", &[]);
     assert_eq!(
@@ -261,31 +260,20 @@ fn openblas_pool_imported_on_the_worker_thread() {
         end.stderr
     );
     if blas > 0 {
-        expect(
-            &configured,
-            Matching(&["blas"]),
-            worker_on(&local),
-            "born on the worker set",
-        );
-        expect(
-            &released,
-            Matching(&["blas"]),
-            worker_on(&all.to_list()),
-            "restored",
-        );
+        expect_each(&[
+            (
+                &configured,
+                "blas",
+                worker_on(&local),
+                "born on the worker set",
+            ),
+            (&released, "blas", worker_on(&all.to_list()), "restored"),
+        ]);
     }
-    expect(
-        &configured,
-        Matching(&["worker"]),
-        worker_on(&local),
-        "the worker",
-    );
-    expect(
-        &released,
-        Matching(&["worker"]),
-        worker_on(&all.to_list()),
-        "restored",
-    );
+    expect_each(&[
+        (&configured, "worker", worker_on(&local), "the worker"),
+        (&released, "worker", worker_on(&all.to_list()), "restored"),
+    ]);
 }
 
 /// numpy imported by the host before any worker exists (the usual import order of a server):
@@ -301,25 +289,12 @@ fn openblas_pool_imported_by_the_host() {
 
     let (blas, [before, configured, released], _) = blas_run(&sysfs, "host-first", &[]);
     assert!(blas >= 1);
-    expect(
-        &before,
-        Matching(&["blas"]),
-        host_on(&all),
-        "started by the main thread",
-    );
-    expect(
-        &configured,
-        Matching(&["blas"]),
-        host_on(&all),
-        "a host pool stays host",
-    );
-    expect(
-        &configured,
-        Matching(&["worker"]),
-        worker_on(&local),
-        "the worker",
-    );
-    expect(&released, Matching(&["blas"]), host_on(&all), "untouched");
+    expect_each(&[
+        (&before, "blas", host_on(&all), "started by the main thread"),
+        (&configured, "blas", host_on(&all), "a host pool stays host"),
+        (&configured, "worker", worker_on(&local), "the worker"),
+        (&released, "blas", host_on(&all), "untouched"),
+    ]);
 
     let libs = format!("{DEFAULT_WORKER_LIBS},libscipy_openblas*.so*,libopenblas*.so*");
     let (blas, [before, configured, released], end) = blas_run(
@@ -328,26 +303,23 @@ fn openblas_pool_imported_by_the_host() {
         &[("TLLM_AFFINITY_WORKER_LIBS", libs.as_str())],
     );
     assert!(blas >= 1);
-    expect(
-        &before,
-        Matching(&["blas"]),
-        worker_on(&all),
-        "a worker by TLLM_AFFINITY_WORKER_LIBS",
-    );
-    expect(
-        &before,
-        Matching(&["main"]),
-        host_on(&all),
-        "its creator is a host",
-    );
-    expect(
-        &configured,
-        Matching(&["blas"]),
-        worker_on(&local),
-        "placed at configure",
-    );
-    expect(&configured, Matching(&["main"]), host_on(&all), "host");
-    expect(&released, Matching(&["blas"]), worker_on(&all), "restored");
+    expect_each(&[
+        (
+            &before,
+            "blas",
+            worker_on(&all),
+            "a worker by TLLM_AFFINITY_WORKER_LIBS",
+        ),
+        (&before, "main", host_on(&all), "its creator is a host"),
+        (
+            &configured,
+            "blas",
+            worker_on(&local),
+            "placed at configure",
+        ),
+        (&configured, "main", host_on(&all), "host"),
+        (&released, "blas", worker_on(&all), "restored"),
+    ]);
     let n = 1 + blas;
     assert!(
         end.stderr.contains(&format!("({n}/{n} threads)")),

@@ -43,6 +43,23 @@ macro_rules! require {
 #[allow(unused_imports)]
 pub(crate) use require;
 
+/// A table of scenarios, one `#[test]` per row, named and documented by the row, each running
+/// `check(&row)`: `table_tests! { check; /// doc\n name: row; ... }`.
+#[allow(unused_macros)]
+macro_rules! table_tests {
+    ($check:path; $($(#[$doc:meta])* $name:ident: $row:expr;)*) => {
+        $(
+            $(#[$doc])*
+            #[test]
+            fn $name() {
+                $check(&$row);
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use table_tests;
+
 /// What [`require!`] does for a missing capability: fails in CI, says the test is skipped
 /// elsewhere.
 pub fn missing(what: &str) {

@@ -247,11 +247,24 @@ static void task_configure(agent_t *self, void *arg) {
     if (lease > 0 && lc_n_leases < 64) lc_leases[lc_n_leases++] = lease;
 }
 
+/* An agent that has configured `device`: the worker most scenarios start with. */
+static agent_t *configured_agent(const char *name, int device) {
+    agent_t *a = agent_new(name);
+    agent_do(a, task_configure, (void *)(intptr_t)device);
+    return a;
+}
+
 static void task_release_all(agent_t *self, void *arg) {
     (void)arg;
     for (int i = 0; i < lc_n_leases; i++)
         lc_say("RELEASE %s %lld %d", self->name, (long long)lc_leases[i], lc_release(lc_leases[i]));
     lc_n_leases = 0;
+}
+
+/* How most scenarios end: `w` releases every lease, then the phase "released". */
+static void release_phase(agent_t *w) {
+    agent_do(w, task_release_all, NULL);
+    phase("released");
 }
 
 /* arg: the name of the agent to start from this agent; the new agent is stored in lc_spawned. */

@@ -15,6 +15,7 @@
  * lease starts on the worker mask, and the release moves it back later). Then "DONE".
  */
 #include "agents.h"
+#include "park.h"
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t c = PTHREAD_COND_INITIALIZER;
@@ -24,11 +25,7 @@ static char child_start_mask[64];
 
 static void *parked(void *unused) {
     (void)unused;
-    pthread_mutex_lock(&m);
-    parked_count++;
-    pthread_cond_broadcast(&c);
-    while (!leave) pthread_cond_wait(&c, &m);
-    pthread_mutex_unlock(&m);
+    park_counted(&m, &c, &parked_count, &leave);
     return NULL;
 }
 

@@ -4,6 +4,7 @@
  *   set       after the worker itself set CUDA_VISIBLE_DEVICES=1
  * then `ERRNO setenv=<rc>/<errno> unsetenv=<rc>/<errno>` for a name with '=' in it (EINVAL). */
 #include "agents.h"
+#include "park.h"
 #include <sys/wait.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -13,9 +14,7 @@ static int quit;
 static void *parked(void *unused) {
     (void)unused;
     note("T");
-    pthread_mutex_lock(&lock);
-    while (!quit) pthread_cond_wait(&cond, &lock);
-    pthread_mutex_unlock(&lock);
+    park_until(&lock, &cond, &quit);
     return NULL;
 }
 
@@ -42,10 +41,7 @@ int main(void) {
     int rc2 = unsetenv("BAD=NAME");
     int e2 = errno;
     lc_say("ERRNO setenv=%d/%d unsetenv=%d/%d", rc, e1, rc2, e2);
-    pthread_mutex_lock(&lock);
-    quit = 1;
-    pthread_cond_broadcast(&cond);
-    pthread_mutex_unlock(&lock);
+    raise_flag(&lock, &cond, &quit);
     pthread_join(t, NULL);
     return 0;
 }

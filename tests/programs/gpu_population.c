@@ -22,13 +22,9 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "abi.h"
 #include "cpulist.h"
-
-typedef int64_t (*configure_fn)(int32_t);
-typedef int32_t (*release_fn)(int64_t);
-
-static configure_fn tllm_configure;
-static release_fn tllm_release;
+#include "park.h"
 
 static void own_mask(char *out, size_t len) {
     cpu_set_t set;
@@ -43,9 +39,7 @@ static int quit;
 
 static void *host(void *arg) {
     (void)arg;
-    pthread_mutex_lock(&lock);
-    while (!quit) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
+    park_until(&lock, &changed, &quit);
     return NULL;
 }
 
@@ -67,8 +61,7 @@ static void *worker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    tllm_configure = (configure_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
-    tllm_release = (release_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_release");
+    tllm_abi_load();
     if (!tllm_configure || !tllm_release) {
         printf("NOLIB libtllm_affinity.so is not loaded\n");
         return 3;
@@ -104,10 +97,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         if (j.lease > 0) tllm_release(j.lease);
     }
-    pthread_mutex_lock(&lock);
-    quit = 1;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
+    raise_flag(&lock, &changed, &quit);
     pthread_join(h, NULL);
     return 0;
 }

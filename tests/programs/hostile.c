@@ -75,8 +75,7 @@ static int mode_signals(int ms) {
     sa.sa_handler = on_signal;
     sa.sa_flags = SA_RESTART;
     sigaction(SIGUSR1, &sa, NULL);
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     pthread_create(&busy_threads[0], NULL, busy, NULL);
     agent_do(w, task_start_busy, (void *)1);
     uint64_t until = lc_now_ns() + (uint64_t)ms * 1000000ull;
@@ -131,13 +130,11 @@ static void task_children(agent_t *self, void *arg) {
 
 static int mode_vfork(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     agent_do(w, task_children, NULL);
     lc_report("children");
     phase("children");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 
@@ -254,13 +251,11 @@ static int mode_glibc(void) {
     note("main");
     agent_t *before = agent_new("before");
     (void)before;
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     agent_do(w, task_glibc_helpers, NULL);
     note_unnamed("helper");
     phase("configured");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 
@@ -317,8 +312,7 @@ static void task_worker_timer_after(agent_t *self, void *arg) {
 static int mode_timers(void) {
     sem_init(&timer_slot_fired, 0, 0);
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     agent_do(w, task_worker_timer, NULL);
     timer_t host_timer = make_timer(1);
     fire(host_timer);
@@ -378,13 +372,11 @@ static int mode_tsd(void) {
     /* Created after the library's own key: its destructor runs after the library's. */
     pthread_key_create(&user_key, user_destructor);
     sem_init(&orphan_started, 0, 0);
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     agent_do(w, task_start_exiting, NULL);
     sem_wait(&orphan_started);
     phase("configured");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 

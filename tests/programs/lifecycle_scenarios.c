@@ -21,6 +21,7 @@
  * (the library's JSON report) and free-form result lines checked by tests/lifecycle.rs.
  */
 #include "agents.h"
+#include "park.h"
 
 #include <grp.h>
 #include <signal.h>
@@ -30,6 +31,14 @@
 
 static int cpu_arg;
 
+/* The one-CPU mask {cpu_arg} that the pinning tasks set. */
+static cpu_set_t only_cpu_arg(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu_arg, &set);
+    return set;
+}
+
 /* ---- explicit --------------------------------------------------------------------------- */
 
 static agent_t *explicit_child;
@@ -37,9 +46,7 @@ static void task_spawn_explicit(agent_t *self, void *arg) {
     (void)self;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu_arg, &set);
+    cpu_set_t set = only_cpu_arg();
     pthread_attr_setaffinity_np(&attr, sizeof set, &set);
     int rc;
     explicit_child = agent_new_attr((const char *)arg, &attr, &rc);
@@ -52,8 +59,7 @@ static void task_spawn_explicit(agent_t *self, void *arg) {
 
 static int mode_explicit(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     spawn_from(w, "C");
     agent_do(w, task_spawn_explicit, "E");
     agent_t *e = explicit_child;
@@ -78,35 +84,28 @@ static int mode_explicit(void) {
 
 static void task_pin_self(agent_t *self, void *arg) {
     (void)arg;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu_arg, &set);
+    cpu_set_t set = only_cpu_arg();
     int rc = sched_setaffinity(0, sizeof set, &set);
     lc_say("PINNED %s sched_setaffinity(0) -> %d", self->name, rc);
 }
 
 static void task_pin_other_pthread(agent_t *self, void *arg) {
     agent_t *other = arg;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu_arg, &set);
+    cpu_set_t set = only_cpu_arg();
     int rc = pthread_setaffinity_np(other->thread, sizeof set, &set);
     lc_say("PINNED %s pthread_setaffinity_np(%s) -> %d", self->name, other->name, rc);
 }
 
 static void task_pin_other_tid(agent_t *self, void *arg) {
     agent_t *other = arg;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu_arg, &set);
+    cpu_set_t set = only_cpu_arg();
     int rc = sched_setaffinity(other->tid, sizeof set, &set);
     lc_say("PINNED %s sched_setaffinity(%s) -> %d", self->name, other->name, rc);
 }
 
 static int mode_observe(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     spawn_from(w, "C");
     agent_t *s1 = spawn_from(w, "S1");
     agent_t *s2 = spawn_from(w, "S2");
@@ -121,8 +120,7 @@ static int mode_observe(void) {
     spawn_from(s1, "S1child");
     phase("configured-twice");
     /* the test runs taskset -p on S3 here */
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     lc_report("released");
     agent_do(w, task_configure, (void *)0);
     phase("configured-again");
@@ -237,8 +235,7 @@ static int mode_exits(void) {
     lc_report("start");
     int n = churn_ways("main");
     lc_say("ENDED main %d", n);
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     detached_done = 0;
     agent_do(w, task_churn, NULL);
     agent_do(w, task_orphan, NULL);
@@ -298,8 +295,7 @@ static int mode_createfail(int n) {
     note("main");
     lc_report("before");
     fail_loop("main", n);
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     agent_do(w, task_fail, NULL);
     spawn_from(w, "C");
     phase("after");
@@ -313,18 +309,13 @@ static int mode_createfail(int n) {
 static int unpark, parked_count;
 static void *parked(void *arg) {
     (void)arg;
-    pthread_mutex_lock(&park_m);
-    parked_count++;
-    pthread_cond_broadcast(&park_c);
-    while (!unpark) pthread_cond_wait(&park_c, &park_m);
-    pthread_mutex_unlock(&park_m);
+    park_counted(&park_m, &park_c, &parked_count, &unpark);
     return NULL;
 }
 
 static int mode_nproc(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    (void)configured_agent("W", 0);
     struct rlimit lim = {16, 16};
     if (setrlimit(RLIMIT_NPROC, &lim) != 0 || setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
         setresuid(65534, 65534, 65534) != 0) {
@@ -346,10 +337,7 @@ static int mode_nproc(void) {
     lc_say("NPROC made=%d rc=%d errno=%d", made, rc, errno_after);
     phase("limited");
     lc_report("limited");
-    pthread_mutex_lock(&park_m);
-    unpark = 1;
-    pthread_cond_broadcast(&park_c);
-    pthread_mutex_unlock(&park_m);
+    raise_flag(&park_m, &park_c, &unpark);
     for (int i = 0; i < made; i++) pthread_join(threads[i], NULL);
     lc_wait_tasks(2);
     agent_t *late = agent_new("late");
@@ -424,8 +412,7 @@ static int mode_fork(void) {
     note("main");
     agent_t *h = agent_new("H");
     (void)h;
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     spawn_from(w, "C1");
     spawn_from(w, "C2");
     fork_and_wait("main", 0);
@@ -471,8 +458,7 @@ static void *storm_configurer(void *arg) {
 
 static int mode_forkstorm(int n) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     pthread_create(&storm_threads[0], NULL, storm_creator, NULL); /* a host creator */
     agent_do(w, task_start_storm, NULL);                         /* a worker creator */
     pthread_t conf;
@@ -554,30 +540,32 @@ static void task_dlopen(agent_t *self, void *arg) {
 
 static int mode_dlopen(void) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     agent_do(w, task_dlopen, "A");
     dlopen_and_note(dl_paths[1], "B");
     dlopen_and_note(dl_paths[2], "N");
     phase("loaded");
     lc_report("loaded");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
 }
 
 /* ---- configure / role ------------------------------------------------------------------- */
 
-static int mode_configure(int device) {
-    note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)(intptr_t)device);
+/* W configures `device` and makes C; the phase and report "configured", then W releases and the
+ * phase "released" (the configure and early modes). */
+static int configure_and_release(int device) {
+    agent_t *w = configured_agent("W", device);
     spawn_from(w, "C");
     phase("configured");
     lc_report("configured");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
+    release_phase(w);
     return 0;
+}
+
+static int mode_configure(int device) {
+    note("main");
+    return configure_and_release(device);
 }
 
 static int mode_role(void) {
@@ -602,14 +590,7 @@ static int mode_early(void) {
     note_tid("early", early_tid());
     lc_say("EARLY tid=%d role=%d", (int)early_tid(), lc_role(early_tid()));
     lc_report("load");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
-    spawn_from(w, "C");
-    phase("configured");
-    lc_report("configured");
-    agent_do(w, task_release_all, NULL);
-    phase("released");
-    return 0;
+    return configure_and_release(0);
 }
 
 /* ---- exit: a plain program for the bad-input table -------------------------------------- */
@@ -653,8 +634,7 @@ static void task_exec(agent_t *self, void *arg) {
 
 static int mode_exec(const char *who) {
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    agent_t *w = configured_agent("W", 0);
     spawn_from(w, "C");
     phase("before-exec");
     lc_report("before-exec");

@@ -30,51 +30,16 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include "abi.h"
+#include "named_threads.h"
+#include "park.h"
 
-typedef int64_t (*configure_fn)(int32_t);
-typedef int32_t (*release_fn)(int64_t);
-typedef int32_t (*role_fn)(int32_t);
-typedef int64_t (*report_fn)(char *, uint64_t);
-
-static configure_fn tllm_configure;
-static release_fn tllm_release;
-static role_fn tllm_role;
-static report_fn tllm_report;
-
-#define MAX_THREADS 64
-static struct { char name[16]; pid_t tid; } threads[MAX_THREADS];
-static int n_threads;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static int quit;
 static int rank;
 
-static pid_t gettid_(void) { return (pid_t)syscall(SYS_gettid); }
-
-static void note_tid(const char *name, pid_t tid) {
-    pthread_mutex_lock(&lock);
-    if (n_threads < MAX_THREADS) {
-        snprintf(threads[n_threads].name, sizeof threads[n_threads].name, "%s", name);
-        threads[n_threads].tid = tid;
-        n_threads++;
-    }
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
-}
-
-static void note(const char *name) { note_tid(name, gettid_()); }
-
-static void wait_for_count(int n) {
-    pthread_mutex_lock(&lock);
-    while (n_threads < n) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
-
 static void *parked(void *name) {
     note((const char *)name);
-    pthread_mutex_lock(&lock);
-    while (!quit) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
+    park_until(&lock, &changed, &quit);
     return NULL;
 }
 
@@ -209,10 +174,7 @@ static void *worker_main(void *unused) {
 }
 
 int main(int argc, char **argv) {
-    tllm_configure = (configure_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
-    tllm_release = (release_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_release");
-    tllm_role = (role_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_role");
-    tllm_report = (report_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_report");
+    tllm_abi_load();
     const char *mode = argc > 1 ? argv[1] : "dedicated";
 
     note("main");
@@ -237,10 +199,7 @@ int main(int argc, char **argv) {
     }
     int sum = 0, one = 1;
     MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    pthread_mutex_lock(&lock);
-    quit = 1;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
+    raise_flag(&lock, &changed, &quit);
     if (!leader) {
         pthread_join(engine, NULL);
     } else {

@@ -4,6 +4,7 @@
  * Prints "PINNED tid=<tid>", waits for a line, releases, prints "REPORT released <json>", waits
  * for another line (the test reads the pool thread's mask), then ends. */
 #include "agents.h"
+#include "park.h"
 
 static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t c = PTHREAD_COND_INITIALIZER;
@@ -13,9 +14,7 @@ static void *pool_thread(void *arg) {
     cpu_set_t *worker_set = arg;
     pthread_setaffinity_np(pthread_self(), sizeof *worker_set, worker_set);
     lc_say("PINNED tid=%d", lc_tid());
-    pthread_mutex_lock(&m);
-    while (!done) pthread_cond_wait(&c, &m);
-    pthread_mutex_unlock(&m);
+    park_until(&m, &c, &done);
     return NULL;
 }
 
@@ -31,10 +30,7 @@ int main(void) {
     lc_release(lease);
     lc_report("released");
     if (!fgets(line, sizeof line, stdin)) return 3;
-    pthread_mutex_lock(&m);
-    done = 1;
-    pthread_cond_broadcast(&c);
-    pthread_mutex_unlock(&m);
+    raise_flag(&m, &c, &done);
     pthread_join(t, NULL);
     return 0;
 }

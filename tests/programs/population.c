@@ -20,42 +20,13 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "abi.h"
+#include "named_threads.h"
+#include "park.h"
 
-typedef int64_t (*configure_fn)(int32_t);
-typedef int32_t (*release_fn)(int64_t);
-typedef int32_t (*role_fn)(int32_t);
-
-static configure_fn tllm_configure;
-static release_fn tllm_release;
-static role_fn tllm_role;
-
-#define MAX_THREADS 32
-static struct { char name[8]; pid_t tid; } threads[MAX_THREADS];
-static int n_threads;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static int quit;
 
-static void note(const char *name) {
-    pthread_mutex_lock(&lock);
-    snprintf(threads[n_threads].name, sizeof threads[n_threads].name, "%s", name);
-    threads[n_threads].tid = (pid_t)syscall(SYS_gettid);
-    n_threads++;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
-}
-
-static void wait_for_count(int n) {
-    pthread_mutex_lock(&lock);
-    while (n_threads < n) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
-
-static void park(void) {
-    pthread_mutex_lock(&lock);
-    while (!quit) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
+static void park(void) { park_until(&lock, &changed, &quit); }
 
 static void phase(const char *name) {
     pthread_mutex_lock(&lock);
@@ -141,9 +112,7 @@ static void *worker(void *unused) {
 
 int main(int argc, char **argv) {
     device = argc > 1 ? atoi(argv[1]) : 0;
-    tllm_configure = (configure_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
-    tllm_release = (release_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_release");
-    tllm_role = (role_fn)dlsym(RTLD_DEFAULT, "tllm_affinity_role");
+    tllm_abi_load();
     void *nccl = dlopen(getenv("FAKE_NCCL"), RTLD_NOW);
     if (!nccl) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 5; }
     void *(*progress)(void *) = (void *(*)(void *))dlsym(nccl, "fake_nccl_progress");
@@ -184,10 +153,7 @@ int main(int argc, char **argv) {
     ask_worker(SPAWN, "C8");
     phase("after");
 
-    pthread_mutex_lock(&lock);
-    quit = 1;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
+    raise_flag(&lock, &changed, &quit);
     ask_worker(DONE, NULL);
     return 0;
 }

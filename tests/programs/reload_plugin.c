@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "park.h"
 
 static pthread_t thread;
 static pid_t tid;
@@ -17,12 +18,8 @@ static pthread_cond_t c = PTHREAD_COND_INITIALIZER;
 
 static void *plugin_thread(void *arg) {
     (void)arg;
-    pthread_mutex_lock(&m);
-    tid = (pid_t)syscall(SYS_gettid);
-    started = 1;
-    pthread_cond_broadcast(&c);
-    while (!quit) pthread_cond_wait(&c, &m);
-    pthread_mutex_unlock(&m);
+    tid = (pid_t)syscall(SYS_gettid); /* read by plugin_start once `started` is counted */
+    park_counted(&m, &c, &started, &quit);
     return NULL;
 }
 
@@ -31,17 +28,12 @@ int plugin_start(void) {
     started = quit = 0;
     int rc = pthread_create(&thread, NULL, plugin_thread, NULL);
     if (rc != 0) return -rc;
-    pthread_mutex_lock(&m);
-    while (!started) pthread_cond_wait(&c, &m);
-    pthread_mutex_unlock(&m);
+    park_until(&m, &c, &started);
     return tid;
 }
 
 void plugin_stop(void) {
-    pthread_mutex_lock(&m);
-    quit = 1;
-    pthread_cond_broadcast(&c);
-    pthread_mutex_unlock(&m);
+    raise_flag(&m, &c, &quit);
     pthread_join(thread, NULL);
 }
 

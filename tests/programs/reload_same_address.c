@@ -15,8 +15,7 @@ int main(int argc, char **argv) {
     }
     lc_init();
     note("main");
-    agent_t *w = agent_new("W");
-    agent_do(w, task_configure, (void *)0);
+    (void)configured_agent("W", 0);
 
     struct plugin first = plugin_load(argv[1]);
     int p1 = first.start();

@@ -24,6 +24,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "cpulist.h"
+#include "park.h"
 
 static int64_t (*configure)(int32_t);
 static int32_t (*release_lease)(int64_t);
@@ -54,11 +55,7 @@ static void wait_ready(int n) {
     pthread_mutex_unlock(&lock);
 }
 
-static void wait_quit(void) {
-    pthread_mutex_lock(&lock);
-    while (!quit) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
+static void wait_quit(void) { park_until(&lock, &changed, &quit); }
 
 static pid_t gettid_(void) { return (pid_t)syscall(SYS_gettid); }
 
@@ -73,27 +70,22 @@ static void masks(const char *phase, int count) {
     fflush(stdout);
 }
 
-static void *host_thread(void *arg) {
-    (void)arg;
-    tids[1] = gettid_();
+/* H (slot 1) and N (slot 6): a thread that only lives. */
+static void *parked_thread(void *slot) {
+    tids[(intptr_t)slot] = gettid_();
     mark_ready();
     wait_quit();
     return NULL;
 }
 
-static void *step_thread(void *arg) {
-    (void)arg;
-    tids[3] = gettid_();
-    step_rc = pin_step(device);
-    mark_ready();
-    wait_quit();
-    return NULL;
-}
-
-static void *result_thread(void *arg) {
-    (void)arg;
-    tids[4] = gettid_();
-    result_rc = pin_result(device);
+/* ST (slot 3) and RT (slot 4): W's children, which pin themselves as the device's step or
+ * result thread. */
+static void *pinned_thread(void *slot) {
+    tids[(intptr_t)slot] = gettid_();
+    if ((intptr_t)slot == 3)
+        step_rc = pin_step(device);
+    else
+        result_rc = pin_result(device);
     mark_ready();
     wait_quit();
     return NULL;
@@ -104,8 +96,8 @@ static void *worker_thread(void *arg) {
     tids[2] = gettid_();
     lease = configure(device);
     pthread_t st, rt;
-    pthread_create(&st, NULL, step_thread, NULL);
-    pthread_create(&rt, NULL, result_thread, NULL);
+    pthread_create(&st, NULL, pinned_thread, (void *)3);
+    pthread_create(&rt, NULL, pinned_thread, (void *)4);
     mark_ready();
     wait_quit();
     pthread_join(st, NULL);
@@ -125,14 +117,6 @@ static void *self_set_thread(void *arg) {
     return NULL;
 }
 
-static void *late_thread(void *arg) {
-    (void)arg;
-    tids[6] = gettid_();
-    mark_ready();
-    wait_quit();
-    return NULL;
-}
-
 int main(int argc, char **argv) {
     device = argc > 1 ? atoi(argv[1]) : 0;
     configure = dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
@@ -146,7 +130,7 @@ int main(int argc, char **argv) {
     }
     tids[0] = gettid_();
     pthread_t h, t, w, n;
-    pthread_create(&h, NULL, host_thread, NULL);
+    pthread_create(&h, NULL, parked_thread, (void *)1);
     pthread_create(&t, NULL, self_set_thread, NULL);
     wait_ready(2);
     pthread_create(&w, NULL, worker_thread, NULL);
@@ -162,13 +146,10 @@ int main(int argc, char **argv) {
     fflush(stdout);
     char line[64];
     if (!fgets(line, sizeof line, stdin)) return 4;
-    pthread_create(&n, NULL, late_thread, NULL);
+    pthread_create(&n, NULL, parked_thread, (void *)6);
     wait_ready(6);
     masks("online", 7);
-    pthread_mutex_lock(&lock);
-    quit = 1;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
+    raise_flag(&lock, &changed, &quit);
     pthread_join(w, NULL);
     pthread_join(h, NULL);
     pthread_join(t, NULL);
