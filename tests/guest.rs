@@ -836,82 +836,35 @@ fn deployment(guest: &Booted, name: &str, workers: &[&str], want: &[&str]) -> Ve
     phases
 }
 
+/// Where each seed deployment's worker threads are in its five phases (before, during,
+/// serving, shutdown, after): the GPU's node while the worker lives, the launch mask otherwise.
+const WORKER_PHASES: [&str; 5] = [ALL4, NODE1, NODE1, ALL4, ALL4];
+
 #[test]
 fn tp1_under_an_http_server_pins_only_the_worker_on_the_real_gpu_node() {
     let guest = require!(deployments());
-    deployment(
-        guest,
-        "seed_tp1",
-        &TP1_WORKERS,
-        &[ALL4, NODE1, NODE1, ALL4, ALL4],
-    );
+    deployment(guest, "seed_tp1", &TP1_WORKERS, &WORKER_PHASES);
     let run = guest.ok("seed_tp1");
-    let answers = run.lines("GET ");
-    assert_eq!(answers.len(), 2, "{}", run.text());
+    assert_eq!(run.lines("GET ").len(), 2, "{}", run.text());
 }
 
 #[test]
 fn mpi_session_rank0_pins_only_the_worker_pool_thread_on_the_real_gpu_node() {
     let guest = require!(deployments());
-    let workers = [
-        "ThreadPoolExecutor-*_0",
-        "executor_loop",
-        "await_response_thread",
-        "stats_thread",
-        "engine_omp",
-        "loop_omp",
-    ];
-    deployment(
-        guest,
-        "seed_mpi_session",
-        &workers,
-        &[ALL4, NODE1, NODE1, ALL4, ALL4],
-    );
+    deployment(guest, "seed_mpi_session", &SESSION_WORKERS, &WORKER_PHASES);
 }
 
 #[test]
 fn visualgen_rank0_spares_the_coordinator_and_restores_at_the_clients_shutdown() {
     let guest = require!(deployments());
-    let workers = [
-        "visual_gen_worker",
-        "visual_gen_postprocess",
-        "visual_omp",
-        "executor_loop",
-        "await_response_thread",
-        "stats_thread",
-        "engine_omp",
-        "loop_omp",
-    ];
-    let phases = deployment(
-        guest,
-        "seed_visualgen",
-        &workers,
-        &[ALL4, NODE1, NODE1, ALL4, ALL4],
-    );
-    assert!(phases[1].threads.contains_key("visual_gen_coordinator"));
+    let phases = deployment(guest, "seed_visualgen", &VISUALGEN_WORKERS, &WORKER_PHASES);
     assert_eq!(phases[1].mask("visual_gen_coordinator"), ALL4);
 }
 
 #[test]
 fn the_leaders_rank0_and_progress_threads_are_on_the_real_gpu_node() {
     let guest = require!(deployments());
-    let workers = [
-        "ThreadPoolExecutor-*_0",
-        "executor_loop",
-        "await_response_thread",
-        "stats_thread",
-        "engine_omp",
-        "loop_omp",
-        "mpi_progress",
-        "nccl_progress",
-        "mpi_req",
-    ];
-    deployment(
-        guest,
-        "seed_leader",
-        &workers,
-        &[ALL4, NODE1, NODE1, ALL4, ALL4],
-    );
+    deployment(guest, "seed_leader", &LEADER_WORKERS, &WORKER_PHASES);
 }
 
 // ---- Topology B: two sockets x two cores x two SMT threads, CPU 7 offline ----

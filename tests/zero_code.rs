@@ -274,15 +274,6 @@ fn tp1_without_the_library_pins_the_whole_server_and_never_restores() {
 
 // ---- Deployment 2: an externally supplied MpiCommSession, rank 0 ----
 
-const SESSION_WORKERS: [&str; 6] = [
-    "ThreadPoolExecutor-*_0",
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
-
 /// worker_main configures on the session's first pool thread: it and the engine it starts are
 /// workers; the user's script (main, its loop thread and the loop's executor, grown during the
 /// lease), the proxy's dispatch thread and the session's second pool thread are hosts.
@@ -352,19 +343,6 @@ fn mpi_session_rank0_without_the_library_pins_the_users_script() {
 }
 
 // ---- Deployment 3: external-launch VisualGen, rank 0, under an HTTP server ----
-
-const VISUALGEN_WORKERS: [&str; 8] = [
-    "visual_gen_worker",
-    "visual_gen_postprocess",
-    "visual_omp",
-    // The two sequential LLMs' threads that outlive them: the main thread's OpenMP pool, born
-    // in the first LLM's worker scope.
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
 
 /// How a VisualGen run is set up.
 #[derive(Clone, Copy, Debug)]
@@ -509,18 +487,6 @@ fn visualgen_rank0_under_taskset_policy_1_restores_the_launch_mask() {
 }
 
 // ---- Deployment 4: the leader of a multi-node launch ----
-
-const LEADER_WORKERS: [&str; 9] = [
-    "ThreadPoolExecutor-*_0",
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-    "mpi_progress",
-    "nccl_progress",
-    "mpi_req",
-];
 
 /// Rank 0's worker on the session's first pool thread, its engine and every native progress
 /// thread (started in libnccl.so.2 by main before configure, by the session server before and

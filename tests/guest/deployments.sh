@@ -5,14 +5,11 @@
 # preload library, the CLI, the double's directory, numa_placement (unused here), then the
 # Python, the test programs' directory and the native libraries the apps load (OpenMP, NCCL and
 # progress-thread stand-ins).
-lib=$1 cli=$2 nvml_dir=$3 python=$5 programs=$6 omp=$7 nccl=$8 spawn=$9
+cli=$2 nvml_dir=$3 python=$5 programs=$6 omp=$7 nccl=$8 spawn=$9
 here=$(dirname "$0")
 . "$here/scenario.sh"
-scenario guest identity
 work=$(mktemp -d)
-echo "gpu 00000000:81:00.0 GPU-81818181-0000-1111-2222-333344445555 -" >"$work/nvml"
-export LD_LIBRARY_PATH="$nvml_dir" TLLM_NVML_DOUBLE="$work/nvml"
-: "$lib"
+start_with_the_device_as_gpu0 "$nvml_dir" "$work"
 # The seed deployments, unmodified, through `tllm-affinity run` (no --sysfs-root: the kernel's
 # own sysfs, the device NVML names GPU 0 on node 1), driven phase by phase by drive.py.
 deploy() {

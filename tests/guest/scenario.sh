@@ -29,3 +29,11 @@ identity() {
   echo "sysfs_root=${TLLM_AFFINITY_SYSFS_ROOT-unset}"
   echo "cgroup=$(stat -fc %T /sys/fs/cgroup)"
 }
+
+# start_with_the_device_as_gpu0 NVML_DIR WORK: the identity scenario, then the NVML test double
+# (from NVML_DIR) naming QEMU's pci-testdev at 0000:81:00.0 GPU 0, for every later scenario.
+start_with_the_device_as_gpu0() {
+  scenario guest identity
+  echo "gpu 00000000:81:00.0 GPU-81818181-0000-1111-2222-333344445555 -" >"$2/nvml"
+  export LD_LIBRARY_PATH="$1" TLLM_NVML_DOUBLE="$2/nvml"
+}

@@ -5,10 +5,8 @@
 lib=$1 cli=$2 nvml_dir=$3 placement=$4
 here=$(dirname "$0")
 . "$here/scenario.sh"
-scenario guest identity
 work=$(mktemp -d)
-echo "gpu 00000000:81:00.0 GPU-81818181-0000-1111-2222-333344445555 -" >"$work/nvml"
-export LD_LIBRARY_PATH="$nvml_dir" TLLM_NVML_DOUBLE="$work/nvml"
+start_with_the_device_as_gpu0 "$nvml_dir" "$work"
 scenario pci sh -c 'cat /sys/bus/pci/devices/0000:81:00.0/numa_node /sys/bus/pci/devices/0000:81:00.0/local_cpulist'
 
 scenario meminfo sh -c 'grep -h MemFree /sys/devices/system/node/node*/meminfo'
