@@ -342,14 +342,27 @@ static void *orphan(void *arg) {
     return NULL;
 }
 
-static void user_destructor(void *value) {
-    (void)value;
+/* Starts a detached orphan: what both kinds of destructor below do on an exiting thread. */
+static void start_orphan(void) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t t;
     pthread_create(&t, &attr, orphan, NULL);
     pthread_attr_destroy(&attr);
+}
+
+static void user_destructor(void *value) {
+    (void)value;
+    start_orphan();
+}
+
+/* An agent task: runs `arg` (a start routine) on a thread of its own and joins it. */
+static void task_run_and_join(agent_t *self, void *arg) {
+    (void)self;
+    pthread_t t;
+    pthread_create(&t, NULL, (void *(*)(void *))arg, NULL);
+    pthread_join(t, NULL);
 }
 
 static void *exiting_worker(void *arg) {
@@ -359,21 +372,13 @@ static void *exiting_worker(void *arg) {
     return NULL;
 }
 
-static void task_start_exiting(agent_t *self, void *arg) {
-    (void)self;
-    (void)arg;
-    pthread_t t;
-    pthread_create(&t, NULL, exiting_worker, NULL);
-    pthread_join(t, NULL);
-}
-
 static int mode_tsd(void) {
     note("main");
     /* Created after the library's own key: its destructor runs after the library's. */
     pthread_key_create(&user_key, user_destructor);
     sem_init(&orphan_started, 0, 0);
     agent_t *w = configured_agent("W", 0);
-    agent_do(w, task_start_exiting, NULL);
+    agent_do(w, task_run_and_join, (void *)exiting_worker);
     sem_wait(&orphan_started);
     phase("configured");
     release_phase(w);
@@ -388,12 +393,7 @@ extern void *__dso_handle;
 
 static void tls_destructor(void *obj) {
     (void)obj;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_t t;
-    pthread_create(&t, &attr, orphan, NULL);
-    pthread_attr_destroy(&attr);
+    start_orphan();
     /* Then, once the child runs (registered), its own mask, set again: the library must still
      * know the thread. Not before: a child that registers after its creator chose its own mask
      * takes that choice on (register_child reads the creator's placement as it is then). */
@@ -412,21 +412,13 @@ static void *tls_exiting_worker(void *arg) {
     return NULL;
 }
 
-static void task_start_tls_exiting(agent_t *self, void *arg) {
-    (void)self;
-    (void)arg;
-    pthread_t t;
-    pthread_create(&t, NULL, tls_exiting_worker, NULL);
-    pthread_join(t, NULL);
-}
-
 static int mode_tlsdtor(void) {
     note("main");
     sem_init(&orphan_started, 0, 0);
     agent_t *w = agent_new("W");
     agent_do(w, task_configure, (void *)0);
     /* Joined: its destructor waited for the orphan to start. */
-    agent_do(w, task_start_tls_exiting, NULL);
+    agent_do(w, task_run_and_join, (void *)tls_exiting_worker);
     /* Gone and joined: the library must answer that it no longer knows the tid. */
     lc_say("EXITED %d role=%d", (int)tls_exiting_tid, lc_role(tls_exiting_tid));
     phase("configured");
