@@ -33,6 +33,7 @@ pub mod log;
 pub mod mask;
 #[allow(unsafe_code)]
 pub mod nvml;
+pub mod per_thread;
 pub mod plan;
 pub mod policy;
 pub mod probe;

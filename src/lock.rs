@@ -17,6 +17,8 @@ use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::per_thread;
+
 const UNLOCKED: u32 = 0;
 const LOCKED: u32 = 1;
 /// Locked, and somebody may be asleep waiting for it: unlocking must wake one.
@@ -25,16 +27,20 @@ const CONTENDED: u32 = 2;
 /// Spins before sleeping: the critical sections are short, and a futex round trip is not.
 const SPINS_BEFORE_SLEEP: u32 = 100;
 
-thread_local! {
-    /// Engine locks this thread holds or is acquiring. `const` with no destructor: reading it is
-    /// a plain TLS access, safe in a signal handler and in a thread that is still being born.
-    static HELD: Cell<u32> = const { Cell::new(0) };
-}
-
 /// Whether this thread holds, or is acquiring, any [`EngineLock`]. True in a signal handler that
 /// interrupted the library on this thread.
 pub fn held_by_this_thread() -> bool {
-    HELD.with(|h| h.get()) > 0
+    per_thread::with(|t| t.locks_held.get()) > 0
+}
+
+/// Adds `by` to this thread's count of locks held; `count` is the caller's block when it has
+/// looked it up already (see [`crate::per_thread`]).
+fn count_held(count: Option<&Cell<u32>>, by: i32) {
+    let add = |held: &Cell<u32>| held.set(held.get().saturating_add_signed(by));
+    match count {
+        Some(held) => add(held),
+        None => per_thread::with(|t| add(&t.locks_held)),
+    }
 }
 
 pub struct EngineLock<T> {
@@ -57,9 +63,20 @@ impl<T> EngineLock<T> {
     }
 
     pub fn lock(&self) -> EngineGuard<'_, T> {
+        self.lock_with_count(None)
+    }
+
+    /// [`Self::lock`] for a caller that holds its thread's block already (`locks_held` of
+    /// [`crate::per_thread::with`]): no thread-local lookup to take it, none to let it go.
+    pub fn lock_counted<'a>(&'a self, locks_held: &'a Cell<u32>) -> EngineGuard<'a, T> {
+        self.lock_with_count(Some(locks_held))
+    }
+
+    #[inline]
+    fn lock_with_count<'a>(&'a self, count: Option<&'a Cell<u32>>) -> EngineGuard<'a, T> {
         // Counted first: a signal arriving between the acquisition and the count would otherwise
         // find the lock taken by its own thread and not know it.
-        HELD.with(|h| h.set(h.get() + 1));
+        count_held(count, 1);
         if self
             .state
             .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
@@ -67,7 +84,7 @@ impl<T> EngineLock<T> {
         {
             self.lock_contended();
         }
-        EngineGuard { lock: self }
+        EngineGuard { lock: self, count }
     }
 
     /// [`Self::lock`], giving up after `patience`, for code a signal handler may run: the thread
@@ -82,23 +99,29 @@ impl<T> EngineLock<T> {
         patience: std::time::Duration,
         give_up: impl Fn() -> bool,
     ) -> Option<EngineGuard<'_, T>> {
-        HELD.with(|h| h.set(h.get() + 1));
+        count_held(None, 1);
         if self
             .state
             .compare_exchange(UNLOCKED, LOCKED, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
         {
-            return Some(EngineGuard { lock: self });
+            return Some(EngineGuard {
+                lock: self,
+                count: None,
+            });
         }
         // The monotonic clock is read through the vDSO: async-signal-safe.
         let deadline = std::time::Instant::now() + patience;
         loop {
             if self.state.swap(CONTENDED, Ordering::Acquire) == UNLOCKED {
-                return Some(EngineGuard { lock: self });
+                return Some(EngineGuard {
+                    lock: self,
+                    count: None,
+                });
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() || give_up() {
-                HELD.with(|h| h.set(h.get().saturating_sub(1)));
+                count_held(None, -1);
                 return None;
             }
             let slice = std::time::Duration::from_millis(1);
@@ -126,11 +149,11 @@ impl<T> EngineLock<T> {
         }
     }
 
-    fn unlock(&self) {
+    fn unlock(&self, count: Option<&Cell<u32>>) {
         if self.state.swap(UNLOCKED, Ordering::Release) == CONTENDED {
             futex_wake_one(&self.state);
         }
-        HELD.with(|h| h.set(h.get().saturating_sub(1)));
+        count_held(count, -1);
     }
 
     /// Takes the lock for a fork: the guard is forgotten, so that the lock stays held until the
@@ -144,12 +167,14 @@ impl<T> EngineLock<T> {
     /// # Safety
     /// This thread took the lock with `hold_for_fork` and holds no guard of it.
     pub unsafe fn force_unlock(&self) {
-        self.unlock();
+        self.unlock(None);
     }
 }
 
 pub struct EngineGuard<'a, T> {
     lock: &'a EngineLock<T>,
+    /// The holder's count, when it handed it over at locking.
+    count: Option<&'a Cell<u32>>,
 }
 
 impl<T> Deref for EngineGuard<'_, T> {
@@ -169,7 +194,7 @@ impl<T> DerefMut for EngineGuard<'_, T> {
 
 impl<T> Drop for EngineGuard<'_, T> {
     fn drop(&mut self) {
-        self.lock.unlock();
+        self.lock.unlock(self.count);
     }
 }
 

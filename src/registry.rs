@@ -203,6 +203,9 @@ pub struct Registry {
     /// What such an unseen thread would have had without the library, when it was born on a
     /// mask the library set: the launch mask within the cpuset (its creator is unknown).
     unseen_natural: Option<SharedMask>,
+    /// Births decided by the general rule alone, so the tests can hold the fast births to it.
+    #[cfg(test)]
+    general_births_only: bool,
 }
 
 impl Registry {
@@ -227,6 +230,8 @@ impl Registry {
             },
             tids_at_first_lease: Vec::new(),
             unseen_natural: None,
+            #[cfg(test)]
+            general_births_only: false,
         }
     }
 
@@ -468,6 +473,25 @@ impl Registry {
         let creator: Option<&ThreadEntry> = plan
             .creator
             .and_then(|s| self.slots.get(s as usize)?.as_ref());
+        if let Some((c, placement, natural)) =
+            creator.and_then(|c| self.continues_creator(&plan, c).map(|(p, n)| (c, p, n)))
+        {
+            let entry = ThreadEntry {
+                tid,
+                handle,
+                role: plan.role,
+                placement,
+                natural: natural.clone(),
+                current: c.current.clone(),
+                born: c.current.clone(),
+                scope: None,
+                creator: plan.creator,
+                live_children: 0,
+                alive: true,
+            };
+            self.history.threads_created += 1;
+            return self.insert(entry);
+        }
         let moved = plan.birth_move.as_ref().filter(|_| plan.moved);
         let across_a_change = plan.epoch != self.epoch;
         // The creator's current mask is what the kernel copied, unless it changed behind our
@@ -540,6 +564,43 @@ impl Registry {
         };
         self.history.threads_created += 1;
         self.insert(entry)
+    }
+
+    /// The births most threads have, decided without the general rule below: nothing changed
+    /// since the creator planned the child (same epoch, its mask neither asked for nor moved
+    /// onto), and the child continues its creator on the creator's mask, either as a thread of
+    /// the same role inheriting an inherited mask outside a worker's move, or as a worker born
+    /// on the worker mask its worker creator is on. Returns the child's placement and natural
+    /// mask; its mask is the creator's current one. What it returns is what the general rule
+    /// gives (`registry::tests::fast_births_decide_as_the_general_rule`).
+    fn continues_creator<'a>(
+        &self,
+        plan: &ChildPlan,
+        c: &'a ThreadEntry,
+    ) -> Option<(Placement, &'a SharedMask)> {
+        #[cfg(test)]
+        if self.general_births_only {
+            return None;
+        }
+        if plan.explicit.is_some() || plan.birth_move.is_some() || plan.epoch != self.epoch {
+            return None;
+        }
+        match (c.placement, &self.target) {
+            (Placement::Inherited, None) if plan.role == c.role => {
+                Some((Placement::Inherited, &c.current))
+            }
+            (Placement::Inherited, Some(_)) if plan.role == c.role && c.role == Role::Host => {
+                Some((Placement::Inherited, &c.current))
+            }
+            (Placement::Worker, Some(t))
+                if plan.role == Role::Worker
+                    && c.role == Role::Worker
+                    && Arc::ptr_eq(&t.mask, &c.current) =>
+            {
+                Some((Placement::Worker, &c.natural))
+            }
+            _ => None,
+        }
     }
 
     /// The thread in `slot` exited (return, `pthread_exit` or cancellation).

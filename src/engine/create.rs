@@ -31,9 +31,10 @@ use super::objects;
 use super::packets::{self, StartPacket};
 use super::publish::publish_table_if_pending;
 use super::real::{self, StartRoutine};
-use super::state::{load_facts, lock_registry, registry, State};
-use super::thread_key::{current_slot, registered_by_trampoline, routine_ended};
+use super::state::{load_facts, lock_registry, lock_registry_as, registry, State};
+use super::thread_key::{registered_by_trampoline, routine_ended, slot_of};
 use crate::mask::CpuMask;
+use crate::per_thread::{self, PerThread};
 use crate::registry::ChildPlan;
 use crate::sys;
 
@@ -61,7 +62,7 @@ pub unsafe fn pthread_create(
     };
     let saved_errno = sys::errno();
     let plan = if ensure_init() == State::Active {
-        catch_unwind(AssertUnwindSafe(|| plan_child(attr, start))).ok()
+        per_thread::with(|me| catch_unwind(AssertUnwindSafe(|| plan_child(me, attr, start))).ok())
     } else {
         None
     };
@@ -96,25 +97,25 @@ pub unsafe fn pthread_create(
     rc
 }
 
-fn plan_child(attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPlan {
+fn plan_child(me: &PerThread, attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPlan {
     publish_table_if_pending();
     let settings = &load_facts().settings;
     let explicit = explicit_mask(attr);
     let in_worker_lib = !settings.worker_libs.is_empty()
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
-    let creator = current_slot();
-    let me = sys::tid_of(sys::pthread_self());
-    let mut reg = lock_registry();
+    let creator = slot_of(me);
+    let my_tid = sys::tid_of(sys::pthread_self());
+    let mut reg = lock_registry_as(me);
     // The creator's entry names another tid than its descriptor: a child of `_Fork` or a raw
     // `clone`, where no fork handler ran.
     if creator
         .and_then(|s| reg.entry(s))
-        .is_some_and(|e| e.tid != me)
+        .is_some_and(|e| e.tid != my_tid)
     {
         drop(reg);
         adopt_if_forked_without_handlers();
         publish_table_if_pending();
-        reg = lock_registry();
+        reg = lock_registry_as(me);
     }
     reg.plan_child(creator, in_worker_lib, explicit)
 }
@@ -165,7 +166,10 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     // SAFETY: `raw` is the packet the hook handed to this thread and to no one else. Its contents
     // are moved out here; nothing of it stays owned by this frame while the user routine runs.
     let StartPacket { start, arg, plan } = unsafe { packets::take(raw) };
-    let _ = catch_unwind(AssertUnwindSafe(|| register_self(plan)));
+    // This thread's block, looked up once for the registration, both locks and the exit.
+    let me: *const PerThread = per_thread::with(|me| me as *const PerThread);
+    // SAFETY: the calling thread's own block, which lives as long as the thread.
+    let _ = catch_unwind(AssertUnwindSafe(|| register_self(unsafe { &*me }, plan)));
     // SAFETY: the user's routine with the user's argument, as pthread_create was asked to run.
     // Nothing with a destructor is alive in this frame.
     let start: UnwindingStart =
@@ -177,8 +181,9 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
         prev: std::ptr::null_mut(),
     };
     // SAFETY: the buffer lives in this frame until the pop below, or until the forced unwind,
-    // which runs (and unlinks) it as it leaves this frame; the routine takes no argument.
-    unsafe { _pthread_cleanup_push(&mut buffer, routine_ended, std::ptr::null_mut()) };
+    // which runs (and unlinks) it as it leaves this frame; the routine's argument is this
+    // thread's block, which outlives the frame.
+    unsafe { _pthread_cleanup_push(&mut buffer, routine_ended, me as *mut c_void) };
     let ret = start(arg);
     // SAFETY: the buffer pushed above, still the thread's innermost: the routine returned, so
     // every buffer it pushed was popped.
@@ -186,7 +191,7 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     ret
 }
 
-fn register_self(mut plan: ChildPlan) {
+fn register_self(me: &PerThread, mut plan: ChildPlan) {
     let handle = sys::pthread_self();
     let tid = sys::tid_of(handle);
     // Outside the registry lock: the move can migrate this thread to another CPU.
@@ -196,8 +201,9 @@ fn register_self(mut plan: ChildPlan) {
     {
         plan.mark_moved();
     }
-    let slot = registry()
-        .lock()
-        .register_child(plan, tid, handle as u64, &Kernel);
-    registered_by_trampoline(slot);
+    let slot =
+        registry()
+            .lock_counted(&me.locks_held)
+            .register_child(plan, tid, handle as u64, &Kernel);
+    registered_by_trampoline(me, slot);
 }

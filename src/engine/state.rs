@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use crate::load_facts::LoadFacts;
 use crate::lock::{EngineGuard, EngineLock};
+use crate::per_thread::PerThread;
 use crate::registry::{Registry, Tid};
 use crate::sys;
 
@@ -58,6 +59,14 @@ pub fn registry() -> &'static EngineLock<Registry> {
 /// decides anything from that thread's mask.
 pub fn lock_registry() -> EngineGuard<'static, Registry> {
     let mut reg = REGISTRY.lock();
+    take_queued(&mut reg);
+    reg
+}
+
+/// [`lock_registry`] for a caller that holds its thread's block already (see
+/// [`crate::per_thread`]).
+pub fn lock_registry_as(me: &PerThread) -> EngineGuard<'_, Registry> {
+    let mut reg = REGISTRY.lock_counted(&me.locks_held);
     take_queued(&mut reg);
     reg
 }

@@ -9,13 +9,13 @@
 //! The key is created at load, before the application's keys, so its destructor runs first in a
 //! round.
 
-use std::cell::Cell;
 use std::ffi::{c_int, c_void};
-use std::panic::catch_unwind;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::real;
 use super::state::registry;
+use crate::per_thread::{self, PerThread};
 use crate::registry::Slot;
 
 /// The pthread key whose value is `slot + 1` for a registered thread whose exit the key's
@@ -25,12 +25,8 @@ static THREAD_KEY: AtomicU32 = AtomicU32::new(u32::MAX);
 /// Marks a key value whose destructor already ran once (see [`on_thread_exit`]).
 const EXITING: usize = 1 << (usize::BITS - 1);
 
-thread_local! {
-    /// This thread's registry slot plus one (0: none) in the low bits, with [`BY_TRAMPOLINE`]
-    /// and [`HAS_DESTRUCTORS`]. `const`, no destructor: a plain TLS word, safe in a thread being
-    /// born or exiting and in a signal handler.
-    static THREAD: Cell<usize> = const { Cell::new(0) };
-}
+// A thread's `registry_word` (crate::per_thread): its registry slot plus one (0: none) in the low
+// bits, with the two flags below.
 
 /// The trampoline does this thread's exit bookkeeping when its routine ends.
 const BY_TRAMPOLINE: usize = 1 << (usize::BITS - 1);
@@ -51,7 +47,12 @@ pub fn create_thread_key() -> bool {
 
 /// The calling thread's registry slot, if the library registered it.
 pub fn current_slot() -> Option<Slot> {
-    (THREAD.with(Cell::get) & SLOT_BITS)
+    per_thread::with(slot_of)
+}
+
+/// The registry slot of the thread whose block `me` is.
+pub fn slot_of(me: &PerThread) -> Option<Slot> {
+    (me.registry_word.get() & SLOT_BITS)
         .checked_sub(1)
         .map(|s| s as Slot)
 }
@@ -59,7 +60,10 @@ pub fn current_slot() -> Option<Slot> {
 /// Records `slot` as the calling thread's, whose exit the key's destructor will see (a thread
 /// the trampoline did not start, or one it started that registered again).
 pub fn set_current_slot(slot: Slot) -> bool {
-    THREAD.with(|t| t.set((t.get() & HAS_DESTRUCTORS) | (slot as usize + 1)));
+    per_thread::with(|t| {
+        let word = &t.registry_word;
+        word.set((word.get() & HAS_DESTRUCTORS) | (slot as usize + 1));
+    });
     arm_key((slot as usize + 1) as *const c_void)
 }
 
@@ -79,7 +83,7 @@ fn arm_key(value: *const c_void) -> bool {
 /// this thread now has a destructor of its own, which runs after its routine and may create
 /// threads or set masks, so its entry must outlive it.
 pub fn note_own_destructor() {
-    THREAD.with(|t| t.set(t.get() | HAS_DESTRUCTORS));
+    per_thread::with(|t| t.registry_word.set(t.registry_word.get() | HAS_DESTRUCTORS));
 }
 
 /// The interposed `pthread_setspecific`: the real one, after noting a destructor to come.
@@ -133,40 +137,50 @@ extern "C" fn on_thread_exit(value: *mut c_void) {
             return;
         }
         if done {
-            forget_slot();
+            per_thread::with(forget_slot);
             return;
         }
     }
     let _ = catch_unwind(|| registry().lock().thread_exited(slot as Slot));
-    forget_slot();
+    per_thread::with(forget_slot);
 }
 
 /// The thread is no longer registered: later calls of it find no slot.
-fn forget_slot() {
-    THREAD.with(|t| t.set(t.get() & HAS_DESTRUCTORS));
+fn forget_slot(me: &PerThread) {
+    me.registry_word
+        .set(me.registry_word.get() & HAS_DESTRUCTORS);
 }
 
-/// The trampoline registered this thread in `slot`: it does the thread's exit bookkeeping when
-/// the routine ends.
-pub fn registered_by_trampoline(slot: Slot) {
-    THREAD.with(|t| t.set((t.get() & HAS_DESTRUCTORS) | BY_TRAMPOLINE | (slot as usize + 1)));
+/// The trampoline registered the thread whose block `me` is in `slot`: it does the thread's exit
+/// bookkeeping when the routine ends.
+pub fn registered_by_trampoline(me: &PerThread, slot: Slot) {
+    let word = &me.registry_word;
+    word.set((word.get() & HAS_DESTRUCTORS) | BY_TRAMPOLINE | (slot as usize + 1));
 }
 
 /// The thread's routine ended (returned, `pthread_exit` or cancellation): its exit bookkeeping,
 /// unless a destructor of its own may still run, in which case the key's destructor does it
-/// after them.
-pub extern "C" fn routine_ended(_: *mut c_void) {
-    let state = THREAD.with(Cell::get);
+/// after them. `block` is the thread's own [`PerThread`], as the trampoline's cleanup buffer
+/// hands it over.
+pub extern "C" fn routine_ended(block: *mut c_void) {
+    // SAFETY: the trampoline passes the block of the thread this runs on (on return, or as the
+    // forced unwind leaves its frame); a thread's block lives as long as the thread.
+    let me = unsafe { &*(block as *const PerThread) };
+    let state = me.registry_word.get();
     if state & BY_TRAMPOLINE == 0 {
         return;
     }
     let Some(slot) = (state & SLOT_BITS).checked_sub(1) else {
         return;
     };
-    THREAD.with(|t| t.set(state & !BY_TRAMPOLINE));
+    me.registry_word.set(state & !BY_TRAMPOLINE);
     if state & HAS_DESTRUCTORS != 0 && arm_key((slot + 1) as *const c_void) {
         return;
     }
-    let _ = catch_unwind(|| registry().lock().thread_exited(slot as Slot));
-    forget_slot();
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        registry()
+            .lock_counted(&me.locks_held)
+            .thread_exited(slot as Slot)
+    }));
+    forget_slot(me);
 }

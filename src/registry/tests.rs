@@ -829,3 +829,78 @@ fn a_thread_being_born_across_a_release_and_a_configure_is_not_taken_for_an_unse
         ("2-3", Placement::Worker)
     );
 }
+
+/// The fast births (`Registry::continues_creator`) decide what the general rule decides: a child
+/// of each kind of creator, plain and with its routine in a worker library, comes out the same
+/// in a world that has the general rule only.
+#[test]
+fn fast_births_decide_as_the_general_rule() {
+    type Creator = fn(&mut World, Slot) -> Slot;
+    fn worker(w: &mut World, main: Slot) -> Slot {
+        let worker = w.spawn(main);
+        w.configure(worker, "gpu0", "2-3");
+        worker
+    }
+    let creators: [(&str, Creator); 9] = [
+        ("a host, no lease", |_, main| main),
+        ("a host under a lease", |w, main| {
+            worker(w, main);
+            main
+        }),
+        ("a worker under a lease", worker),
+        ("a worker after the last release", |w, main| {
+            let worker = w.spawn(main);
+            let lease = w.configure(worker, "gpu0", "2-3").lease;
+            w.release(lease).unwrap();
+            worker
+        }),
+        ("a worker whose mask the program set", |w, main| {
+            let worker = worker(w, main);
+            w.set_by_hand(worker, "1");
+            worker
+        }),
+        ("a host whose mask the program set", |w, main| {
+            w.set_by_hand(main, "1");
+            main
+        }),
+        ("a step thread", |w, main| {
+            let worker = worker(w, main);
+            let step = w.spawn(worker);
+            w.reg.pin(step, m("2"), Placement::Step, &w.kernel).unwrap();
+            step
+        }),
+        ("a host with a worker scope open", |w, main| {
+            w.begin_scope(main, "gpu0", "2-3");
+            main
+        }),
+        ("a worker retargeted to another device", |w, main| {
+            let worker = worker(w, main);
+            w.configure(worker, "gpu1", "0-1");
+            worker
+        }),
+    ];
+    for (name, make_creator) in creators {
+        for worker_lib in [false, true] {
+            let child = |general_births_only| {
+                let (mut w, main) = World::new("0-3");
+                w.reg.general_births_only = general_births_only;
+                let creator = make_creator(&mut w, main);
+                let child = w.spawn_with(creator, worker_lib, None);
+                let e = w.reg.entry(child).unwrap();
+                let born = e.born.to_list();
+                (
+                    w.role(child),
+                    w.placement(child),
+                    w.mask(child),
+                    w.natural(child),
+                    born,
+                )
+            };
+            assert_eq!(
+                child(false),
+                child(true),
+                "{name}, worker library: {worker_lib}"
+            );
+        }
+    }
+}

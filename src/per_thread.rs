@@ -1,0 +1,36 @@
+//! The library's per-thread state: one `const` thread-local block with no destructor.
+//!
+//! Why one block, looked up once: a preloaded library reaches its thread-locals through
+//! `__tls_get_addr` (stable Rust cannot ask for the initial-exec model), about a dozen
+//! instructions a lookup. A thread's birth takes the registry lock on both sides and its exit
+//! once more, and every acquisition counts itself; looked up at each use, that was nine lookups a
+//! birth. The hot paths look the block up once and hand it on ([`EngineLock::lock_counted`]).
+//!
+//! Plain `Cell`s with no destructor: safe in a thread being born or exiting, in a signal handler
+//! and in a `vfork` child (which shares its parent's block).
+//!
+//! [`EngineLock::lock_counted`]: crate::lock::EngineLock::lock_counted
+
+use std::cell::Cell;
+
+pub struct PerThread {
+    /// Engine locks this thread holds or is acquiring (see [`crate::lock`]).
+    pub locks_held: Cell<u32>,
+    /// The thread's registry slot and exit bookkeeping flags (see `engine::thread_key`).
+    pub registry_word: Cell<usize>,
+}
+
+thread_local! {
+    static PER_THREAD: PerThread = const {
+        PerThread {
+            locks_held: Cell::new(0),
+            registry_word: Cell::new(0),
+        }
+    };
+}
+
+/// Runs `f` with the calling thread's block.
+#[inline]
+pub fn with<R>(f: impl FnOnce(&PerThread) -> R) -> R {
+    PER_THREAD.with(f)
+}
