@@ -34,3 +34,11 @@ thread_local! {
 pub fn with<R>(f: impl FnOnce(&PerThread) -> R) -> R {
     PER_THREAD.with(f)
 }
+
+/// The calling thread's block as a pointer, valid until the thread ends: for the engine to hand
+/// on where a closure cannot reach (a cleanup buffer's argument) or would cost a copy of what it
+/// returns (the hook's plan).
+#[inline]
+pub fn current() -> *const PerThread {
+    PER_THREAD.with(|t| t as *const PerThread)
+}

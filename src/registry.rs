@@ -328,6 +328,8 @@ impl Registry {
             .map(|(s, _)| s)
     }
 
+    // Inlined: it runs on every birth, and the call would cost more than its body.
+    #[inline(always)]
     fn insert(&mut self, entry: ThreadEntry) -> Slot {
         if entry.role == Role::Worker {
             self.count_worker(true);

@@ -62,7 +62,9 @@ pub unsafe fn pthread_create(
     };
     let saved_errno = sys::errno();
     let plan = if ensure_init() == State::Active {
-        per_thread::with(|me| catch_unwind(AssertUnwindSafe(|| plan_child(me, attr, start))).ok())
+        // SAFETY: the calling thread's own block, which lives as long as the thread.
+        let me = unsafe { &*per_thread::current() };
+        catch_unwind(AssertUnwindSafe(|| plan_child(me, attr, start))).ok()
     } else {
         None
     };
@@ -167,7 +169,7 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     // are moved out here; nothing of it stays owned by this frame while the user routine runs.
     let StartPacket { start, arg, plan } = unsafe { packets::take(raw) };
     // This thread's block, looked up once for the registration, both locks and the exit.
-    let me: *const PerThread = per_thread::with(|me| me as *const PerThread);
+    let me = per_thread::current();
     // SAFETY: the calling thread's own block, which lives as long as the thread.
     let _ = catch_unwind(AssertUnwindSafe(|| register_self(unsafe { &*me }, plan)));
     // SAFETY: the user's routine with the user's argument, as pthread_create was asked to run.
