@@ -15,7 +15,6 @@ Env: PYTHONPATH with the tllm_affinity package.
 """
 import asyncio
 import queue
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import trtllm_shape
@@ -27,17 +26,13 @@ trtllm.install(trtllm_shape, shutdown="shutdown_hook")
 to_worker = queue.Queue()  # the proxy's dispatch socket
 from_worker = queue.Queue()  # the proxy's result socket
 user_requests = queue.Queue()
-worker_ready = threading.Event()
-session_busy = threading.Event()
-hold = threading.Event()
+session = trtllm_shape.MpiSession("mpi_session")
 
 
 def worker_main():
     """Rank 0's worker, on the session's pool."""
-    note("session_worker")
-    worker = trtllm_shape.Worker(0)
-    worker.setup_engine()
-    worker_ready.set()
+    worker = session.rank0_worker("session_worker")
+    session.worker_ready.set()
     while True:
         item = to_worker.get()
         if item is None:
@@ -45,13 +40,6 @@ def worker_main():
         from_worker.put(worker.generate(item))
     worker.shutdown()
     return "worker_main done"
-
-
-def session_task():
-    """The other session thread: busy with the session's own work until shutdown."""
-    note("session_pool1")
-    session_busy.set()
-    hold.wait(60)
 
 
 def dispatch():
@@ -71,7 +59,7 @@ def results(loop, answers):
 def user_work(name, wait=False):
     note(name)
     if wait:
-        hold.wait(60)
+        session.hold.wait(60)
     return name
 
 
@@ -82,12 +70,9 @@ async def script():
     start("proxy_dispatch", dispatch)
     answers = asyncio.Queue()
     start("proxy_result", lambda: results(loop, answers))
-    session = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mpi_session")
     phase("before")
 
-    rank0 = session.submit(worker_main)
-    session.submit(session_task)
-    assert worker_ready.wait(30) and session_busy.wait(30)
+    rank0 = session.start(worker_main)
     phase("during")
 
     user_requests.put("prompt")
@@ -102,7 +87,7 @@ async def script():
     assert rank0.result(30) == "worker_main done"
     phase("shutdown")
 
-    hold.set()
+    session.hold.set()
     await held
     session.submit(note, "session_after").result(30)
     await loop.run_in_executor(None, user_work, "user_after")

@@ -18,7 +18,6 @@ import ctypes
 import os
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import trtllm_shape
 from runtime_helpers import note, phase, start, stop
@@ -64,29 +63,19 @@ def ask_server(*words):
             assert s.makefile().readline().strip() == "ok"
 
 
-worker_ready = threading.Event()
 worker_stop = threading.Event()
-session_busy = threading.Event()
-hold = threading.Event()
+session = trtllm_shape.MpiSession("session")
 
 
 def worker_main():
-    note("leader_worker")
-    worker = trtllm_shape.Worker(0)
-    worker.setup_engine()
+    worker = session.rank0_worker("leader_worker")
     spawn_progress("nccl_progress")
     answer = worker.generate("warmup")
     assert answer["by"]["role"] == 1, answer
-    worker_ready.set()
+    session.worker_ready.set()
     assert worker_stop.wait(30)
     worker.shutdown()
     return "worker_main done"
-
-
-def session_task():
-    note("session_pool1")
-    session_busy.set()
-    hold.wait(60)
 
 
 note("main")
@@ -96,10 +85,7 @@ server.start()
 ask_server("ping")
 phase("before")
 
-session = ThreadPoolExecutor(max_workers=2, thread_name_prefix="session")
-rank0 = session.submit(worker_main)
-session.submit(session_task)
-assert worker_ready.wait(30) and session_busy.wait(30)
+rank0 = session.start(worker_main)
 phase("during")
 
 ask_server("spawn", "late_progress")
@@ -111,7 +97,7 @@ phase("shutdown")
 
 ask_server("spawn", "after_progress")
 phase("after")
-hold.set()
+session.hold.set()
 ask_server("quit")
 server.join(30)
 session.shutdown()

@@ -18,13 +18,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import trtllm_shape
+from quiet_http import Arrivals
 from runtime_helpers import Omp, note, phase, say
 from tllm_affinity.adapters import trtllm
 
 trtllm.install(trtllm_shape, shutdown="shutdown_hook")
 omp = Omp()
-seen = {}
-seen_cond = threading.Condition()
+seen = Arrivals()
 let_go = threading.Event()
 bg_ready = threading.Event()
 engine = {}
@@ -41,16 +41,9 @@ def generate(name):
     note(f"req_{name}")
     worker = engine.get("worker")
     answer = worker.generate(name) if worker else {"payload": name, "by": None}
-    with seen_cond:
-        seen[name] = answer
-        seen_cond.notify_all()
+    seen.arrived(name, answer)
     let_go.wait(60)
     return answer
-
-
-def wait_for(name):
-    with seen_cond:
-        assert seen_cond.wait_for(lambda: name in seen, 30), f"request {name} never came"
 
 
 async def handle(reader, writer):
@@ -74,12 +67,12 @@ def executor_main(loop, done):
     worker.setup_engine()
     engine["worker"] = worker
     phase("during")
-    wait_for("a")
+    seen.wait_for("a")
     phase("serving")
     del engine["worker"]
     worker.shutdown()
     phase("shutdown")
-    wait_for("b")
+    seen.wait_for("b")
     phase("after")
     let_go.set()
     loop.call_soon_threadsafe(done.set)

@@ -23,6 +23,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import trtllm_shape
+from quiet_http import Arrivals, QuietHandler
 from runtime_helpers import Omp, note, phase, say
 from tllm_affinity.adapters import trtllm
 
@@ -30,8 +31,7 @@ trtllm.install(trtllm_shape, shutdown="shutdown_hook")
 omp = Omp()
 jobs = queue.Queue()
 answers = queue.Queue()
-seen = {}
-seen_cond = threading.Condition()
+seen = Arrivals()
 let_go = threading.Event()
 coordinator_port = []
 coordinator_up = threading.Event()
@@ -75,30 +75,16 @@ def serve_forever():
     asyncio.run(main())
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     def do_GET(self):
         name = self.path.rsplit("/", 1)[-1]
         note(f"req_{name}")
         with socket.create_connection(("127.0.0.1", coordinator_port[0]), timeout=30) as s:
             s.sendall(name.encode() + b"\n")
             answer = s.makefile().readline()
-        with seen_cond:
-            seen[name] = answer
-            seen_cond.notify_all()
+        seen.arrived(name, answer)
         let_go.wait(60)
-        body = answer.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-def wait_for(name):
-    with seen_cond:
-        assert seen_cond.wait_for(lambda: name in seen, 30), f"request {name} never came"
+        self.reply(answer.encode())
 
 
 def worker_thread():
@@ -115,12 +101,12 @@ def worker_thread():
         answers.put({"payload": name, "by": trtllm_shape.whoami()})
 
     denoise()
-    wait_for("a")
+    seen.wait_for("a")
     phase("serving")
     worker_live.clear()
     worker.shutdown()
     phase("shutdown")
-    wait_for("b")
+    seen.wait_for("b")
     phase("after")
     let_go.set()
     server.shutdown()

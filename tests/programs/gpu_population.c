@@ -62,10 +62,7 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
     tllm_abi_load();
-    if (!tllm_configure || !tllm_release) {
-        printf("NOLIB libtllm_affinity.so is not loaded\n");
-        return 3;
-    }
+    tllm_abi_require(tllm_configure && tllm_release);
     pthread_t h;
     pthread_create(&h, NULL, host, NULL);
     for (int i = 1; i < argc; i++) {

@@ -8,23 +8,19 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from phases import LIB, note, phase, start, stop
+from quiet_http import QuietHandler
 
 hold_request = threading.Event()
 request_seen = {}
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     def do_GET(self):
         name = self.path.strip("/")
         note(name)
         request_seen[name].set()
         hold_request.wait()
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args):
-        pass
+        self.reply(b"ok")
 
 
 note("main")

@@ -128,14 +128,23 @@ static void task_children(agent_t *self, void *arg) {
     lc_say("CHILDREN vfork and clone done");
 }
 
-static int mode_vfork(void) {
-    note("main");
+/* How the vfork, glibc and tsd modes go on from their set-up: a worker W configures device 0 and
+ * runs `task(arg)`, then `settle()` runs on the main thread, then the phase `name`, and W releases
+ * (release_phase). */
+static int worker_task_phase(task_fn task, void *arg, void (*settle)(void), const char *name) {
     agent_t *w = configured_agent("W", 0);
-    agent_do(w, task_children, NULL);
-    lc_report("children");
-    phase("children");
+    agent_do(w, task, arg);
+    settle();
+    phase(name);
     release_phase(w);
     return 0;
+}
+
+static void report_children(void) { lc_report("children"); }
+
+static int mode_vfork(void) {
+    note("main");
+    return worker_task_phase(task_children, NULL, report_children, "children");
 }
 
 /* ---- chain -------------------------------------------------------------------------------- */
@@ -247,16 +256,12 @@ static void task_glibc_helpers(agent_t *self, void *arg) {
     close(fd);
 }
 
+static void note_helpers(void) { note_unnamed("helper"); }
+
 static int mode_glibc(void) {
     note("main");
-    agent_t *before = agent_new("before");
-    (void)before;
-    agent_t *w = configured_agent("W", 0);
-    agent_do(w, task_glibc_helpers, NULL);
-    note_unnamed("helper");
-    phase("configured");
-    release_phase(w);
-    return 0;
+    (void)agent_new("before");
+    return worker_task_phase(task_glibc_helpers, NULL, note_helpers, "configured");
 }
 
 /* ---- SIGEV_THREAD timers of a worker and of a host ------------------------------------------ */
@@ -372,17 +377,14 @@ static void *exiting_worker(void *arg) {
     return NULL;
 }
 
+static void wait_orphan(void) { sem_wait(&orphan_started); }
+
 static int mode_tsd(void) {
     note("main");
     /* Created after the library's own key: its destructor runs after the library's. */
     pthread_key_create(&user_key, user_destructor);
     sem_init(&orphan_started, 0, 0);
-    agent_t *w = configured_agent("W", 0);
-    agent_do(w, task_run_and_join, (void *)exiting_worker);
-    sem_wait(&orphan_started);
-    phase("configured");
-    release_phase(w);
-    return 0;
+    return worker_task_phase(task_run_and_join, (void *)exiting_worker, wait_orphan, "configured");
 }
 
 /* ---- a thread created from a thread_local destructor -------------------------------------- */

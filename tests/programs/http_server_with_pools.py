@@ -17,42 +17,27 @@ import http.server
 import json
 import threading
 
+from quiet_http import Arrivals, QuietHandler
 from runtime_helpers import LIB, Omp, blas_work, configure, import_numpy, note, phase, release, say
 
 omp = Omp()
-seen = {}
-seen_lock = threading.Condition()
+seen = Arrivals()
 let_go = threading.Event()
 answered = threading.Semaphore(0)
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     def do_GET(self):
         path, _, query = self.path.partition("?")
         name = path.rsplit("/", 1)[-1]
         note(name)
         if query == "omp":
             omp.run(f"{name}_omp")
-        with seen_lock:
-            seen[name] = threading.get_native_id()
-            seen_lock.notify_all()
-        let_go.wait(30)
         tid = threading.get_native_id()
-        body = json.dumps({"tid": tid, "role": LIB.tllm_affinity_role(tid)}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-        self.wfile.flush()
+        seen.arrived(name, tid)
+        let_go.wait(30)
+        self.reply(json.dumps({"tid": tid, "role": LIB.tllm_affinity_role(tid)}).encode())
         answered.release()
-
-    def log_message(self, *args):
-        pass
-
-
-def wait_for(name):
-    with seen_lock:
-        assert seen_lock.wait_for(lambda: name in seen, 30), f"request {name} never came"
 
 
 def worker():
@@ -61,16 +46,16 @@ def worker():
     say("BLAS", len(blas))
     blas_work(numpy)
     phase("before")
-    wait_for("req_before")
+    seen.wait_for("req_before")
     lease = configure(0)
     omp.run("worker_omp")
     blas_work(numpy)
     phase("configured")
-    wait_for("req_during")
+    seen.wait_for("req_during")
     phase("lease")
     release(lease)
     phase("released")
-    wait_for("req_after")
+    seen.wait_for("req_after")
     omp.run("worker_omp")
     blas_work(numpy)
     phase("after")

@@ -36,17 +36,12 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "abi.h"
 #include "cpulist.h"
+#include "park.h"
 
 #define BUF (4u << 20)
 #define MAX_NODES 64
-
-static int64_t (*configure)(int32_t);
-static int64_t (*begin_scope)(int32_t);
-static int32_t (*end_scope)(int64_t);
-static int32_t (*release_lease)(int64_t);
-static int32_t (*role_of)(int32_t);
-static int64_t (*report)(char *, uint64_t);
 
 static int device;
 static pid_t tid_main, tid_h, tid_w, tid_c;
@@ -58,31 +53,10 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static int step, ready;
 
-static void wait_step(int s) {
-    pthread_mutex_lock(&lock);
-    while (step < s) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
-
-static void set_step(int s) {
-    pthread_mutex_lock(&lock);
-    step = s;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
-}
-
-static void mark_ready(void) {
-    pthread_mutex_lock(&lock);
-    ready++;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
-}
-
-static void wait_ready(int n) {
-    pthread_mutex_lock(&lock);
-    while (ready < n) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
+static void wait_step(int s) { wait_count(&lock, &changed, &step, s); }
+static void set_step(int s) { set_and_wake(&lock, &changed, &step, s); }
+static void mark_ready(void) { count_in(&lock, &changed, &ready); }
+static void wait_ready(int n) { wait_count(&lock, &changed, &ready, n); }
 
 static pid_t gettid_(void) { return (pid_t)syscall(SYS_gettid); }
 
@@ -166,7 +140,7 @@ static void mask_line(const char *phase, const char *name, pid_t tid) {
     CPU_ZERO(&set);
     char list[1024] = "gone";
     if (sched_getaffinity(tid, sizeof set, &set) == 0) cpulist(&set, list, sizeof list);
-    printf("MASK %s %s %s %d\n", phase, name, list, role_of(tid));
+    printf("MASK %s %s %s %d\n", phase, name, list, tllm_role(tid));
 }
 
 static void masks(const char *phase) {
@@ -203,7 +177,7 @@ static int64_t lease;
 static void *worker_thread(void *arg) {
     (void)arg;
     tid_w = gettid_();
-    lease = configure(device);
+    lease = tllm_configure(device);
     touch(buf_worker);
     pthread_t c;
     pthread_create(&c, NULL, child_thread, NULL);
@@ -222,16 +196,9 @@ static void *scoped_thread(void *arg) {
 
 int main(int argc, char **argv) {
     device = argc > 1 ? atoi(argv[1]) : 0;
-    configure = dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
-    begin_scope = dlsym(RTLD_DEFAULT, "tllm_affinity_begin_worker_scope");
-    end_scope = dlsym(RTLD_DEFAULT, "tllm_affinity_end_worker_scope");
-    release_lease = dlsym(RTLD_DEFAULT, "tllm_affinity_release");
-    role_of = dlsym(RTLD_DEFAULT, "tllm_affinity_role");
-    report = dlsym(RTLD_DEFAULT, "tllm_affinity_report");
-    if (!configure || !begin_scope || !end_scope || !release_lease || !role_of || !report) {
-        printf("NOLIB libtllm_affinity.so is not loaded\n");
-        return 3;
-    }
+    tllm_abi_load();
+    tllm_abi_require(tllm_configure && tllm_begin_scope && tllm_end_scope && tllm_release &&
+                     tllm_role && tllm_report);
     tid_main = gettid_();
     buf_early = buffer();
     buf_host = buffer();
@@ -252,7 +219,7 @@ int main(int argc, char **argv) {
     wait_ready(4); /* H touched */
     masks("configured");
     static char json[1 << 16];
-    int64_t need = report(json, sizeof json);
+    int64_t need = tllm_report(json, sizeof json);
     if (need > 0 && (size_t)need < sizeof json) printf("REPORT %s\n", json);
     pages("early", buf_early);
     pages("host", buf_host);
@@ -272,11 +239,11 @@ int main(int argc, char **argv) {
             fclose(go);
         }
     }
-    if (lease > 0) release_lease(lease);
+    if (lease > 0) tllm_release(lease);
     masks("released");
 
     /* The scope's caller: main opens a worker scope and allocates while it is open. */
-    int64_t scope = begin_scope(device);
+    int64_t scope = tllm_begin_scope(device);
     policy_line("main", "scope");
     touch(buf_scope);
     mask_line("scope", "main", tid_main);
@@ -284,8 +251,8 @@ int main(int argc, char **argv) {
     pthread_create(&s, NULL, scoped_thread, NULL);
     pthread_join(s, NULL);
     if (scope > 0) {
-        end_scope(scope);
-        release_lease(scope);
+        tllm_end_scope(scope);
+        tllm_release(scope);
     }
     policy_line("main", "after_scope");
     pages("scope", buf_scope);

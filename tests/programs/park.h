@@ -12,10 +12,32 @@ __attribute__((unused)) static void park_until(pthread_mutex_t *m, pthread_cond_
     pthread_mutex_unlock(m);
 }
 
-__attribute__((unused)) static void raise_flag(pthread_mutex_t *m, pthread_cond_t *c, int *flag) {
+/* Sets `*value` and wakes every waiter. */
+__attribute__((unused)) static void set_and_wake(pthread_mutex_t *m, pthread_cond_t *c, int *value,
+                                                 int to) {
     pthread_mutex_lock(m);
-    *flag = 1;
+    *value = to;
     pthread_cond_broadcast(c);
+    pthread_mutex_unlock(m);
+}
+
+__attribute__((unused)) static void raise_flag(pthread_mutex_t *m, pthread_cond_t *c, int *flag) {
+    set_and_wake(m, c, flag, 1);
+}
+
+/* A count threads add themselves to (count_in) while whoever started them waits for it to reach n
+ * (wait_count); also a step counter that only grows (set_and_wake, wait_count). */
+__attribute__((unused)) static void count_in(pthread_mutex_t *m, pthread_cond_t *c, int *count) {
+    pthread_mutex_lock(m);
+    (*count)++;
+    pthread_cond_broadcast(c);
+    pthread_mutex_unlock(m);
+}
+
+__attribute__((unused)) static void wait_count(pthread_mutex_t *m, pthread_cond_t *c, const int *count,
+                                               int n) {
+    pthread_mutex_lock(m);
+    while (*count < n) pthread_cond_wait(c, m);
     pthread_mutex_unlock(m);
 }
 

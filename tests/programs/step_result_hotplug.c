@@ -23,14 +23,9 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include "abi.h"
 #include "cpulist.h"
 #include "park.h"
-
-static int64_t (*configure)(int32_t);
-static int32_t (*release_lease)(int64_t);
-static int32_t (*pin_step)(int32_t);
-static int32_t (*pin_result)(int32_t);
-static int64_t (*report)(char *, uint64_t);
 
 static int device;
 static pid_t tids[7];
@@ -42,18 +37,8 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t changed = PTHREAD_COND_INITIALIZER;
 static int ready, quit;
 
-static void mark_ready(void) {
-    pthread_mutex_lock(&lock);
-    ready++;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
-}
-
-static void wait_ready(int n) {
-    pthread_mutex_lock(&lock);
-    while (ready < n) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-}
+static void mark_ready(void) { count_in(&lock, &changed, &ready); }
+static void wait_ready(int n) { wait_count(&lock, &changed, &ready, n); }
 
 static void wait_quit(void) { park_until(&lock, &changed, &quit); }
 
@@ -83,9 +68,9 @@ static void *parked_thread(void *slot) {
 static void *pinned_thread(void *slot) {
     tids[(intptr_t)slot] = gettid_();
     if ((intptr_t)slot == 3)
-        step_rc = pin_step(device);
+        step_rc = tllm_pin_step(device);
     else
-        result_rc = pin_result(device);
+        result_rc = tllm_pin_result(device);
     mark_ready();
     wait_quit();
     return NULL;
@@ -94,7 +79,7 @@ static void *pinned_thread(void *slot) {
 static void *worker_thread(void *arg) {
     (void)arg;
     tids[2] = gettid_();
-    lease = configure(device);
+    lease = tllm_configure(device);
     pthread_t st, rt;
     pthread_create(&st, NULL, pinned_thread, (void *)3);
     pthread_create(&rt, NULL, pinned_thread, (void *)4);
@@ -119,15 +104,9 @@ static void *self_set_thread(void *arg) {
 
 int main(int argc, char **argv) {
     device = argc > 1 ? atoi(argv[1]) : 0;
-    configure = dlsym(RTLD_DEFAULT, "tllm_affinity_configure");
-    release_lease = dlsym(RTLD_DEFAULT, "tllm_affinity_release");
-    pin_step = dlsym(RTLD_DEFAULT, "tllm_affinity_pin_step_thread");
-    pin_result = dlsym(RTLD_DEFAULT, "tllm_affinity_pin_result_thread");
-    report = dlsym(RTLD_DEFAULT, "tllm_affinity_report");
-    if (!configure || !release_lease || !pin_step || !pin_result || !report) {
-        printf("NOLIB libtllm_affinity.so is not loaded\n");
-        return 3;
-    }
+    tllm_abi_load();
+    tllm_abi_require(tllm_configure && tllm_release && tllm_pin_step && tllm_pin_result &&
+                     tllm_report);
     tids[0] = gettid_();
     pthread_t h, t, w, n;
     pthread_create(&h, NULL, parked_thread, (void *)1);
@@ -138,9 +117,9 @@ int main(int argc, char **argv) {
     printf("PIN step %d result %d\nLEASE %lld\n", step_rc, result_rc, (long long)lease);
     masks("configured", 6);
     static char json[1 << 16];
-    int64_t need = report(json, sizeof json);
+    int64_t need = tllm_report(json, sizeof json);
     if (need > 0 && (size_t)need < sizeof json) printf("REPORT %s\n", json);
-    if (lease > 0) release_lease(lease);
+    if (lease > 0) tllm_release(lease);
     masks("released", 6);
     printf("READY\n");
     fflush(stdout);

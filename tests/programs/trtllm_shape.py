@@ -6,6 +6,9 @@ module's `configure_cpu_affinity(device_id)` and starts the engine's threads (th
 and the await-response thread), optionally a real OpenMP pool (torch's intra-op pool is
 OpenMP). `Worker.shutdown()` stops the engine threads, then calls `shutdown_hook()`.
 
+`MpiSession` is an MPI session's own two-thread pool: rank 0's `worker_main` on one thread, the
+session's own work on the other.
+
 `configure_cpu_affinity` here is the server's old function: one sweep that pins every thread of
 the process and never restores (seeds/shared-process-affinity-never-restored.txt). The programs
 replace it with `tllm_affinity.adapters.trtllm.install(trtllm_shape, shutdown="shutdown_hook")`,
@@ -15,6 +18,7 @@ adapter ever not be in place, the old sweep pins the host threads and the tests 
 import os
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from runtime_helpers import LIB, note
 
@@ -101,3 +105,36 @@ class Worker:
         for t in self.threads:
             t.join(30)
         shutdown_hook()
+
+
+class MpiSession(ThreadPoolExecutor):
+    """The session's two-thread pool, its threads named `<prefix>_0` and `<prefix>_1`. `start`
+    runs rank 0's `worker_main` on one (which builds its worker with `rank0_worker` and sets
+    `worker_ready` once it serves), and the session's own work on the other (noted
+    session_pool1), busy until `hold` is set."""
+
+    def __init__(self, thread_name_prefix):
+        super().__init__(max_workers=2, thread_name_prefix=thread_name_prefix)
+        self.worker_ready = threading.Event()
+        self.hold = threading.Event()
+        self._busy = threading.Event()
+
+    def rank0_worker(self, name):
+        """From `worker_main` on its pool thread: notes that thread as `name` and builds rank 0's
+        worker (its setup_engine configures)."""
+        note(name)
+        worker = Worker(0)
+        worker.setup_engine()
+        return worker
+
+    def _session_task(self):
+        note("session_pool1")
+        self._busy.set()
+        self.hold.wait(60)
+
+    def start(self, worker_main):
+        """`worker_main`'s future, once it is ready and the session's own work runs."""
+        rank0 = self.submit(worker_main)
+        self.submit(self._session_task)
+        assert self.worker_ready.wait(30) and self._busy.wait(30)
+        return rank0

@@ -12,8 +12,8 @@ executor's shutdown happens on the main thread, as a server's lifespan does it.
 Phases, printed by the control thread (started first): before (both LLMs shut down, no
 executor), during (executor
 ready; the test then sends /generate/a), serving (a answered), shutdown (executor shut down on
-main; the test then sends /generate/b), after (b answered). Imports only tensorrt_llm and the
-test instrumentation.
+main; the test then sends /generate/b), after (b answered). Imports only tensorrt_llm, the
+test instrumentation and the programs' quiet request handler (quiet_http).
 """
 import http.server
 import json
@@ -21,6 +21,7 @@ import queue
 import threading
 
 from phases import note, phase_all, role
+from quiet_http import QuietHandler
 from runtime_helpers import say
 from tensorrt_llm import LLM
 from tensorrt_llm._torch.visual_gen.client import DiffusionRemoteClient
@@ -38,7 +39,7 @@ def on_main(fn):
     assert done.wait(60), "the main loop never ran it"
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(QuietHandler):
 
     def do_GET(self):
         name = self.path.rsplit("/", 1)[-1]
@@ -48,14 +49,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         answer["handler_role"] = role(threading.get_native_id())
         seen[name].set()
         let_go.wait(60)
-        body = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.reply(json.dumps(answer).encode())
 
 
 class Server(http.server.ThreadingHTTPServer):

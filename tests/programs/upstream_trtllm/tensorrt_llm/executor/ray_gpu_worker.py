@@ -3,7 +3,7 @@
 ``RayGPUWorker.__init__`` sets its engine up itself (RPC off), and ``_get_comm_ranks_device_id``
 calls the worker's own method ``self._configure_affinity(self.device_id)``, which pins every
 thread of the process (one ``/proc/self/task`` snapshot) to the GPU's NUMA-local CPUs and
-restores nothing."""
+restores nothing. The actor's body is the current layout's (``WorkerWrapperBody``)."""
 import os
 
 import ray
@@ -12,7 +12,7 @@ from .. import _native
 from .._torch.pyexecutor.py_executor import PyExecutor
 from ..llmapi.utils import get_numa_aware_cpu_affinity
 from .executor import GenerationExecutor, GenerationRequest
-from .ray.gpu_worker import physical_to_local_id
+from .ray.gpu_worker import WorkerWrapperBody
 
 
 class RayGPUWorker(GenerationExecutor):
@@ -59,26 +59,8 @@ class RayGPUWorker(GenerationExecutor):
 
 
 @ray.remote
-class RayWorkerWrapper:
-
-    def __init__(self, rank: int = 0, world_size: int = 1):
-        self.rank = rank
-        self.world_size = world_size
-        self.physical_id = int(ray.get_gpu_ids()[0])
-        self.device_id = physical_to_local_id(self.physical_id)
-        self.worker = None
-
-    def setup_distributed_env_and_worker(self, engine: str):
-        self.worker = RayGPUWorker(device_id=self.device_id, engine=engine,
-                                   global_rank=self.rank)
+class RayWorkerWrapper(WorkerWrapperBody):
+    worker_class = RayGPUWorker
 
     def setup_engine(self):
         pass  # done at construction in this layout
-
-    def generate(self, prompt: str) -> str:
-        self.worker.submit(GenerationRequest(1, prompt))
-        return self.worker.engine.await_response(timeout=60).text
-
-    def shutdown(self):
-        if self.worker is not None:
-            self.worker.shutdown()

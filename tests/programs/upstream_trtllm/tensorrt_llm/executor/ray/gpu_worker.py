@@ -7,7 +7,10 @@ main thread; the process serves one GPU.
 The device follows upstream: Ray's physical GPU id, ``int(ray.get_gpu_ids()[0])``, mapped to a
 local index through ``CUDA_VISIBLE_DEVICES`` when that is set (``physical_to_local_id``);
 upstream's comment expects ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1`` (every GPU visible
-to each actor), where the physical id is the local index."""
+to each actor), where the physical id is the local index.
+
+The actor's body is ``WorkerWrapperBody``, which the older layout (``ray_gpu_worker.py``) shares:
+each layout's ``RayWorkerWrapper`` names its own ``RayGPUWorker`` (``worker_class``)."""
 import os
 
 import ray
@@ -48,8 +51,10 @@ class RayGPUWorker(BaseWorker):
         self.shutdown()
 
 
-@ray.remote
-class RayWorkerWrapper:
+class WorkerWrapperBody:
+    """``RayWorkerWrapper`` but for ``ray.remote`` and the ``RayGPUWorker`` it builds."""
+
+    worker_class = None
 
     def __init__(self, rank: int = 0, world_size: int = 1):
         self.rank = rank
@@ -59,8 +64,8 @@ class RayWorkerWrapper:
         self.worker = None
 
     def setup_distributed_env_and_worker(self, engine: str):
-        self.worker = RayGPUWorker(device_id=self.device_id, engine=engine,
-                                   global_rank=self.rank)
+        self.worker = self.worker_class(device_id=self.device_id, engine=engine,
+                                        global_rank=self.rank)
 
     def setup_engine(self):
         self.worker.setup_engine()
@@ -72,3 +77,8 @@ class RayWorkerWrapper:
     def shutdown(self):
         if self.worker is not None:
             self.worker.shutdown()
+
+
+@ray.remote
+class RayWorkerWrapper(WorkerWrapperBody):
+    worker_class = RayGPUWorker
