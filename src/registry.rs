@@ -94,6 +94,50 @@ pub struct ChildPlan {
     birth_move: Option<BirthMove>,
     /// The child is on `birth_move`'s mask: it moved itself before registering.
     moved: bool,
+    /// The creator as it was at the plan, just before the kernel copied its mask into the child.
+    creator_at_plan: Option<CreatorAtPlan>,
+}
+
+/// The creator as it was at the plan: its placement and which of the registry's masks it was on
+/// (by address: no reference is taken, the birth's hot path touches no count for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CreatorAtPlan {
+    placement: Placement,
+    on: usize,
+}
+
+impl CreatorAtPlan {
+    fn of(entry: &ThreadEntry) -> Self {
+        CreatorAtPlan {
+            placement: entry.placement,
+            on: Arc::as_ptr(&entry.current) as usize,
+        }
+    }
+}
+
+/// A creator as the birth rule reads it: as it is now, or as it was at the plan.
+#[derive(Clone, Copy)]
+struct CreatorView<'a> {
+    placement: Placement,
+    natural: &'a SharedMask,
+}
+
+impl<'a> CreatorView<'a> {
+    fn now(entry: &'a ThreadEntry) -> Self {
+        CreatorView {
+            placement: entry.placement,
+            natural: &entry.natural,
+        }
+    }
+
+    /// The creator with the placement it had at the plan. Its natural mask is the one it has
+    /// now: setting a mask (its own, a configure's, a release's) leaves that alone.
+    fn at_plan(at_plan: CreatorAtPlan, now: &'a ThreadEntry) -> Self {
+        CreatorView {
+            placement: at_plan.placement,
+            natural: &now.natural,
+        }
+    }
 }
 
 /// A move the creator decided under the lock, for the child to make before it takes the lock:
@@ -390,13 +434,15 @@ impl Registry {
         let birth_move = creator_entry
             .filter(|c| explicit.is_none() && c.placement != Placement::External)
             .and_then(|c| {
-                let (mask, placement) = self.birth(role, scoped, Some(c), &c.current);
+                let (mask, placement) =
+                    self.birth(role, scoped, Some(CreatorView::now(c)), &c.current);
                 (*mask != c.current).then(|| BirthMove {
                     mask: mask.clone(),
                     placement,
                     inherited: c.current.clone(),
                 })
             });
+        let creator_at_plan = creator_entry.map(CreatorAtPlan::of);
         let creator = creator.filter(|_| creator_entry.is_some());
         if let Some(e) = creator.and_then(|s| self.entry_mut(s)) {
             e.live_children += 1;
@@ -411,6 +457,7 @@ impl Registry {
             epoch: self.epoch,
             birth_move,
             moved: false,
+            creator_at_plan,
         }
     }
 
@@ -438,7 +485,7 @@ impl Registry {
         &'a self,
         role: Role,
         scoped: bool,
-        creator: Option<&'a ThreadEntry>,
+        creator: Option<CreatorView<'a>>,
         inherited: &'a SharedMask,
     ) -> (&'a SharedMask, Placement) {
         // A scope says the new thread is the worker's, not the creator's: the creator's own
@@ -453,7 +500,7 @@ impl Registry {
             }
             // Children of a pinned step/result thread never stay on its single core.
             (_, Some(c)) if matches!(c.placement, Placement::Step | Placement::Result) => {
-                (&c.natural, Placement::Inherited)
+                (c.natural, Placement::Inherited)
             }
             _ => (inherited, Placement::Inherited),
         }
@@ -475,9 +522,13 @@ impl Registry {
         let creator: Option<&ThreadEntry> = plan
             .creator
             .and_then(|s| self.slots.get(s as usize)?.as_ref());
-        if let Some((c, placement, natural)) =
-            creator.and_then(|c| self.continues_creator(&plan, c).map(|(p, n)| (c, p, n)))
+        if let Some((c, placement)) =
+            creator.and_then(|c| self.continues_creator(&plan, c).map(|p| (c, p)))
         {
+            let natural = match placement {
+                Placement::Worker => &c.natural,
+                _ => &c.current,
+            };
             let entry = ThreadEntry {
                 tid,
                 handle,
@@ -496,15 +547,37 @@ impl Registry {
         }
         let moved = plan.birth_move.as_ref().filter(|_| plan.moved);
         let across_a_change = plan.epoch != self.epoch;
+        let at_plan = plan.creator_at_plan;
+        let changed_since_plan =
+            matches!((creator, at_plan), (Some(c), Some(p)) if CreatorAtPlan::of(c) != p);
+        let mut view = creator.map(CreatorView::now);
         // The creator's current mask is what the kernel copied, unless it changed behind our
-        // back or the target moved while the thread was being born; then ask the kernel. A
+        // back, or it or the target changed while the thread was being born; then ask the
+        // kernel. The kernel copied the creator's mask at the clone, so when the creator changed
+        // since the plan, the child's mask tells whether the change came after the clone (a
+        // creator setting its own mask once the create returned: the child continues the
+        // creator as it was) or before (a configure on another thread moving it: as it is). A
         // child that already moved cannot ask: born across a change, it is decided as if born
         // now, from its creator's mask now.
         let read_from_kernel;
         let inherited: &SharedMask = match (moved, creator) {
-            (None, Some(c)) if !across_a_change && c.placement != Placement::External => &c.current,
+            (None, Some(c))
+                if !across_a_change
+                    && !changed_since_plan
+                    && c.placement != Placement::External =>
+            {
+                &c.current
+            }
             (None, _) => {
                 read_from_kernel = Arc::new(kernel.get(tid).unwrap_or_default());
+                if let (Some(c), Some(p)) = (creator, at_plan) {
+                    if changed_since_plan
+                        && p.placement != Placement::External
+                        && *c.current != *read_from_kernel
+                    {
+                        view = Some(CreatorView::at_plan(p, c));
+                    }
+                }
                 &read_from_kernel
             }
             (Some(_), Some(c)) if across_a_change && c.placement != Placement::External => {
@@ -524,7 +597,7 @@ impl Registry {
         let (mask, placement) = if let Some(explicit) = &plan.explicit {
             (explicit, Placement::Explicit)
         } else {
-            let (wanted, placement) = self.birth(role, plan.scoped, creator, inherited);
+            let (wanted, placement) = self.birth(role, plan.scoped, view, inherited);
             if wanted != on_now && kernel.set(tid, wanted).is_err() {
                 moved.map_or((on_now, Placement::Inherited), |m| (&m.mask, m.placement))
             } else {
@@ -534,7 +607,7 @@ impl Registry {
         // A worker born on the mask the application chose for its creator carries that choice:
         // a later configure (even a repeated one for the same device) must not override it,
         // nor a release "restore" it. A scope's thread is the worker's, not the creator's.
-        let placement = match creator {
+        let placement = match view {
             Some(c)
                 if role == Role::Worker
                     && !plan.scoped
@@ -545,9 +618,9 @@ impl Registry {
             }
             _ => placement,
         };
-        let natural = match creator {
+        let natural = match view {
             _ if placement == Placement::Explicit => mask,
-            Some(c) if c.placement.set_by_library() => &c.natural,
+            Some(c) if c.placement.set_by_library() => c.natural,
             _ => inherited,
         };
         // The only reference counts this birth touches: three.
@@ -569,17 +642,14 @@ impl Registry {
     }
 
     /// The births most threads have, decided without the general rule below: nothing changed
-    /// since the creator planned the child (same epoch, its mask neither asked for nor moved
-    /// onto), and the child continues its creator on the creator's mask, either as a thread of
-    /// the same role inheriting an inherited mask outside a worker's move, or as a worker born
-    /// on the worker mask its worker creator is on. Returns the child's placement and natural
-    /// mask; its mask is the creator's current one. What it returns is what the general rule
-    /// gives (`registry::tests::fast_births_decide_as_the_general_rule`).
-    fn continues_creator<'a>(
-        &self,
-        plan: &ChildPlan,
-        c: &'a ThreadEntry,
-    ) -> Option<(Placement, &'a SharedMask)> {
+    /// since the creator planned the child (same epoch, the creator as at the plan, its mask
+    /// neither asked for nor moved onto), and the child continues its creator on the creator's
+    /// mask, either as a thread of the same role inheriting an inherited mask outside a worker's
+    /// move, or as a worker born on the worker mask its worker creator is on. Returns the
+    /// child's placement; its mask is the creator's current one, its natural mask the creator's
+    /// for a worker (the library set both), the same mask otherwise. What it decides is what the
+    /// general rule decides (`registry::tests::fast_births_decide_as_the_general_rule`).
+    fn continues_creator(&self, plan: &ChildPlan, c: &ThreadEntry) -> Option<Placement> {
         #[cfg(test)]
         if self.general_births_only {
             return None;
@@ -587,19 +657,20 @@ impl Registry {
         if plan.explicit.is_some() || plan.birth_move.is_some() || plan.epoch != self.epoch {
             return None;
         }
+        if plan.creator_at_plan != Some(CreatorAtPlan::of(c)) {
+            return None;
+        }
         match (c.placement, &self.target) {
-            (Placement::Inherited, None) if plan.role == c.role => {
-                Some((Placement::Inherited, &c.current))
-            }
+            (Placement::Inherited, None) if plan.role == c.role => Some(Placement::Inherited),
             (Placement::Inherited, Some(_)) if plan.role == c.role && c.role == Role::Host => {
-                Some((Placement::Inherited, &c.current))
+                Some(Placement::Inherited)
             }
             (Placement::Worker, Some(t))
                 if plan.role == Role::Worker
                     && c.role == Role::Worker
                     && Arc::ptr_eq(&t.mask, &c.current) =>
             {
-                Some((Placement::Worker, &c.natural))
+                Some(Placement::Worker)
             }
             _ => None,
         }

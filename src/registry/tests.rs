@@ -904,3 +904,69 @@ fn fast_births_decide_as_the_general_rule() {
         }
     }
 }
+
+/// What the kernel gives a child at clone, and the registration that comes later: the two
+/// interleavings of a change to the creator's mask made between them.
+fn cloned_then(w: &mut World, creator: Slot, change: impl FnOnce(&mut World)) -> Slot {
+    let plan = w.reg.plan_child(Some(creator), false, None);
+    let tid = w.next_tid;
+    w.next_tid += 1;
+    let creator_tid = w.reg.entry(creator).unwrap().tid;
+    let at_clone = w.kernel.get(creator_tid).unwrap();
+    w.kernel.masks.borrow_mut().insert(tid, at_clone);
+    change(w);
+    w.reg.register_child(plan, tid, tid as u64, &w.kernel)
+}
+
+/// A worker that sets its own mask right after creating a thread does not take the thread with
+/// it: the kernel gave the child the worker mask at clone, before the set, so the child is the
+/// library's worker, put back at the last release, however late it registers.
+#[test]
+fn a_creators_own_mask_set_after_the_clone_does_not_pass_to_a_child_registering_later() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let child = cloned_then(&mut w, worker, |w| w.set_by_hand(worker, "1"));
+    assert_eq!(
+        (
+            w.role(child),
+            w.placement(child),
+            w.mask(child),
+            w.natural(child)
+        ),
+        (Role::Worker, Placement::Worker, "2-3".into(), "0-3".into())
+    );
+    assert_eq!(w.placement(worker), Placement::Explicit);
+    w.release(lease).unwrap();
+    assert_eq!(
+        w.mask(child),
+        "0-3",
+        "the child is put back at the last release"
+    );
+    assert_eq!(w.mask(worker), "1", "the worker's own choice stays");
+}
+
+/// The other interleaving: a configure on another thread moves the creator between its plan and
+/// the clone, so the child is born on the creator's new mask, and is promoted with it.
+#[test]
+fn a_creator_moved_by_a_configure_before_the_clone_passes_its_new_mask_to_the_child() {
+    let (mut w, main) = World::new("0-3");
+    let host = w.spawn(main);
+    let plan = w.reg.plan_child(Some(host), false, None);
+    w.configure(main, "gpu0", "2-3");
+    let tid = w.next_tid;
+    w.next_tid += 1;
+    let host_tid = w.reg.entry(host).unwrap().tid;
+    let at_clone = w.kernel.get(host_tid).unwrap();
+    w.kernel.masks.borrow_mut().insert(tid, at_clone);
+    let child = w.reg.register_child(plan, tid, tid as u64, &w.kernel);
+    assert_eq!(
+        (
+            w.role(child),
+            w.placement(child),
+            w.mask(child),
+            w.natural(child)
+        ),
+        (Role::Worker, Placement::Worker, "2-3".into(), "0-3".into())
+    );
+}
