@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+use crate::kernel_text::hex_number;
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::nvml::NvmlGpu;
@@ -237,7 +238,7 @@ pub fn from_nvml(gpus: &[NvmlGpu]) -> Result<Vec<HostGpu>, String> {
 pub fn normalize_nvml_bus_id(bus_id: &str) -> Option<String> {
     let a = normalize_pci_address(bus_id)?;
     let (domain, rest) = a.split_once(':')?;
-    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let domain = hex_number(domain)?;
     Some(format!("{domain:04x}:{rest}"))
 }
 

@@ -236,7 +236,7 @@ impl SimulatedHost {
             put(&topo.join("core_cpus_list"), &list(&cpu.siblings))?;
             put(
                 &topo.join("thread_siblings"),
-                &format!("{}\n", kernel_hex(&cpu.siblings, nr_cpu_ids)),
+                &format!("{}\n", cpu.siblings.to_hex(nr_cpu_ids)),
             )?;
         }
         for (n, (name, latency)) in self.idle_states.iter().enumerate() {
@@ -269,7 +269,7 @@ impl SimulatedHost {
                 put(&dir.join("local_cpulist"), &list(&local))?;
                 put(
                     &dir.join("local_cpus"),
-                    &format!("{}\n", kernel_hex(&local, nr_cpu_ids)),
+                    &format!("{}\n", local.to_hex(nr_cpu_ids)),
                 )?;
             }
         }
@@ -322,7 +322,7 @@ impl SimulatedHost {
             put(&dir.join("cpulist"), &format!("{}\n", cpus.to_list()))?;
             put(
                 &dir.join("cpumap"),
-                &format!("{}\n", kernel_hex(cpus, nr_cpu_ids)),
+                &format!("{}\n", cpus.to_hex(nr_cpu_ids)),
             )?;
             let row: Vec<String> = distances[pos].iter().map(u32::to_string).collect();
             put(&dir.join("distance"), &format!("{}\n", row.join(" ")))?;
@@ -452,27 +452,6 @@ fn put(path: &Path, text: &str) -> io::Result<()> {
     fs::write(path, text)
 }
 
-/// The kernel's `%*pb` bitmap format over `nbits` bits: comma-separated 32-bit groups, most
-/// significant first, the first group only as wide as the bits it holds.
-fn kernel_hex(mask: &CpuMask, nbits: usize) -> String {
-    let groups = nbits.div_ceil(32).max(1);
-    (0..groups)
-        .rev()
-        .map(|g| {
-            let value = (0..32)
-                .filter(|b| mask.contains(g * 32 + b))
-                .fold(0u32, |acc, b| acc | (1 << b));
-            let bits = if g + 1 == groups && !nbits.is_multiple_of(32) {
-                nbits % 32
-            } else {
-                32
-            };
-            format!("{value:0width$x}", width = bits.div_ceil(4))
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// Test support: writes one file of a hand-made tree under `root`, parents included.
 #[cfg(test)]
 pub(crate) fn write_tree_file(root: &Path, rel: &str, text: &str) {
@@ -501,15 +480,6 @@ mod tests {
 
     #[test]
     fn formats_like_the_kernel() {
-        assert_eq!(kernel_hex(&mask("0-1"), 2), "3");
-        assert_eq!(kernel_hex(&mask("0-7"), 8), "ff");
-        assert_eq!(kernel_hex(&mask("0,32"), 40), "01,00000001");
-        assert_eq!(kernel_hex(&mask("0-55,112-167"), 224).split(',').count(), 7);
-        assert_eq!(
-            CpuMask::parse_hex(&kernel_hex(&mask("0-55,112-167"), 224)),
-            Some(mask("0-55,112-167"))
-        );
-
         let dir = tempfile::tempdir().unwrap();
         dgx_h100_like().write(dir.path()).unwrap();
         let read = |rel: &str| fs::read_to_string(dir.path().join(rel)).unwrap();

@@ -157,9 +157,7 @@ pub fn write_notes(header: &[AtomicU64], notes: &[AtomicU64], text: &str) {
 /// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
+    crate::kernel_text::stat_field(&stat, 22)
 }
 
 /// Removes the tables in `dir` that processes of this user left when they ended without running

@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+use crate::kernel_text::{hex_number, number_or_unknown, numbers, read_if_present};
 use crate::mask::CpuMask;
 use std::collections::HashSet;
 use std::fmt;
@@ -378,8 +379,12 @@ fn read_pci_gpu(
         }
     }
     let device = read_parsed(&dev.join("device"), "a hex device id", parse_hex_u16)?.unwrap_or(0);
-    let numa_node =
-        read_parsed(&dev.join("numa_node"), "a node number or -1", parse_signed)?.flatten();
+    let numa_node = read_parsed(
+        &dev.join("numa_node"),
+        "a node number or -1",
+        number_or_unknown,
+    )?
+    .flatten();
     let local_cpus = match read_cpulist(&dev.join("local_cpulist"))? {
         Some(m) => Some(m),
         None => read_parsed(
@@ -416,12 +421,12 @@ fn read_online(cpu_dir: &Path) -> Result<CpuMask, TopologyError> {
 
 fn read_cpu(cpu_dir: &Path, id: usize) -> Result<Cpu, TopologyError> {
     let topo = cpu_dir.join(format!("cpu{id}/topology"));
-    let core_id = read_parsed(&topo.join("core_id"), "a core number", parse_signed)?.flatten();
+    let core_id = read_parsed(&topo.join("core_id"), "a core number", number_or_unknown)?.flatten();
     // Some ARM and VM kernels write -1 for the package.
     let package_id = read_parsed(
         &topo.join("physical_package_id"),
         "a package number or -1",
-        parse_signed,
+        number_or_unknown,
     )?
     .flatten();
     let mut siblings = read_cpulist(&topo.join("thread_siblings_list"))?.unwrap_or_default();
@@ -455,12 +460,8 @@ fn read_nodes(root: &SysfsRoot, online: &CpuMask) -> Result<Vec<NumaNode>, Topol
         let cpus = read_cpulist(&node_dir.join("cpulist"))?
             .unwrap_or_default()
             .intersection(online);
-        let distances = read_parsed(&node_dir.join("distance"), "distances", |t| {
-            t.split_whitespace()
-                .map(|d| d.parse::<u32>().ok())
-                .collect::<Option<Vec<u32>>>()
-        })?
-        .unwrap_or_default();
+        let distances = read_parsed(&node_dir.join("distance"), "distances", numbers::<u32>)?
+            .unwrap_or_default();
         nodes.push(NumaNode {
             id,
             cpus,
@@ -494,11 +495,7 @@ fn read_idle_states(cpu_dir: &Path) -> Result<Vec<CpuIdleState>, TopologyError> 
 
 /// The file's text, `None` when it does not exist.
 fn read_text(path: &Path) -> Result<Option<String>, TopologyError> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(TopologyError::new(path, format!("cannot read: {e}"))),
-    }
+    read_if_present(path).map_err(|e| TopologyError::new(path, format!("cannot read: {e}")))
 }
 
 /// Reads and parses a file (trimmed); `None` when it does not exist, an error naming the path
@@ -531,21 +528,11 @@ fn read_cpulist(path: &Path) -> Result<Option<CpuMask>, TopologyError> {
 }
 
 fn parse_hex_u32(text: &str) -> Option<u32> {
-    let digits = text
-        .strip_prefix("0x")
-        .or_else(|| text.strip_prefix("0X"))
-        .unwrap_or(text);
-    u32::from_str_radix(digits, 16).ok()
+    hex_number(text).and_then(|v| u32::try_from(v).ok())
 }
 
 fn parse_hex_u16(text: &str) -> Option<u16> {
-    parse_hex_u32(text).and_then(|v| u16::try_from(v).ok())
-}
-
-/// A non-negative number, or a negative one meaning "unknown" (`Some(None)`).
-fn parse_signed(text: &str) -> Option<Option<usize>> {
-    let value: i64 = text.parse().ok()?;
-    Some(usize::try_from(value).ok())
+    hex_number(text).and_then(|v| u16::try_from(v).ok())
 }
 
 /// The numbers `N` of the entries named `<prefix>N` in `dir`, ascending; none when `dir` is
