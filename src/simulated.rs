@@ -408,21 +408,24 @@ pub fn dgx_h100_like() -> SimulatedHost {
         .node(0, &socket_cpus(0))
         .node(1, &socket_cpus(1))
         .node_distances(vec![vec![10, 21], vec![21, 10]]);
-    for addr in [
-        "0000:18:00.0",
-        "0000:2a:00.0",
-        "0000:3a:00.0",
-        "0000:5d:00.0",
-    ] {
-        host = host.gpu(addr, Some(0), None);
-    }
-    for addr in [
-        "0000:9a:00.0",
-        "0000:ab:00.0",
-        "0000:ba:00.0",
-        "0000:db:00.0",
-    ] {
-        host = host.gpu(addr, Some(1), None);
+    let gpus_by_node = [
+        [
+            "0000:18:00.0",
+            "0000:2a:00.0",
+            "0000:3a:00.0",
+            "0000:5d:00.0",
+        ],
+        [
+            "0000:9a:00.0",
+            "0000:ab:00.0",
+            "0000:ba:00.0",
+            "0000:db:00.0",
+        ],
+    ];
+    for (node, addrs) in gpus_by_node.into_iter().enumerate() {
+        for addr in addrs {
+            host = host.gpu(addr, Some(node), None);
+        }
     }
     host.pci_device("0000:03:00.0", 0x1a03, 0x030000)
         .pci_device("0000:05:00.0", NVIDIA_VENDOR, 0x068000)
@@ -479,25 +482,6 @@ mod tests {
     use crate::mask::mask;
 
     #[test]
-    fn formats_like_the_kernel() {
-        let dir = tempfile::tempdir().unwrap();
-        dgx_h100_like().write(dir.path()).unwrap();
-        let read = |rel: &str| fs::read_to_string(dir.path().join(rel)).unwrap();
-        let gpu = "sys/bus/pci/devices/0000:18:00.0";
-        assert_eq!(read(&format!("{gpu}/vendor")), "0x10de\n");
-        assert_eq!(read(&format!("{gpu}/class")), "0x030200\n");
-        assert_eq!(read(&format!("{gpu}/numa_node")), "0\n");
-        assert_eq!(read(&format!("{gpu}/local_cpulist")), "0-55,112-167\n");
-        assert_eq!(read("sys/bus/pci/devices/0000:03:00.0/numa_node"), "-1\n");
-        assert_eq!(read("sys/devices/system/cpu/online"), "0-223\n");
-        assert_eq!(read("sys/devices/system/node/node1/distance"), "21 10\n");
-        assert_eq!(
-            read("sys/devices/system/cpu/cpu0/topology/thread_siblings_list"),
-            "0,112\n"
-        );
-    }
-
-    #[test]
     fn dgx_h100_round_trip() {
         let host = dgx_h100_like();
         let t = host.topology();
@@ -530,6 +514,25 @@ mod tests {
             .map(|s| (s.name.as_str(), s.latency_us))
             .collect();
         assert_eq!(names, [("POLL", 0), ("C1", 2), ("C1E", 10), ("C6", 170)]);
+    }
+
+    #[test]
+    fn formats_like_the_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        dgx_h100_like().write(dir.path()).unwrap();
+        let read = |rel: &str| fs::read_to_string(dir.path().join(rel)).unwrap();
+        let gpu = "sys/bus/pci/devices/0000:18:00.0";
+        assert_eq!(read(&format!("{gpu}/vendor")), "0x10de\n");
+        assert_eq!(read(&format!("{gpu}/class")), "0x030200\n");
+        assert_eq!(read(&format!("{gpu}/numa_node")), "0\n");
+        assert_eq!(read(&format!("{gpu}/local_cpulist")), "0-55,112-167\n");
+        assert_eq!(read("sys/bus/pci/devices/0000:03:00.0/numa_node"), "-1\n");
+        assert_eq!(read("sys/devices/system/cpu/online"), "0-223\n");
+        assert_eq!(read("sys/devices/system/node/node1/distance"), "21 10\n");
+        assert_eq!(
+            read("sys/devices/system/cpu/cpu0/topology/thread_siblings_list"),
+            "0,112\n"
+        );
     }
 
     #[test]
