@@ -463,6 +463,16 @@ pub(crate) fn write_tree_file(root: &Path, rel: &str, text: &str) {
     std::fs::write(path, text).unwrap();
 }
 
+/// Test support: a temporary tree holding `files`, each a path under its root and its text.
+#[cfg(test)]
+pub(crate) fn tree_of(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (rel, text) in files {
+        write_tree_file(dir.path(), rel, text);
+    }
+    dir
+}
+
 #[cfg(test)]
 impl SimulatedHost {
     /// Writes this host into a temporary directory and reads it back, as the library would.
@@ -556,9 +566,8 @@ mod tests {
         let env = DeviceEnv::default();
         let dev0 = resolve_device(0, &env, &t.gpus).unwrap();
         assert_eq!(dev0.address, "0000:3b:00.0");
-        let local0 = t.gpu_local_cpus(&t.gpus[dev0.gpu_index]);
         assert_eq!(
-            (local0.cpus, local0.source),
+            t.local_cpus_of(dev0.gpu_index),
             (mask("1"), LocalCpuSource::PciLocalCpulist)
         );
         let dev1 = resolve_device(1, &env, &t.gpus).unwrap();
@@ -574,11 +583,7 @@ mod tests {
         let t = two_node_one_gpu(&mask("5")).topology();
         assert_eq!(t.nodes.len(), 1);
         assert_eq!(t.online, mask("5"));
-        let local = t.gpu_local_cpus(&t.gpus[0]);
-        assert_eq!(
-            (local.cpus, local.source),
-            (mask("5"), LocalCpuSource::SingleNode)
-        );
+        assert_eq!(t.local_cpus_of(0), (mask("5"), LocalCpuSource::SingleNode));
     }
 
     #[test]
@@ -593,9 +598,8 @@ mod tests {
         assert_eq!(t.gpus.len(), 2);
         assert_eq!(t.gpus[1].address, "0000:11:00.0");
         assert!(t.gpus.iter().all(|g| g.numa_node.is_none()));
-        let local = t.gpu_local_cpus(&t.gpus[1]);
         assert_eq!(
-            (local.cpus, local.source),
+            t.local_cpus_of(1),
             (mask("0-3"), LocalCpuSource::SingleNode)
         );
         assert!(t.idle_states.is_empty());
@@ -610,15 +614,11 @@ mod tests {
             .node_distances(vec![vec![10, 40], vec![40, 10]])
             .gpu("0008:01:00.0", Some(1), Some(&CpuMask::new()));
         let t = host.topology();
-        let local = t.gpu_local_cpus(&t.gpus[0]);
-        assert_eq!(local.cpus, mask("0-3"));
-        assert_eq!(
-            local.source,
-            LocalCpuSource::NearestNodeWithCpus {
-                gpu_node: 1,
-                used_node: 0
-            }
-        );
+        let nearest = LocalCpuSource::NearestNodeWithCpus {
+            gpu_node: 1,
+            used_node: 0,
+        };
+        assert_eq!(t.local_cpus_of(0), (mask("0-3"), nearest));
     }
 
     #[test]

@@ -301,6 +301,15 @@ impl Topology {
     }
 }
 
+#[cfg(test)]
+impl Topology {
+    /// The CPUs local to the `i`-th GPU and where that answer came from, as one pair to compare.
+    pub(crate) fn local_cpus_of(&self, i: usize) -> (CpuMask, LocalCpuSource) {
+        let local = self.gpu_local_cpus(&self.gpus[i]);
+        (local.cpus, local.source)
+    }
+}
+
 /// `0000:3b:00.0` from `3b:00.0`, `0000:3B:00.0` or ` 0000:3b:00.0 `; `None` when the text is
 /// not shaped like a PCI address.
 pub fn normalize_pci_address(text: &str) -> Option<String> {
@@ -685,9 +694,10 @@ mod tests {
         assert_eq!(t.gpus[0].device, 0x2330);
         assert_eq!(t.gpus[0].class, 0x030200);
         assert_eq!(t.gpus[1].numa_node, Some(1));
-        let local = t.gpu_local_cpus(&t.gpus[1]);
-        assert_eq!(local.cpus, mask("2-3,6-7"));
-        assert_eq!(local.source, LocalCpuSource::PciLocalCpulist);
+        assert_eq!(
+            t.local_cpus_of(1),
+            (mask("2-3,6-7"), LocalCpuSource::PciLocalCpulist)
+        );
         assert_eq!(
             t.cores(),
             vec![mask("0,4"), mask("1,5"), mask("2,6"), mask("3,7")]
@@ -765,24 +775,12 @@ mod tests {
         put_gpu(root, "0019:01:00.0", "3", None);
         let t = read(root);
         assert!(t.nodes[2].cpus.is_empty());
-        let a = t.gpu_local_cpus(&t.gpus[0]);
-        assert_eq!(a.cpus, mask("2-3"));
-        assert_eq!(
-            a.source,
-            LocalCpuSource::NearestNodeWithCpus {
-                gpu_node: 2,
-                used_node: 1
-            }
-        );
-        let b = t.gpu_local_cpus(&t.gpus[1]);
-        assert_eq!(b.cpus, mask("0-1"));
-        assert_eq!(
-            b.source,
-            LocalCpuSource::NearestNodeWithCpus {
-                gpu_node: 3,
-                used_node: 0
-            }
-        );
+        let nearest = |gpu_node, used_node| LocalCpuSource::NearestNodeWithCpus {
+            gpu_node,
+            used_node,
+        };
+        assert_eq!(t.local_cpus_of(0), (mask("2-3"), nearest(2, 1)));
+        assert_eq!(t.local_cpus_of(1), (mask("0-1"), nearest(3, 0)));
     }
 
     #[test]
@@ -798,19 +796,13 @@ mod tests {
         put_gpu(root, "0000:03:00.0", "-1", Some("2-3,6-7"));
         let t = read(root);
         assert_eq!(t.gpus[0].numa_node, None);
-        let all = t.gpu_local_cpus(&t.gpus[0]);
         assert_eq!(
-            (all.cpus, all.source),
+            t.local_cpus_of(0),
             (mask("0-7"), LocalCpuSource::PciLocalCpulist)
         );
-        let none = t.gpu_local_cpus(&t.gpus[1]);
+        assert_eq!(t.local_cpus_of(1), (mask("0-7"), LocalCpuSource::AllOnline));
         assert_eq!(
-            (none.cpus, none.source),
-            (mask("0-7"), LocalCpuSource::AllOnline)
-        );
-        let listed = t.gpu_local_cpus(&t.gpus[2]);
-        assert_eq!(
-            (listed.cpus, listed.source),
+            t.local_cpus_of(2),
             (mask("2-3,6-7"), LocalCpuSource::PciLocalCpulist)
         );
     }
@@ -864,9 +856,8 @@ mod tests {
         assert_eq!(t.nodes[0].id, 0);
         assert_eq!(t.nodes[0].cpus, mask("0-2"));
         assert_eq!(t.node_of_cpu(2), Some(0));
-        let l = t.gpu_local_cpus(&t.gpus[0]);
         assert_eq!(
-            (l.cpus, l.source),
+            t.local_cpus_of(0),
             (mask("0-2"), LocalCpuSource::SingleNode)
         );
         assert!(t.idle_states.is_empty());
