@@ -387,7 +387,6 @@ mod tests {
             ("sys/fs/cgroup/a/b/c/cpu.max", "max 100000\n"),
             ("sys/fs/cgroup/a/b/c/cpuset.cpus.effective", "8-11\n"),
         ]);
-        let base = "sys/fs/cgroup";
         let mountinfo = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
         let limits = parse_limits("0::/a/b/c\n", mountinfo, root.path());
         assert_eq!(limits.version, CgroupVersion::V2);
@@ -396,16 +395,15 @@ mod tests {
         assert_eq!(quota.cpus(), 1.5);
 
         // An unlimited cgroup with an empty leaf cpuset reads the parent's.
-        put(
-            root.path(),
-            &format!("{base}/a/b/c/cpuset.cpus.effective"),
-            "",
-        );
-        put(root.path(), &format!("{base}/a/cpu.max"), "max 100000\n");
-        put(root.path(), &format!("{base}/a/b/cpu.max"), "max 100000\n");
+        for (rel, text) in [
+            ("a/b/c/cpuset.cpus.effective", ""),
+            ("a/cpu.max", "max 100000\n"),
+            ("a/b/cpu.max", "max 100000\n"),
+        ] {
+            put(root.path(), &format!("sys/fs/cgroup/{rel}"), text);
+        }
         let limits = parse_limits("0::/a/b/c\n", mountinfo, root.path());
-        assert_eq!(limits.cpuset, Some(mask("0-31")));
-        assert_eq!(limits.quota, None);
+        assert_eq!((limits.cpuset, limits.quota), (Some(mask("0-31")), None));
     }
 
     #[test]
