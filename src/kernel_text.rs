@@ -1,7 +1,8 @@
 //! The shapes of the kernel's small text files, parsed in one place: a hex number (a PCI
 //! `vendor`'s `0x10de`), a number where a negative one means "unknown" (`numa_node`'s `-1`), a
 //! row of numbers (a node's `distance`), a `N<node>=<count>` token (`memory.numa_stat`,
-//! `numa_maps`), a field of `/proc/<pid>/stat`, and a file that may be absent.
+//! `numa_maps`), a field of `/proc/<pid>/stat`, the value of a `Key: value` line
+//! (`/proc/<pid>/status`, the NVIDIA driver's `information`), and a file that may be absent.
 //!
 //! Cpulists (`0-3,8`) and hex masks (`ff,ffffffff`) make a mask, so they are the mask's own text
 //! forms, both ways: `CpuMask::parse_list` / `to_list` and `parse_hex` / `to_hex` in `mask.rs`.
@@ -50,6 +51,15 @@ pub fn numbers<T: FromStr>(text: &str) -> Option<Vec<T>> {
         .collect()
 }
 
+/// The value of the first `key: value` line of `text` (`/proc/<pid>/status`, the driver's
+/// `information` files), without the white space around it; `None` when no line has that key.
+pub fn keyed_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        (name.trim() == key).then(|| value.trim())
+    })
+}
+
 /// A `N<node>=<count>` token, as `memory.numa_stat` and `numa_maps` write them.
 pub fn node_count(word: &str) -> Option<(usize, u64)> {
     let (node, count) = word.strip_prefix('N')?.split_once('=')?;
@@ -94,6 +104,18 @@ mod tests {
         assert_eq!(numbers::<u32>("10 21\n"), Some(vec![10, 21]));
         assert_eq!(numbers::<u32>(""), Some(vec![]));
         assert_eq!(numbers::<u32>("10 x"), None);
+    }
+
+    #[test]
+    fn keyed_values_of_status_and_driver_files() {
+        let status = "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t412\t7\n";
+        assert_eq!(keyed_value(status, "Uid"), Some("1000\t1000\t1000\t1000"));
+        assert_eq!(keyed_value(status, "NSpid"), Some("412\t7"));
+        assert_eq!(keyed_value(status, "Gid"), None);
+        let information = "Model: \t\t NVIDIA H100\nGPU UUID: \t GPU-8f3c\nDevice Minor: \t 3\n";
+        assert_eq!(keyed_value(information, "GPU UUID"), Some("GPU-8f3c"));
+        assert_eq!(keyed_value(information, "Device Minor"), Some("3"));
+        assert_eq!(keyed_value("Device Minor:\n", "Device Minor"), Some(""));
     }
 
     #[test]
