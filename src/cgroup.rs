@@ -317,7 +317,7 @@ mod tests {
     use super::*;
 
     use crate::mask::mask;
-    use crate::simulated::write_tree_file as put;
+    use crate::simulated::{tree_of, write_tree_file as put};
 
     const V1_CONTAINER_MOUNTINFO: &str = "\
 1185 1084 0:251 / / rw,relatime master:403 - overlay overlay rw,lowerdir=/a,upperdir=/b
@@ -340,22 +340,14 @@ mod tests {
 
     #[test]
     fn v1_container_with_mount_root_prefix() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        put(root, "sys/fs/cgroup/cpuset/cpuset.effective_cpus", "2-5\n");
-        put(root, "sys/fs/cgroup/cpuset/cpuset.cpus", "0-63\n");
-        put(
-            root,
-            "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us",
-            "200000\n",
-        );
-        put(
-            root,
-            "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us",
-            "100000\n",
-        );
+        let root = tree_of(&[
+            ("sys/fs/cgroup/cpuset/cpuset.effective_cpus", "2-5\n"),
+            ("sys/fs/cgroup/cpuset/cpuset.cpus", "0-63\n"),
+            ("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "200000\n"),
+            ("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n"),
+        ]);
         let cgroup = "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n3:cpuset:/docker/abc\n";
-        let limits = parse_limits(cgroup, V1_CONTAINER_MOUNTINFO, root);
+        let limits = parse_limits(cgroup, V1_CONTAINER_MOUNTINFO, root.path());
         assert_eq!(limits.version, CgroupVersion::V1);
         assert_eq!(limits.cpuset, Some(mask("2-5")));
         let quota = limits.quota.unwrap();
@@ -365,82 +357,76 @@ mod tests {
 
     #[test]
     fn v1_child_cgroup_walks_up_and_falls_back_to_cpuset_cpus() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        // The leaf exists but says nothing; its parent only has the older file name.
-        put(root, "sys/fs/cgroup/cpuset/job/step/tasks", "1\n");
-        put(
-            root,
-            "sys/fs/cgroup/cpuset/job/step/cpuset.effective_cpus",
-            "\n",
-        );
-        put(root, "sys/fs/cgroup/cpuset/job/cpuset.cpus", "4-7\n");
-        put(root, "sys/fs/cgroup/cpuset/cpuset.effective_cpus", "0-15\n");
-        put(root, "sys/fs/cgroup/cpu/job/cpu.cfs_quota_us", "-1\n");
-        put(root, "sys/fs/cgroup/cpu/job/cpu.cfs_period_us", "100000\n");
-        put(root, "sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n");
-        put(root, "sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n");
+        let root = tree_of(&[
+            // The leaf exists but says nothing; its parent only has the older file name.
+            ("sys/fs/cgroup/cpuset/job/step/tasks", "1\n"),
+            ("sys/fs/cgroup/cpuset/job/step/cpuset.effective_cpus", "\n"),
+            ("sys/fs/cgroup/cpuset/job/cpuset.cpus", "4-7\n"),
+            ("sys/fs/cgroup/cpuset/cpuset.effective_cpus", "0-15\n"),
+            ("sys/fs/cgroup/cpu/job/cpu.cfs_quota_us", "-1\n"),
+            ("sys/fs/cgroup/cpu/job/cpu.cfs_period_us", "100000\n"),
+            ("sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n"),
+            ("sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n"),
+        ]);
         let mountinfo = "\
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
 34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset
 ";
         let cgroup = "3:cpuset:/job/step\n1:cpu:/job/step\n";
-        let limits = parse_limits(cgroup, mountinfo, root);
+        let limits = parse_limits(cgroup, mountinfo, root.path());
         assert_eq!(limits.cpuset, Some(mask("4-7")));
         assert_eq!(limits.quota, None);
     }
 
     #[test]
     fn v2_cpuset_and_tightest_quota() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        let base = "sys/fs/cgroup";
-        put(root, &format!("{base}/cpuset.cpus.effective"), "0-31\n");
-        put(root, &format!("{base}/a/cpu.max"), "400000 100000\n");
-        put(root, &format!("{base}/a/b/cpu.max"), "150000 100000\n");
-        put(root, &format!("{base}/a/b/c/cpu.max"), "max 100000\n");
-        put(
-            root,
-            &format!("{base}/a/b/c/cpuset.cpus.effective"),
-            "8-11\n",
-        );
+        let root = tree_of(&[
+            ("sys/fs/cgroup/cpuset.cpus.effective", "0-31\n"),
+            ("sys/fs/cgroup/a/cpu.max", "400000 100000\n"),
+            ("sys/fs/cgroup/a/b/cpu.max", "150000 100000\n"),
+            ("sys/fs/cgroup/a/b/c/cpu.max", "max 100000\n"),
+            ("sys/fs/cgroup/a/b/c/cpuset.cpus.effective", "8-11\n"),
+        ]);
         let mountinfo = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
-        let limits = parse_limits("0::/a/b/c\n", mountinfo, root);
+        let limits = parse_limits("0::/a/b/c\n", mountinfo, root.path());
         assert_eq!(limits.version, CgroupVersion::V2);
         assert_eq!(limits.cpuset, Some(mask("8-11")));
         let quota = limits.quota.unwrap();
         assert_eq!(quota.cpus(), 1.5);
 
         // An unlimited cgroup with an empty leaf cpuset reads the parent's.
-        put(root, &format!("{base}/a/b/c/cpuset.cpus.effective"), "");
-        put(root, &format!("{base}/a/cpu.max"), "max 100000\n");
-        put(root, &format!("{base}/a/b/cpu.max"), "max 100000\n");
-        let limits = parse_limits("0::/a/b/c\n", mountinfo, root);
-        assert_eq!(limits.cpuset, Some(mask("0-31")));
-        assert_eq!(limits.quota, None);
+        for (rel, text) in [
+            ("a/b/c/cpuset.cpus.effective", ""),
+            ("a/cpu.max", "max 100000\n"),
+            ("a/b/cpu.max", "max 100000\n"),
+        ] {
+            put(root.path(), &format!("sys/fs/cgroup/{rel}"), text);
+        }
+        let limits = parse_limits("0::/a/b/c\n", mountinfo, root.path());
+        assert_eq!((limits.cpuset, limits.quota), (Some(mask("0-31")), None));
     }
 
     #[test]
     fn v2_in_a_cgroup_namespace() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        put(root, "sys/fs/cgroup/cpuset.cpus.effective", "1-2\n");
-        put(root, "sys/fs/cgroup/cpu.max", "50000 100000\n");
+        let root = tree_of(&[
+            ("sys/fs/cgroup/cpuset.cpus.effective", "1-2\n"),
+            ("sys/fs/cgroup/cpu.max", "50000 100000\n"),
+        ]);
         let mountinfo = "700 690 0:30 / /sys/fs/cgroup ro,nosuid - cgroup2 cgroup rw\n";
-        let limits = parse_limits("0::/\n", mountinfo, root);
+        let limits = parse_limits("0::/\n", mountinfo, root.path());
         assert_eq!(limits.cpuset, Some(mask("1-2")));
         assert_eq!(limits.quota.unwrap().cpus(), 0.5);
         // A process moved above the namespace root: the mount root is the best view.
-        let limits = parse_limits("0::/../other\n", mountinfo, root);
+        let limits = parse_limits("0::/../other\n", mountinfo, root.path());
         assert_eq!(limits.cpuset, Some(mask("1-2")));
     }
 
     #[test]
     fn hybrid_reads_v1_controllers() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        put(root, "sys/fs/cgroup/cpuset/cpuset.effective_cpus", "0-1\n");
-        put(root, "sys/fs/cgroup/cpuset/cpuset.cpus", "0-1\n");
+        let root = tree_of(&[
+            ("sys/fs/cgroup/cpuset/cpuset.effective_cpus", "0-1\n"),
+            ("sys/fs/cgroup/cpuset/cpuset.cpus", "0-1\n"),
+        ]);
         // This machine's layout: cpu and cpuacct as separate v1 hierarchies, cgroup2 unified.
         let mountinfo = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -451,7 +437,7 @@ mod tests {
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
         let cgroup = "9:name=systemd:/\n3:cpuset:/\n2:cpuacct:/\n1:cpu:/\n0::/\n";
-        let limits = parse_limits(cgroup, mountinfo, root);
+        let limits = parse_limits(cgroup, mountinfo, root.path());
         assert_eq!(limits.version, CgroupVersion::Hybrid);
         assert_eq!(limits.cpuset, Some(mask("0-1")));
         assert_eq!(limits.quota, None);

@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+use crate::kernel_text::{hex_number, keyed_value};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::nvml::NvmlGpu;
@@ -117,20 +118,9 @@ impl GpuView {
 
 /// Parses an `information` file: `GPU UUID:` and `Device Minor:` (other lines are ignored).
 pub fn parse_driver_information(text: &str) -> (Option<String>, Option<u32>) {
-    let mut uuid = None;
-    let mut minor = None;
-    for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        match key.trim() {
-            "GPU UUID" if !value.is_empty() => uuid = Some(value.to_string()),
-            "Device Minor" => minor = value.parse().ok(),
-            _ => {}
-        }
-    }
-    (uuid, minor)
+    let uuid = keyed_value(text, "GPU UUID").filter(|v| !v.is_empty());
+    let minor = keyed_value(text, "Device Minor").and_then(|v| v.parse().ok());
+    (uuid.map(str::to_string), minor)
 }
 
 /// `proc/driver/nvidia/gpus` under `root`; `None` when the directory is absent (no driver, or
@@ -237,7 +227,7 @@ pub fn from_nvml(gpus: &[NvmlGpu]) -> Result<Vec<HostGpu>, String> {
 pub fn normalize_nvml_bus_id(bus_id: &str) -> Option<String> {
     let a = normalize_pci_address(bus_id)?;
     let (domain, rest) = a.split_once(':')?;
-    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let domain = hex_number(domain)?;
     Some(format!("{domain:04x}:{rest}"))
 }
 

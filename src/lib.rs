@@ -25,6 +25,7 @@ pub mod elf;
 pub mod engine;
 pub mod gpus;
 pub mod identity;
+pub mod kernel_text;
 pub mod launch;
 pub mod load_facts;
 #[allow(unsafe_code)]

@@ -215,6 +215,28 @@ impl CpuMask {
         Some(mask)
     }
 
+    /// The kernel's hex format (`%*pb`) over `nbits` bits, the inverse of
+    /// [`CpuMask::parse_hex`]: comma-separated 32-bit groups, most significant first, the first
+    /// group only as wide as the bits it holds.
+    pub fn to_hex(&self, nbits: usize) -> String {
+        let groups = nbits.div_ceil(32).max(1);
+        (0..groups)
+            .rev()
+            .map(|g| {
+                let value = (0..32)
+                    .filter(|b| self.contains(g * 32 + b))
+                    .fold(0u32, |acc, b| acc | (1 << b));
+                let bits = if g + 1 == groups && !nbits.is_multiple_of(32) {
+                    nbits % 32
+                } else {
+                    32
+                };
+                format!("{value:0width$x}", width = bits.div_ceil(4))
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The kernel's byte layout, `len` bytes long (a multiple of 8), bits beyond it dropped.
     pub fn to_kernel_bytes(&self, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
@@ -398,8 +420,14 @@ mod tests {
     }
 
     #[test]
-    fn parses_hex_masks() {
+    fn hex_masks_both_ways() {
         assert_eq!(CpuMask::parse_hex("3").unwrap().to_list(), "0-1");
         assert_eq!(CpuMask::parse_hex("1,00000001").unwrap().to_list(), "0,32");
+        assert_eq!(mask("0-1").to_hex(2), "3");
+        assert_eq!(mask("0-7").to_hex(8), "ff");
+        assert_eq!(mask("0,32").to_hex(40), "01,00000001");
+        let wide = mask("0-55,112-167");
+        assert_eq!(wide.to_hex(224).split(',').count(), 7);
+        assert_eq!(CpuMask::parse_hex(&wide.to_hex(224)), Some(wide));
     }
 }

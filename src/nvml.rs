@@ -66,11 +66,11 @@ type MigByIndexFn = unsafe extern "C" fn(Device, c_uint, *mut Device) -> c_int;
 type MaxMigFn = unsafe extern "C" fn(Device, *mut c_uint) -> c_int;
 
 /// Declares [`Api`] and its loader from one list: each entry point is named once, with its
-/// field, its prototype and its C name.
+/// field, the field's type (its prototype, in an `Option` for an optional one) and its C name.
 macro_rules! entry_points {
     (
         required { $($req:ident: $req_ty:ty = $req_name:literal,)* }
-        optional { $($opt:ident: $opt_ty:ty = $opt_name:literal,)* }
+        optional { $($opt:ident: Option<$opt_ty:ty> = $opt_name:literal,)* }
     ) => {
         /// The entry points used. The required ones must all resolve; a driver without the MIG
         /// ones has no MIG (names then fail to resolve, with a warning), one without either
@@ -114,12 +114,12 @@ entry_points! {
         uuid: UuidFn = c"nvmlDeviceGetUUID",
     }
     optional {
-        affinity_scope: AffinityScopeFn = c"nvmlDeviceGetCpuAffinityWithinScope",
-        affinity: AffinityFn = c"nvmlDeviceGetCpuAffinity",
-        is_mig: IsMigFn = c"nvmlDeviceIsMigDeviceHandle",
-        mig_parent: MigParentFn = c"nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-        mig_by_index: MigByIndexFn = c"nvmlDeviceGetMigDeviceHandleByIndex",
-        max_mig: MaxMigFn = c"nvmlDeviceGetMaxMigDeviceCount",
+        affinity_scope: Option<AffinityScopeFn> = c"nvmlDeviceGetCpuAffinityWithinScope",
+        affinity: Option<AffinityFn> = c"nvmlDeviceGetCpuAffinity",
+        is_mig: Option<IsMigFn> = c"nvmlDeviceIsMigDeviceHandle",
+        mig_parent: Option<MigParentFn> = c"nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        mig_by_index: Option<MigByIndexFn> = c"nvmlDeviceGetMigDeviceHandleByIndex",
+        max_mig: Option<MaxMigFn> = c"nvmlDeviceGetMaxMigDeviceCount",
     }
 }
 

@@ -339,6 +339,19 @@ mod tests {
             .collect()
     }
 
+    /// `auto_placement` within `allowed` on `t`, checked by [`assert_disjoint`], with what
+    /// [`placed`] makes of it.
+    fn placed_within(
+        t: &Topology,
+        allowed: &str,
+    ) -> (Vec<GpuPlacement>, Vec<Option<(CpuMask, usize)>>) {
+        let allowed = mask(allowed);
+        let all = auto_placement(t, &allowed);
+        assert_disjoint(t, &allowed, &all);
+        let p = placed(&all);
+        (all, p)
+    }
+
     /// No CPU belongs to two GPUs, every CPU is allowed, and step and result sit on different
     /// cores.
     fn assert_disjoint(t: &Topology, allowed: &CpuMask, all: &[GpuPlacement]) {
@@ -381,11 +394,8 @@ mod tests {
     #[test]
     fn dgx_full_mask_every_gpu_gets_its_own_cores() {
         let t = dgx_h100_like().topology();
-        let allowed = mask("0-223");
-        let all = auto_placement(&t, &allowed);
+        let (all, p) = placed_within(&t, "0-223");
         assert_eq!(all.len(), 8);
-        assert_disjoint(&t, &allowed, &all);
-        let p = placed(&all);
         assert_eq!(p[0], Some((mask("0,112"), 55)));
         assert_eq!(p[1], Some((mask("1,113"), 54)));
         assert_eq!(p[3], Some((mask("3,115"), 52)));
@@ -403,10 +413,7 @@ mod tests {
     fn dgx_taskset_half_of_each_socket() {
         let t = dgx_h100_like().topology();
         // Cores 0-27 and 56-83 with their siblings, as `taskset -c` would give a half host.
-        let allowed = mask("0-27,56-83,112-139,168-195");
-        let all = auto_placement(&t, &allowed);
-        assert_disjoint(&t, &allowed, &all);
-        let p = placed(&all);
+        let (_, p) = placed_within(&t, "0-27,56-83,112-139,168-195");
         assert!(p.iter().all(Option::is_some));
         assert_eq!(p[0], Some((mask("0,112"), 27)));
         assert_eq!(p[4], Some((mask("56,168"), 83)));
@@ -416,19 +423,14 @@ mod tests {
     #[test]
     fn dgx_with_one_sibling_per_core_pins_single_cpus() {
         let t = dgx_h100_like().topology();
-        let allowed = mask("0-111");
-        let all = auto_placement(&t, &allowed);
-        assert_disjoint(&t, &allowed, &all);
-        assert_eq!(placed(&all)[0], Some((mask("0"), 55)));
+        let (_, p) = placed_within(&t, "0-111");
+        assert_eq!(p[0], Some((mask("0"), 55)));
     }
 
     #[test]
     fn dgx_node_1_without_allowed_cpus_ranks_its_gpus_in_what_node_0_leaves() {
         let t = dgx_h100_like().topology();
-        let allowed = mask("0-55,112-167");
-        let all = auto_placement(&t, &allowed);
-        assert_disjoint(&t, &allowed, &all);
-        let p = placed(&all);
+        let (all, p) = placed_within(&t, "0-55,112-167");
         assert_eq!(p[0], Some((mask("0,112"), 55)));
         assert_eq!(p[3], Some((mask("3,115"), 52)));
         // GPUs 4-7 rank among themselves in cores 4-51.
@@ -442,10 +444,7 @@ mod tests {
     fn a_mask_too_small_pins_nothing_rather_than_wrapping() {
         let t = dgx_h100_like().topology();
         // 8 cores on node 0 (enough for its 4 GPUs), 6 on node 1 (not enough for 4).
-        let allowed = mask("0-7,56-61");
-        let all = auto_placement(&t, &allowed);
-        assert_disjoint(&t, &allowed, &all);
-        let p = placed(&all);
+        let (all, p) = placed_within(&t, "0-7,56-61");
         assert!(p[..4].iter().all(Option::is_some));
         for g in &all[4..] {
             let reason = g.placement.as_ref().unwrap_err();
@@ -457,16 +456,13 @@ mod tests {
             assert!(reason.contains("needs two"), "{reason}");
         }
         // 7 cores on node 0 and none on node 1: nobody is placed, nobody wraps.
-        let allowed = mask("0-6");
-        let all = auto_placement(&t, &allowed);
-        assert!(placed(&all).iter().all(Option::is_none));
+        let (all, p) = placed_within(&t, "0-6");
+        assert!(p.iter().all(Option::is_none));
         let reason = all[5].placement.as_ref().unwrap_err();
         assert!(reason.contains("node-local GPUs leave has 7"), "{reason}");
         assert!(reason.contains("without an allowed CPU"), "{reason}");
         // Exactly two cores per GPU is enough.
-        let allowed = mask("0-7");
-        let all = auto_placement(&t, &allowed);
-        let p = placed(&all);
+        let (_, p) = placed_within(&t, "0-7");
         assert_eq!(p[0], Some((mask("0"), 7)));
         assert_eq!(p[3], Some((mask("3"), 4)));
         assert!(p[4..].iter().all(Option::is_none));
@@ -495,15 +491,12 @@ mod tests {
     #[test]
     fn single_node_vm_without_numa() {
         let t = single_node_vm(8, 2).topology();
-        let allowed = mask("0-7");
-        let all = auto_placement(&t, &allowed);
-        assert_disjoint(&t, &allowed, &all);
-        let p = placed(&all);
+        let (_, p) = placed_within(&t, "0-7");
         assert_eq!(p[0], Some((mask("0"), 7)));
         assert_eq!(p[1], Some((mask("1"), 6)));
         // Three cores for two GPUs: neither is pinned.
-        let all = auto_placement(&t, &mask("0-2"));
-        assert!(placed(&all).iter().all(Option::is_none));
+        let (_, p) = placed_within(&t, "0-2");
+        assert!(p.iter().all(Option::is_none));
     }
 
     #[test]
@@ -511,12 +504,9 @@ mod tests {
         let host = dgx_h100_like().gpu("0000:e0:00.0", None, None);
         let t = host.topology();
         assert_eq!(t.gpus[8].numa_node, None);
-        let allowed = mask("0-223");
-        let all = auto_placement(&t, &allowed);
-        assert_disjoint(&t, &allowed, &all);
         // Node-local GPUs keep their cores; the unknown one ranks 0 of 1 in the leftover cores
         // (4-51 and 60-107 of the two nodes): bottom core 4, top core 107.
-        let p = placed(&all);
+        let (_, p) = placed_within(&t, "0-223");
         assert_eq!(p[0], Some((mask("0,112"), 55)));
         assert_eq!(p[8], Some((mask("4,116"), 107)));
     }

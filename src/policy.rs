@@ -190,35 +190,23 @@ mod tests {
 
     #[test]
     fn worker_masks_are_intersected_with_the_cpuset() {
-        let flag = NumaAwareFlag::One;
-        let d = decide(&PolicyInput {
-            choice: None,
-            numa_flag: &flag,
-            constrained: false,
-            gpu_local: &m("0-7"),
-            gpu_local_named: false,
-            cpuset: &m("4-11"),
-        });
+        let decide_numa = |gpu_local: &str, gpu_local_named: bool, cpuset: &str| {
+            decide(&PolicyInput {
+                choice: None,
+                numa_flag: &NumaAwareFlag::One,
+                constrained: false,
+                gpu_local: &m(gpu_local),
+                gpu_local_named,
+                cpuset: &m(cpuset),
+            })
+        };
+        let d = decide_numa("0-7", false, "4-11");
         assert_eq!(d.mask, Some(m("4-7")));
-        let d = decide(&PolicyInput {
-            choice: None,
-            numa_flag: &flag,
-            constrained: false,
-            gpu_local: &m("0-3"),
-            gpu_local_named: false,
-            cpuset: &m("4-11"),
-        });
+        let d = decide_numa("0-3", false, "4-11");
         assert_eq!(d.mask, None);
         assert!(d.empty_reason.unwrap().contains("no CPU in common"));
         // The user's own list is called by its name, never "the GPU-local CPUs".
-        let d = decide(&PolicyInput {
-            choice: None,
-            numa_flag: &flag,
-            constrained: false,
-            gpu_local: &m("32-63"),
-            gpu_local_named: true,
-            cpuset: &m("0-1"),
-        });
+        let d = decide_numa("32-63", true, "0-1");
         let reason = d.empty_reason.unwrap();
         assert!(reason.starts_with("TLLM_AFFINITY_CPUS [32-63]"), "{reason}");
         assert!(!reason.contains("GPU-local"), "{reason}");

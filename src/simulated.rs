@@ -236,7 +236,7 @@ impl SimulatedHost {
             put(&topo.join("core_cpus_list"), &list(&cpu.siblings))?;
             put(
                 &topo.join("thread_siblings"),
-                &format!("{}\n", kernel_hex(&cpu.siblings, nr_cpu_ids)),
+                &format!("{}\n", cpu.siblings.to_hex(nr_cpu_ids)),
             )?;
         }
         for (n, (name, latency)) in self.idle_states.iter().enumerate() {
@@ -269,7 +269,7 @@ impl SimulatedHost {
                 put(&dir.join("local_cpulist"), &list(&local))?;
                 put(
                     &dir.join("local_cpus"),
-                    &format!("{}\n", kernel_hex(&local, nr_cpu_ids)),
+                    &format!("{}\n", local.to_hex(nr_cpu_ids)),
                 )?;
             }
         }
@@ -322,7 +322,7 @@ impl SimulatedHost {
             put(&dir.join("cpulist"), &format!("{}\n", cpus.to_list()))?;
             put(
                 &dir.join("cpumap"),
-                &format!("{}\n", kernel_hex(cpus, nr_cpu_ids)),
+                &format!("{}\n", cpus.to_hex(nr_cpu_ids)),
             )?;
             let row: Vec<String> = distances[pos].iter().map(u32::to_string).collect();
             put(&dir.join("distance"), &format!("{}\n", row.join(" ")))?;
@@ -408,21 +408,24 @@ pub fn dgx_h100_like() -> SimulatedHost {
         .node(0, &socket_cpus(0))
         .node(1, &socket_cpus(1))
         .node_distances(vec![vec![10, 21], vec![21, 10]]);
-    for addr in [
-        "0000:18:00.0",
-        "0000:2a:00.0",
-        "0000:3a:00.0",
-        "0000:5d:00.0",
-    ] {
-        host = host.gpu(addr, Some(0), None);
-    }
-    for addr in [
-        "0000:9a:00.0",
-        "0000:ab:00.0",
-        "0000:ba:00.0",
-        "0000:db:00.0",
-    ] {
-        host = host.gpu(addr, Some(1), None);
+    let gpus_by_node = [
+        [
+            "0000:18:00.0",
+            "0000:2a:00.0",
+            "0000:3a:00.0",
+            "0000:5d:00.0",
+        ],
+        [
+            "0000:9a:00.0",
+            "0000:ab:00.0",
+            "0000:ba:00.0",
+            "0000:db:00.0",
+        ],
+    ];
+    for (node, addrs) in gpus_by_node.into_iter().enumerate() {
+        for addr in addrs {
+            host = host.gpu(addr, Some(node), None);
+        }
     }
     host.pci_device("0000:03:00.0", 0x1a03, 0x030000)
         .pci_device("0000:05:00.0", NVIDIA_VENDOR, 0x068000)
@@ -452,33 +455,22 @@ fn put(path: &Path, text: &str) -> io::Result<()> {
     fs::write(path, text)
 }
 
-/// The kernel's `%*pb` bitmap format over `nbits` bits: comma-separated 32-bit groups, most
-/// significant first, the first group only as wide as the bits it holds.
-fn kernel_hex(mask: &CpuMask, nbits: usize) -> String {
-    let groups = nbits.div_ceil(32).max(1);
-    (0..groups)
-        .rev()
-        .map(|g| {
-            let value = (0..32)
-                .filter(|b| mask.contains(g * 32 + b))
-                .fold(0u32, |acc, b| acc | (1 << b));
-            let bits = if g + 1 == groups && !nbits.is_multiple_of(32) {
-                nbits % 32
-            } else {
-                32
-            };
-            format!("{value:0width$x}", width = bits.div_ceil(4))
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// Test support: writes one file of a hand-made tree under `root`, parents included.
 #[cfg(test)]
 pub(crate) fn write_tree_file(root: &Path, rel: &str, text: &str) {
     let path = root.join(rel);
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();
+}
+
+/// Test support: a temporary tree holding `files`, each a path under its root and its text.
+#[cfg(test)]
+pub(crate) fn tree_of(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (rel, text) in files {
+        write_tree_file(dir.path(), rel, text);
+    }
+    dir
 }
 
 #[cfg(test)]
@@ -498,34 +490,6 @@ mod tests {
     use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
 
     use crate::mask::mask;
-
-    #[test]
-    fn formats_like_the_kernel() {
-        assert_eq!(kernel_hex(&mask("0-1"), 2), "3");
-        assert_eq!(kernel_hex(&mask("0-7"), 8), "ff");
-        assert_eq!(kernel_hex(&mask("0,32"), 40), "01,00000001");
-        assert_eq!(kernel_hex(&mask("0-55,112-167"), 224).split(',').count(), 7);
-        assert_eq!(
-            CpuMask::parse_hex(&kernel_hex(&mask("0-55,112-167"), 224)),
-            Some(mask("0-55,112-167"))
-        );
-
-        let dir = tempfile::tempdir().unwrap();
-        dgx_h100_like().write(dir.path()).unwrap();
-        let read = |rel: &str| fs::read_to_string(dir.path().join(rel)).unwrap();
-        let gpu = "sys/bus/pci/devices/0000:18:00.0";
-        assert_eq!(read(&format!("{gpu}/vendor")), "0x10de\n");
-        assert_eq!(read(&format!("{gpu}/class")), "0x030200\n");
-        assert_eq!(read(&format!("{gpu}/numa_node")), "0\n");
-        assert_eq!(read(&format!("{gpu}/local_cpulist")), "0-55,112-167\n");
-        assert_eq!(read("sys/bus/pci/devices/0000:03:00.0/numa_node"), "-1\n");
-        assert_eq!(read("sys/devices/system/cpu/online"), "0-223\n");
-        assert_eq!(read("sys/devices/system/node/node1/distance"), "21 10\n");
-        assert_eq!(
-            read("sys/devices/system/cpu/cpu0/topology/thread_siblings_list"),
-            "0,112\n"
-        );
-    }
 
     #[test]
     fn dgx_h100_round_trip() {
@@ -563,6 +527,25 @@ mod tests {
     }
 
     #[test]
+    fn formats_like_the_kernel() {
+        let dir = tempfile::tempdir().unwrap();
+        dgx_h100_like().write(dir.path()).unwrap();
+        let read = |rel: &str| fs::read_to_string(dir.path().join(rel)).unwrap();
+        let gpu = "sys/bus/pci/devices/0000:18:00.0";
+        assert_eq!(read(&format!("{gpu}/vendor")), "0x10de\n");
+        assert_eq!(read(&format!("{gpu}/class")), "0x030200\n");
+        assert_eq!(read(&format!("{gpu}/numa_node")), "0\n");
+        assert_eq!(read(&format!("{gpu}/local_cpulist")), "0-55,112-167\n");
+        assert_eq!(read("sys/bus/pci/devices/0000:03:00.0/numa_node"), "-1\n");
+        assert_eq!(read("sys/devices/system/cpu/online"), "0-223\n");
+        assert_eq!(read("sys/devices/system/node/node1/distance"), "21 10\n");
+        assert_eq!(
+            read("sys/devices/system/cpu/cpu0/topology/thread_siblings_list"),
+            "0,112\n"
+        );
+    }
+
+    #[test]
     fn dgx_without_local_cpulist_uses_numa_node() {
         let t = dgx_h100_like()
             .without_local_cpulist("0000:DB:00.0")
@@ -583,9 +566,8 @@ mod tests {
         let env = DeviceEnv::default();
         let dev0 = resolve_device(0, &env, &t.gpus).unwrap();
         assert_eq!(dev0.address, "0000:3b:00.0");
-        let local0 = t.gpu_local_cpus(&t.gpus[dev0.gpu_index]);
         assert_eq!(
-            (local0.cpus, local0.source),
+            t.local_cpus_of(dev0.gpu_index),
             (mask("1"), LocalCpuSource::PciLocalCpulist)
         );
         let dev1 = resolve_device(1, &env, &t.gpus).unwrap();
@@ -601,11 +583,7 @@ mod tests {
         let t = two_node_one_gpu(&mask("5")).topology();
         assert_eq!(t.nodes.len(), 1);
         assert_eq!(t.online, mask("5"));
-        let local = t.gpu_local_cpus(&t.gpus[0]);
-        assert_eq!(
-            (local.cpus, local.source),
-            (mask("5"), LocalCpuSource::SingleNode)
-        );
+        assert_eq!(t.local_cpus_of(0), (mask("5"), LocalCpuSource::SingleNode));
     }
 
     #[test]
@@ -620,9 +598,8 @@ mod tests {
         assert_eq!(t.gpus.len(), 2);
         assert_eq!(t.gpus[1].address, "0000:11:00.0");
         assert!(t.gpus.iter().all(|g| g.numa_node.is_none()));
-        let local = t.gpu_local_cpus(&t.gpus[1]);
         assert_eq!(
-            (local.cpus, local.source),
+            t.local_cpus_of(1),
             (mask("0-3"), LocalCpuSource::SingleNode)
         );
         assert!(t.idle_states.is_empty());
@@ -637,15 +614,11 @@ mod tests {
             .node_distances(vec![vec![10, 40], vec![40, 10]])
             .gpu("0008:01:00.0", Some(1), Some(&CpuMask::new()));
         let t = host.topology();
-        let local = t.gpu_local_cpus(&t.gpus[0]);
-        assert_eq!(local.cpus, mask("0-3"));
-        assert_eq!(
-            local.source,
-            LocalCpuSource::NearestNodeWithCpus {
-                gpu_node: 1,
-                used_node: 0
-            }
-        );
+        let nearest = LocalCpuSource::NearestNodeWithCpus {
+            gpu_node: 1,
+            used_node: 0,
+        };
+        assert_eq!(t.local_cpus_of(0), (mask("0-3"), nearest));
     }
 
     #[test]

@@ -157,9 +157,7 @@ pub fn write_notes(header: &[AtomicU64], notes: &[AtomicU64], text: &str) {
 /// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
+    crate::kernel_text::stat_field(&stat, 22)
 }
 
 /// Removes the tables in `dir` that processes of this user left when they ended without running
@@ -378,6 +376,17 @@ mod tests {
         assert!(foreign.exists());
     }
 
+    /// The header this process's table starts with.
+    fn own_header() -> [u8; HEADER_BYTES] {
+        let pid = std::process::id();
+        header(pid, start_time(pid).unwrap())
+    }
+
+    /// Where this process's table lies in `dir`.
+    fn own_table(dir: &Path) -> std::path::PathBuf {
+        dir.join(file_name(std::process::id(), ns()))
+    }
+
     fn expect(tids: &[Tid]) -> Expect<'_> {
         let pid = std::process::id();
         Expect {
@@ -392,9 +401,8 @@ mod tests {
     #[test]
     fn reads_a_table_and_refuses_a_stale_one() {
         let dir = tempfile::tempdir().unwrap();
-        let pid = std::process::id();
-        let path = dir.path().join(file_name(pid, ns()));
-        let mut bytes = header(pid, start_time(pid).unwrap()).to_vec();
+        let path = own_table(dir.path());
+        let mut bytes = own_header().to_vec();
         bytes.extend_from_slice(&encode(7, Role::Host, Placement::Inherited).to_le_bytes());
         bytes.extend_from_slice(&0u64.to_le_bytes());
         bytes.extend_from_slice(&encode(9, Role::Worker, Placement::Worker).to_le_bytes());
@@ -403,7 +411,7 @@ mod tests {
         assert_eq!(table.len(), 2);
         assert_eq!(table[&9], (Role::Worker, Placement::Worker));
         assert_eq!(read(dir.path(), &expect(&[9])).unwrap().len(), 1);
-        let mut stale = header(pid, 1).to_vec();
+        let mut stale = header(std::process::id(), 1).to_vec();
         stale.extend_from_slice(&bytes[HEADER_BYTES..]);
         std::fs::write(&path, &stale).unwrap();
         assert!(read(dir.path(), &expect(&[7]))
@@ -414,12 +422,7 @@ mod tests {
     #[test]
     fn a_table_of_another_owner_is_not_believed() {
         let dir = tempfile::tempdir().unwrap();
-        let pid = std::process::id();
-        std::fs::write(
-            dir.path().join(file_name(pid, ns())),
-            header(pid, start_time(pid).unwrap()),
-        )
-        .unwrap();
+        std::fs::write(own_table(dir.path()), own_header()).unwrap();
         let mut other = expect(&[7]);
         other.owner = other.owner.wrapping_add(1);
         assert!(read(dir.path(), &other)
@@ -452,9 +455,8 @@ mod tests {
     #[test]
     fn notes_round_trip_and_a_long_text_is_cut_at_a_whole_line() {
         let dir = tempfile::tempdir().unwrap();
-        let pid = std::process::id();
-        let path = dir.path().join(file_name(pid, ns()));
-        let header = words(&header(pid, start_time(pid).unwrap()));
+        let path = own_table(dir.path());
+        let header = words(&own_header());
         let notes: Vec<AtomicU64> = (0..NOTES_BYTES / 8).map(|_| AtomicU64::new(0)).collect();
         std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
         assert_eq!(read_notes(dir.path(), &expect(&[])).unwrap(), "");
@@ -482,10 +484,9 @@ mod tests {
     #[test]
     fn a_table_from_before_the_notes_has_none() {
         let dir = tempfile::tempdir().unwrap();
-        let pid = std::process::id();
-        let mut bytes = header(pid, start_time(pid).unwrap()).to_vec();
+        let mut bytes = own_header().to_vec();
         bytes[40..48].copy_from_slice(&100u64.to_le_bytes());
-        std::fs::write(dir.path().join(file_name(pid, ns())), bytes).unwrap();
+        std::fs::write(own_table(dir.path()), bytes).unwrap();
         assert_eq!(read_notes(dir.path(), &expect(&[])).unwrap(), "");
     }
 }

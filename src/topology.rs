@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+use crate::kernel_text::{hex_number, number_or_unknown, numbers, read_if_present};
 use crate::mask::CpuMask;
 use std::collections::HashSet;
 use std::fmt;
@@ -300,6 +301,15 @@ impl Topology {
     }
 }
 
+#[cfg(test)]
+impl Topology {
+    /// The CPUs local to the `i`-th GPU and where that answer came from, as one pair to compare.
+    pub(crate) fn local_cpus_of(&self, i: usize) -> (CpuMask, LocalCpuSource) {
+        let local = self.gpu_local_cpus(&self.gpus[i]);
+        (local.cpus, local.source)
+    }
+}
+
 /// `0000:3b:00.0` from `3b:00.0`, `0000:3B:00.0` or ` 0000:3b:00.0 `; `None` when the text is
 /// not shaped like a PCI address.
 pub fn normalize_pci_address(text: &str) -> Option<String> {
@@ -378,8 +388,12 @@ fn read_pci_gpu(
         }
     }
     let device = read_parsed(&dev.join("device"), "a hex device id", parse_hex_u16)?.unwrap_or(0);
-    let numa_node =
-        read_parsed(&dev.join("numa_node"), "a node number or -1", parse_signed)?.flatten();
+    let numa_node = read_parsed(
+        &dev.join("numa_node"),
+        "a node number or -1",
+        number_or_unknown,
+    )?
+    .flatten();
     let local_cpus = match read_cpulist(&dev.join("local_cpulist"))? {
         Some(m) => Some(m),
         None => read_parsed(
@@ -416,12 +430,12 @@ fn read_online(cpu_dir: &Path) -> Result<CpuMask, TopologyError> {
 
 fn read_cpu(cpu_dir: &Path, id: usize) -> Result<Cpu, TopologyError> {
     let topo = cpu_dir.join(format!("cpu{id}/topology"));
-    let core_id = read_parsed(&topo.join("core_id"), "a core number", parse_signed)?.flatten();
+    let core_id = read_parsed(&topo.join("core_id"), "a core number", number_or_unknown)?.flatten();
     // Some ARM and VM kernels write -1 for the package.
     let package_id = read_parsed(
         &topo.join("physical_package_id"),
         "a package number or -1",
-        parse_signed,
+        number_or_unknown,
     )?
     .flatten();
     let mut siblings = read_cpulist(&topo.join("thread_siblings_list"))?.unwrap_or_default();
@@ -455,12 +469,8 @@ fn read_nodes(root: &SysfsRoot, online: &CpuMask) -> Result<Vec<NumaNode>, Topol
         let cpus = read_cpulist(&node_dir.join("cpulist"))?
             .unwrap_or_default()
             .intersection(online);
-        let distances = read_parsed(&node_dir.join("distance"), "distances", |t| {
-            t.split_whitespace()
-                .map(|d| d.parse::<u32>().ok())
-                .collect::<Option<Vec<u32>>>()
-        })?
-        .unwrap_or_default();
+        let distances = read_parsed(&node_dir.join("distance"), "distances", numbers::<u32>)?
+            .unwrap_or_default();
         nodes.push(NumaNode {
             id,
             cpus,
@@ -494,11 +504,7 @@ fn read_idle_states(cpu_dir: &Path) -> Result<Vec<CpuIdleState>, TopologyError> 
 
 /// The file's text, `None` when it does not exist.
 fn read_text(path: &Path) -> Result<Option<String>, TopologyError> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(TopologyError::new(path, format!("cannot read: {e}"))),
-    }
+    read_if_present(path).map_err(|e| TopologyError::new(path, format!("cannot read: {e}")))
 }
 
 /// Reads and parses a file (trimmed); `None` when it does not exist, an error naming the path
@@ -531,21 +537,11 @@ fn read_cpulist(path: &Path) -> Result<Option<CpuMask>, TopologyError> {
 }
 
 fn parse_hex_u32(text: &str) -> Option<u32> {
-    let digits = text
-        .strip_prefix("0x")
-        .or_else(|| text.strip_prefix("0X"))
-        .unwrap_or(text);
-    u32::from_str_radix(digits, 16).ok()
+    hex_number(text).and_then(|v| u32::try_from(v).ok())
 }
 
 fn parse_hex_u16(text: &str) -> Option<u16> {
-    parse_hex_u32(text).and_then(|v| u16::try_from(v).ok())
-}
-
-/// A non-negative number, or a negative one meaning "unknown" (`Some(None)`).
-fn parse_signed(text: &str) -> Option<Option<usize>> {
-    let value: i64 = text.parse().ok()?;
-    Some(usize::try_from(value).ok())
+    hex_number(text).and_then(|v| u16::try_from(v).ok())
 }
 
 /// The numbers `N` of the entries named `<prefix>N` in `dir`, ascending; none when `dir` is
@@ -698,9 +694,10 @@ mod tests {
         assert_eq!(t.gpus[0].device, 0x2330);
         assert_eq!(t.gpus[0].class, 0x030200);
         assert_eq!(t.gpus[1].numa_node, Some(1));
-        let local = t.gpu_local_cpus(&t.gpus[1]);
-        assert_eq!(local.cpus, mask("2-3,6-7"));
-        assert_eq!(local.source, LocalCpuSource::PciLocalCpulist);
+        assert_eq!(
+            t.local_cpus_of(1),
+            (mask("2-3,6-7"), LocalCpuSource::PciLocalCpulist)
+        );
         assert_eq!(
             t.cores(),
             vec![mask("0,4"), mask("1,5"), mask("2,6"), mask("3,7")]
@@ -778,24 +775,12 @@ mod tests {
         put_gpu(root, "0019:01:00.0", "3", None);
         let t = read(root);
         assert!(t.nodes[2].cpus.is_empty());
-        let a = t.gpu_local_cpus(&t.gpus[0]);
-        assert_eq!(a.cpus, mask("2-3"));
-        assert_eq!(
-            a.source,
-            LocalCpuSource::NearestNodeWithCpus {
-                gpu_node: 2,
-                used_node: 1
-            }
-        );
-        let b = t.gpu_local_cpus(&t.gpus[1]);
-        assert_eq!(b.cpus, mask("0-1"));
-        assert_eq!(
-            b.source,
-            LocalCpuSource::NearestNodeWithCpus {
-                gpu_node: 3,
-                used_node: 0
-            }
-        );
+        let nearest = |gpu_node, used_node| LocalCpuSource::NearestNodeWithCpus {
+            gpu_node,
+            used_node,
+        };
+        assert_eq!(t.local_cpus_of(0), (mask("2-3"), nearest(2, 1)));
+        assert_eq!(t.local_cpus_of(1), (mask("0-1"), nearest(3, 0)));
     }
 
     #[test]
@@ -811,19 +796,13 @@ mod tests {
         put_gpu(root, "0000:03:00.0", "-1", Some("2-3,6-7"));
         let t = read(root);
         assert_eq!(t.gpus[0].numa_node, None);
-        let all = t.gpu_local_cpus(&t.gpus[0]);
         assert_eq!(
-            (all.cpus, all.source),
+            t.local_cpus_of(0),
             (mask("0-7"), LocalCpuSource::PciLocalCpulist)
         );
-        let none = t.gpu_local_cpus(&t.gpus[1]);
+        assert_eq!(t.local_cpus_of(1), (mask("0-7"), LocalCpuSource::AllOnline));
         assert_eq!(
-            (none.cpus, none.source),
-            (mask("0-7"), LocalCpuSource::AllOnline)
-        );
-        let listed = t.gpu_local_cpus(&t.gpus[2]);
-        assert_eq!(
-            (listed.cpus, listed.source),
+            t.local_cpus_of(2),
             (mask("2-3,6-7"), LocalCpuSource::PciLocalCpulist)
         );
     }
@@ -877,9 +856,8 @@ mod tests {
         assert_eq!(t.nodes[0].id, 0);
         assert_eq!(t.nodes[0].cpus, mask("0-2"));
         assert_eq!(t.node_of_cpu(2), Some(0));
-        let l = t.gpu_local_cpus(&t.gpus[0]);
         assert_eq!(
-            (l.cpus, l.source),
+            t.local_cpus_of(0),
             (mask("0-2"), LocalCpuSource::SingleNode)
         );
         assert!(t.idle_states.is_empty());

@@ -6,7 +6,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 
 use tllm_affinity_core::engine::{
     self, create, environ, exec, objects, observe,
@@ -57,174 +57,103 @@ pub unsafe extern "C" fn __cxa_thread_atexit_impl(
     unsafe { thread_key::cxa_thread_atexit_impl(dtor, obj, dso) }
 }
 
-/// # Safety
-/// Called by the program as `sched_setaffinity(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn sched_setaffinity(
-    pid: libc::pid_t,
-    size: libc::size_t,
-    mask: *const libc::cpu_set_t,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { observe::sched_setaffinity(pid, size, mask) }
+/// Declares each interposed function that only hands its arguments to the engine: exported
+/// unmangled, its doc (a `# Safety` section) as given, its one unsafe call forwarding the
+/// caller's arguments unchanged.
+macro_rules! forward {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $call:expr;
+    )*) => {$(
+        $(#[doc = $doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            // SAFETY: the caller's arguments, forwarded unchanged under the contract the
+            // function's `# Safety` section states.
+            unsafe { $call }
+        }
+    )*};
 }
 
-/// # Safety
-/// Called by the program as `pthread_setaffinity_np(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn pthread_setaffinity_np(
-    thread: libc::pthread_t,
-    size: libc::size_t,
-    mask: *const libc::cpu_set_t,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { observe::pthread_setaffinity_np(thread, size, mask) }
-}
+type Argv = *const *const c_char;
+type SpawnActions = *const libc::posix_spawn_file_actions_t;
+type SpawnAttr = *const libc::posix_spawnattr_t;
 
-/// # Safety
-/// Called by the program as `dlclose(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn dlclose(handle: *mut c_void) -> c_int {
-    // SAFETY: the caller's argument, forwarded unchanged.
-    unsafe { objects::dlclose(handle) }
-}
-
-/// # Safety
-/// Called by the program as `timer_create(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn timer_create(
-    clock: libc::clockid_t,
-    event: *mut SigEvent,
-    timer: *mut libc::timer_t,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { timers::timer_create(clock, event, timer) }
-}
-
-/// # Safety
-/// Called by the program as `timer_delete(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn timer_delete(timer: libc::timer_t) -> c_int {
-    // SAFETY: the caller's argument, forwarded unchanged.
-    unsafe { timers::timer_delete(timer) }
-}
-
-/// # Safety
-/// Called by the program as `execve(2)`.
-#[no_mangle]
-pub unsafe extern "C" fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { exec::execve(path, argv, envp) }
-}
-
-/// # Safety
-/// Called by the program as `execv(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { exec::execv(path, argv) }
-}
-
-/// # Safety
-/// Called by the program as `execvp(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { exec::execvp(file, argv) }
-}
-
-/// # Safety
-/// Called by the program as `execvpe(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { exec::execvpe(file, argv, envp) }
-}
-
-/// # Safety
-/// Called by the program as `fexecve(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn fexecve(
-    fd: c_int,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { exec::fexecve(fd, argv, envp) }
-}
-
-/// # Safety
-/// Called by the program as `posix_spawn(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut libc::pid_t,
-    path: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { exec::posix_spawn(false, pid, path, actions, attr, argv, envp) }
-}
-
-/// # Safety
-/// Called by the program as `posix_spawnp(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut libc::pid_t,
-    file: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { exec::posix_spawn(true, pid, file, actions, attr, argv, envp) }
-}
-
-/// # Safety
-/// Called by the program as `setenv(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn setenv(
-    name: *const c_char,
-    value: *const c_char,
-    overwrite: c_int,
-) -> c_int {
-    // SAFETY: the caller's arguments, forwarded unchanged.
-    unsafe { environ::setenv(name, value, overwrite) }
-}
-
-/// # Safety
-/// Called by the program as `putenv(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn putenv(string: *mut c_char) -> c_int {
-    // SAFETY: the caller's argument, forwarded unchanged.
-    unsafe { environ::putenv(string) }
-}
-
-/// # Safety
-/// Called by the program as `unsetenv(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn unsetenv(name: *const c_char) -> c_int {
-    // SAFETY: the caller's argument, forwarded unchanged.
-    unsafe { environ::unsetenv(name) }
-}
-
-/// # Safety
-/// Called by the program as `clearenv(3)`.
-#[no_mangle]
-pub unsafe extern "C" fn clearenv() -> c_int {
-    // SAFETY: no arguments.
-    unsafe { environ::clearenv() }
+forward! {
+    /// # Safety
+    /// Called by the program as `sched_setaffinity(2)`.
+    fn sched_setaffinity(pid: libc::pid_t, size: libc::size_t, mask: *const libc::cpu_set_t)
+        -> c_int = observe::sched_setaffinity(pid, size, mask);
+    /// # Safety
+    /// Called by the program as `pthread_setaffinity_np(3)`.
+    fn pthread_setaffinity_np(
+        thread: libc::pthread_t, size: libc::size_t, mask: *const libc::cpu_set_t,
+    ) -> c_int = observe::pthread_setaffinity_np(thread, size, mask);
+    /// # Safety
+    /// Called by the program as `dlclose(3)`.
+    fn dlclose(handle: *mut c_void) -> c_int = objects::dlclose(handle);
+    /// # Safety
+    /// Called by the program as `timer_create(2)`.
+    fn timer_create(clock: libc::clockid_t, event: *mut SigEvent, timer: *mut libc::timer_t)
+        -> c_int = timers::timer_create(clock, event, timer);
+    /// # Safety
+    /// Called by the program as `timer_delete(2)`.
+    fn timer_delete(timer: libc::timer_t) -> c_int = timers::timer_delete(timer);
+    /// # Safety
+    /// Called by the program as `execve(2)`.
+    fn execve(path: *const c_char, argv: Argv, envp: Argv)
+        -> c_int = exec::execve(path, argv, envp);
+    /// # Safety
+    /// Called by the program as `execv(3)`.
+    fn execv(path: *const c_char, argv: Argv) -> c_int = exec::execv(path, argv);
+    /// # Safety
+    /// Called by the program as `execvp(3)`.
+    fn execvp(file: *const c_char, argv: Argv) -> c_int = exec::execvp(file, argv);
+    /// # Safety
+    /// Called by the program as `execvpe(3)`.
+    fn execvpe(file: *const c_char, argv: Argv, envp: Argv)
+        -> c_int = exec::execvpe(file, argv, envp);
+    /// # Safety
+    /// Called by the program as `fexecve(3)`.
+    fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int = exec::fexecve(fd, argv, envp);
+    /// # Safety
+    /// Called by the program as `posix_spawn(3)`.
+    fn posix_spawn(
+        pid: *mut libc::pid_t, path: *const c_char, actions: SpawnActions, attr: SpawnAttr,
+        argv: Argv, envp: Argv,
+    ) -> c_int = exec::posix_spawn(false, pid, path, actions, attr, argv, envp);
+    /// # Safety
+    /// Called by the program as `posix_spawnp(3)`.
+    fn posix_spawnp(
+        pid: *mut libc::pid_t, file: *const c_char, actions: SpawnActions, attr: SpawnAttr,
+        argv: Argv, envp: Argv,
+    ) -> c_int = exec::posix_spawn(true, pid, file, actions, attr, argv, envp);
+    /// # Safety
+    /// Called by the program as `setenv(3)`.
+    fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int)
+        -> c_int = environ::setenv(name, value, overwrite);
+    /// # Safety
+    /// Called by the program as `putenv(3)`.
+    fn putenv(string: *mut c_char) -> c_int = environ::putenv(string);
+    /// # Safety
+    /// Called by the program as `unsetenv(3)`.
+    fn unsetenv(name: *const c_char) -> c_int = environ::unsetenv(name);
+    /// # Safety
+    /// Called by the program as `clearenv(3)`.
+    fn clearenv() -> c_int = environ::clearenv();
+    /// Records what a language adapter did (the report's `adapters`).
+    ///
+    /// # Safety
+    /// `adapter` and `state` are null or NUL-terminated strings.
+    fn tllm_affinity_note_adapter(adapter: *const c_char, state: *const c_char)
+        -> i32 = with_strings(adapter, state, engine::note_adapter);
+    /// Records one line of detail for an adapter that noted its state (the report's
+    /// `adapter_details`).
+    ///
+    /// # Safety
+    /// `adapter` and `detail` are null or NUL-terminated strings.
+    fn tllm_affinity_note_adapter_detail(adapter: *const c_char, detail: *const c_char)
+        -> i32 = with_strings(adapter, detail, engine::note_adapter_detail);
 }
 
 #[no_mangle]
@@ -281,49 +210,17 @@ pub unsafe extern "C" fn tllm_affinity_report(buf: *mut c_char, len: u64) -> i64
     json.len() as i64
 }
 
-/// Records what a language adapter did (the report's `adapters`).
+/// `call` with the bytes of two C strings, or `-EINVAL` when either is null.
 ///
 /// # Safety
-/// `adapter` and `state` are null or NUL-terminated strings.
-#[no_mangle]
-pub unsafe extern "C" fn tllm_affinity_note_adapter(
-    adapter: *const c_char,
-    state: *const c_char,
-) -> i32 {
-    if adapter.is_null() || state.is_null() {
+/// `a` and `b` are null or NUL-terminated strings.
+unsafe fn with_strings(a: *const c_char, b: *const c_char, call: fn(&[u8], &[u8]) -> i32) -> i32 {
+    if a.is_null() || b.is_null() {
         return -libc::EINVAL;
     }
     // SAFETY: both are non-null and, per the contract, NUL-terminated.
-    let (adapter, state) = unsafe {
-        (
-            std::ffi::CStr::from_ptr(adapter),
-            std::ffi::CStr::from_ptr(state),
-        )
-    };
-    engine::note_adapter(adapter.to_bytes(), state.to_bytes())
-}
-
-/// Records one line of detail for an adapter that noted its state (the report's
-/// `adapter_details`).
-///
-/// # Safety
-/// `adapter` and `detail` are null or NUL-terminated strings.
-#[no_mangle]
-pub unsafe extern "C" fn tllm_affinity_note_adapter_detail(
-    adapter: *const c_char,
-    detail: *const c_char,
-) -> i32 {
-    if adapter.is_null() || detail.is_null() {
-        return -libc::EINVAL;
-    }
-    // SAFETY: both are non-null and, per the contract, NUL-terminated.
-    let (adapter, detail) = unsafe {
-        (
-            std::ffi::CStr::from_ptr(adapter),
-            std::ffi::CStr::from_ptr(detail),
-        )
-    };
-    engine::note_adapter_detail(adapter.to_bytes(), detail.to_bytes())
+    let (a, b) = unsafe { (CStr::from_ptr(a), CStr::from_ptr(b)) };
+    call(a.to_bytes(), b.to_bytes())
 }
 
 #[no_mangle]

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use tllm_affinity_core::kernel_text::node_count;
 
 /// The most of `numa_maps` read: about 100 000 mappings.
 pub const READ_LIMIT: usize = 16 << 20;
@@ -85,12 +86,6 @@ pub fn parse_numa_stat(text: &str) -> Result<BTreeMap<usize, u64>, String> {
         return Err("no anon line".into());
     }
     Ok(bytes)
-}
-
-/// `N<node>=<count>`.
-fn node_count(word: &str) -> Option<(usize, u64)> {
-    let (node, count) = word.strip_prefix('N')?.split_once('=')?;
-    Some((node.parse().ok()?, count.parse().ok()?))
 }
 
 /// Reads `numa_maps` text from `source` until its end, [`READ_LIMIT`] or `deadline`, and sums

@@ -171,11 +171,9 @@ fn to_text(plan: &CpuPlan, cx: &Context<'_>) -> String {
     let _ = writeln!(out, "CPU plan for {}", cx.how);
     let _ = writeln!(
         out,
-        "  host:          {} CPUs online, {} cores, {} NUMA node(s), {} GPU(s); this GPU on NUMA node {}",
+        "  host:          {} CPUs online, {}; this GPU on NUMA node {}",
         t.online.count(),
-        t.cores().len(),
-        t.nodes.len(),
-        t.gpus.len(),
+        crate::topo::host_counts(t),
         node_text(gpu.numa_node)
     );
     let _ = writeln!(

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use tllm_affinity_core::kernel_text::keyed_value;
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::registry::{Placement, Role, Tid};
 use tllm_affinity_core::threadtable;
@@ -185,11 +186,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
     let mut threads = Vec::with_capacity(statuses.len());
     for (tid, status) in statuses {
         let task = proc_dir.join(format!("task/{tid}"));
-        let Some(mask_text) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .map(|v| v.trim().to_string())
-        else {
+        let Some(mask_text) = keyed_value(&status, "Cpus_allowed_list").map(str::to_string) else {
             continue;
         };
         let name = std::fs::read_to_string(task.join("comm"))
@@ -238,10 +235,8 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
 /// The effective uid of the process (`Uid:` in `/proc/<pid>/status`, as our namespace sees it):
 /// the library creates its table as that user.
 fn owner_of(proc_dir: &Path) -> Option<u32> {
-    std::fs::read_to_string(proc_dir.join("status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
+    let status = std::fs::read_to_string(proc_dir.join("status")).ok()?;
+    keyed_value(&status, "Uid")?
         .split_whitespace()
         .nth(1)?
         .parse()
@@ -254,9 +249,7 @@ fn innermost_id(proc_dir: &Path) -> Option<u32> {
 }
 
 fn nspid_last(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
+    keyed_value(status, "NSpid")?
         .split_whitespace()
         .last()?
         .parse()

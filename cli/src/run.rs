@@ -263,49 +263,33 @@ pub fn preload_value(library: &Path, existing: Option<&OsStr>) -> Result<OsStrin
 
 /// The library variables the options name, each checked by the library's own parser.
 fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure> {
-    let absolute = |p: &PathBuf| -> Result<OsString, Failure> {
-        // Absolute, so that a program that changes directory still finds them.
+    // Absolute, so that a program that changes directory still finds them.
+    let absolute = |path: &Option<PathBuf>| -> Result<Option<OsString>, Failure> {
+        let Some(p) = path else { return Ok(None) };
         std::path::absolute(p)
-            .map(PathBuf::into_os_string)
+            .map(|p| Some(p.into_os_string()))
             .map_err(|e| Failure::usage(format!("'{}': {e}", p.display())))
     };
+    let text = |value: &Option<String>| value.clone().map(OsString::from);
     let mut env: Vec<(&'static str, OsString)> = Vec::new();
     let mut put = |name, value: Option<OsString>| {
         if let Some(v) = value {
             env.push((name, v));
         }
     };
-    put("TLLM_AFFINITY_POLICY", args.policy.clone().map(Into::into));
-    put("TLLM_AFFINITY_CPUS", args.cpus.clone().map(Into::into));
-    put(
-        "TLLM_AFFINITY_WORKER_LIBS",
-        args.worker_libs.clone().map(Into::into),
-    );
-    put(
-        "TLLM_AFFINITY_PROCESS_ROLE",
-        args.process_role.clone().map(Into::into),
-    );
-    put(
-        "TLLM_AFFINITY_STEP_CORE",
-        args.step_core.clone().map(Into::into),
-    );
-    put("TLLM_AFFINITY_LOG", args.log.clone().map(Into::into));
-    put(
-        "TLLM_AFFINITY_REPORT",
-        args.report.as_ref().map(absolute).transpose()?,
-    );
+    put("TLLM_AFFINITY_POLICY", text(&args.policy));
+    put("TLLM_AFFINITY_CPUS", text(&args.cpus));
+    put("TLLM_AFFINITY_WORKER_LIBS", text(&args.worker_libs));
+    put("TLLM_AFFINITY_PROCESS_ROLE", text(&args.process_role));
+    put("TLLM_AFFINITY_STEP_CORE", text(&args.step_core));
+    put("TLLM_AFFINITY_LOG", text(&args.log));
+    put("TLLM_AFFINITY_REPORT", absolute(&args.report)?);
     put(
         "TLLM_AFFINITY_GPU",
         args.gpu.as_deref().map(gpu_value).transpose()?,
     );
-    put(
-        "TLLM_AFFINITY_SYSFS_ROOT",
-        args.sysfs_root.as_ref().map(absolute).transpose()?,
-    );
-    put(
-        "TLLM_AFFINITY_LOCK_DIR",
-        args.lock_dir.as_ref().map(absolute).transpose()?,
-    );
+    put("TLLM_AFFINITY_SYSFS_ROOT", absolute(&args.sysfs_root)?);
+    put("TLLM_AFFINITY_LOCK_DIR", absolute(&args.lock_dir)?);
     put("TLLM_AFFINITY_STRICT", args.strict.then(|| "1".into()));
     let lookup = |name: &str| {
         env.iter()

@@ -75,6 +75,19 @@ _UNAVAILABLE = (
     "(it must be preloaded, not loaded later, to see every thread being created)"
 )
 
+# The C ABI's prototypes (include/tllm_affinity.h), the names without their `tllm_affinity_`,
+# grouped by signature: (return type, argument types, names).
+_PROTOTYPES = (
+    (ctypes.c_int64, [ctypes.c_int32], ("configure", "begin_worker_scope")),
+    (ctypes.c_int32, [ctypes.c_int64], ("release", "end_worker_scope")),
+    (ctypes.c_int32, [ctypes.c_int32], ("role", "pin_step_thread", "pin_result_thread")),
+    (ctypes.c_int64, [ctypes.c_char_p, ctypes.c_uint64], ("report",)),
+    (ctypes.c_char_p, [], ("version",)),
+    (ctypes.c_int32, [ctypes.c_char_p, ctypes.c_char_p], ("note_adapter", "note_adapter_detail")),
+)
+# An older library has none of these.
+_OPTIONAL = {"note_adapter_detail"}
+
 _lib_lock = threading.Lock()
 _lib = None
 _lib_checked = False
@@ -92,30 +105,12 @@ def _load():
         except (OSError, AttributeError):
             lib = None
         if lib is not None:
-            lib.tllm_affinity_configure.restype = ctypes.c_int64
-            lib.tllm_affinity_configure.argtypes = [ctypes.c_int32]
-            lib.tllm_affinity_release.restype = ctypes.c_int32
-            lib.tllm_affinity_release.argtypes = [ctypes.c_int64]
-            lib.tllm_affinity_begin_worker_scope.restype = ctypes.c_int64
-            lib.tllm_affinity_begin_worker_scope.argtypes = [ctypes.c_int32]
-            lib.tllm_affinity_end_worker_scope.restype = ctypes.c_int32
-            lib.tllm_affinity_end_worker_scope.argtypes = [ctypes.c_int64]
-            lib.tllm_affinity_role.restype = ctypes.c_int32
-            lib.tllm_affinity_role.argtypes = [ctypes.c_int32]
-            lib.tllm_affinity_pin_step_thread.restype = ctypes.c_int32
-            lib.tllm_affinity_pin_step_thread.argtypes = [ctypes.c_int32]
-            lib.tllm_affinity_pin_result_thread.restype = ctypes.c_int32
-            lib.tllm_affinity_pin_result_thread.argtypes = [ctypes.c_int32]
-            lib.tllm_affinity_report.restype = ctypes.c_int64
-            lib.tllm_affinity_report.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
-            lib.tllm_affinity_version.restype = ctypes.c_char_p
-            lib.tllm_affinity_version.argtypes = []
-            lib.tllm_affinity_note_adapter.restype = ctypes.c_int32
-            lib.tllm_affinity_note_adapter.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-            detail = getattr(lib, "tllm_affinity_note_adapter_detail", None)
-            if detail is not None:  # an older library has none
-                detail.restype = ctypes.c_int32
-                detail.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+            for restype, argtypes, names in _PROTOTYPES:
+                for name in names:
+                    if name in _OPTIONAL and not hasattr(lib, "tllm_affinity_" + name):
+                        continue
+                    function = getattr(lib, "tllm_affinity_" + name)
+                    function.restype, function.argtypes = restype, argtypes
         _lib = lib
         _lib_checked = True
         return lib

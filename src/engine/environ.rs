@@ -148,8 +148,7 @@ fn text_of(ptr: *const c_char) -> String {
 /// The arguments are those of `setenv(3)`.
 pub unsafe fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int) -> c_int {
     let Some(real_setenv) = super::real::setenv() else {
-        sys::set_errno(libc::ENOSYS);
-        return -1;
+        return super::real::not_found();
     };
     // SAFETY: the caller's arguments, passed on unchanged.
     let rc = unsafe { real_setenv(name, value, overwrite) };
@@ -166,8 +165,7 @@ pub unsafe fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int
 /// The argument is that of `putenv(3)`.
 pub unsafe fn putenv(string: *mut c_char) -> c_int {
     let Some(real_putenv) = super::real::putenv() else {
-        sys::set_errno(libc::ENOSYS);
-        return -1;
+        return super::real::not_found();
     };
     // SAFETY: the caller's argument, passed on unchanged.
     let rc = unsafe { real_putenv(string) };
@@ -196,8 +194,7 @@ pub unsafe fn putenv(string: *mut c_char) -> c_int {
 /// The argument is that of `unsetenv(3)`.
 pub unsafe fn unsetenv(name: *const c_char) -> c_int {
     let Some(real_unsetenv) = super::real::unsetenv() else {
-        sys::set_errno(libc::ENOSYS);
-        return -1;
+        return super::real::not_found();
     };
     // SAFETY: the caller's argument, passed on unchanged.
     let rc = unsafe { real_unsetenv(name) };
@@ -214,8 +211,7 @@ pub unsafe fn unsetenv(name: *const c_char) -> c_int {
 /// As `clearenv(3)`.
 pub unsafe fn clearenv() -> c_int {
     let Some(real_clearenv) = super::real::clearenv() else {
-        sys::set_errno(libc::ENOSYS);
-        return -1;
+        return super::real::not_found();
     };
     // SAFETY: no arguments.
     let rc = unsafe { real_clearenv() };

@@ -15,7 +15,7 @@ use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use super::real;
+use super::real::{self, Argv};
 use crate::launch::{self, LaunchId, StackText};
 use crate::mask::CpuMask;
 
@@ -182,16 +182,34 @@ fn current_environ() -> *const *const c_char {
 
 /// # Safety
 /// The arguments are those of `execve(2)`.
-pub unsafe fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
+pub unsafe fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int {
+    // SAFETY: the caller's arguments, those of the real `execve`.
+    unsafe { with_envp(path, argv, envp, real::execve()) }
+}
+
+/// # Safety
+/// The arguments are those of `execvpe(3)`.
+pub unsafe fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int {
+    // SAFETY: the caller's arguments, those of the real `execvpe`.
+    unsafe { with_envp(file, argv, envp, real::execvpe()) }
+}
+
+/// The body of the exec functions given an environment: `real` (the real `execve` or
+/// `execvpe`) with `envp`, or with a copy of it plus the hand-over.
+///
+/// # Safety
+/// `name`, `argv` and `envp` are the arguments of `real`.
+unsafe fn with_envp(
+    name: *const c_char,
+    argv: Argv,
+    envp: Argv,
+    real: Option<real::Execve>,
 ) -> c_int {
-    let Some(real) = real::execve() else {
-        return fail_enosys();
+    let Some(real) = real else {
+        return real::not_found();
     };
     // SAFETY: the caller's arguments; the environment is theirs or a copy of it plus ours.
-    unsafe { with_handover(envp, |e| real(path, argv, e)) }
+    unsafe { with_handover(envp, |e| real(name, argv, e)) }
 }
 
 /// # Safety
@@ -221,7 +239,7 @@ unsafe fn with_environ(
     twin: Option<real::Execve>,
 ) -> c_int {
     let (Some(plain), Some(twin)) = (plain, twin) else {
-        return fail_enosys();
+        return real::not_found();
     };
     let envp = current_environ();
     // SAFETY: as in `execve`; the caller's arguments with `environ` or a copy of it plus ours.
@@ -237,24 +255,10 @@ unsafe fn with_environ(
 }
 
 /// # Safety
-/// The arguments are those of `execvpe(3)`.
-pub unsafe fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    let Some(real) = real::execvpe() else {
-        return fail_enosys();
-    };
-    // SAFETY: as in `execve`.
-    unsafe { with_handover(envp, |e| real(file, argv, e)) }
-}
-
-/// # Safety
 /// The arguments are those of `fexecve(3)`.
-pub unsafe fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+pub unsafe fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int {
     let Some(real) = real::fexecve() else {
-        return fail_enosys();
+        return real::not_found();
     };
     // SAFETY: as in `execve`.
     unsafe { with_handover(envp, |e| real(fd, argv, e)) }
@@ -281,11 +285,6 @@ pub unsafe fn posix_spawn(
     };
     // SAFETY: as in `execve`; posix_spawn copies the environment before it returns.
     unsafe { with_handover(envp, |e| real(pid, path, actions, attr, argv, e)) }
-}
-
-fn fail_enosys() -> c_int {
-    crate::sys::set_errno(libc::ENOSYS);
-    -1
 }
 
 #[cfg(test)]

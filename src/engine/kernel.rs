@@ -1,6 +1,7 @@
 //! The real kernel behind the registry model: [`Kernel`] runs the model's [`ThreadMasks`] on the
 //! raw syscalls of [`crate::sys`].
 
+use crate::kernel_text::stat_field;
 use crate::mask::CpuMask;
 use crate::registry::{ThreadMasks, Tid};
 use crate::sys::{get_mask, set_mask, with_mask};
@@ -16,13 +17,10 @@ impl ThreadMasks for Kernel {
         set_mask(tid, mask)
     }
     fn thread_count(&self) -> usize {
-        // Field 20 of /proc/self/stat, counted from the last ')' (the name may hold spaces).
+        // Field 20 of /proc/self/stat: the number of threads.
         std::fs::read_to_string("/proc/self/stat")
             .ok()
-            .and_then(|stat| {
-                let after = &stat[stat.rfind(')')? + 1..];
-                after.split_whitespace().nth(17)?.parse().ok()
-            })
+            .and_then(|stat| stat_field(&stat, 20))
             .unwrap_or_else(|| self.thread_ids().len())
     }
     fn thread_ids(&self) -> Vec<Tid> {

@@ -33,8 +33,7 @@ pub unsafe fn sched_setaffinity(
     mask: *const libc::cpu_set_t,
 ) -> c_int {
     let Some(real_set) = real::sched_setaffinity() else {
-        sys::set_errno(libc::ENOSYS);
-        return -1;
+        return real::not_found();
     };
     // SAFETY: the caller's own arguments, passed on unchanged.
     let call = || unsafe { real_set(pid, size, mask) } == 0;

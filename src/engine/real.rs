@@ -26,7 +26,8 @@ pub type SchedSetaffinity =
 pub type PthreadSetaffinity =
     unsafe extern "C" fn(libc::pthread_t, libc::size_t, *const libc::cpu_set_t) -> c_int;
 pub type Dlclose = unsafe extern "C" fn(*mut c_void) -> c_int;
-type Argv = *const *const c_char;
+/// An `argv` or `envp`: a null-terminated array of NUL-terminated strings.
+pub type Argv = *const *const c_char;
 pub type Execve = unsafe extern "C" fn(*const c_char, Argv, Argv) -> c_int;
 pub type Execv = unsafe extern "C" fn(*const c_char, Argv) -> c_int;
 pub type Fexecve = unsafe extern "C" fn(c_int, Argv, Argv) -> c_int;
@@ -160,24 +161,25 @@ pub fn pthread_create() -> Option<PthreadCreate> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, PthreadCreate>(addr) })
 }
 
-pub fn sched_setaffinity() -> Option<SchedSetaffinity> {
-    let addr = resolve(
-        &SCHED_SETAFFINITY,
-        c"sched_setaffinity",
-        Some(c"GLIBC_2.3.4"),
-    );
-    // SAFETY: the GLIBC_2.3.4 version of sched_setaffinity has the declared three-argument ABI.
-    (addr != 0).then(|| unsafe { std::mem::transmute::<usize, SchedSetaffinity>(addr) })
+/// Declares each resolver from its cache, its name, the version asked for (`None`: whatever
+/// `dlsym` finds) and its type.
+macro_rules! resolvers {
+    ($($fn:ident, $cache:ident, $name:literal, $version:expr, $ty:ty;)*) => {$(
+        pub fn $fn() -> Option<$ty> {
+            let addr = resolve(&$cache, $name, $version);
+            // SAFETY: a non-null address from dlsym (dlvsym, for a version) for this name is
+            // glibc's function of that name (and version), whose ABI is the declared type.
+            (addr != 0).then(|| unsafe { std::mem::transmute::<usize, $ty>(addr) })
+        }
+    )*};
 }
 
-pub fn pthread_setaffinity_np() -> Option<PthreadSetaffinity> {
-    let addr = resolve(
-        &PTHREAD_SETAFFINITY,
-        c"pthread_setaffinity_np",
-        Some(c"GLIBC_2.3.4"),
-    );
-    // SAFETY: the GLIBC_2.3.4 version of pthread_setaffinity_np has the declared ABI.
-    (addr != 0).then(|| unsafe { std::mem::transmute::<usize, PthreadSetaffinity>(addr) })
+// By version: older glibc hands `dlsym` callers the two-argument GLIBC_2.3.3 ABI.
+resolvers! {
+    sched_setaffinity, SCHED_SETAFFINITY, c"sched_setaffinity", Some(c"GLIBC_2.3.4"),
+        SchedSetaffinity;
+    pthread_setaffinity_np, PTHREAD_SETAFFINITY, c"pthread_setaffinity_np", Some(c"GLIBC_2.3.4"),
+        PthreadSetaffinity;
 }
 
 pub fn dlclose() -> Option<Dlclose> {
@@ -187,18 +189,20 @@ pub fn dlclose() -> Option<Dlclose> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, Dlclose>(addr) })
 }
 
+/// What a shim returns when the real function it stands for cannot be found: -1 with `errno`
+/// `ENOSYS`, as glibc's stubs for a missing function do.
+pub fn not_found() -> c_int {
+    crate::sys::set_errno(libc::ENOSYS);
+    -1
+}
+
 /// Functions looked up by name alone, resolved at load: a `vfork` child (which may exec or set
 /// its environment) must never enter the loader, nor a thread registering its exit destructors
 /// while another thread's `dlopen` holds the loader lock.
 macro_rules! by_name {
-    ($($fn:ident, $cache:ident, $name:literal, $ty:ty;)*) => {$(
-        pub fn $fn() -> Option<$ty> {
-            let addr = resolve(&$cache, $name, None);
-            // SAFETY: a non-null address from dlsym for this name is glibc's function of that
-            // name, whose ABI is the declared type.
-            (addr != 0).then(|| unsafe { std::mem::transmute::<usize, $ty>(addr) })
-        }
-    )*};
+    ($($fn:ident, $cache:ident, $name:literal, $ty:ty;)*) => {
+        resolvers! { $($fn, $cache, $name, None, $ty;)* }
+    };
 }
 
 by_name! {

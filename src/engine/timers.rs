@@ -32,8 +32,7 @@ pub unsafe fn timer_create(
     timer: *mut libc::timer_t,
 ) -> c_int {
     let Some(real_create) = real::timer_create() else {
-        sys::set_errno(libc::ENOSYS);
-        return -1;
+        return real::not_found();
     };
     // SAFETY: the caller's sigevent, when not null, is readable (timer_create(2)).
     let wanted = unsafe { event.as_ref() }
@@ -70,8 +69,7 @@ pub unsafe fn timer_create(
 /// The argument is that of `timer_delete(2)`.
 pub unsafe fn timer_delete(timer: libc::timer_t) -> c_int {
     let Some(real_delete) = real::timer_delete() else {
-        sys::set_errno(libc::ENOSYS);
-        return -1;
+        return real::not_found();
     };
     // SAFETY: the caller's timer id, passed on unchanged.
     let rc = unsafe { real_delete(timer) };
