@@ -96,10 +96,15 @@ pub(super) fn queue_observed(tid: Tid) {
 /// Takes the queued observations into `reg`: each named thread becomes `explicit` with the mask
 /// the kernel holds now. Called with the registry lock held, outside births and exits (it reads
 /// masks into new allocations).
+#[inline]
 fn take_queued(reg: &mut Registry) {
-    if !ANY_QUEUED.load(Ordering::Acquire) {
-        return;
+    if ANY_QUEUED.load(Ordering::Acquire) {
+        take_queued_now(reg);
     }
+}
+
+#[cold]
+fn take_queued_now(reg: &mut Registry) {
     ANY_QUEUED.store(false, Ordering::Release);
     for cell in &QUEUED {
         let tid = cell.swap(0, Ordering::AcqRel);
