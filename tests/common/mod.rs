@@ -999,6 +999,14 @@ pub fn report_thread(report: &serde_json::Value, tid: i32) -> &serde_json::Value
         .unwrap_or_else(|| panic!("thread {tid} is not in the report {report}"))
 }
 
+/// Each of `parts` is in `text` (a program's output; the whole of it in the message).
+#[track_caller]
+pub fn says(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "no {part:?} in:\n{text}");
+    }
+}
+
 /// `key=value` from a result line such as `CHILD main threads=1 role=0`.
 pub fn field(line: &str, key: &str) -> String {
     line.split_whitespace()
