@@ -1111,42 +1111,38 @@ pub const TP1_WORKERS: [&str; 5] = [
 /// The worker threads of the zero-code fixture's MpiCommSession rank 0: the session's first
 /// pool thread (where worker_main configures) and the engine it starts (tests/zero_code.rs,
 /// tests/guest.rs).
-pub const SESSION_WORKERS: [&str; 6] = [
-    "ThreadPoolExecutor-*_0",
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
+pub const SESSION_WORKERS: [&str; 6] = joined(&["ThreadPoolExecutor-*_0"], &TP1_WORKERS);
 
 /// The worker threads of the zero-code fixture's VisualGen rank 0: the worker function's thread,
 /// its pool and post-processing thread, and the two sequential LLMs' threads that outlive them
 /// (the main thread's OpenMP pool, born in the first LLM's worker scope).
-pub const VISUALGEN_WORKERS: [&str; 8] = [
-    "visual_gen_worker",
-    "visual_gen_postprocess",
-    "visual_omp",
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
+pub const VISUALGEN_WORKERS: [&str; 8] = joined(
+    &["visual_gen_worker", "visual_gen_postprocess", "visual_omp"],
+    &TP1_WORKERS,
+);
 
 /// The worker threads of the zero-code fixture's multi-node leader: rank 0's worker and engine,
 /// and every native progress thread.
-pub const LEADER_WORKERS: [&str; 9] = [
-    "ThreadPoolExecutor-*_0",
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-    "mpi_progress",
-    "nccl_progress",
-    "mpi_req",
-];
+pub const LEADER_WORKERS: [&str; 9] = joined(
+    &SESSION_WORKERS,
+    &["mpi_progress", "nccl_progress", "mpi_req"],
+);
+
+/// `head` then `tail`, in a list of exactly their length.
+const fn joined<const N: usize>(head: &[&'static str], tail: &[&'static str]) -> [&'static str; N] {
+    assert!(head.len() + tail.len() == N, "N is the two lengths");
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < head.len() {
+            head[i]
+        } else {
+            tail[i - head.len()]
+        };
+        i += 1;
+    }
+    out
+}
 
 /// The interpreter of a virtual environment holding the repo's `python/` package as `pip install`
 /// leaves it for a user (the `.pth` start-up hook included, once the package ships one):
