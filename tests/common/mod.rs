@@ -1007,6 +1007,14 @@ pub fn says(text: &str, parts: &[&str]) {
     }
 }
 
+/// None of `parts` is in `text` (the whole of it in the message).
+#[track_caller]
+pub fn never_says(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(!text.contains(part), "{part:?} in:\n{text}");
+    }
+}
+
 /// `key=value` from a result line such as `CHILD main threads=1 role=0`.
 pub fn field(line: &str, key: &str) -> String {
     line.split_whitespace()
