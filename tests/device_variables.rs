@@ -15,20 +15,10 @@ use common::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-struct Cpus {
-    all: String,
-    gpu0: String,
-    gpu1: String,
-}
-
-/// The masks of the simulated host; the error (for `require!`) on a host with one CPU.
-fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
-    two_cpus("two GPUs with different local CPUs")?;
-    Ok(Cpus {
-        all: allowed_cpus().to_list(),
-        gpu0: sysfs.node1.to_list(),
-        gpu1: sysfs.node0.to_list(),
-    })
+/// The masks of the simulated host (GPU 0's local set, GPU 1's the other node's); the error
+/// (for `require!`) on a host with one CPU.
+fn cpus(sysfs: &Sysfs) -> Result<HostCpus, String> {
+    sysfs.cpus("two GPUs with different local CPUs")
 }
 
 fn follow_cmd(sysfs: &Sysfs, steps: &[&str]) -> Command {
@@ -77,7 +67,7 @@ fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
     let mut cmd = follow_cmd(&sysfs, &steps);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
     let (phases, stderr) = run_steps(cmd, steps.len());
-    let expected = [&c.gpu0, &c.gpu1, &c.gpu1, &c.gpu0, &c.gpu1];
+    let expected = [&c.local, &c.other, &c.other, &c.local, &c.other];
     for (phase, mask) in phases.iter().zip(expected) {
         expect(
             phase,
@@ -113,7 +103,7 @@ fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
     expect(
         &phases[0],
         All,
-        worker_on(&c.gpu0),
+        worker_on(&c.local),
         &format!("stderr:\n{}", &stderr),
     );
     expect(
@@ -150,7 +140,9 @@ fn configure_reads_the_device_variables_as_they_are_at_the_call() {
     let cmd = follow_cmd(&sysfs, &steps);
     let (phases, stderr) = run_steps(cmd, steps.len());
     // Thread `a` (the one that configures): its mask after each step.
-    let a = [&c.all, &c.all, &c.gpu1, &c.gpu1, &c.gpu0, &c.gpu0, &c.gpu1];
+    let a = [
+        &c.all, &c.all, &c.other, &c.other, &c.local, &c.local, &c.other,
+    ];
     for (phase, mask) in phases.iter().zip(a) {
         assert_eq!(&phase.mask("a"), mask, "{}\n{stderr}", describe(phase));
         for (name, t) in phase.threads.iter().filter(|(n, _)| *n != "a") {
@@ -185,13 +177,13 @@ fn a_vfork_child_setting_the_variables_moves_nothing_and_errno_passes_through() 
     expect(
         &vforked,
         All,
-        worker_on(&c.gpu0),
+        worker_on(&c.local),
         &format!("stderr:\n{}", &end.stderr),
     );
     expect(
         &set,
         All,
-        worker_on(&c.gpu1),
+        worker_on(&c.other),
         &format!("stderr:\n{}", &end.stderr),
     );
     assert_eq!(

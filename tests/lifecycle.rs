@@ -19,22 +19,10 @@ use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-struct Cpus {
-    all: String,
-    local: String,
-    other: String,
-}
-
 /// The three masks of the simulated host; the error (for `require!`) on a machine with a single
 /// allowed CPU, where host and worker masks cannot differ.
-fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
-    let all = allowed_cpus();
-    two_cpus("host and worker masks that differ")?;
-    Ok(Cpus {
-        all: all.to_list(),
-        local: sysfs.node1.to_list(),
-        other: sysfs.node0.to_list(),
-    })
+fn cpus(sysfs: &Sysfs) -> Result<HostCpus, String> {
+    sysfs.cpus("host and worker masks that differ")
 }
 
 fn life() -> PathBuf {

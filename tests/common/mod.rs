@@ -373,6 +373,27 @@ impl Sysfs {
     }
 }
 
+/// The simulated host's masks as CPU lists: every allowed CPU, device 0's GPU-local set (node1)
+/// and the other node's CPUs (node0, device 1's).
+pub struct HostCpus {
+    pub all: String,
+    pub local: String,
+    pub other: String,
+}
+
+impl Sysfs {
+    /// [`HostCpus`]; the error (for [`require!`]) on a host with one CPU, where they cannot
+    /// differ as `why` needs.
+    pub fn cpus(&self, why: &str) -> Result<HostCpus, String> {
+        two_cpus(why)?;
+        Ok(HostCpus {
+            all: allowed_cpus().to_list(),
+            local: self.node1.to_list(),
+            other: self.node0.to_list(),
+        })
+    }
+}
+
 /// A command with the library preloaded and the simulated topology in place.
 pub fn preloaded(program: impl AsRef<std::ffi::OsStr>, sysfs: &Sysfs) -> Command {
     let mut cmd = Command::new(program);
