@@ -64,6 +64,20 @@ fn probe(cmd: &mut Command) -> (Value, String) {
     (serde_json::from_str(line).unwrap(), stderr)
 }
 
+/// A user's `sitecustomize.py` holding `code`, in a directory of its own, and a PYTHONPATH of
+/// that directory then the upstream case.
+fn user_site(code: &str) -> (tempfile::TempDir, std::ffi::OsString) {
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("sitecustomize.py"), code).unwrap();
+    let path = std::env::join_paths([site.path().to_path_buf(), case("upstream")]).unwrap();
+    (site, path)
+}
+
+/// The library said nothing.
+fn no_library_line(stderr: &str) {
+    assert!(lines_with(stderr, "[tllm-affinity]").is_empty(), "{stderr}");
+}
+
 fn lines_with<'a>(stderr: &'a str, needle: &str) -> Vec<&'a str> {
     stderr.lines().filter(|l| l.contains(needle)).collect()
 }
@@ -127,7 +141,7 @@ fn run_wraps_configure_in_an_unmodified_program() {
         adapter_line.contains(" 1/"),
         "one lease opened: {adapter_line}"
     );
-    assert!(ps.contains("memory per node: node 0 "), "{ps}");
+    says(&ps, &["memory per node: node 0 "]);
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "engaged");
     // What engaged, in one line: the version, the callers and their leases.
     let detail = report_at(&report)["adapter_details"]["trtllm"].clone();
@@ -145,10 +159,7 @@ fn run_wraps_configure_in_an_unmodified_program() {
             .starts_with(hook_dir().to_str().unwrap()),
         "{v}"
     );
-    assert!(
-        lines_with(&stderr, "[tllm-affinity]").is_empty(),
-        "{stderr}"
-    );
+    no_library_line(&stderr);
 }
 
 #[test]
@@ -235,13 +246,7 @@ fn the_hook_reaches_every_rank_of_mpirun() {
 #[test]
 fn the_hook_chains_to_the_users_sitecustomize() {
     let host = Sysfs::two_nodes();
-    let site = tempfile::tempdir().unwrap();
-    std::fs::write(
-        site.path().join("sitecustomize.py"),
-        "import builtins\nbuiltins.USER_SITECUSTOMIZE_RAN = True\n",
-    )
-    .unwrap();
-    let path = std::env::join_paths([site.path().to_path_buf(), case("upstream")]).unwrap();
+    let (site, path) = user_site("import builtins\nbuiltins.USER_SITECUSTOMIZE_RAN = True\n");
     let (v, _) = probe(under_run(&host, "upstream", &[], &["probe", "0"]).env("PYTHONPATH", path));
     assert_eq!(v["user_sitecustomize"], true, "{v}");
     assert_eq!(
@@ -287,13 +292,7 @@ fn the_hook_chains_to_debians_own_sitecustomize() {
 #[test]
 fn a_broken_user_sitecustomize_is_one_line_and_the_hook_still_works() {
     let host = Sysfs::two_nodes();
-    let site = tempfile::tempdir().unwrap();
-    std::fs::write(
-        site.path().join("sitecustomize.py"),
-        "raise RuntimeError('the site is misconfigured')\n",
-    )
-    .unwrap();
-    let path = std::env::join_paths([site.path().to_path_buf(), case("upstream")]).unwrap();
+    let (_site, path) = user_site("raise RuntimeError('the site is misconfigured')\n");
     let (v, stderr) =
         probe(under_run(&host, "upstream", &[], &["probe", "0"]).env("PYTHONPATH", path));
     assert_engaged(&v, &host, "broken sitecustomize");
@@ -326,10 +325,7 @@ fn an_unimportable_tensorrt_llm_fails_exactly_as_without_us() {
         "tensorrt_llm bindings are not built for this Python"
     );
     assert_eq!(with["import_error"], without["import_error"]);
-    assert!(
-        lines_with(&stderr, "[tllm-affinity]").is_empty(),
-        "{stderr}"
-    );
+    no_library_line(&stderr);
 }
 
 #[test]
@@ -420,10 +416,7 @@ fn without_the_library_the_hook_changes_nothing() {
     let (v, stderr) = probe(&mut cmd);
     assert_upstream_ran(&v, "no library");
     assert!(v["adapter"].is_null(), "the adapter was imported: {v}");
-    assert!(
-        lines_with(&stderr, "[tllm-affinity]").is_empty(),
-        "{stderr}"
-    );
+    no_library_line(&stderr);
 }
 
 /// A call site with another signature (`BaseWorker._get_comm_ranks_device_id(self, rank)`) and a

@@ -138,10 +138,7 @@ fn a_passive_library_gives_an_inert_lease_and_a_warning() {
         &[("TLLM_AFFINITY_POLICY", "bogus")],
     ));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("TLLM_AFFINITY_POLICY='bogus' is not valid"),
-        "{stderr}"
-    );
+    says(&stderr, &["TLLM_AFFINITY_POLICY='bogus' is not valid"]);
     assert_eq!(v["available"], true);
     assert_eq!(v["inert"], true);
     assert_eq!(v["id"], Value::Null);
