@@ -759,11 +759,7 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
         let end = run.finish();
         assert!(end.status.success(), "{case}: {}", end.stderr);
         if answer < 0 {
-            let lines: Vec<&str> = end
-                .stderr
-                .lines()
-                .filter(|l| l.starts_with("[tllm-affinity]"))
-                .collect();
+            let lines = lines_starting(&end.stderr, "[tllm-affinity]");
             assert_eq!(lines.len(), 1, "{case}: one line\n{}", end.stderr);
             assert!(lines[0].contains("CUDA_VISIBLE_DEVICES"), "{}", lines[0]);
             assert!(lines[0].contains(uuid), "{}", lines[0]);

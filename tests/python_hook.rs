@@ -386,10 +386,7 @@ fn a_device_the_library_cannot_resolve_pins_nothing_and_raises_nothing() {
     assert_eq!(mask_of(&v["thread"]["mask"]), allowed_cpus(), "{v}");
     assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{v}");
     assert_eq!(v["calls"], serde_json::json!([]), "{v}");
-    let said: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("[tllm-affinity]"))
-        .collect();
+    let said = lines_starting(&stderr, "[tllm-affinity]");
     assert_eq!(said.len(), 1, "{stderr}");
     assert!(said[0].contains("no mask changed"), "{stderr}");
 }

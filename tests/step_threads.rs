@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{library, program, python, Driver, DEADLINE};
+use common::{library, lines_starting, program, python, Driver, DEADLINE};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -160,10 +160,7 @@ impl Run {
     }
 
     fn warnings(&self) -> Vec<&str> {
-        self.stderr
-            .lines()
-            .filter(|l| l.starts_with("[tllm-affinity] warning:"))
-            .collect()
+        lines_starting(&self.stderr, "[tllm-affinity] warning:")
     }
 }
 
@@ -301,11 +298,7 @@ fn a_cpu_outside_the_mask_fails_at_startup_and_pins_return_einval() {
             &["--step", "0", "--result", "0"],
         )
         .ok();
-    let errors: Vec<&str> = run
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with("[tllm-affinity] error:"))
-        .collect();
+    let errors = lines_starting(&run.stderr, "[tllm-affinity] error:");
     assert_eq!(errors.len(), 1, "{}", run.stderr);
     assert!(
         errors[0].contains(&format!(

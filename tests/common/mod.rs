@@ -1020,6 +1020,12 @@ pub fn report_thread(report: &serde_json::Value, tid: i32) -> &serde_json::Value
         .unwrap_or_else(|| panic!("thread {tid} is not in the report {report}"))
 }
 
+/// The lines of `text` (a program's stderr) that start with `prefix`: `"[tllm-affinity]"` for
+/// every line of the library's, `"[tllm-affinity] error:"` for its errors.
+pub fn lines_starting<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
 /// Each of `parts` is in `text` (a program's output; the whole of it in the message).
 #[track_caller]
 pub fn says(text: &str, parts: &[&str]) {
