@@ -141,7 +141,7 @@ fn run_wraps_configure_in_an_unmodified_program() {
         adapter_line.contains(" 1/"),
         "one lease opened: {adapter_line}"
     );
-    says(&ps, &["memory per node: node 0 "]);
+    says(ps, &["memory per node: node 0 "]);
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "engaged");
     // What engaged, in one line: the version, the callers and their leases.
     let detail = report_at(&report)["adapter_details"]["trtllm"].clone();
