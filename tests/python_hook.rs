@@ -39,6 +39,11 @@ fn under_run(host: &Sysfs, case_name: &str, options: &[&str], args: &[&str]) -> 
     cmd
 }
 
+/// [`under_run`] of `hook_probe.py probe 0` over the upstream-shaped package.
+fn upstream_probe(host: &Sysfs, options: &[&str]) -> Command {
+    under_run(host, "upstream", options, &["probe", "0"])
+}
+
 fn output(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("spawn");
     assert!(
@@ -76,6 +81,13 @@ fn user_site(code: &str) -> (tempfile::TempDir, std::ffi::OsString) {
 /// The library said nothing.
 fn no_library_line(stderr: &str) {
     assert!(lines_with(stderr, "[tllm-affinity]").is_empty(), "{stderr}");
+}
+
+/// The one line of `stderr` that holds `needle` (there must be exactly one).
+fn said_once<'a>(stderr: &'a str, needle: &str) -> &'a str {
+    let said = lines_with(stderr, needle);
+    assert_eq!(said.len(), 1, "{stderr}");
+    said[0]
 }
 
 fn lines_with<'a>(stderr: &'a str, needle: &str) -> Vec<&'a str> {
@@ -125,10 +137,7 @@ fn run_wraps_configure_in_an_unmodified_program() {
     let host = Sysfs::two_nodes();
     let report = host.path().join("report.json");
     let report_option = format!("--report={}", report.display());
-    let (v, stderr) = probe(
-        under_run(&host, "upstream", &[&report_option], &["probe", "0"])
-            .env("HOOK_PROBE_PS", cli()),
-    );
+    let (v, stderr) = probe(upstream_probe(&host, &[&report_option]).env("HOOK_PROBE_PS", cli()));
     assert_engaged(&v, &host, "run");
     // `ps` of the live process shows what engaged in one line, beside its memory per node.
     let ps = v["ps"].as_str().unwrap_or_default();
@@ -165,29 +174,19 @@ fn run_wraps_configure_in_an_unmodified_program() {
 #[test]
 fn no_python_hooks_and_the_variable_leave_upstream_alone() {
     let host = Sysfs::two_nodes();
-    let (v, _) = probe(&mut under_run(
-        &host,
-        "upstream",
-        &["--no-python-hooks"],
-        &["probe", "0"],
-    ));
+    let (v, _) = probe(&mut upstream_probe(&host, &["--no-python-hooks"]));
     assert_upstream_ran(&v, "--no-python-hooks");
-    let (v, _) = probe(
-        under_run(&host, "upstream", &[], &["probe", "0"]).env("TLLM_AFFINITY_PYTHON_HOOKS", "0"),
-    );
+    let (v, _) = probe(upstream_probe(&host, &[]).env("TLLM_AFFINITY_PYTHON_HOOKS", "0"));
     assert_upstream_ran(&v, "TLLM_AFFINITY_PYTHON_HOOKS=0");
 }
 
 #[test]
 fn a_malformed_switch_keeps_the_hook_on_with_one_line() {
     let host = Sysfs::two_nodes();
-    let (v, stderr) = probe(
-        under_run(&host, "upstream", &[], &["probe", "0"]).env("TLLM_AFFINITY_PYTHON_HOOKS", "yes"),
-    );
+    let (v, stderr) = probe(upstream_probe(&host, &[]).env("TLLM_AFFINITY_PYTHON_HOOKS", "yes"));
     assert_engaged(&v, &host, "TLLM_AFFINITY_PYTHON_HOOKS=yes");
-    let said = lines_with(&stderr, "TLLM_AFFINITY_PYTHON_HOOKS='yes'");
-    assert_eq!(said.len(), 1, "{stderr}");
-    assert!(said[0].contains("expected 0 or 1"), "{stderr}");
+    let said = said_once(&stderr, "TLLM_AFFINITY_PYTHON_HOOKS='yes'");
+    assert!(said.contains("expected 0 or 1"), "{stderr}");
 }
 
 #[test]
@@ -247,7 +246,7 @@ fn the_hook_reaches_every_rank_of_mpirun() {
 fn the_hook_chains_to_the_users_sitecustomize() {
     let host = Sysfs::two_nodes();
     let (site, path) = user_site("import builtins\nbuiltins.USER_SITECUSTOMIZE_RAN = True\n");
-    let (v, _) = probe(under_run(&host, "upstream", &[], &["probe", "0"]).env("PYTHONPATH", path));
+    let (v, _) = probe(upstream_probe(&host, &[]).env("PYTHONPATH", path));
     assert_eq!(v["user_sitecustomize"], true, "{v}");
     assert_eq!(
         v["sitecustomize"],
@@ -293,20 +292,11 @@ fn the_hook_chains_to_debians_own_sitecustomize() {
 fn a_broken_user_sitecustomize_is_one_line_and_the_hook_still_works() {
     let host = Sysfs::two_nodes();
     let (_site, path) = user_site("raise RuntimeError('the site is misconfigured')\n");
-    let (v, stderr) =
-        probe(under_run(&host, "upstream", &[], &["probe", "0"]).env("PYTHONPATH", path));
+    let (v, stderr) = probe(upstream_probe(&host, &[]).env("PYTHONPATH", path));
     assert_engaged(&v, &host, "broken sitecustomize");
     // site.py's own words, once, as without the hook.
-    assert_eq!(
-        lines_with(&stderr, "Error in sitecustomize").len(),
-        1,
-        "{stderr}"
-    );
-    assert_eq!(
-        lines_with(&stderr, "RuntimeError: the site is misconfigured").len(),
-        1,
-        "{stderr}"
-    );
+    said_once(&stderr, "Error in sitecustomize");
+    said_once(&stderr, "RuntimeError: the site is misconfigured");
     assert!(!stderr.contains("Traceback"), "{stderr}");
 }
 
@@ -345,9 +335,8 @@ fn a_renamed_upstream_is_said_once_and_recorded() {
         "{ps}"
     );
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "not-found");
-    let said = lines_with(&stderr, "found no configure_cpu_affinity");
-    assert_eq!(said.len(), 1, "{stderr}");
-    assert!(said[0].contains("did not engage"), "{stderr}");
+    let said = said_once(&stderr, "found no configure_cpu_affinity");
+    assert!(said.contains("did not engage"), "{stderr}");
 }
 
 #[test]
@@ -361,11 +350,7 @@ fn another_signature_is_left_alone_with_one_line() {
     ));
     assert_eq!(v["wrapped"], false, "{v}");
     assert_eq!(v["adapter"]["state"], "signature", "{v}");
-    assert_eq!(
-        lines_with(&stderr, "does not take a device id").len(),
-        1,
-        "{stderr}"
-    );
+    said_once(&stderr, "does not take a device id");
     // Upstream's own function answers the call, as it would without us.
     assert!(
         v["thread"]["raised"]
@@ -440,16 +425,8 @@ fn call_sites_of_another_shape_run_as_without_the_adapter() {
         ]),
         "upstream's own function answered both calls: {v}"
     );
-    assert_eq!(
-        lines_with(&stderr, "is not the signature the adapter knows").len(),
-        1,
-        "{stderr}"
-    );
-    assert_eq!(
-        lines_with(&stderr, "is a coroutine or generator function").len(),
-        1,
-        "{stderr}"
-    );
+    said_once(&stderr, "is not the signature the adapter knows");
+    said_once(&stderr, "is a coroutine or generator function");
 }
 
 /// The start-up hook watches exactly the adapter's modules: utils and each call site's.
