@@ -159,13 +159,13 @@ fn ps_shows_roles_from_the_table_and_the_kernels_masks() {
         "{text}"
     );
     assert!(line_of(worker).contains(" worker "), "{text}");
-    assert!(text.contains("legend:"), "{text}");
+    says(&text, &["legend:"]);
     // Piped stdout gets no colour even without --no-color.
     let plain = tllm_affinity(&["ps", &pid.to_string()]).output().unwrap();
     assert!(!stdout_of(&plain).contains('\x1b'));
     println!("$ tllm-affinity ps {pid}\n{text}");
     // Its memory per node, beside the grid: the host's one node holds it all.
-    assert!(text.contains("memory per node: node 0 "), "{text}");
+    says(&text, &["memory per node: node 0 "]);
     let resident = &v["memory"]["bytes_per_node"]["0"];
     assert!(resident.as_u64().is_some_and(|b| b > 0), "{v}");
     target.finish();
@@ -541,7 +541,7 @@ fn run_simulate_refuses_a_shared_cache_directory_that_others_may_write() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     let err = stderr_of(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("not a private directory"), "{err}");
+    says(&err, &["not a private directory"]);
     assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
 }
 
@@ -689,11 +689,13 @@ fn worker_libs_help_says_a_plain_list_replaces_and_a_plus_adds() {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    assert!(
-        help.contains("A plain list replaces the default list"),
-        "{help}"
+    says(
+        &help,
+        &[
+            "A plain list replaces the default list",
+            "a leading + adds to it",
+        ],
     );
-    assert!(help.contains("a leading + adds to it"), "{help}");
     let dry = json_from(&[
         "run",
         "--worker-libs",
@@ -718,10 +720,7 @@ fn cpus_outside_the_allowed_cpus_are_called_by_their_name() {
         .unwrap();
     assert!(out.status.success());
     let err = stderr_of(&out);
-    assert!(
-        err.contains("--cpus 4000 names no CPU this process may use"),
-        "{err}"
-    );
+    says(&err, &["--cpus 4000 names no CPU this process may use"]);
     let sim = Sysfs::two_nodes();
     let code = "import threading, tllm_affinity\n\
         t = threading.Thread(target=lambda: tllm_affinity.configure(0)); t.start(); t.join()";
@@ -734,11 +733,8 @@ fn cpus_outside_the_allowed_cpus_are_called_by_their_name() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     let err = stderr_of(&out);
-    assert!(
-        err.contains("TLLM_AFFINITY_CPUS [4000] names no CPU"),
-        "{err}"
-    );
-    assert!(!err.contains("GPU-local"), "{err}");
+    says(&err, &["TLLM_AFFINITY_CPUS [4000] names no CPU"]);
+    never_says(&err, &["GPU-local"]);
 }
 
 /// The report written at exit, after the last release put every mask back, still says what the

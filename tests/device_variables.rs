@@ -44,7 +44,7 @@ fn run_steps(cmd: Command, steps: usize) -> (Vec<Phase>, String) {
     }
     let end = run.finish();
     assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
-    assert!(end.stdout.contains("DONE"), "{}", end.stdout);
+    says(&end.stdout, &["DONE"]);
     (phases, end.stderr)
 }
 
@@ -83,11 +83,11 @@ fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
         2,
         "{stderr}"
     );
-    assert!(
-        stderr.contains("retargeting worker threads from 0000:86:00.0 to 0000:3b:00.0"),
-        "{stderr}"
+    says(
+        &stderr,
+        &["retargeting worker threads from 0000:86:00.0 to 0000:3b:00.0"],
     );
-    assert!(!stderr.contains("constrained"), "{stderr}");
+    never_says(&stderr, &["constrained"]);
 }
 
 /// A dedicated worker whose program released the load-time lease has taken placement into its
@@ -118,7 +118,7 @@ fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
         worker_on(&c.all),
         &format!("stderr:\n{}", &stderr),
     );
-    assert!(!stderr.contains("retargeting"), "{stderr}");
+    never_says(&stderr, &["retargeting"]);
 }
 
 /// In an ordinary process `configure(-1)` and `configure(N)` read the variables as they are at

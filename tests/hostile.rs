@@ -214,8 +214,7 @@ fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
         "alone, it carries the mask: {alone}"
     );
     let crowded = run(format!("{}:{}", library().display(), early.display()));
-    assert!(crowded.contains("threads=2"), "{crowded}");
-    assert!(crowded.contains("(unset)"), "{crowded}");
+    says(&crowded, &["threads=2", "(unset)"]);
 }
 
 /// Two `SCHED_FIFO` threads of different priorities on one CPU both create threads, so both

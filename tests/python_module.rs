@@ -71,7 +71,7 @@ fn configure_worker_role_and_report_move_only_worker_threads() {
     assert!(w["again_lease"].as_i64().unwrap() > w["lease"].as_i64().unwrap());
     assert_eq!(mask_of(&w["mask_after_again"]), *local);
     assert_eq!(mask_of(&w["mask_after_again_release"]), *local);
-    assert!(!stderr.contains("constrained"), "{stderr}");
+    never_says(&stderr, &["constrained"]);
     // The host thread living across the lease is never touched.
     assert_eq!(w["host_role"], "host");
     assert_eq!(mask_of(&v["host_mask_before"]), everything);
