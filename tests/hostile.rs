@@ -36,9 +36,8 @@ fn orphan_is_a_worker(configured: &Phase, local: &str) {
 }
 
 /// The host's mask and the worker mask; the error (for `require!`) on a host with one CPU.
-fn all_and_local(sysfs: &Sysfs) -> Result<(String, String), String> {
-    two_cpus("a worker mask narrower than the host's")?;
-    Ok((allowed_cpus().to_list(), sysfs.node1.to_list()))
+fn all_and_local(sysfs: &Sysfs) -> Result<HostCpus, String> {
+    sysfs.cpus("a worker mask narrower than the host's")
 }
 
 /// A `SIGUSR1` handler calls `sched_setaffinity` (async-signal-safe) while its thread is in the
@@ -61,7 +60,7 @@ fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
 #[test]
 fn vfork_and_clone_vm_children_leave_their_parent_as_it_was() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
     let mut run = start(&sysfs, &["vfork"], LIMIT);
     let report = run.report("children");
     let children = run.phase();
@@ -97,7 +96,7 @@ fn a_chain_of_short_lived_threads_keeps_memory_bounded() {
 #[test]
 fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
     let mut run = start(&sysfs, &["glibc"], LIMIT);
     let unnamed = run.line("UNNAMED");
     let configured = run.phase();
@@ -129,7 +128,7 @@ fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
 #[test]
 fn a_timers_callback_runs_with_its_creators_role_not_glibcs_helpers() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
     let mut run = start(&sysfs, &["timers"], LIMIT);
     let line = run.line("TIMERS");
     run.succeed();
@@ -149,7 +148,7 @@ fn a_timers_callback_runs_with_its_creators_role_not_glibcs_helpers() {
 #[test]
 fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
     let mut run = start(&sysfs, &["tsd"], LIMIT);
     let configured = run.phase();
     orphan_is_a_worker(&configured, &local);
@@ -166,7 +165,7 @@ fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
 #[test]
 fn a_thread_created_from_a_thread_local_destructor_is_its_exiting_creators_child() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
     let mut run = start(&sysfs, &["tlsdtor"], LIMIT);
     let exited = run.after("EXITED ");
     let (tid, role) = exited.split_once(" role=").unwrap();
