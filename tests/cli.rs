@@ -30,14 +30,7 @@ fn stderr_of(out: &Output) -> String {
 
 /// Runs and parses stdout as one JSON document; the command must succeed.
 fn json_of(cmd: &mut Command) -> Value {
-    let out = cmd.output().expect("run tllm-affinity");
-    assert!(
-        out.status.success(),
-        "{:?}: {:?}\nstderr: {}",
-        cmd,
-        out.status,
-        stderr_of(&out)
-    );
+    let out = succeeded(cmd);
     serde_json::from_str(&stdout_of(&out))
         .unwrap_or_else(|e| panic!("{e}: not JSON:\n{}", stdout_of(&out)))
 }

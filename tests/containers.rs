@@ -927,15 +927,7 @@ fn an_image_with_an_older_glibc_runs_with_the_wheels_library() {
     require!(container_tools());
     let wheel_library = require!(wheel_library());
     let bullseye = require!(bullseye_rootfs());
-    let copy = tempfile::tempdir_in(ROOTFS_CACHE).unwrap();
-    let root = copy.path().join("root");
-    let status = Command::new("cp")
-        .arg("-al")
-        .arg(&bullseye)
-        .arg(&root)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let (_copy, root) = linked_copy(&bullseye);
     std::fs::create_dir_all(root.join("opt/test")).unwrap();
     std::fs::copy(old_glibc_program(), root.join("opt/test/old_glibc")).unwrap();
     let device = Device::new("bullseye", Some(&wheel_library));

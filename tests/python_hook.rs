@@ -10,7 +10,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -44,21 +44,9 @@ fn upstream_probe(host: &Sysfs, options: &[&str]) -> Command {
     under_run(host, "upstream", options, &["probe", "0"])
 }
 
-fn output(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}\n{}",
-        cmd,
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// The probe's JSON line and the program's stderr.
 fn probe(cmd: &mut Command) -> (Value, String) {
-    let out = output(cmd);
+    let out = succeeded(cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout
         .lines()
@@ -229,7 +217,7 @@ fn the_hook_reaches_every_rank_of_mpirun() {
         .args(["probe", "0"])
         .env("PYTHONPATH", case("upstream"))
         .env("TMPDIR", session.path());
-    let out = output(&mut cmd);
+    let out = succeeded(&mut cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let ranks: Vec<Value> = stdout
         .lines()

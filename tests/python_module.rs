@@ -26,14 +26,8 @@ fn preloaded_script(host: &Sysfs, script: &str, args: &[&str], vars: &[(&str, &s
 
 /// Runs to completion and parses the one JSON line the program prints.
 fn json_of(cmd: &mut Command) -> (Value, Output) {
-    let out = cmd.output().expect("run python");
+    let out = succeeded(cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
     let line = stdout.lines().last().unwrap_or_default();
     let value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     (value, out)

@@ -989,6 +989,20 @@ pub fn http_get(port: u16, path: &str) -> std::thread::JoinHandle<String> {
     })
 }
 
+/// Runs `cmd` to its end, which must be a success (the command, its status and its output in
+/// the message).
+pub fn succeeded(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The thread ids the kernel lists for a live process.
 pub fn task_tids(pid: u32) -> std::collections::BTreeSet<i32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -1306,6 +1320,22 @@ pub fn bullseye_rootfs() -> Result<PathBuf, String> {
     }
     std::fs::rename(&partial, &rootfs).unwrap();
     Ok(rootfs)
+}
+
+/// A copy of `rootfs` made of hard links, in a directory under the cache that goes on drop, and
+/// its root: instant, and the cache stays untouched (files are only added to or removed from
+/// the copy, never written).
+pub fn linked_copy(rootfs: &Path) -> (tempfile::TempDir, PathBuf) {
+    let copy = tempfile::tempdir_in(ROOTFS_CACHE).unwrap();
+    let root = copy.path().join("root");
+    let status = Command::new("cp")
+        .arg("-al")
+        .arg(rootfs)
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cp -al {}", rootfs.display());
+    (copy, root)
 }
 
 /// `tests/programs/old_glibc.c` linked against glibc 2.17 by zig (the wheel's toolchain), so that
