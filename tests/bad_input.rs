@@ -68,6 +68,57 @@ fn shell(sysfs: &Sysfs) -> Command {
     cmd
 }
 
+/// A malformed `value` of `var`, refused at load in the C program and in `sh`, relaxed and
+/// strict: the program's own status (3), or 2 under STRICT; exactly one line, saying
+/// `<var>='<value>' is not valid: expected ` and `expected`; relaxed, that the library is passive
+/// (or, for a cosmetic variable, uses its default and stays active), which the C program's report
+/// shows; strict, stopped at load before any report.
+fn refused_at_load(sysfs: &Sysfs, var: &str, value: &str, expected: &str) {
+    let vars = [(var, value)];
+    let case = format!(
+        "{var}={:?}",
+        shown(value).chars().take(40).collect::<String>()
+    );
+    let head = format!("{var}='{}' is not valid: expected ", shown(value));
+    // Only settings that decide placement make the library passive; a cosmetic one falls back
+    // to its default and the library stays active.
+    let (says, state) = if COSMETIC.contains(&var) {
+        ("using its default", "active")
+    } else {
+        ("passive", "passive")
+    };
+    for (what, c) in [("C", true), ("sh", false)] {
+        for strict in [false, true] {
+            let program = if c {
+                c_program(sysfs, &["exit", "3"])
+            } else {
+                shell(sysfs)
+            };
+            let case = format!("{case} in {what}{}", if strict { ", strict" } else { "" });
+            let end = run(program, &vars, strict);
+            let status = if strict { 2 } else { 3 };
+            assert_eq!(end.status.code(), Some(status), "{case}: {}", end.stderr);
+            let lines = library_lines(&end.stderr);
+            assert_eq!(lines.len(), 1, "{case}: exactly one line:\n{}", end.stderr);
+            let line = &lines[0];
+            assert!(line.contains(&head), "{case}: {line}");
+            assert!(line.contains(expected), "{case}: {line}");
+            if strict {
+                assert!(!end.stdout.contains("REPORT"), "{case}: stopped at load");
+                continue;
+            }
+            assert!(line.contains(says), "{case}: {line}");
+            if c {
+                assert!(
+                    end.stdout.contains(&format!("\"state\":\"{state}\"")),
+                    "{case}: the program ran on, the library {state}:\n{}",
+                    end.stdout
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn malformed_load_time_variables_give_one_line_and_the_program_runs_on() {
     let sysfs = Sysfs::two_nodes();
@@ -76,147 +127,40 @@ fn malformed_load_time_variables_give_one_line_and_the_program_runs_on() {
     let file = file.path().to_str().unwrap().to_string();
     let empty_dir = tempfile::tempdir().unwrap();
     let empty_dir = empty_dir.path().to_str().unwrap().to_string();
-    // (variable, malformed value, a fragment of what the line says was expected)
-    let cases: Vec<(&str, &str, &str)> = vec![
-        ("TLLM_AFFINITY_POLICY", "fast", "auto, numa, clear, keep"),
-        ("TLLM_AFFINITY_POLICY", "", "auto, numa, clear, keep"),
-        (
-            "TLLM_AFFINITY_POLICY",
-            "numa,clear",
-            "auto, numa, clear, keep",
-        ),
-        ("TLLM_AFFINITY_POLICY", "nu\nma", "auto, numa, clear, keep"),
-        (
-            "TLLM_AFFINITY_POLICY",
-            "\u{1b}[31mred",
-            "auto, numa, clear, keep",
-        ),
-        ("TLLM_AFFINITY_POLICY", &long, "auto, numa, clear, keep"),
-        ("TLLM_AFFINITY_CPUS", "0-", "cpulist"),
-        ("TLLM_AFFINITY_CPUS", "", "non-empty cpulist"),
-        ("TLLM_AFFINITY_CPUS", "a", "cpulist"),
-        ("TLLM_AFFINITY_CPUS", "3-1", "cpulist"),
-        ("TLLM_AFFINITY_CPUS", "1,,2", "cpulist"),
-        ("TLLM_AFFINITY_CPUS", "0-7:0", "cpulist"),
-        ("TLLM_AFFINITY_CPUS", "-1", "cpulist"),
-        ("TLLM_AFFINITY_CPUS", "0x3", "cpulist"),
-        ("TLLM_AFFINITY_CPUS", "0-99999999", "cpulist"),
-        ("TLLM_AFFINITY_CPUS", "18446744073709551616", "cpulist"),
-        (
-            "TLLM_AFFINITY_SYSFS_ROOT",
-            "/nonexistent/root",
-            "directory holding sys/",
-        ),
-        ("TLLM_AFFINITY_SYSFS_ROOT", "", "directory holding sys/"),
-        ("TLLM_AFFINITY_SYSFS_ROOT", &file, "directory holding sys/"),
-        (
-            "TLLM_AFFINITY_SYSFS_ROOT",
-            &empty_dir,
-            "directory holding sys/",
-        ),
-        ("TLLM_AFFINITY_PROCESS_ROLE", "boss", "host or worker"),
-        ("TLLM_AFFINITY_PROCESS_ROLE", "1", "host or worker"),
-        ("TLLM_AFFINITY_WORKER_LIBS", "libnccl[.so", "soname globs"),
-        ("TLLM_AFFINITY_WORKER_LIBS", "libucp*.so*,[", "soname globs"),
-        ("TLLM_AFFINITY_LOG", "loud", "off, error, warn, info, debug"),
-        ("TLLM_AFFINITY_LOG", "3", "off, error, warn, info, debug"),
-        ("TLLM_AFFINITY_REPORT", "", "file path"),
-        (
-            "TLLM_AFFINITY_REPORT",
-            "/nonexistent/dir/report.json",
-            "existing directory",
-        ),
-        ("TLLM_AFFINITY_REPORT", "/tmp", "file path"),
-        (
-            "TLLM_AFFINITY_STEP_CORE",
-            "-3",
-            "off, auto, or a CPU number",
-        ),
-        (
-            "TLLM_AFFINITY_STEP_CORE",
-            "fast",
-            "off, auto, or a CPU number",
-        ),
-        (
-            "TLLM_AFFINITY_STEP_CORE",
-            "1.5",
-            "off, auto, or a CPU number",
-        ),
-        (
-            "TLLM_AFFINITY_STEP_CORE",
-            "99999999999",
-            "off, auto, or a CPU number",
-        ),
-        (
-            "TLLM_AFFINITY_LOCK_DIR",
-            "/nonexistent/dir",
-            "existing directory",
-        ),
-        ("TLLM_AFFINITY_LOCK_DIR", "", "existing directory"),
-        ("TLLM_AFFINITY_LOCK_DIR", &file, "existing directory"),
+    let policies = "auto, numa, clear, keep";
+    let root = "directory holding sys/";
+    let step_core = "off, auto, or a CPU number";
+    let log = "off, error, warn, info, debug";
+    let dir = "existing directory";
+    // (variable less its TLLM_AFFINITY_, a fragment of what the line says was expected, the
+    // malformed values)
+    let cases: Vec<(&str, &str, Vec<&str>)> = vec![
+        ("POLICY", policies, vec!["fast", "", "numa,clear"]),
+        ("POLICY", policies, vec!["nu\nma", "\u{1b}[31mred", &long]),
+        ("CPUS", "cpulist", vec!["0-"]),
+        ("CPUS", "non-empty cpulist", vec![""]),
+        ("CPUS", "cpulist", vec!["a", "3-1", "1,,2", "0-7:0"]),
+        ("CPUS", "cpulist", vec!["-1", "0x3", "0-99999999"]),
+        ("CPUS", "cpulist", vec!["18446744073709551616"]),
+        ("SYSFS_ROOT", root, vec!["/nonexistent/root", ""]),
+        ("SYSFS_ROOT", root, vec![&file, &empty_dir]),
+        ("PROCESS_ROLE", "host or worker", vec!["boss", "1"]),
+        ("WORKER_LIBS", "soname globs", vec!["libnccl[.so"]),
+        ("WORKER_LIBS", "soname globs", vec!["libucp*.so*,["]),
+        ("LOG", log, vec!["loud", "3"]),
+        ("REPORT", "file path", vec![""]),
+        ("REPORT", dir, vec!["/nonexistent/dir/report.json"]),
+        ("REPORT", "file path", vec!["/tmp"]),
+        ("STEP_CORE", step_core, vec!["-3", "fast", "1.5"]),
+        ("STEP_CORE", step_core, vec!["99999999999"]),
+        ("LOCK_DIR", dir, vec!["/nonexistent/dir", "", &file]),
     ];
     let mut tried = 0;
-    for (var, value, expected) in &cases {
-        let vars = [(*var, *value)];
-        let case = format!(
-            "{var}={:?}",
-            shown(value).chars().take(40).collect::<String>()
-        );
-        let relaxed = run(c_program(&sysfs, &["exit", "3"]), &vars, false);
-        assert_eq!(relaxed.status.code(), Some(3), "{case}: {}", relaxed.stderr);
-        let lines = library_lines(&relaxed.stderr);
-        assert_eq!(
-            lines.len(),
-            1,
-            "{case}: exactly one line:\n{}",
-            relaxed.stderr
-        );
-        let line = &lines[0];
-        let head = format!("{var}='{}' is not valid: expected ", shown(value));
-        assert!(line.contains(&head), "{case}: {line}");
-        assert!(line.contains(expected), "{case}: {line}");
-        // Only settings that decide placement make the library passive; a cosmetic one falls
-        // back to its default and the library stays active.
-        let (says, state) = if COSMETIC.contains(var) {
-            ("using its default", "active")
-        } else {
-            ("passive", "passive")
-        };
-        assert!(line.contains(says), "{case}: {line}");
-        assert!(
-            relaxed.stdout.contains(&format!("\"state\":\"{state}\"")),
-            "{case}: the program ran on, the library {state}:\n{}",
-            relaxed.stdout
-        );
-
-        let strict = run(c_program(&sysfs, &["exit", "3"]), &vars, true);
-        assert_eq!(
-            strict.status.code(),
-            Some(2),
-            "{case} strict: {}",
-            strict.stderr
-        );
-        let strict_lines = library_lines(&strict.stderr);
-        assert_eq!(strict_lines.len(), 1, "{case} strict:\n{}", strict.stderr);
-        assert!(
-            strict_lines[0].contains(&head),
-            "{case}: {}",
-            strict_lines[0]
-        );
-        assert!(strict_lines[0].contains(expected));
-        assert!(!strict.stdout.contains("REPORT"), "stopped at load");
-
-        let sh = run(shell(&sysfs), &vars, false);
-        assert_eq!(sh.status.code(), Some(3), "{case} in sh");
-        assert_eq!(
-            library_lines(&sh.stderr).len(),
-            1,
-            "{case} in sh: {}",
-            sh.stderr
-        );
-        let sh = run(shell(&sysfs), &vars, true);
-        assert_eq!(sh.status.code(), Some(2), "{case} in sh, strict");
-        tried += 1;
+    for (var, expected, values) in &cases {
+        for value in values {
+            refused_at_load(&sysfs, &format!("TLLM_AFFINITY_{var}"), value, expected);
+            tried += 1;
+        }
     }
 
     // TLLM_AFFINITY_STRICT itself: malformed means "not strict", so the status is the program's,
@@ -233,11 +177,7 @@ fn malformed_load_time_variables_give_one_line_and_the_program_runs_on() {
         assert!(lines[0].contains(&format!("TLLM_AFFINITY_STRICT='{}'", shown(value))));
         assert!(lines[0].contains("1 or 0"), "{}", lines[0]);
         assert!(lines[0].contains("using its default"), "{}", lines[0]);
-        assert!(
-            end.stdout.contains("\"state\":\"active\""),
-            "{}",
-            end.stdout
-        );
+        says(&end.stdout, &["\"state\":\"active\""]);
         tried += 1;
     }
 
@@ -263,107 +203,51 @@ fn malformed_load_time_variables_give_one_line_and_the_program_runs_on() {
     println!("bad input: {tried} malformed load-time values, each in C and sh, strict and not");
 }
 
-/// (variables, configure's device, configure's answer (0: a lease that pins nothing), the
-/// variable the line must name, the value it must show)
-type ConfigureCase<'a> = (Vec<(&'a str, &'a str)>, &'a str, i64, &'a str, &'a str);
+/// The program's `CONFIGURE main <lease> ...` line and the lease it shows.
+fn configure_line<'a>(end: &'a Finished, case: &str) -> (&'a str, i64) {
+    let line = end
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("CONFIGURE main"))
+        .unwrap_or_else(|| panic!("{case}: {}", end.stdout));
+    let lease = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    (line, lease)
+}
 
 #[test]
 fn malformed_configure_time_variables_give_one_line_and_an_errno() {
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
-    let cases: Vec<ConfigureCase> = vec![
-        (
-            vec![("TLLM_AFFINITY_GPU", "7")],
-            "-1",
-            -19,
-            "TLLM_AFFINITY_GPU",
-            "7",
-        ),
-        (
-            vec![("TLLM_AFFINITY_GPU", "0000:99:00.0")],
-            "-1",
-            -19,
-            "TLLM_AFFINITY_GPU",
-            "0000:99:00.0",
-        ),
-        (vec![("LOCAL_RANK", "x")], "-1", -19, "LOCAL_RANK", "x"),
-        (vec![("LOCAL_RANK", "-1")], "-1", -19, "LOCAL_RANK", "-1"),
-        (
-            vec![("CUDA_VISIBLE_DEVICES", "abc")],
-            "0",
-            -19,
-            "CUDA_VISIBLE_DEVICES",
-            "abc",
-        ),
-        (
-            vec![("CUDA_VISIBLE_DEVICES", "")],
-            "0",
-            -19,
-            "CUDA_VISIBLE_DEVICES",
-            "''",
-        ),
-        (
-            vec![("CUDA_VISIBLE_DEVICES", "5")],
-            "0",
-            -19,
-            "CUDA_VISIBLE_DEVICES",
-            "5",
-        ),
-        (
-            vec![("CUDA_VISIBLE_DEVICES", "1")],
-            "1",
-            -19,
-            "CUDA_VISIBLE_DEVICES",
-            "1",
-        ),
-        (
-            vec![("CUDA_VISIBLE_DEVICES", "GPU-0f1e2d3c")],
-            "0",
-            -19,
-            "CUDA_VISIBLE_DEVICES",
-            "GPU-0f1e2d3c",
-        ),
-        (
-            vec![("CUDA_VISIBLE_DEVICES", "MIG-1/2/3")],
-            "0",
-            -19,
-            "CUDA_VISIBLE_DEVICES",
-            "MIG-1/2/3",
-        ),
-        (
-            vec![("CUDA_DEVICE_ORDER", "FOO")],
-            "0",
-            -19,
-            "CUDA_DEVICE_ORDER",
-            "FOO",
-        ),
-        (
-            vec![("CUDA_DEVICE_ORDER", "pci_bus_id")],
-            "0",
-            -19,
-            "CUDA_DEVICE_ORDER",
-            "pci_bus_id",
-        ),
-        (
-            vec![("TLLM_AFFINITY_CPUS", "1000")],
-            "0",
-            0,
-            "TLLM_AFFINITY_CPUS",
-            "1000",
-        ),
+    let (gpu, cvd, order) = (
+        "TLLM_AFFINITY_GPU",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+    );
+    // (variable, value, configure's device, configure's answer (0: a lease that pins nothing),
+    // the value as the line shows it)
+    let cases = [
+        (gpu, "7", "-1", -19, "7"),
+        (gpu, "0000:99:00.0", "-1", -19, "0000:99:00.0"),
+        ("LOCAL_RANK", "x", "-1", -19, "x"),
+        ("LOCAL_RANK", "-1", "-1", -19, "-1"),
+        (cvd, "abc", "0", -19, "abc"),
+        (cvd, "", "0", -19, "''"),
+        (cvd, "5", "0", -19, "5"),
+        (cvd, "1", "1", -19, "1"),
+        (cvd, "GPU-0f1e2d3c", "0", -19, "GPU-0f1e2d3c"),
+        (cvd, "MIG-1/2/3", "0", -19, "MIG-1/2/3"),
+        (order, "FOO", "0", -19, "FOO"),
+        (order, "pci_bus_id", "0", -19, "pci_bus_id"),
+        ("TLLM_AFFINITY_CPUS", "1000", "0", 0, "1000"),
     ];
     let mut tried = 0;
-    for (vars, device, answer, name, value) in &cases {
+    for (name, set, device, answer, value) in &cases {
+        let vars = vec![(*name, *set)];
         for strict in [false, true] {
             let case = format!("{vars:?} configure({device}) strict={strict}");
-            let end = run(c_program(&sysfs, &["exit", "3", device]), vars, strict);
+            let end = run(c_program(&sysfs, &["exit", "3", device]), &vars, strict);
             assert_eq!(end.status.code(), Some(3), "{case}: {}", end.stderr);
-            let line = end
-                .stdout
-                .lines()
-                .find(|l| l.starts_with("CONFIGURE main"))
-                .unwrap_or_else(|| panic!("{case}: {}", end.stdout));
-            let lease: i64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+            let (line, lease) = configure_line(&end, &case);
             if *answer < 0 {
                 assert_eq!(lease, *answer, "{case}: {line}");
             } else {
@@ -392,55 +276,9 @@ fn calls() -> std::path::PathBuf {
 #[test]
 fn a_malformed_gpu_is_refused_at_load_even_when_nothing_needs_it() {
     let sysfs = Sysfs::two_nodes();
-    let expected = "a CUDA device number (0, 1, ...) or a PCI address like 0000:3b:00.0";
+    let expected = "expected a CUDA device number (0, 1, ...) or a PCI address like 0000:3b:00.0";
     for value in ["zz:qq:00.0", "zz:zz", "banana", "-1", "0x1", "3b:00", "1.5"] {
-        let vars = [("TLLM_AFFINITY_GPU", value)];
-        let head = format!("TLLM_AFFINITY_GPU='{value}' is not valid: expected {expected}");
-        for (what, program) in [
-            ("C", c_program(&sysfs, &["exit", "3"])),
-            ("sh", shell(&sysfs)),
-        ] {
-            let end = run(program, &vars, false);
-            assert_eq!(
-                end.status.code(),
-                Some(3),
-                "{value} in {what}: {}",
-                end.stderr
-            );
-            let lines = library_lines(&end.stderr);
-            assert_eq!(
-                lines.len(),
-                1,
-                "{value} in {what}: one line\n{}",
-                end.stderr
-            );
-            assert!(lines[0].contains(&head), "{value} in {what}: {}", lines[0]);
-            assert!(
-                lines[0].contains("passive"),
-                "{value} in {what}: {}",
-                lines[0]
-            );
-            if what == "C" {
-                assert!(
-                    end.stdout.contains("\"state\":\"passive\""),
-                    "{value}: {}",
-                    end.stdout
-                );
-            }
-        }
-        for program in [c_program(&sysfs, &["exit", "3"]), shell(&sysfs)] {
-            let strict = run(program, &vars, true);
-            assert_eq!(
-                strict.status.code(),
-                Some(2),
-                "{value} strict: {}",
-                strict.stderr
-            );
-            let lines = library_lines(&strict.stderr);
-            assert_eq!(lines.len(), 1, "{value} strict:\n{}", strict.stderr);
-            assert!(lines[0].contains(&head), "{value} strict: {}", lines[0]);
-            assert!(!strict.stdout.contains("REPORT"), "stopped at load");
-        }
+        refused_at_load(&sysfs, "TLLM_AFFINITY_GPU", value, expected);
     }
 }
 
@@ -476,12 +314,7 @@ fn every_valid_gpu_form_is_accepted_at_load_and_used_by_configure() {
             "{value:?}: no line\n{}",
             end.stderr
         );
-        let line = end
-            .stdout
-            .lines()
-            .find(|l| l.starts_with("CONFIGURE main"))
-            .unwrap_or_else(|| panic!("{value:?}: {}", end.stdout));
-        let lease: i64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+        let (line, lease) = configure_line(&end, &format!("{value:?}"));
         assert!(lease > 0, "{value:?}: {line}");
         assert_eq!(&field(line, "mask"), mask, "{value:?}: {line}");
     }

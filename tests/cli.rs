@@ -30,16 +30,14 @@ fn stderr_of(out: &Output) -> String {
 
 /// Runs and parses stdout as one JSON document; the command must succeed.
 fn json_of(cmd: &mut Command) -> Value {
-    let out = cmd.output().expect("run tllm-affinity");
-    assert!(
-        out.status.success(),
-        "{:?}: {:?}\nstderr: {}",
-        cmd,
-        out.status,
-        stderr_of(&out)
-    );
+    let out = succeeded(cmd);
     serde_json::from_str(&stdout_of(&out))
         .unwrap_or_else(|e| panic!("{e}: not JSON:\n{}", stdout_of(&out)))
+}
+
+/// `tllm-affinity <args>`'s JSON (see [`json_of`]).
+fn json_from(args: &[&str]) -> Value {
+    json_of(&mut tllm_affinity(args))
 }
 
 /// `py_ps_target.py` under the library: a host thread and a worker thread that configured for
@@ -98,7 +96,7 @@ impl Drop for Target {
 fn ps_shows_roles_from_the_table_and_the_kernels_masks() {
     let target = Target::start();
     let pid = target.pid();
-    let v = json_of(&mut tllm_affinity(&["ps", &pid.to_string(), "--json"]));
+    let v = json_from(&["ps", &pid.to_string(), "--json"]);
     assert_eq!(v["pid"], pid);
     assert_eq!(v["table"], true, "{v}");
     assert_eq!(v["note"], Value::Null);
@@ -154,13 +152,13 @@ fn ps_shows_roles_from_the_table_and_the_kernels_masks() {
         "{text}"
     );
     assert!(line_of(worker).contains(" worker "), "{text}");
-    assert!(text.contains("legend:"), "{text}");
+    says(&text, &["legend:"]);
     // Piped stdout gets no colour even without --no-color.
     let plain = tllm_affinity(&["ps", &pid.to_string()]).output().unwrap();
     assert!(!stdout_of(&plain).contains('\x1b'));
     println!("$ tllm-affinity ps {pid}\n{text}");
     // Its memory per node, beside the grid: the host's one node holds it all.
-    assert!(text.contains("memory per node: node 0 "), "{text}");
+    says(&text, &["memory per node: node 0 "]);
     let resident = &v["memory"]["bytes_per_node"]["0"];
     assert!(resident.as_u64().is_some_and(|b| b > 0), "{v}");
     target.finish();
@@ -203,7 +201,7 @@ fn ps_without_access_to_the_memory_says_so_and_still_shows_the_threads() {
 #[test]
 fn ps_of_a_process_without_the_library_says_so() {
     let me = std::process::id().to_string();
-    let v = json_of(&mut tllm_affinity(&["ps", &me, "--json"]));
+    let v = json_from(&["ps", &me, "--json"]);
     assert_eq!(v["table"], false);
     assert!(v["note"].as_str().unwrap().contains("not loaded"), "{v}");
     for t in v["threads"].as_array().unwrap() {
@@ -289,7 +287,7 @@ fn run_preloads_the_library_and_sets_the_variables() {
     let python = python().to_str().unwrap().to_string();
     let reports = tempfile::tempdir().unwrap();
     let report = reports.path().join("r.json");
-    let v = json_of(&mut tllm_affinity(&[
+    let v = json_from(&[
         "run",
         "--policy",
         "numa",
@@ -312,7 +310,7 @@ fn run_preloads_the_library_and_sets_the_variables() {
         &python,
         "-c",
         SHOW_ENV,
-    ]));
+    ]);
     assert_eq!(v["available"], true, "{v}");
     assert_eq!(v["role"], "host");
     let env = &v["env"];
@@ -440,19 +438,14 @@ fn every_json_output_parses() {
     let sim = Sysfs::two_nodes();
     let root = sim.path().to_str().unwrap();
 
-    let topo = json_of(&mut tllm_affinity(&["topo", "--json"]));
+    let topo = json_from(&["topo", "--json"]);
     assert_eq!(
         mask(topo["online"].as_str().unwrap()).count(),
         topo["cpus"].as_array().unwrap().len()
     );
     assert_eq!(topo["cgroup"]["note"], Value::Null);
 
-    let topo = json_of(&mut tllm_affinity(&[
-        "topo",
-        "--json",
-        "--sysfs-root",
-        root,
-    ]));
+    let topo = json_from(&["topo", "--json", "--sysfs-root", root]);
     assert_eq!(topo["gpus"].as_array().unwrap().len(), 2);
     assert_eq!(topo["gpus"][0]["address"], "0000:3b:00.0");
     assert_eq!(topo["gpus"][0]["local_cpus"], sim.gpu0_local().to_list());
@@ -461,35 +454,17 @@ fn every_json_output_parses() {
         .unwrap()
         .contains("real one"));
 
-    let plan = json_of(&mut tllm_affinity(&[
-        "plan",
-        "--gpu",
-        "0",
-        "--json",
-        "--sysfs-root",
-        root,
-    ]));
+    let plan = json_from(&["plan", "--gpu", "0", "--json", "--sysfs-root", root]);
     assert_eq!(plan["gpu"]["address"], "0000:3b:00.0");
     assert_eq!(plan["worker"]["cpus"], sim.gpu0_local().to_list());
 
-    let probe = json_of(&mut tllm_affinity(&["probe", "--json", "--rounds", "5"]));
+    let probe = json_from(&["probe", "--json", "--rounds", "5"]);
     assert!(probe.is_object());
 
-    let ps = json_of(&mut tllm_affinity(&[
-        "ps",
-        &std::process::id().to_string(),
-        "--json",
-    ]));
+    let ps = json_from(&["ps", &std::process::id().to_string(), "--json"]);
     assert!(ps["threads"].is_array());
 
-    let dry = json_of(&mut tllm_affinity(&[
-        "run",
-        "--simulate",
-        "--dry-run",
-        "--json",
-        "--",
-        "true",
-    ]));
+    let dry = json_from(&["run", "--simulate", "--dry-run", "--json", "--", "true"]);
     assert_eq!(dry["simulate"], true);
     assert_eq!(dry["exec"], true);
 
@@ -559,20 +534,13 @@ fn run_simulate_refuses_a_shared_cache_directory_that_others_may_write() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
     let err = stderr_of(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("not a private directory"), "{err}");
+    says(&err, &["not a private directory"]);
     assert_eq!(std::fs::read_dir(&planted).unwrap().count(), 0);
 }
 
 #[test]
 fn run_simulate_dry_run_json_names_the_sysfs_root() {
-    let dry = json_of(&mut tllm_affinity(&[
-        "run",
-        "--simulate",
-        "--dry-run",
-        "--json",
-        "--",
-        "true",
-    ]));
+    let dry = json_from(&["run", "--simulate", "--dry-run", "--json", "--", "true"]);
     let root = dry["env"]["TLLM_AFFINITY_SYSFS_ROOT"].as_str();
     assert!(root.is_some_and(|r| r.contains("simulated host")), "{dry}");
     // The text form says the same.
@@ -639,12 +607,7 @@ fn simulate_writes_a_reusable_tree_and_prints_the_variable_to_set() {
     assert_eq!(out.status.code(), Some(2));
 
     // The tree stays: topo, plan and a plain LD_PRELOAD read it.
-    let topo = json_of(&mut tllm_affinity(&[
-        "topo",
-        "--json",
-        "--sysfs-root",
-        root,
-    ]));
+    let topo = json_from(&["topo", "--json", "--sysfs-root", root]);
     assert_eq!(topo["gpus"].as_array().unwrap().len(), 2);
     let code = "import json, os, threading, tllm_affinity\n\
         out = {}\n\
@@ -708,12 +671,7 @@ fn a_host_without_a_gpu_hints_at_the_simulated_tree() {
     for want in wants {
         assert!(text.contains(want), "topo: missing {want:?}: {text}");
     }
-    let topo = json_of(&mut tllm_affinity(&[
-        "topo",
-        "--json",
-        "--sysfs-root",
-        root,
-    ]));
+    let topo = json_from(&["topo", "--json", "--sysfs-root", root]);
     assert!(topo["hint"].as_str().unwrap().contains("no GPU found"));
 }
 
@@ -724,12 +682,14 @@ fn worker_libs_help_says_a_plain_list_replaces_and_a_plus_adds() {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    assert!(
-        help.contains("A plain list replaces the default list"),
-        "{help}"
+    says(
+        &help,
+        &[
+            "A plain list replaces the default list",
+            "a leading + adds to it",
+        ],
     );
-    assert!(help.contains("a leading + adds to it"), "{help}");
-    let dry = json_of(&mut tllm_affinity(&[
+    let dry = json_from(&[
         "run",
         "--worker-libs",
         "+libmy_transport*.so*",
@@ -737,7 +697,7 @@ fn worker_libs_help_says_a_plain_list_replaces_and_a_plus_adds() {
         "--json",
         "--",
         "true",
-    ]));
+    ]);
     assert_eq!(
         dry["env"]["TLLM_AFFINITY_WORKER_LIBS"],
         "+libmy_transport*.so*"
@@ -753,10 +713,7 @@ fn cpus_outside_the_allowed_cpus_are_called_by_their_name() {
         .unwrap();
     assert!(out.status.success());
     let err = stderr_of(&out);
-    assert!(
-        err.contains("--cpus 4000 names no CPU this process may use"),
-        "{err}"
-    );
+    says(&err, &["--cpus 4000 names no CPU this process may use"]);
     let sim = Sysfs::two_nodes();
     let code = "import threading, tllm_affinity\n\
         t = threading.Thread(target=lambda: tllm_affinity.configure(0)); t.start(); t.join()";
@@ -769,11 +726,8 @@ fn cpus_outside_the_allowed_cpus_are_called_by_their_name() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     let err = stderr_of(&out);
-    assert!(
-        err.contains("TLLM_AFFINITY_CPUS [4000] names no CPU"),
-        "{err}"
-    );
-    assert!(!err.contains("GPU-local"), "{err}");
+    says(&err, &["TLLM_AFFINITY_CPUS [4000] names no CPU"]);
+    never_says(&err, &["GPU-local"]);
 }
 
 /// The report written at exit, after the last release put every mask back, still says what the
@@ -864,7 +818,7 @@ fn ps_sees_a_fork_childs_own_table() {
         .map(|w| w.parse().unwrap())
         .collect();
     let (fork_pid, forking, made) = (ids[0], ids[1], ids[2]);
-    let v = json_of(&mut tllm_affinity(&["ps", &fork_pid.to_string(), "--json"]));
+    let v = json_from(&["ps", &fork_pid.to_string(), "--json"]);
     drop(child.stdin.take());
     assert_eq!(v["table"], true, "{v}");
     for tid in [forking, made] {

@@ -142,23 +142,24 @@ fn constrained_rows<'a>(
     ]
 }
 
-/// `numactl --physcpubind=<node 0>` around the Python population: the process is constrained
-/// (the library says so in its report), host threads keep numactl's binding whatever the
-/// policy, and worker threads get the policy table's answer.
-#[test]
-fn numactl_physcpubind_python_population_policy_table() {
+/// The first `rows` rows of [`constrained_rows`] under a constraint to node 0's CPUs: for each,
+/// `run(sysfs, narrow, vars, worker)` runs the program under it and checks its masks, giving
+/// the case's name and the end; the server's "constrained" warning came exactly where the row
+/// says it is due.
+fn policy_table_under_a_constraint(
+    rows: usize,
+    run: impl Fn(&Sysfs, &str, Vars, &str) -> (String, Finished),
+) {
     require!(two_cpus("a constraint narrower than the cpuset"));
     let sysfs = Sysfs::two_nodes();
     let all = allowed_cpus().to_list();
     let local = sysfs.node1.to_list();
     let narrow = sysfs.node0.to_list();
-    for (vars, worker, warns) in constrained_rows(&all, &local, &narrow) {
-        let case = format!("numactl --physcpubind={narrow} {vars:?}");
-        let (phases, end) = python_population(&sysfs, Around::Numactl(&narrow), "0", vars);
-        assert_python_population(&phases, &narrow, worker, &case);
-        let report = report_line(&end);
-        assert_eq!(report["mask_at_load"], narrow.as_str(), "{case}");
-        assert_eq!(report["constrained"], true, "{case}");
+    for (vars, worker, warns) in constrained_rows(&all, &local, &narrow)
+        .into_iter()
+        .take(rows)
+    {
+        let (case, end) = run(&sysfs, &narrow, vars, worker);
         assert_eq!(
             end.stderr.contains("has constrained CPU affinity"),
             warns,
@@ -168,43 +169,44 @@ fn numactl_physcpubind_python_population_policy_table() {
     }
 }
 
+/// `numactl --physcpubind=<node 0>` around the Python population: the process is constrained
+/// (the library says so in its report), host threads keep numactl's binding whatever the
+/// policy, and worker threads get the policy table's answer.
+#[test]
+fn numactl_physcpubind_python_population_policy_table() {
+    policy_table_under_a_constraint(usize::MAX, |sysfs, narrow, vars, worker| {
+        let case = format!("numactl --physcpubind={narrow} {vars:?}");
+        let (phases, end) = python_population(sysfs, Around::Numactl(narrow), "0", vars);
+        assert_python_population(&phases, narrow, worker, &case);
+        let report = report_line(&end);
+        assert_eq!(report["mask_at_load"], narrow, "{case}");
+        assert_eq!(report["constrained"], true, "{case}");
+        (case, end)
+    });
+}
+
 /// The same under `taskset -c`, for the Python population (the C population's is in
 /// tests/engine_population.rs): the three rows that differ.
 #[test]
 fn taskset_python_population_policy_table() {
-    require!(two_cpus("a constraint narrower than the cpuset"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let narrow = sysfs.node0.to_list();
-    for (vars, worker, warns) in constrained_rows(&all, &local, &narrow).into_iter().take(3) {
+    policy_table_under_a_constraint(3, |sysfs, narrow, vars, worker| {
         let case = format!("taskset -c {narrow} {vars:?}");
-        let (phases, end) = python_population(&sysfs, Around::Taskset(&narrow), "0", vars);
-        assert_python_population(&phases, &narrow, worker, &case);
+        let (phases, end) = python_population(sysfs, Around::Taskset(narrow), "0", vars);
+        assert_python_population(&phases, narrow, worker, &case);
         assert_eq!(report_line(&end)["constrained"], true, "{case}");
-        assert_eq!(
-            end.stderr.contains("has constrained CPU affinity"),
-            warns,
-            "{case}:\n{}",
-            end.stderr
-        );
-    }
+        (case, end)
+    });
 }
 
 /// `numactl --physcpubind` around the C population (its worker-libs thread included): the
 /// rows that differ, host threads on numactl's binding.
 #[test]
 fn numactl_physcpubind_c_population() {
-    require!(two_cpus("a constraint narrower than the cpuset"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let narrow = sysfs.node0.to_list();
     let program = Program::c("population").build();
     let nccl = Program::c("nccl").shared().build();
-    for (vars, worker, warns) in constrained_rows(&all, &local, &narrow).into_iter().take(3) {
+    policy_table_under_a_constraint(3, |sysfs, narrow, vars, worker| {
         let case = format!("C population, numactl --physcpubind={narrow} {vars:?}");
-        let mut cmd = wrap(Around::Numactl(&narrow), &sysfs, &program, &["0"]);
+        let mut cmd = wrap(Around::Numactl(narrow), sysfs, &program, &["0"]);
         cmd.env("FAKE_NCCL", &nccl).envs(vars.iter().copied());
         let mut run = Driver::spawn(cmd, DEADLINE);
         let before = run.phase();
@@ -212,18 +214,13 @@ fn numactl_physcpubind_c_population() {
         let configured = run.phase();
         let end = run.finish();
         println!("{case} {}", describe(&configured));
-        expect(&before, All, on(&narrow), &format!("{case}: before"));
+        expect(&before, All, on(narrow), &format!("{case}: before"));
         let workers = ["W", "C1", "G1", "C2", "P1"];
         expect(&configured, Named(&workers), worker_on(worker), &case);
         let host = format!("{case}: host");
-        expect(&configured, Named(&["main", "H1"]), on(&narrow), &host);
-        assert_eq!(
-            end.stderr.contains("has constrained CPU affinity"),
-            warns,
-            "{case}:\n{}",
-            end.stderr
-        );
-    }
+        expect(&configured, Named(&["main", "H1"]), on(narrow), &host);
+        (case, end)
+    });
 }
 
 /// A cpuset cgroup the test creates, confining the Python population to node 1: not a
@@ -246,21 +243,13 @@ fn cgroup_cpuset_python_population() {
     assert_eq!(report["mask_at_load"], local.as_str());
     assert_eq!(report["constrained"], false);
     assert_eq!(report["worker_mask"], local.as_str());
-    assert!(
-        !end.stderr.contains("constrained CPU affinity"),
-        "{}",
-        end.stderr
-    );
-    assert!(
-        end.stderr.contains("NUMA-aware scheduling"),
-        "{}",
-        end.stderr
-    );
+    never_says(&end.stderr, &["constrained CPU affinity"]);
+    says(&end.stderr, &["NUMA-aware scheduling"]);
 
     // Device 1 is local to node 0, outside the cpuset: nothing is pinned, and the log says why.
     let (phases, end) = python_population(&sysfs, around, "1", &[]);
     assert_python_population(&phases, &local, &local, "cgroup, device 1");
-    assert!(end.stderr.contains("no CPU in common"), "{}", end.stderr);
+    says(&end.stderr, &["no CPU in common"]);
 
     // "clear": the cpuset.
     let (phases, end) =

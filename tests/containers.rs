@@ -602,10 +602,7 @@ fn cdi_writes_a_0_5_0_spec_that_mounts_the_library_and_sets_no_variable() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("needs libgcc_s.so.1 beyond glibc"),
-        "{stderr}"
-    );
+    says(&stderr, &["needs libgcc_s.so.1 beyond glibc"]);
     assert!(out.stdout.is_empty());
 }
 
@@ -680,23 +677,57 @@ fn phase_from_line(line: &str, pid: u32) -> Phase {
     parse_phase(&line["PHASE ".len()..], pid, |tid| host.get(&tid).copied())
 }
 
+/// What the glibc image's population cases share: a device of their own, the simulated host and
+/// its masks (every allowed CPU, node 0's, node 1's: GPU 0's local set).
+struct Glibc {
+    device: Device,
+    sysfs: Sysfs,
+    all: String,
+    node0: String,
+    local: String,
+}
+
+impl Glibc {
+    /// The error (for [`require!`]) names what is missing: the container tools, or two CPUs,
+    /// which `why` needs.
+    fn new(name: &str, why: &str) -> Result<Glibc, String> {
+        container_tools()?;
+        two_cpus(why)?;
+        let device = Device::new(name, None);
+        let sysfs = Sysfs::two_nodes();
+        Ok(Glibc {
+            device,
+            all: allowed_cpus().to_list(),
+            node0: sysfs.node0.to_list(),
+            local: sysfs.node1.to_list(),
+            sysfs,
+        })
+    }
+
+    /// [`population_run`] with this device on this host.
+    fn population<const N: usize>(
+        &self,
+        case: &str,
+        options: &[&str],
+        prefix: &[&str],
+    ) -> ([Phase; N], Finished) {
+        population_run(&self.device, &self.sysfs, case, options, prefix)
+    }
+}
+
 /// With the device, a mixed population in a glibc container gets what it gets on the host:
 /// host threads keep their masks, the worker's threads (and the worker library's) get the
 /// GPU-local set, the last release restores; no false "constrained".
 #[test]
 fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
-    require!(container_tools());
-    require!(two_cpus("a worker set narrower than the host"));
-    let device = Device::new("mixed", None);
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
+    let glibc = require!(Glibc::new("mixed", "a worker set narrower than the host"));
+    let (all, local) = (&glibc.all, &glibc.local);
     let started = Instant::now();
-    let (phases, end) = population_run::<5>(&device, &sysfs, "mixed", &[], &[]);
+    let (phases, end) = glibc.population::<5>("mixed", &[], &[]);
     println!(
         "$ podman run --device {} -v <simulated sysfs>:/sim:ro -e TLLM_AFFINITY_SYSFS_ROOT=/sim \
          --rootfs <glibc image> /opt/test/population 0   ({:.1} s)",
-        device.request(),
+        glibc.device.request(),
         started.elapsed().as_secs_f64()
     );
     println!("{}", end.stderr);
@@ -707,71 +738,49 @@ fn a_glibc_container_runs_a_mixed_population_with_roles_and_masks() {
         0,
         "the library is loaded in the container"
     );
-    expect(configured, Named(&WORKERS), worker_on(&local), "worker");
-    expect(configured, Named(&["main", "H1"]), host_on(&all), "host");
-    expect(released, All, on(&all), "after release");
-    assert!(end.stderr.contains("constrained: false"), "{}", end.stderr);
-    assert!(
-        end.stderr.contains(&format!(
-            "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (9/9 threads)"
-        )),
-        "{}",
-        end.stderr
-    );
+    expect(configured, Named(&WORKERS), worker_on(local), "worker");
+    expect(configured, Named(&["main", "H1"]), host_on(all), "host");
+    expect(released, All, on(all), "after release");
+    let pinned =
+        format!("CPU affinity set to [{local}] for optimal NUMA-aware scheduling (9/9 threads)");
+    says(&end.stderr, &["constrained: false", &pinned]);
 }
 
 /// A container limited by `--cpuset-cpus` is not constrained: the worker set is the GPU-local
 /// set within the cpuset, no "constrained" warning.
 #[test]
 fn a_containers_own_cpuset_is_not_a_constraint() {
-    require!(container_tools());
-    require!(two_cpus("a cpuset narrower than the host"));
-    let device = Device::new("cpuset", None);
-    let sysfs = Sysfs::two_nodes();
-    let local = sysfs.node1.to_list();
-    let (phases, end) =
-        population_run::<2>(&device, &sysfs, "cpuset", &["--cpuset-cpus", &local], &[]);
+    let glibc = require!(Glibc::new("cpuset", "a cpuset narrower than the host"));
+    let local = &glibc.local;
+    let (phases, end) = glibc.population::<2>("cpuset", &["--cpuset-cpus", local], &[]);
     let configured = &phases[1];
     assert_eq!(
-        configured.mask("main"),
+        &configured.mask("main"),
         local,
         "the cpuset is the main thread's mask"
     );
-    expect(configured, Named(&WORKERS), worker_on(&local), "worker");
-    assert!(
-        end.stderr
-            .contains(&format!("cpuset [{local}], constrained: false")),
-        "{}",
-        end.stderr
+    expect(configured, Named(&WORKERS), worker_on(local), "worker");
+    says(
+        &end.stderr,
+        &[&format!("cpuset [{local}], constrained: false")],
     );
-    assert!(
-        !end.stderr.contains("Removing CPU affinity constraints"),
-        "{}",
-        end.stderr
-    );
+    never_says(&end.stderr, &["Removing CPU affinity constraints"]);
 }
 
 /// `taskset` inside the container is a launcher's binding: constrained, so (policy unset) the
 /// workers get every CPU the cpuset allows, the host threads keep the taskset mask.
 #[test]
 fn taskset_inside_a_container_is_a_constraint() {
-    require!(container_tools());
-    require!(two_cpus("a binding narrower than the host"));
-    let device = Device::new("taskset", None);
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let pinned = sysfs.node0.to_list();
-    let (phases, end) =
-        population_run::<2>(&device, &sysfs, "taskset", &[], &["taskset", "-c", &pinned]);
+    let glibc = require!(Glibc::new("taskset", "a binding narrower than the host"));
+    let pinned = &glibc.node0;
+    let (phases, end) = glibc.population::<2>("taskset", &[], &["taskset", "-c", pinned]);
     let configured = &phases[1];
     let keeps = "a host thread keeps the binding";
-    expect(configured, Named(&["main", "H1"]), on(&pinned), keeps);
-    expect(configured, Named(&WORKERS), worker_on(&all), "worker");
-    assert!(end.stderr.contains("constrained: true"), "{}", end.stderr);
-    assert!(
-        end.stderr.contains("Removing CPU affinity constraints"),
-        "{}",
-        end.stderr
+    expect(configured, Named(&["main", "H1"]), on(pinned), keeps);
+    expect(configured, Named(&WORKERS), worker_on(&glibc.all), "worker");
+    says(
+        &end.stderr,
+        &["constrained: true", "Removing CPU affinity constraints"],
     );
 }
 
@@ -779,24 +788,20 @@ fn taskset_inside_a_container_is_a_constraint() {
 /// overridden): keep leaves every mask, TLLM_AFFINITY_CPUS names the set.
 #[test]
 fn the_users_policy_variables_decide_inside_the_container() {
-    require!(container_tools());
-    require!(two_cpus("a worker set narrower than the host"));
-    let device = Device::new("policy", None);
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let node0 = sysfs.node0.to_list();
-    let cpus = format!("TLLM_AFFINITY_CPUS={node0}");
+    let glibc = require!(Glibc::new("policy", "a worker set narrower than the host"));
+    let all = &glibc.all;
+    let cpus = format!("TLLM_AFFINITY_CPUS={}", glibc.node0);
     for (variable, workers) in [
-        ("TLLM_NUMA_AWARE_WORKER_AFFINITY=0", all.clone()),
-        ("TLLM_AFFINITY_POLICY=keep", all.clone()),
-        (cpus.as_str(), node0.clone()),
+        ("TLLM_NUMA_AWARE_WORKER_AFFINITY=0", all),
+        ("TLLM_AFFINITY_POLICY=keep", all),
+        (cpus.as_str(), &glibc.node0),
     ] {
         let case = format!("policy-{}", variable.len());
-        let (phases, end) = population_run::<2>(&device, &sysfs, &case, &["-e", variable], &[]);
+        let (phases, end) = glibc.population::<2>(&case, &["-e", variable], &[]);
         println!("-e {variable}: {}", describe(&phases[1]));
         let why = format!("-e {variable}\n{}", end.stderr);
-        expect(&phases[1], Named(&WORKERS), worker_on(&workers), &why);
-        assert_eq!(phases[1].mask("main"), all, "-e {variable}: main");
+        expect(&phases[1], Named(&WORKERS), worker_on(workers), &why);
+        assert_eq!(&phases[1].mask("main"), all, "-e {variable}: main");
     }
 }
 
@@ -804,15 +809,10 @@ fn the_users_policy_variables_decide_inside_the_container() {
 /// is in the container's own /dev/shm, under its pid in its own namespace, with its own tids.
 #[test]
 fn ps_on_the_host_shows_the_roles_of_a_containerised_process() {
-    require!(container_tools());
-    require!(two_cpus("a worker set narrower than the host"));
-    let device = Device::new("ps", None);
-    let sysfs = Sysfs::two_nodes();
+    let glibc = require!(Glibc::new("ps", "a worker set narrower than the host"));
     let name = container_name("ps");
-    let mut run = Driver::spawn(
-        population_in_container(&device, &sysfs, &name, &[], &[]),
-        LIMIT,
-    );
+    let in_container = population_in_container(&glibc.device, &glibc.sysfs, &name, &[], &[]);
+    let mut run = Driver::spawn(in_container, LIMIT);
     run.line("PHASE ");
     let pid = host_pid(&name);
     run.proceed();
@@ -909,7 +909,7 @@ fn an_image_without_libgcc_runs_as_without_the_device() {
     );
     let [with, without] =
         [&with, &without].map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    assert!(with.contains("library=yes"), "{with}");
+    says(&with, &["library=yes"]);
     assert_eq!(
         with.replace("library=yes", "library=no"),
         without,
@@ -927,15 +927,7 @@ fn an_image_with_an_older_glibc_runs_with_the_wheels_library() {
     require!(container_tools());
     let wheel_library = require!(wheel_library());
     let bullseye = require!(bullseye_rootfs());
-    let copy = tempfile::tempdir_in(ROOTFS_CACHE).unwrap();
-    let root = copy.path().join("root");
-    let status = Command::new("cp")
-        .arg("-al")
-        .arg(&bullseye)
-        .arg(&root)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let (_copy, root) = linked_copy(&bullseye);
     std::fs::create_dir_all(root.join("opt/test")).unwrap();
     std::fs::copy(old_glibc_program(), root.join("opt/test/old_glibc")).unwrap();
     let device = Device::new("bullseye", Some(&wheel_library));
@@ -962,11 +954,7 @@ fn an_image_with_an_older_glibc_runs_with_the_wheels_library() {
         text(&out)
     );
     let native = Device::new("bullseye-native", None);
-    assert!(
-        native.stderr.contains("needs glibc 2."),
-        "{}",
-        native.stderr
-    );
+    says(&native.stderr, &["needs glibc 2."]);
     let broken = podman(&root, Some(&native), &[], &["true"])
         .output()
         .unwrap();
@@ -1003,12 +991,11 @@ fn wheel_library() -> Result<PathBuf, String> {
 /// threads, and only they, get the GPU-local set while an LLM is open.
 #[test]
 fn the_zero_code_fixture_runs_unmodified_in_a_container() {
-    require!(container_tools());
-    require!(two_cpus("a worker set narrower than the host"));
-    let device = Device::new("zerocode", None);
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
+    let glibc = require!(Glibc::new(
+        "zerocode",
+        "a worker set narrower than the host"
+    ));
+    let (all, local) = (&glibc.all, &glibc.local);
     let image = glibc_image();
     // The image's own sitecustomize, on the image's own PYTHONPATH: it must still run.
     let site = image.join("opt/test/site");
@@ -1019,14 +1006,14 @@ fn the_zero_code_fixture_runs_unmodified_in_a_container() {
     )
     .unwrap();
     let name = container_name("zerocode");
-    let sim = format!("{}:/sim:ro", sysfs.path().display());
+    let sim = format!("{}:/sim:ro", glibc.sysfs.path().display());
     let python_path =
         format!("PYTHONPATH={OPT}/programs/upstream_trtllm:{OPT}/programs:{OPT}/site");
     let interpreter = python();
     let script = format!("{OPT}/programs/zero_code/two_llms.py");
     let cmd = podman(
         image,
-        Some(&device),
+        Some(&glibc.device),
         &[
             "--name",
             &name,
@@ -1057,28 +1044,15 @@ fn the_zero_code_fixture_runs_unmodified_in_a_container() {
     }
     println!("{}", end.stderr);
     assert!(end.status.success(), "{}", end.stderr);
-    assert!(
-        end.stderr.contains("IMAGE-SITECUSTOMIZE ran"),
-        "{}",
-        end.stderr
-    );
+    says(&end.stderr, &["IMAGE-SITECUSTOMIZE ran"]);
     let [before, first, second, _first_down, _third, last] = &phases;
-    for (phase, workers) in [
-        (before, &all),
-        (first, &local),
-        (second, &local),
-        (last, &all),
-    ] {
-        placed(phase, &TP1_WORKERS, workers, &all, &end.stderr);
+    for (phase, workers) in [(before, all), (first, local), (second, local), (last, all)] {
+        placed(phase, &TP1_WORKERS, workers, all, &end.stderr);
     }
     assert!(
         first.threads.keys().any(|n| n.starts_with("executor_loop")),
         "{}",
         describe(first)
     );
-    assert!(
-        !end.stderr.contains("Removing CPU affinity constraints"),
-        "{}",
-        end.stderr
-    );
+    never_says(&end.stderr, &["Removing CPU affinity constraints"]);
 }

@@ -65,12 +65,11 @@ fn c_population_roles_placement_idempotency_and_restoration() {
         "false constrained warning:\n{}",
         end.stderr
     );
-    assert!(
-        end.stderr.contains(&format!(
+    says(
+        &end.stderr,
+        &[&format!(
             "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (9/9 threads)"
-        )),
-        "{}",
-        end.stderr
+        )],
     );
     assert_eq!(
         end.stderr
@@ -86,11 +85,7 @@ fn c_population_roles_placement_idempotency_and_restoration() {
     assert!(end.stderr.contains("release 1 -> 0"));
     assert!(end.stderr.contains("release 2 -> 0"));
     assert!(end.stderr.contains("release again -> -2"));
-    assert!(
-        end.stderr.contains("restored 11 threads, preserved 0"),
-        "{}",
-        end.stderr
-    );
+    says(&end.stderr, &["restored 11 threads, preserved 0"]);
 
     // A worker thread born after the last release is born on the restored mask.
     assert_eq!((after.mask("C8"), after.role("C8")), (all, 1));
@@ -229,29 +224,23 @@ fn policy_under_a_cgroup_cpuset() {
     for t in WORKERS {
         assert_eq!(configured.mask(t), local);
     }
-    assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
-    assert!(
-        end.stderr.contains("NUMA-aware scheduling"),
-        "{}",
-        end.stderr
-    );
+    never_says(&end.stderr, &["constrained"]);
+    says(&end.stderr, &["NUMA-aware scheduling"]);
 
     // Device 1's CPUs lie outside the cpuset: nothing is pinned, and the log says why.
     let (_, configured, end) = run_in_group("1", &[]);
     for t in WORKERS {
         assert_eq!(configured.mask(t), local);
     }
-    assert!(end.stderr.contains("no CPU in common"), "{}", end.stderr);
+    says(&end.stderr, &["no CPU in common"]);
 
     // "clear" means the cpuset, never the whole host. The kernel would clip a wider mask to the
     // cpuset anyway, so the mask the library chose is read from its own log line.
     let (_, configured, end) = run_in_group("0", &[("TLLM_AFFINITY_POLICY", "clear")]);
     assert_eq!(configured.mask("W"), local);
-    assert!(
-        end.stderr
-            .contains(&format!("CPU affinity set to [{local}] (9/9 threads)")),
-        "{}",
-        end.stderr
+    says(
+        &end.stderr,
+        &[&format!("CPU affinity set to [{local}] (9/9 threads)")],
     );
 }
 
@@ -278,14 +267,13 @@ fn python_configure_twice_keeps_six_workers_pinned() {
     assert_eq!(second.mask("between"), local, "born between the calls");
     assert_eq!(created_after.mask("later"), local);
     assert_eq!(second.mask("main"), all);
-    assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
+    never_says(&end.stderr, &["constrained"]);
     assert!(!end.stderr.contains("Removing CPU affinity constraints"));
-    assert!(
-        end.stderr.contains(&format!(
+    says(
+        &end.stderr,
+        &[&format!(
             "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (7/7 threads)"
-        )),
-        "{}",
-        end.stderr
+        )],
     );
 }
 

@@ -21,10 +21,23 @@ fn hostile() -> PathBuf {
     Program::c("hostile").flags(&["-lrt"]).build()
 }
 
+/// `hostile <args>` under the library on `sysfs`, every wait bounded by `limit`.
+fn start(sysfs: &Sysfs, args: &[&str], limit: Duration) -> Driver {
+    let mut cmd = preloaded(hostile(), sysfs);
+    cmd.args(args);
+    Driver::spawn(cmd, limit)
+}
+
+/// The thread an exiting worker created (from a destructor): a worker on the worker mask
+/// while the lease is open, as its creator was.
+fn orphan_is_a_worker(configured: &Phase, local: &str) {
+    assert_eq!(configured.role("orphan"), 1, "a worker, as its creator was");
+    assert_eq!(configured.mask("orphan"), local);
+}
+
 /// The host's mask and the worker mask; the error (for `require!`) on a host with one CPU.
-fn all_and_local(sysfs: &Sysfs) -> Result<(String, String), String> {
-    two_cpus("a worker mask narrower than the host's")?;
-    Ok((allowed_cpus().to_list(), sysfs.node1.to_list()))
+fn all_and_local(sysfs: &Sysfs) -> Result<HostCpus, String> {
+    sysfs.cpus("a worker mask narrower than the host's")
 }
 
 /// A `SIGUSR1` handler calls `sched_setaffinity` (async-signal-safe) while its thread is in the
@@ -33,9 +46,7 @@ fn all_and_local(sysfs: &Sysfs) -> Result<(String, String), String> {
 #[test]
 fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
     let sysfs = Sysfs::two_nodes();
-    let mut cmd = preloaded(hostile(), &sysfs);
-    cmd.args(["signals", "3000"]);
-    let mut run = Driver::spawn(cmd, LIMIT);
+    let mut run = start(&sysfs, &["signals", "3000"], LIMIT);
     let line = run.line("SIGNALS");
     let handled: u64 = field(&line, "handled").parse().unwrap();
     assert!(handled > 100, "the handler ran: {line}");
@@ -49,10 +60,8 @@ fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
 #[test]
 fn vfork_and_clone_vm_children_leave_their_parent_as_it_was() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
-    let mut cmd = preloaded(hostile(), &sysfs);
-    cmd.arg("vfork");
-    let mut run = Driver::spawn(cmd, LIMIT);
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
+    let mut run = start(&sysfs, &["vfork"], LIMIT);
     let report = run.report("children");
     let children = run.phase();
     let w = children.thread("W").tid;
@@ -69,9 +78,7 @@ fn vfork_and_clone_vm_children_leave_their_parent_as_it_was() {
 #[test]
 fn a_chain_of_short_lived_threads_keeps_memory_bounded() {
     let sysfs = Sysfs::two_nodes();
-    let mut cmd = preloaded(hostile(), &sysfs);
-    cmd.args(["chain", "20000"]);
-    let mut run = Driver::spawn(cmd, Duration::from_secs(120));
+    let mut run = start(&sysfs, &["chain", "20000"], Duration::from_secs(120));
     let line = run.line("CHAIN");
     let early: i64 = field(&line, "heap_at_1000").parse().unwrap();
     let late: i64 = field(&line, "heap_at_end").parse().unwrap();
@@ -89,10 +96,8 @@ fn a_chain_of_short_lived_threads_keeps_memory_bounded() {
 #[test]
 fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
-    let mut cmd = preloaded(hostile(), &sysfs);
-    cmd.arg("glibc");
-    let mut run = Driver::spawn(cmd, LIMIT);
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
+    let mut run = start(&sysfs, &["glibc"], LIMIT);
     let unnamed = run.line("UNNAMED");
     let configured = run.phase();
     let helpers: Vec<&str> = configured
@@ -123,10 +128,8 @@ fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
 #[test]
 fn a_timers_callback_runs_with_its_creators_role_not_glibcs_helpers() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
-    let mut cmd = preloaded(hostile(), &sysfs);
-    cmd.arg("timers");
-    let mut run = Driver::spawn(cmd, LIMIT);
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
+    let mut run = start(&sysfs, &["timers"], LIMIT);
     let line = run.line("TIMERS");
     run.succeed();
     assert_eq!(field(&line, "worker"), local, "{line}");
@@ -145,13 +148,10 @@ fn a_timers_callback_runs_with_its_creators_role_not_glibcs_helpers() {
 #[test]
 fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
-    let mut cmd = preloaded(hostile(), &sysfs);
-    cmd.arg("tsd");
-    let mut run = Driver::spawn(cmd, LIMIT);
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
+    let mut run = start(&sysfs, &["tsd"], LIMIT);
     let configured = run.phase();
-    assert_eq!(configured.role("orphan"), 1, "a worker, as its creator was");
-    assert_eq!(configured.mask("orphan"), local);
+    orphan_is_a_worker(&configured, &local);
     run.proceed();
     let released = run.phase();
     assert_eq!(released.mask("orphan"), all, "restored at the last release");
@@ -165,10 +165,8 @@ fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
 #[test]
 fn a_thread_created_from_a_thread_local_destructor_is_its_exiting_creators_child() {
     let sysfs = Sysfs::two_nodes();
-    let (all, local) = require!(all_and_local(&sysfs));
-    let mut cmd = preloaded(hostile(), &sysfs);
-    cmd.arg("tlsdtor");
-    let mut run = Driver::spawn(cmd, LIMIT);
+    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
+    let mut run = start(&sysfs, &["tlsdtor"], LIMIT);
     let exited = run.after("EXITED ");
     let (tid, role) = exited.split_once(" role=").unwrap();
     assert!(
@@ -177,8 +175,7 @@ fn a_thread_created_from_a_thread_local_destructor_is_its_exiting_creators_child
     );
     // The report lists the live threads and no other (checked there).
     let (configured, _, report) = run.phase_and_registry("configured");
-    assert_eq!(configured.role("orphan"), 1, "a worker, as its creator was");
-    assert_eq!(configured.mask("orphan"), local);
+    orphan_is_a_worker(&configured, &local);
     assert!(
         !report_tids(&report).contains(&tid.parse().unwrap()),
         "the exited worker is unregistered: {report}"
@@ -216,8 +213,7 @@ fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
         "alone, it carries the mask: {alone}"
     );
     let crowded = run(format!("{}:{}", library().display(), early.display()));
-    assert!(crowded.contains("threads=2"), "{crowded}");
-    assert!(crowded.contains("(unset)"), "{crowded}");
+    says(&crowded, &["threads=2", "(unset)"]);
 }
 
 /// Two `SCHED_FIFO` threads of different priorities on one CPU both create threads, so both
@@ -226,9 +222,7 @@ fn a_dedicated_worker_sets_no_variable_once_another_thread_runs() {
 #[test]
 fn a_high_priority_fifo_waiter_lets_a_low_priority_holder_finish() {
     let sysfs = Sysfs::two_nodes();
-    let mut cmd = preloaded(hostile(), &sysfs);
-    cmd.args(["fifo", "2000"]);
-    let mut run = Driver::spawn(cmd, Duration::from_secs(30));
+    let mut run = start(&sysfs, &["fifo", "2000"], Duration::from_secs(30));
     let line = run.line("FIFO");
     require!(
         !line.contains("unavailable"),

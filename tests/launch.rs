@@ -180,19 +180,22 @@ fn the_report_belongs_to_the_program_not_its_wrapper() {
     assert!(report.exists());
 }
 
+/// `fork_without_handlers <mode>` under the library: its child is made by `_Fork()`.
+fn without_handlers(sysfs: &Sysfs, mode: &str) -> Driver {
+    let mut cmd = preloaded(Program::c("fork_without_handlers").build(), sysfs);
+    cmd.arg(mode);
+    Driver::spawn(cmd, LIMIT)
+}
+
 /// A child made by `_Fork()` (no fork handlers) that exits through `exit()` runs the exit
 /// handlers it inherited: the parent's thread table stays.
 #[test]
 fn a_child_that_skipped_the_fork_handlers_leaves_the_parents_table() {
     let sysfs = Sysfs::two_nodes();
     require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    let program = Program::c("fork_without_handlers").build();
-    let mut cmd = preloaded(program, &sysfs);
-    cmd.arg("exit");
-    let mut run = Driver::spawn(cmd, LIMIT);
+    let mut run = without_handlers(&sysfs, "exit");
     let line = run.line("TABLE");
-    assert!(line.contains("before=1"), "{line}");
-    assert!(line.contains("after=1"), "{line}");
+    says(&line, &["before=1", "after=1"]);
     run.succeed();
 }
 
@@ -202,10 +205,7 @@ fn a_child_that_skipped_the_fork_handlers_leaves_the_parents_table() {
 fn a_child_that_skipped_the_fork_handlers_never_writes_the_parents_table() {
     let sysfs = Sysfs::two_nodes();
     require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    let program = Program::c("fork_without_handlers").build();
-    let mut cmd = preloaded(program, &sysfs);
-    cmd.arg("thread");
-    let mut run = Driver::spawn(cmd, LIMIT);
+    let mut run = without_handlers(&sysfs, "thread");
     let child = run.line("CHILD");
     let child_thread: i32 = child.split_whitespace().nth(2).unwrap().parse().unwrap();
     let table = run.line("TABLE");

@@ -19,22 +19,10 @@ use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-struct Cpus {
-    all: String,
-    local: String,
-    other: String,
-}
-
 /// The three masks of the simulated host; the error (for `require!`) on a machine with a single
 /// allowed CPU, where host and worker masks cannot differ.
-fn cpus(sysfs: &Sysfs) -> Result<Cpus, String> {
-    let all = allowed_cpus();
-    two_cpus("host and worker masks that differ")?;
-    Ok(Cpus {
-        all: all.to_list(),
-        local: sysfs.node1.to_list(),
-        other: sysfs.node0.to_list(),
-    })
+fn cpus(sysfs: &Sysfs) -> Result<HostCpus, String> {
+    sysfs.cpus("host and worker masks that differ")
 }
 
 fn life() -> PathBuf {
@@ -136,12 +124,10 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
         "never overridden",
     );
     let end = run.succeed();
-    assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
-    assert!(
-        end.stderr
-            .contains("4 worker threads keep masks set by someone else"),
-        "{}",
-        end.stderr
+    never_says(&end.stderr, &["constrained"]);
+    says(
+        &end.stderr,
+        &["4 worker threads keep masks set by someone else"],
     );
 }
 
@@ -227,11 +213,7 @@ fn check_preserved(row: &Preserved) {
     expect(&again, Named(&left_alone), on(&c.other), row.again);
     expect(&again, Named(row.workers), on(&c.local), "worker");
     let end = run.succeed();
-    assert!(
-        end.stderr.contains("preserved 1 externally changed"),
-        "{}",
-        end.stderr
-    );
+    says(&end.stderr, &["preserved 1 externally changed"]);
     (row.own)(&end);
 }
 
@@ -391,7 +373,7 @@ fn creation_failure_on_an_impossible_attr_mask_passes_through_and_leaves_nothing
         "creation still works after failures"
     );
     let end = run.succeed();
-    assert!(!end.stdout.contains("ERROR"), "{}", end.stdout);
+    never_says(&end.stdout, &["ERROR"]);
 }
 
 /// RLIMIT_NPROC: as root the limit is ignored, so the program drops to `nobody` (setresuid, after
@@ -710,7 +692,7 @@ fn a_dedicated_worker_process_is_configured_at_load() {
         );
         let end = run.finish();
         assert!(end.status.success(), "{vars:?}: {}", end.stderr);
-        assert!(!end.stderr.contains("constrained"), "{}", end.stderr);
+        never_says(&end.stderr, &["constrained"]);
     }
 
     // The same in Python (the real interpreter, not a wrapper script).
@@ -771,11 +753,7 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
         let end = run.finish();
         assert!(end.status.success(), "{case}: {}", end.stderr);
         if answer < 0 {
-            let lines: Vec<&str> = end
-                .stderr
-                .lines()
-                .filter(|l| l.starts_with("[tllm-affinity]"))
-                .collect();
+            let lines = lines_starting(&end.stderr, "[tllm-affinity]");
             assert_eq!(lines.len(), 1, "{case}: one line\n{}", end.stderr);
             assert!(lines[0].contains("CUDA_VISIBLE_DEVICES"), "{}", lines[0]);
             assert!(lines[0].contains(uuid), "{}", lines[0]);
@@ -800,7 +778,7 @@ fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
     cmd.arg(&worker_lib).args(["20", "1000"]);
     let end = run_bounded(cmd, LIMIT);
     assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
-    assert!(end.stdout.contains("DONE"), "{}", end.stdout);
+    says(&end.stdout, &["DONE"]);
     let host = allowed_cpus();
     let mut raced = 0;
     for line in end.stdout.lines().filter(|l| l.starts_with("ROUND ")) {

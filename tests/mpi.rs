@@ -228,15 +228,15 @@ fn dedicated_worker_ranks_without_binding() {
         assert_eq!(seen.load.to_list(), all, "--bind-to none leaves the mask");
         assert!(!seen.constrained);
         assert_dedicated(seen, &local, "--bind-to none");
-        assert!(
-            stderr.contains(&format!(
+        says(
+            &stderr,
+            &[&format!(
                 "Worker process {} CPU affinity set to [{local}] for optimal NUMA-aware scheduling",
                 seen.pid
-            )),
-            "{stderr}"
+            )],
         );
     }
-    assert!(!stderr.contains("constrained"), "{stderr}");
+    never_says(&stderr, &["constrained"]);
 }
 
 /// `--bind-to core`: each rank starts bound to one core, narrower than the cpuset, so it is
@@ -320,8 +320,10 @@ fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
     run.go("released");
     run.go("running");
     let stderr = run.finish();
-    assert!(stderr.contains("rank 0: configure(-1) -> 1"), "{stderr}");
-    assert!(stderr.contains("rank 0: release -> 0"), "{stderr}");
+    says(
+        &stderr,
+        &["rank 0: configure(-1) -> 1", "rank 0: release -> 0"],
+    );
     [configured, released, rank1]
 }
 

@@ -63,19 +63,22 @@ fn fork_storm(mode: &str, seconds: &str, sysfs: &Sysfs) -> std::process::Command
     cmd
 }
 
+/// [`fork_storm`] in `mode` for `seconds`, four times, each within `limit`: its STORM lines.
+fn four_storms(mode: &str, seconds: &str, limit: Duration) -> Vec<String> {
+    let sysfs = Sysfs::two_nodes();
+    every_run_finishes(|| fork_storm(mode, seconds, &sysfs), "STORM", 4, limit)
+        .into_iter()
+        .map(|(line, _)| line)
+        .collect()
+}
+
 fn count(line: &str, key: &str) -> u64 {
     field(line, key).parse().unwrap()
 }
 
 #[test]
 fn a_fork_child_never_waits_for_the_loader_lock_a_parent_thread_held() {
-    let sysfs = Sysfs::two_nodes();
-    for (line, _) in every_run_finishes(
-        || fork_storm("repro", "2", &sysfs),
-        "STORM",
-        4,
-        Duration::from_secs(40),
-    ) {
+    for line in four_storms("repro", "2", Duration::from_secs(40)) {
         assert!(count(&line, "forks") > 10, "{line}");
         assert!(count(&line, "loads") > 10, "{line}");
         assert_eq!(count(&line, "children_bad"), 0, "{line}");
@@ -84,13 +87,7 @@ fn a_fork_child_never_waits_for_the_loader_lock_a_parent_thread_held() {
 
 #[test]
 fn the_storm_of_loads_forks_spawns_signals_and_configures_always_finishes() {
-    let sysfs = Sysfs::two_nodes();
-    for (line, _) in every_run_finishes(
-        || fork_storm("storm", "3", &sysfs),
-        "STORM",
-        4,
-        Duration::from_secs(50),
-    ) {
+    for line in four_storms("storm", "3", Duration::from_secs(50)) {
         for key in [
             "forks",
             "loads",

@@ -47,21 +47,19 @@ impl Host {
     /// The 8-GPU host; `driver` lists these GPUs in /proc/driver/nvidia with their /dev node
     /// written when the flag is true.
     fn new(driver: &[(&str, &str, bool)]) -> Host {
-        let allowed = allowed_cpus();
-        let cpus: Vec<usize> = allowed.iter().collect();
-        let half = (cpus.len() / 2).max(1);
-        let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
-        let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
-        let mut host = SimulatedHost::new()
-            .node(0, &node0)
-            .node(1, &node1)
-            .node_distances(vec![vec![10, 21], vec![21, 10]]);
+        let (node0, node1) = two_halves();
+        let mut host = two_nodes(&node0, &node1);
         for (address, node) in SYSFS_GPUS {
             host = host.gpu(address, Some(node), None);
         }
         for (i, (address, uuid, opens)) in driver.iter().enumerate() {
             host = host.driver_gpu(address, uuid, i as u32, *opens);
         }
+        Host::written(host, node0, node1)
+    }
+
+    /// `host` written as this host's sysfs tree, with `node0` and `node1` for the tests to read.
+    fn written(host: SimulatedHost, node0: CpuMask, node1: CpuMask) -> Host {
         let sysfs = tempfile::tempdir().unwrap();
         host.write(sysfs.path()).unwrap();
         Host {
@@ -94,12 +92,40 @@ impl Host {
             .env("TLLM_AFFINITY_LOG", "debug")
             .env_remove("LD_LIBRARY_PATH");
         if let Some((text, lib_dir)) = nvml {
-            std::fs::write(self.nvml_file(), text).unwrap();
-            cmd.env("LD_LIBRARY_PATH", lib_dir)
-                .env("TLLM_NVML_DOUBLE", self.nvml_file());
+            self.answer(&mut cmd, text, lib_dir);
         }
         cmd
     }
+
+    /// [`Host::command`] with NVML showing the container's two GPUs ([`container_nvml`]).
+    fn in_container(&self, program: &Path) -> Command {
+        self.command(program, Some((&container_nvml(), &nvml_double(false))))
+    }
+
+    /// NVML answering `cmd` from `text` through the double in `lib_dir`.
+    fn answer<'a>(&self, cmd: &'a mut Command, text: &str, lib_dir: &Path) -> &'a mut Command {
+        std::fs::write(self.nvml_file(), text).unwrap();
+        cmd.env("LD_LIBRARY_PATH", lib_dir)
+            .env("TLLM_NVML_DOUBLE", self.nvml_file())
+    }
+}
+
+/// The lower half of the CPUs this process may use (node 0) and the rest (node 1).
+fn two_halves() -> (CpuMask, CpuMask) {
+    let allowed = allowed_cpus();
+    let cpus: Vec<usize> = allowed.iter().collect();
+    let half = (cpus.len() / 2).max(1);
+    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
+    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
+    (node0, node1)
+}
+
+/// Nodes 0 and 1 on these CPUs, 21 apart.
+fn two_nodes(node0: &CpuMask, node1: &CpuMask) -> SimulatedHost {
+    SimulatedHost::new()
+        .node(0, node0)
+        .node(1, node1)
+        .node_distances(vec![vec![10, 21], vec![21, 10]])
 }
 
 /// The double as `libnvidia-ml.so.1` in a directory of its own, to put on LD_LIBRARY_PATH;
@@ -175,21 +201,17 @@ fn no_nvml_lines(stderr: &str) -> Vec<&str> {
 fn container_cuda_numbers_follow_nvml_not_sysfs() {
     require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
-    let lib = nvml_double(false);
     let program = gpu_population();
     // sysfs alone (no NVML, no driver list): device 1 is sysfs's 2a, on node 0: the wrong
     // socket for the container's second GPU. This is what the library did before NVML.
     let (lines, stderr) = population(host.command(&program, None), &[0, 1]);
     assert_on(&lines, &[&host.node0, &host.node0], &stderr);
     // NVML shows the container's two GPUs: device 0 is 3a (node 0), device 1 is ba (node 1).
-    let (lines, stderr) = population(
-        host.command(&program, Some((&container_nvml(), &lib))),
-        &[0, 1],
-    );
+    let (lines, stderr) = population(host.in_container(&program), &[0, 1]);
     assert_on(&lines, &[&host.node0, &host.node1], &stderr);
-    assert!(
-        stderr.contains("CUDA device 1 = GPU 1 (0000:ba:00.0) in PCI order, from NVML"),
-        "{stderr}"
+    says(
+        &stderr,
+        &["CUDA device 1 = GPU 1 (0000:ba:00.0) in PCI order, from NVML"],
     );
     assert!(no_nvml_lines(&stderr).is_empty(), "{stderr}");
 }
@@ -198,15 +220,14 @@ fn container_cuda_numbers_follow_nvml_not_sysfs() {
 fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
     require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
-    let lib = nvml_double(false);
-    let mut cmd = host.command(&gpu_population(), Some((&container_nvml(), &lib)));
+    let mut cmd = host.in_container(&gpu_population());
     // Full UUID first, then a unique prefix ("GPU-3a" names one GPU).
     cmd.env("CUDA_VISIBLE_DEVICES", format!("{UUID_BA},GPU-3a"));
     let (lines, stderr) = population(cmd, &[0, 1]);
     assert_on(&lines, &[&host.node1, &host.node0], &stderr);
-    assert!(
-        stderr.contains("CUDA device 0 = CUDA_VISIBLE_DEVICES[0] = GPU 1 (0000:ba:00.0)"),
-        "{stderr}"
+    says(
+        &stderr,
+        &["CUDA device 0 = CUDA_VISIBLE_DEVICES[0] = GPU 1 (0000:ba:00.0)"],
     );
 }
 
@@ -214,10 +235,9 @@ fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
 fn mig_names_resolve_to_the_parent_gpu() {
     require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
-    let lib = nvml_double(false);
     let program = gpu_population();
     for cvd in [MIG_BA.to_string(), format!("MIG-{UUID_BA}/1/0")] {
-        let mut cmd = host.command(&program, Some((&container_nvml(), &lib)));
+        let mut cmd = host.in_container(&program);
         cmd.env("CUDA_VISIBLE_DEVICES", &cvd);
         let (lines, stderr) = population(cmd, &[0]);
         assert_on(&lines, &[&host.node1], &stderr);
@@ -285,9 +305,9 @@ fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
         let said = no_nvml_lines(&stderr);
         assert_eq!(said.len(), 1, "{why}: {stderr}");
         assert!(said[0].contains(why), "{why}: {stderr}");
-        assert!(
-            stderr.contains("from the driver's list (/proc/driver/nvidia/gpus)"),
-            "{stderr}"
+        says(
+            &stderr,
+            &["from the driver's list (/proc/driver/nvidia/gpus)"],
         );
     }
     // A MIG name needs NVML: a clear error, no mask changed.
@@ -296,9 +316,9 @@ fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
     let (lines, stderr) = population(cmd, &[0]);
     assert_eq!(lines[0].lease, -(libc::ENODEV as i64), "{stderr}");
     assert_eq!(lines[0].worker, allowed_cpus());
-    assert!(
-        stderr.contains("is a MIG name; mapping it to its GPU needs NVML"),
-        "{stderr}"
+    says(
+        &stderr,
+        &["is a MIG name; mapping it to its GPU needs NVML"],
     );
 }
 
@@ -332,16 +352,12 @@ fn the_driver_list_alone_finds_the_container_gpus() {
 #[test]
 fn nvml_loads_at_the_first_configure_not_at_load() {
     let host = Host::new(&[]);
-    let lib = nvml_double(false);
     let program = gpu_population();
     // Loaded, never configured: NVML never initialised.
-    let (_, stderr) = population(host.command(&program, Some((&container_nvml(), &lib))), &[]);
+    let (_, stderr) = population(host.in_container(&program), &[]);
     assert_eq!(host.inits(), 0, "{stderr}");
     // Three configures, and the device variables read at each: one nvmlInit_v2.
-    let (lines, stderr) = population(
-        host.command(&program, Some((&container_nvml(), &lib))),
-        &[0, 1, 0],
-    );
+    let (lines, stderr) = population(host.in_container(&program), &[0, 1, 0]);
     assert!(lines.iter().all(|l| l.lease > 0), "{lines:?}\n{stderr}");
     assert_eq!(host.inits(), 1, "{stderr}");
 }
@@ -351,15 +367,14 @@ fn nvml_loads_at_the_first_configure_not_at_load() {
 fn fork_children_reuse_or_ask_nvml() {
     require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[]);
-    let lib = nvml_double(false);
     let program = gpu_population();
-    let mut cmd = host.command(&program, Some((&container_nvml(), &lib)));
+    let mut cmd = host.in_container(&program);
     cmd.args(["0", "fork"]);
     let (lines, stderr) = population(cmd, &[1]);
     assert_on(&lines, &[&host.node0, &host.node1], &stderr);
     assert_eq!(host.inits(), 1, "{stderr}");
     let host = Host::new(&[]);
-    let mut cmd = host.command(&program, Some((&container_nvml(), &lib)));
+    let mut cmd = host.in_container(&program);
     cmd.arg("fork");
     let (lines, stderr) = population(cmd, &[1]);
     assert_on(&lines, &[&host.node1], &stderr);
@@ -370,13 +385,12 @@ fn fork_children_reuse_or_ask_nvml() {
 fn a_dedicated_worker_resolves_without_nvml_at_load() {
     require!(two_cpus("two NUMA nodes"));
     let host = Host::new(&[("0000:ba:00.0", UUID_BA, true)]);
-    let lib = nvml_double(false);
-    let mut cmd = host.command(&gpu_population(), Some((&container_nvml(), &lib)));
+    let mut cmd = host.in_container(&gpu_population());
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
     let (_, stderr) = population(cmd, &[]);
     // Configured from the constructor through the driver's list; NVML untouched.
     assert_eq!(host.inits(), 0, "{stderr}");
-    assert!(stderr.contains("0000:ba:00.0"), "{stderr}");
+    says(&stderr, &["0000:ba:00.0"]);
 }
 
 #[test]
@@ -386,47 +400,33 @@ fn topo_names_its_source_and_the_container() {
         ("0000:ba:00.0", UUID_BA, true),
     ]);
     let lib = nvml_double(false);
-    let out = host
-        .command(&cli(), Some((&container_nvml(), &lib)))
-        .arg("topo")
-        .output()
-        .unwrap();
+    let out = host.in_container(&cli()).arg("topo").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     println!("{text}");
-    assert!(
-        text.contains("GPUs this process sees (from NVML):"),
-        "{text}"
-    );
-    assert!(
-        text.contains("sysfs lists 8 NVIDIA GPUs, NVML shows 2: this looks like a container"),
-        "{text}"
-    );
-    assert!(
-        text.contains(&format!("CUDA device 1: 0000:ba:00.0 ({UUID_BA})")),
-        "{text}"
+    says(
+        &text,
+        &[
+            "GPUs this process sees (from NVML):",
+            "sysfs lists 8 NVIDIA GPUs, NVML shows 2: this looks like a container",
+            &format!("CUDA device 1: 0000:ba:00.0 ({UUID_BA})"),
+        ],
     );
     // Without NVML: the driver's list, and the same words for it.
+    let no_nvml = format!("{}init 9\n", container_nvml());
     let out = host
-        .command(
-            &cli(),
-            Some((&format!("{}init 9\n", container_nvml()), &lib)),
-        )
+        .command(&cli(), Some((&no_nvml, &lib)))
         .arg("topo")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains("GPUs this process sees (from the driver's list"),
-        "{text}"
-    );
-    assert!(
-        text.contains("NVML: not used: nvmlInit_v2 returned 9"),
-        "{text}"
-    );
-    assert!(
-        text.contains("sysfs lists 8 NVIDIA GPUs, the driver shows 2: this looks like a container"),
-        "{text}"
+    says(
+        &text,
+        &[
+            "GPUs this process sees (from the driver's list",
+            "NVML: not used: nvmlInit_v2 returned 9",
+            "sysfs lists 8 NVIDIA GPUs, the driver shows 2: this looks like a container",
+        ],
     );
 }
 
@@ -490,26 +490,20 @@ fn device_check_script_against_the_double() {
     assert_eq!(code, Some(0), "{text}");
     // The dump of NVML's answers reads back as the file the double answered from.
     assert_eq!(dump, agreeing);
-    assert!(text.contains("CPU Affinity"), "{text}");
-    assert!(text.contains("\"source\": \"NVML\""), "{text}");
-    assert!(text.contains(&format!("device 1: worker [{n1}]")), "{text}");
+    let worker = format!("device 1: worker [{n1}]");
+    let found = ["CPU Affinity", "\"source\": \"NVML\"", &worker];
+    says(&text, &found);
     assert_eq!(text.matches(": agrees").count(), 4, "{text}");
-    assert!(
-        text.contains("device-check: no disagreement found"),
-        "{text}"
-    );
+    says(&text, &["device-check: no disagreement found"]);
     // NVML placing device 1 on node 0 is a disagreement the script reports.
     let (code, text, _) =
         run(&agreeing.replace(&format!("{UUID_BA} {n1}"), &format!("{UUID_BA} {n0}")));
     assert_eq!(code, Some(1), "{text}");
-    assert!(text.contains(": DIFFERS"), "{text}");
+    says(&text, &[": DIFFERS"]);
     // No CPU affinity from NVML: "cannot verify", not a failure.
     let (code, text, _) = run(&container_nvml());
     assert_eq!(code, Some(0), "{text}");
-    assert!(
-        text.contains("NVML: no CPU affinity: cannot verify"),
-        "{text}"
-    );
+    says(&text, &["NVML: no CPU affinity: cannot verify"]);
 }
 
 /// A GPU NVML names that sysfs shows as another vendor's function (QEMU's `pci-testdev` on node
@@ -519,32 +513,13 @@ fn device_check_script_against_the_double() {
 #[test]
 fn plan_topo_and_configure_agree_on_a_gpu_nvml_names_outside_sysfs_nvidia_functions() {
     require!(two_cpus("node 1's CPUs narrower than the host"));
-    let allowed = allowed_cpus();
-    let cpus: Vec<usize> = allowed.iter().collect();
-    let half = (cpus.len() / 2).max(1);
-    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
-    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
-    let sysfs = tempfile::tempdir().unwrap();
-    SimulatedHost::new()
-        .node(0, &node0)
-        .node(1, &node1)
-        .node_distances(vec![vec![10, 21], vec![21, 10]])
-        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(1))
-        .write(sysfs.path())
-        .unwrap();
-    let nvml = tempfile::tempdir().unwrap();
-    let nvml_file = nvml.path().join("nvml");
-    std::fs::write(&nvml_file, format!("gpu 00000000:81:00.0 {UUID_BA} -\n")).unwrap();
+    let (node0, node1) = two_halves();
+    let host = two_nodes(&node0, &node1).pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(1));
+    let host = Host::written(host, node0, node1);
+    let node1 = &host.node1;
+    let nvml = format!("gpu 00000000:81:00.0 {UUID_BA} -\n");
     let lib = nvml_double(false);
-    let command = |program: &Path| {
-        let mut cmd = clean(program);
-        cmd.env("LD_PRELOAD", library())
-            .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
-            .env("TLLM_AFFINITY_LOG", "debug")
-            .env("LD_LIBRARY_PATH", &lib)
-            .env("TLLM_NVML_DOUBLE", &nvml_file);
-        cmd
-    };
+    let command = |program: &Path| host.command(program, Some((&nvml, &lib)));
 
     let mut population = command(&gpu_population());
     population.arg("0");
@@ -590,44 +565,29 @@ fn plan_topo_and_configure_agree_on_a_gpu_nvml_names_outside_sysfs_nvidia_functi
 fn a_gpu_without_a_node_gets_every_cpu_with_a_line_and_one_on_a_cpu_less_node_the_nearest() {
     require!(two_cpus("node 1's CPUs narrower than the host"));
     let allowed = allowed_cpus();
-    let cpus: Vec<usize> = allowed.iter().collect();
-    let half = (cpus.len() / 2).max(1);
-    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
-    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
-    let sysfs = tempfile::tempdir().unwrap();
-    SimulatedHost::new()
+    let (node0, node1) = two_halves();
+    let host = SimulatedHost::new()
         .node(0, &node0)
         .node(1, &node1)
         .node(2, &CpuMask::new())
         .node_distances(vec![vec![10, 20, 20], vec![20, 10, 12], vec![20, 12, 10]])
         .pci_device_on("0000:00:10.0", 0x1b36, 0x00ff00, None)
-        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(2))
-        .write(sysfs.path())
-        .unwrap();
-    let nvml = tempfile::tempdir().unwrap();
-    let nvml_file = nvml.path().join("nvml");
-    std::fs::write(
-        &nvml_file,
-        format!("gpu 00000000:00:10.0 {UUID_3A} -\ngpu 00000000:81:00.0 {UUID_BA} -\n"),
-    )
-    .unwrap();
-    let mut cmd = clean(gpu_population());
-    cmd.env("LD_PRELOAD", library())
-        .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
-        .env("TLLM_AFFINITY_LOG", "info")
-        .env("LD_LIBRARY_PATH", nvml_double(false))
-        .env("TLLM_NVML_DOUBLE", &nvml_file);
+        .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(2));
+    let host = Host::written(host, node0, node1);
+    let nvml = format!("gpu 00000000:00:10.0 {UUID_3A} -\ngpu 00000000:81:00.0 {UUID_BA} -\n");
+    let mut cmd = host.command(&gpu_population(), Some((&nvml, &nvml_double(false))));
+    cmd.env("TLLM_AFFINITY_LOG", "info");
     let (lines, stderr) = population(cmd, &[0, 1]);
     println!("{stderr}");
     assert_eq!(lines[0].worker, allowed, "{stderr}");
-    assert!(
-        stderr.contains("GPU 0000:00:10.0 has no NUMA node: using every online CPU"),
-        "{stderr}"
+    says(
+        &stderr,
+        &["GPU 0000:00:10.0 has no NUMA node: using every online CPU"],
     );
-    assert_eq!(lines[1].worker, node1, "{stderr}");
-    assert!(
-        stderr.contains("GPU 0000:81:00.0 sits on NUMA node 2, which has no CPUs: using node 1"),
-        "{stderr}"
+    assert_eq!(lines[1].worker, host.node1, "{stderr}");
+    says(
+        &stderr,
+        &["GPU 0000:81:00.0 sits on NUMA node 2, which has no CPUs: using node 1"],
     );
 }
 
@@ -638,8 +598,8 @@ fn a_gpu_without_a_node_gets_every_cpu_with_a_line_and_one_on_a_cpu_less_node_th
 #[test]
 fn plan_keeps_an_offline_cpu_out_of_the_worker_set_and_the_step_placement() {
     let mut host = SimulatedHost::new()
-        .node(0, &CpuMask::parse_list("0-3").unwrap())
-        .node(1, &CpuMask::parse_list("4-7").unwrap())
+        .node(0, &mask("0-3"))
+        .node(1, &mask("4-7"))
         .online(&CpuMask::parse_list("0-6").unwrap())
         .pci_device_on("0000:81:00.0", 0x1b36, 0x00ff00, Some(1));
     for cpu in 0..8 {
@@ -651,20 +611,15 @@ fn plan_keeps_an_offline_cpu_out_of_the_worker_set_and_the_step_placement() {
             &CpuMask::from_cpus([2 * core, 2 * core + 1]),
         );
     }
-    let sysfs = tempfile::tempdir().unwrap();
-    host.write(sysfs.path()).unwrap();
-    let nvml = tempfile::tempdir().unwrap();
-    let nvml_file = nvml.path().join("nvml");
-    std::fs::write(&nvml_file, format!("gpu 00000000:81:00.0 {UUID_BA} -\n")).unwrap();
+    let host = Host::written(host, mask("0-3"), mask("4-7"));
+    let nvml = format!("gpu 00000000:81:00.0 {UUID_BA} -\n");
+    let lib = nvml_double(false);
     for (step_core, result) in [("4", 6), ("auto", 6)] {
-        let out = clean(cli())
-            .args(["plan", "--gpu", "0", "--json", "--cpus", "0-6"])
-            .env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path())
-            .env("TLLM_AFFINITY_STEP_CORE", step_core)
-            .env("LD_LIBRARY_PATH", nvml_double(false))
-            .env("TLLM_NVML_DOUBLE", &nvml_file)
-            .output()
-            .unwrap();
+        let mut plan = clean(cli());
+        plan.args(["plan", "--gpu", "0", "--json", "--cpus", "0-6"])
+            .env("TLLM_AFFINITY_SYSFS_ROOT", host.sysfs.path())
+            .env("TLLM_AFFINITY_STEP_CORE", step_core);
+        let out = host.answer(&mut plan, &nvml, &lib).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),

@@ -10,7 +10,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use common::*;
 use serde_json::Value;
@@ -39,21 +39,14 @@ fn under_run(host: &Sysfs, case_name: &str, options: &[&str], args: &[&str]) -> 
     cmd
 }
 
-fn output(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{:?} failed: {}\n{}",
-        cmd,
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+/// [`under_run`] of `hook_probe.py probe 0` over the upstream-shaped package.
+fn upstream_probe(host: &Sysfs, options: &[&str]) -> Command {
+    under_run(host, "upstream", options, &["probe", "0"])
 }
 
 /// The probe's JSON line and the program's stderr.
 fn probe(cmd: &mut Command) -> (Value, String) {
-    let out = output(cmd);
+    let out = succeeded(cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout
         .lines()
@@ -62,6 +55,27 @@ fn probe(cmd: &mut Command) -> (Value, String) {
         .unwrap_or_else(|| panic!("no JSON line in {stdout}"));
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     (serde_json::from_str(line).unwrap(), stderr)
+}
+
+/// A user's `sitecustomize.py` holding `code`, in a directory of its own, and a PYTHONPATH of
+/// that directory then the upstream case.
+fn user_site(code: &str) -> (tempfile::TempDir, std::ffi::OsString) {
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("sitecustomize.py"), code).unwrap();
+    let path = std::env::join_paths([site.path().to_path_buf(), case("upstream")]).unwrap();
+    (site, path)
+}
+
+/// The library said nothing.
+fn no_library_line(stderr: &str) {
+    assert!(lines_with(stderr, "[tllm-affinity]").is_empty(), "{stderr}");
+}
+
+/// The one line of `stderr` that holds `needle` (there must be exactly one).
+fn said_once<'a>(stderr: &'a str, needle: &str) -> &'a str {
+    let said = lines_with(stderr, needle);
+    assert_eq!(said.len(), 1, "{stderr}");
+    said[0]
 }
 
 fn lines_with<'a>(stderr: &'a str, needle: &str) -> Vec<&'a str> {
@@ -111,10 +125,7 @@ fn run_wraps_configure_in_an_unmodified_program() {
     let host = Sysfs::two_nodes();
     let report = host.path().join("report.json");
     let report_option = format!("--report={}", report.display());
-    let (v, stderr) = probe(
-        under_run(&host, "upstream", &[&report_option], &["probe", "0"])
-            .env("HOOK_PROBE_PS", cli()),
-    );
+    let (v, stderr) = probe(upstream_probe(&host, &[&report_option]).env("HOOK_PROBE_PS", cli()));
     assert_engaged(&v, &host, "run");
     // `ps` of the live process shows what engaged in one line, beside its memory per node.
     let ps = v["ps"].as_str().unwrap_or_default();
@@ -127,7 +138,7 @@ fn run_wraps_configure_in_an_unmodified_program() {
         adapter_line.contains(" 1/"),
         "one lease opened: {adapter_line}"
     );
-    assert!(ps.contains("memory per node: node 0 "), "{ps}");
+    says(ps, &["memory per node: node 0 "]);
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "engaged");
     // What engaged, in one line: the version, the callers and their leases.
     let detail = report_at(&report)["adapter_details"]["trtllm"].clone();
@@ -145,38 +156,25 @@ fn run_wraps_configure_in_an_unmodified_program() {
             .starts_with(hook_dir().to_str().unwrap()),
         "{v}"
     );
-    assert!(
-        lines_with(&stderr, "[tllm-affinity]").is_empty(),
-        "{stderr}"
-    );
+    no_library_line(&stderr);
 }
 
 #[test]
 fn no_python_hooks_and_the_variable_leave_upstream_alone() {
     let host = Sysfs::two_nodes();
-    let (v, _) = probe(&mut under_run(
-        &host,
-        "upstream",
-        &["--no-python-hooks"],
-        &["probe", "0"],
-    ));
+    let (v, _) = probe(&mut upstream_probe(&host, &["--no-python-hooks"]));
     assert_upstream_ran(&v, "--no-python-hooks");
-    let (v, _) = probe(
-        under_run(&host, "upstream", &[], &["probe", "0"]).env("TLLM_AFFINITY_PYTHON_HOOKS", "0"),
-    );
+    let (v, _) = probe(upstream_probe(&host, &[]).env("TLLM_AFFINITY_PYTHON_HOOKS", "0"));
     assert_upstream_ran(&v, "TLLM_AFFINITY_PYTHON_HOOKS=0");
 }
 
 #[test]
 fn a_malformed_switch_keeps_the_hook_on_with_one_line() {
     let host = Sysfs::two_nodes();
-    let (v, stderr) = probe(
-        under_run(&host, "upstream", &[], &["probe", "0"]).env("TLLM_AFFINITY_PYTHON_HOOKS", "yes"),
-    );
+    let (v, stderr) = probe(upstream_probe(&host, &[]).env("TLLM_AFFINITY_PYTHON_HOOKS", "yes"));
     assert_engaged(&v, &host, "TLLM_AFFINITY_PYTHON_HOOKS=yes");
-    let said = lines_with(&stderr, "TLLM_AFFINITY_PYTHON_HOOKS='yes'");
-    assert_eq!(said.len(), 1, "{stderr}");
-    assert!(said[0].contains("expected 0 or 1"), "{stderr}");
+    let said = said_once(&stderr, "TLLM_AFFINITY_PYTHON_HOOKS='yes'");
+    assert!(said.contains("expected 0 or 1"), "{stderr}");
 }
 
 #[test]
@@ -219,7 +217,7 @@ fn the_hook_reaches_every_rank_of_mpirun() {
         .args(["probe", "0"])
         .env("PYTHONPATH", case("upstream"))
         .env("TMPDIR", session.path());
-    let out = output(&mut cmd);
+    let out = succeeded(&mut cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let ranks: Vec<Value> = stdout
         .lines()
@@ -235,14 +233,8 @@ fn the_hook_reaches_every_rank_of_mpirun() {
 #[test]
 fn the_hook_chains_to_the_users_sitecustomize() {
     let host = Sysfs::two_nodes();
-    let site = tempfile::tempdir().unwrap();
-    std::fs::write(
-        site.path().join("sitecustomize.py"),
-        "import builtins\nbuiltins.USER_SITECUSTOMIZE_RAN = True\n",
-    )
-    .unwrap();
-    let path = std::env::join_paths([site.path().to_path_buf(), case("upstream")]).unwrap();
-    let (v, _) = probe(under_run(&host, "upstream", &[], &["probe", "0"]).env("PYTHONPATH", path));
+    let (site, path) = user_site("import builtins\nbuiltins.USER_SITECUSTOMIZE_RAN = True\n");
+    let (v, _) = probe(upstream_probe(&host, &[]).env("PYTHONPATH", path));
     assert_eq!(v["user_sitecustomize"], true, "{v}");
     assert_eq!(
         v["sitecustomize"],
@@ -287,27 +279,12 @@ fn the_hook_chains_to_debians_own_sitecustomize() {
 #[test]
 fn a_broken_user_sitecustomize_is_one_line_and_the_hook_still_works() {
     let host = Sysfs::two_nodes();
-    let site = tempfile::tempdir().unwrap();
-    std::fs::write(
-        site.path().join("sitecustomize.py"),
-        "raise RuntimeError('the site is misconfigured')\n",
-    )
-    .unwrap();
-    let path = std::env::join_paths([site.path().to_path_buf(), case("upstream")]).unwrap();
-    let (v, stderr) =
-        probe(under_run(&host, "upstream", &[], &["probe", "0"]).env("PYTHONPATH", path));
+    let (_site, path) = user_site("raise RuntimeError('the site is misconfigured')\n");
+    let (v, stderr) = probe(upstream_probe(&host, &[]).env("PYTHONPATH", path));
     assert_engaged(&v, &host, "broken sitecustomize");
     // site.py's own words, once, as without the hook.
-    assert_eq!(
-        lines_with(&stderr, "Error in sitecustomize").len(),
-        1,
-        "{stderr}"
-    );
-    assert_eq!(
-        lines_with(&stderr, "RuntimeError: the site is misconfigured").len(),
-        1,
-        "{stderr}"
-    );
+    said_once(&stderr, "Error in sitecustomize");
+    said_once(&stderr, "RuntimeError: the site is misconfigured");
     assert!(!stderr.contains("Traceback"), "{stderr}");
 }
 
@@ -326,10 +303,7 @@ fn an_unimportable_tensorrt_llm_fails_exactly_as_without_us() {
         "tensorrt_llm bindings are not built for this Python"
     );
     assert_eq!(with["import_error"], without["import_error"]);
-    assert!(
-        lines_with(&stderr, "[tllm-affinity]").is_empty(),
-        "{stderr}"
-    );
+    no_library_line(&stderr);
 }
 
 #[test]
@@ -349,9 +323,8 @@ fn a_renamed_upstream_is_said_once_and_recorded() {
         "{ps}"
     );
     assert_eq!(report_at(&report)["adapters"]["trtllm"], "not-found");
-    let said = lines_with(&stderr, "found no configure_cpu_affinity");
-    assert_eq!(said.len(), 1, "{stderr}");
-    assert!(said[0].contains("did not engage"), "{stderr}");
+    let said = said_once(&stderr, "found no configure_cpu_affinity");
+    assert!(said.contains("did not engage"), "{stderr}");
 }
 
 #[test]
@@ -365,11 +338,7 @@ fn another_signature_is_left_alone_with_one_line() {
     ));
     assert_eq!(v["wrapped"], false, "{v}");
     assert_eq!(v["adapter"]["state"], "signature", "{v}");
-    assert_eq!(
-        lines_with(&stderr, "does not take a device id").len(),
-        1,
-        "{stderr}"
-    );
+    said_once(&stderr, "does not take a device id");
     // Upstream's own function answers the call, as it would without us.
     assert!(
         v["thread"]["raised"]
@@ -390,10 +359,7 @@ fn a_device_the_library_cannot_resolve_pins_nothing_and_raises_nothing() {
     assert_eq!(mask_of(&v["thread"]["mask"]), allowed_cpus(), "{v}");
     assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{v}");
     assert_eq!(v["calls"], serde_json::json!([]), "{v}");
-    let said: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("[tllm-affinity]"))
-        .collect();
+    let said = lines_starting(&stderr, "[tllm-affinity]");
     assert_eq!(said.len(), 1, "{stderr}");
     assert!(said[0].contains("no mask changed"), "{stderr}");
 }
@@ -420,10 +386,7 @@ fn without_the_library_the_hook_changes_nothing() {
     let (v, stderr) = probe(&mut cmd);
     assert_upstream_ran(&v, "no library");
     assert!(v["adapter"].is_null(), "the adapter was imported: {v}");
-    assert!(
-        lines_with(&stderr, "[tllm-affinity]").is_empty(),
-        "{stderr}"
-    );
+    no_library_line(&stderr);
 }
 
 /// A call site with another signature (`BaseWorker._get_comm_ranks_device_id(self, rank)`) and a
@@ -450,16 +413,8 @@ fn call_sites_of_another_shape_run_as_without_the_adapter() {
         ]),
         "upstream's own function answered both calls: {v}"
     );
-    assert_eq!(
-        lines_with(&stderr, "is not the signature the adapter knows").len(),
-        1,
-        "{stderr}"
-    );
-    assert_eq!(
-        lines_with(&stderr, "is a coroutine or generator function").len(),
-        1,
-        "{stderr}"
-    );
+    said_once(&stderr, "is not the signature the adapter knows");
+    said_once(&stderr, "is a coroutine or generator function");
 }
 
 /// The start-up hook watches exactly the adapter's modules: utils and each call site's.

@@ -26,14 +26,8 @@ fn preloaded_script(host: &Sysfs, script: &str, args: &[&str], vars: &[(&str, &s
 
 /// Runs to completion and parses the one JSON line the program prints.
 fn json_of(cmd: &mut Command) -> (Value, Output) {
-    let out = cmd.output().expect("run python");
+    let out = succeeded(cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
     let line = stdout.lines().last().unwrap_or_default();
     let value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     (value, out)
@@ -71,7 +65,7 @@ fn configure_worker_role_and_report_move_only_worker_threads() {
     assert!(w["again_lease"].as_i64().unwrap() > w["lease"].as_i64().unwrap());
     assert_eq!(mask_of(&w["mask_after_again"]), *local);
     assert_eq!(mask_of(&w["mask_after_again_release"]), *local);
-    assert!(!stderr.contains("constrained"), "{stderr}");
+    never_says(&stderr, &["constrained"]);
     // The host thread living across the lease is never touched.
     assert_eq!(w["host_role"], "host");
     assert_eq!(mask_of(&v["host_mask_before"]), everything);
@@ -138,10 +132,7 @@ fn a_passive_library_gives_an_inert_lease_and_a_warning() {
         &[("TLLM_AFFINITY_POLICY", "bogus")],
     ));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("TLLM_AFFINITY_POLICY='bogus' is not valid"),
-        "{stderr}"
-    );
+    says(&stderr, &["TLLM_AFFINITY_POLICY='bogus' is not valid"]);
     assert_eq!(v["available"], true);
     assert_eq!(v["inert"], true);
     assert_eq!(v["id"], Value::Null);

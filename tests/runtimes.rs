@@ -78,77 +78,50 @@ fn http_server_with_openmp_and_openblas_worker() {
     // configure(0) on the worker thread: the worker, the OpenBLAS pool it started at import and
     // the OpenMP pool it started since get the GPU-local set; the HTTP server, the request held
     // since before and the host's OpenMP pool keep the launch mask.
+    let (worker, host) = (worker_on(&local), host_on(&all));
     for phase in [&configured, &lease] {
-        expect(
-            phase,
-            Matching(&["worker"]),
-            worker_on(&local),
-            "the worker and its OpenMP pool",
-        );
-        expect(
-            phase,
-            Matching(&["blas"]),
-            worker_on(&local),
-            "the pool numpy's import started",
-        );
-        expect(
-            phase,
-            Matching(&["main"]),
-            host_on(&all),
-            "the HTTP server thread",
-        );
-        expect(
-            phase,
-            Matching(&["host_omp"]),
-            host_on(&all),
-            "the host's OpenMP pool",
-        );
-        expect(
-            phase,
-            Matching(&["req_before"]),
-            host_on(&all),
-            "a request thread",
-        );
+        expect_each(&[
+            (phase, "worker", worker, "the worker and its OpenMP pool"),
+            (phase, "blas", worker, "the pool numpy's import started"),
+            (phase, "main", host, "the HTTP server thread"),
+            (phase, "host_omp", host, "the host's OpenMP pool"),
+            (phase, "req_before", host, "a request thread"),
+        ]);
     }
     assert_eq!(named(&configured, "worker_omp").len(), 2);
     // A request made during the lease: its thread (made by the server's thread) and the
     // OpenMP pool it starts are host threads on the launch mask.
-    expect(
-        &lease,
-        Matching(&["req_during"]),
-        host_on(&all),
-        "a request made during the lease",
-    );
+    let during = "a request made during the lease";
+    expect_each(&[(&lease, "req_during", host_on(&all), during)]);
     assert_eq!(named(&lease, "req_during_omp").len(), 2);
 
     // After release: every thread back on the launch mask; roles outlive the lease.
     expect(&released, All, on(&all), "released");
-    expect(
-        &released,
-        Matching(&["worker"]),
-        worker_on(&all),
-        "restored, still a worker",
-    );
-    expect(
-        &released,
-        Matching(&["blas"]),
-        worker_on(&all),
-        "restored, still a worker",
-    );
+    expect_each(&[
+        (
+            &released,
+            "worker",
+            worker_on(&all),
+            "restored, still a worker",
+        ),
+        (
+            &released,
+            "blas",
+            worker_on(&all),
+            "restored, still a worker",
+        ),
+    ]);
     // After release: a new request is a host thread on the launch mask, and the worker's OpenMP
     // pool, reused by the next region (same threads), runs on the restored mask.
-    expect(
-        &after,
-        Matching(&["req_after"]),
-        host_on(&all),
-        "a request after release",
-    );
-    expect(
-        &after,
-        Matching(&["worker_omp"]),
-        worker_on(&all),
-        "the reused pool",
-    );
+    expect_each(&[
+        (
+            &after,
+            "req_after",
+            host_on(&all),
+            "a request after release",
+        ),
+        (&after, "worker_omp", worker_on(&all), "the reused pool"),
+    ]);
     for i in 1..=2 {
         let name = format!("worker_omp{i}");
         assert_eq!(
@@ -169,18 +142,12 @@ fn http_server_with_openmp_and_openblas_worker() {
     }
     let at_configure = 1 + blas;
     let workers = at_configure + 2;
-    assert!(
-        end.stderr.contains(&format!(
+    says(&end.stderr, &[&format!(
             "CPU affinity set to [{local}] for optimal NUMA-aware scheduling ({at_configure}/{at_configure} threads)"
-        )),
-        "{}",
-        end.stderr
-    );
-    assert!(
-        end.stderr
-            .contains(&format!("restored {workers} threads, preserved 0")),
-        "{}",
-        end.stderr
+        )]);
+    says(
+        &end.stderr,
+        &[&format!("restored {workers} threads, preserved 0")],
     );
 }
 
@@ -321,11 +288,7 @@ fn openblas_pool_imported_by_the_host() {
         (&released, "blas", worker_on(&all), "restored"),
     ]);
     let n = 1 + blas;
-    assert!(
-        end.stderr.contains(&format!("({n}/{n} threads)")),
-        "{}",
-        end.stderr
-    );
+    says(&end.stderr, &[&format!("({n}/{n} threads)")]);
 
     let (blas, [_, configured, _], _) =
         blas_run(&sysfs, "host-first", &[("OPENBLAS_NUM_THREADS", "1")]);

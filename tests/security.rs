@@ -255,11 +255,7 @@ fn the_report_file_never_follows_links_never_hangs_and_is_0644() {
         let check = plant(what, &path, dir.path());
         let out = run_bounded(program(&path), LIMIT);
         assert_eq!(out.status.code(), Some(3), "{what:?}: {}", out.stderr);
-        let lines: Vec<&str> = out
-            .stderr
-            .lines()
-            .filter(|l| l.starts_with("[tllm-affinity]"))
-            .collect();
+        let lines = lines_starting(&out.stderr, "[tllm-affinity]");
         assert_eq!(lines.len(), 1, "{what:?}: one line at exit: {}", out.stderr);
         assert!(lines[0].contains("TLLM_AFFINITY_REPORT"), "{}", lines[0]);
         check();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{library, program, python, Driver, DEADLINE};
+use common::{library, lines_starting, program, python, says, Driver, DEADLINE};
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -160,10 +160,7 @@ impl Run {
     }
 
     fn warnings(&self) -> Vec<&str> {
-        self.stderr
-            .lines()
-            .filter(|l| l.starts_with("[tllm-affinity] warning:"))
-            .collect()
+        lines_starting(&self.stderr, "[tllm-affinity] warning:")
     }
 }
 
@@ -207,9 +204,14 @@ fn auto_with_one_core_per_gpu_pool_pins_nothing_and_warns() {
         let warnings = run.warnings();
         assert_eq!(warnings.len(), 2, "{}", run.stderr);
         for w in warnings {
-            assert!(w.contains("not pinned"), "{w}");
-            assert!(w.contains("1 allowed core(s) for the 1 GPU(s)"), "{w}");
-            assert!(w.contains("needs two"), "{w}");
+            says(
+                w,
+                &[
+                    "not pinned",
+                    "1 allowed core(s) for the 1 GPU(s)",
+                    "needs two",
+                ],
+            );
         }
     }
     // Nothing pinned, so no lock taken.
@@ -239,7 +241,7 @@ fn cpu_setting_pins_the_step_core_and_the_next_core_for_the_result() {
         }
     }
     assert!(run.warnings().is_empty(), "{}", run.stderr);
-    assert!(run.stderr.contains("step thread"), "{}", run.stderr);
+    says(&run.stderr, &["step thread"]);
 }
 
 #[test]
@@ -301,11 +303,7 @@ fn a_cpu_outside_the_mask_fails_at_startup_and_pins_return_einval() {
             &["--step", "0", "--result", "0"],
         )
         .ok();
-    let errors: Vec<&str> = run
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with("[tllm-affinity] error:"))
-        .collect();
+    let errors = lines_starting(&run.stderr, "[tllm-affinity] error:");
     assert_eq!(errors.len(), 1, "{}", run.stderr);
     assert!(
         errors[0].contains(&format!(
@@ -326,11 +324,7 @@ fn a_cpu_outside_the_mask_fails_at_startup_and_pins_return_einval() {
         &["--step", "0"],
     );
     assert_eq!(strict.code, Some(2), "{}", strict.stderr);
-    assert!(
-        strict.stderr.contains(&format!("CPU {outside}")),
-        "{}",
-        strict.stderr
-    );
+    says(&strict.stderr, &[&format!("CPU {outside}")]);
     assert_eq!(strict.json, Value::Null, "the program never ran");
 }
 
@@ -361,7 +355,7 @@ fn one_process_per_gpu_holds_the_lock_and_a_killed_holder_frees_it() {
     let warnings = second.warnings();
     assert_eq!(warnings.len(), 2, "{}", second.stderr);
     for w in warnings {
-        assert!(w.contains("another process holds"), "{w}");
+        says(w, &["another process holds"]);
         assert!(w.contains(&lock.display().to_string()), "{w}");
     }
 

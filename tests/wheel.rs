@@ -359,17 +359,7 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
     let wheel = require!(wheel());
     let rootfs = require!(bullseye_rootfs());
     require!(on_path("chroot"), "`chroot` on PATH");
-    // A copy of hard links (instant, and the cache stays untouched: files are only added to or
-    // removed from the copy, never written).
-    let copy = tempfile::tempdir_in(ROOTFS_CACHE).unwrap();
-    let root = copy.path().join("root");
-    let status = Command::new("cp")
-        .arg("-al")
-        .arg(&rootfs)
-        .arg(&root)
-        .status()
-        .unwrap();
-    assert!(status.success(), "cp -al {}", rootfs.display());
+    let (_copy, root) = linked_copy(&rootfs);
     let opt = root.join("opt/tllm");
     std::fs::create_dir_all(&opt).unwrap();
     extract(&wheel, WHEEL_LIBRARY, &opt.join("libtllm_affinity.so"));

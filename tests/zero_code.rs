@@ -178,9 +178,18 @@ fn serve_two_requests(cmd: Command) -> ([Phase; 5], Finished, String, String) {
     (phases, end, a.join().unwrap(), b.join().unwrap())
 }
 
-/// Runs a program through its `N` phases (settled) with no action in between.
-fn all_phases<const N: usize>(cmd: Command) -> ([Phase; N], Finished) {
-    Driver::spawn(cmd, LIMIT).phases_with(settled)
+/// Runs a program through `count` phases (settled) with no action in between.
+fn all_phases(cmd: Command, count: usize) -> (Vec<Phase>, Finished) {
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let phases = (0..count)
+        .map(|i| {
+            if i > 0 {
+                run.proceed();
+            }
+            settled(&mut run)
+        })
+        .collect();
+    (phases, run.finish())
 }
 
 /// Upstream's own log line, with the GPU-local CPUs as the Python list it prints.
@@ -208,450 +217,571 @@ fn upstream_pinned_everything(phases: &[&Phase], local: &str, end: &Finished, sy
     );
 }
 
-// ---- Deployment 1: single-process TP1 worker in the HTTP server's process ----
+// ---- The apps as data, one driver ----
 
-/// The main thread builds the LLM (the worker's threads and the main thread's OpenMP pool are
-/// born in the worker scope), then serves HTTP: the loop's executor threads, born after the LLM,
-/// are host threads; shutdown on the main thread restores the pool it kept.
-fn tp1_http_server(way: Way) {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let mut cmd = app(way, &sysfs, "tp1_http_server.py", None);
-    cmd.env("TLLM_WORKER_USE_SINGLE_PROCESS", "1");
-    let ([before, during, serving, shutdown, after], end, a, b) = serve_two_requests(cmd);
-    let phases = [&before, &during, &serving, &shutdown, &after];
-    table(&format!("tp1 HTTP server {}", way.label()), &phases);
-    assert!(end.status.success(), "{}", end.stderr);
-    assert!(a.contains(r#""engine": true"#), "the LLM answered a: {a}");
-    assert!(
-        b.contains(r#""engine": false"#),
-        "no LLM after shutdown: {b}"
-    );
+/// The phases of the deployments' apps, in order; an HTTP app's test sends `GET /generate/a`
+/// after `DURING` and `GET /generate/b` after `SHUTDOWN`.
+const BEFORE: usize = 0;
+const DURING: usize = 1;
+const SERVING: usize = 2;
+const SHUTDOWN: usize = 3;
+const AFTER: usize = 4;
 
-    expect(&before, All, on(&all), "nothing configured yet");
-    present(&before, &["main", "user_metrics"]);
-    present(&during, &["main", "user_metrics", "executor_loop"]);
-    present(&during, &["await_response_thread", "engine_omp"]);
-    present(&serving, &["stats_thread", "loop_omp", "asyncio_", "req_a"]);
-    present(&after, &["req_b"]);
-    assert!(
-        born_since(&serving, &during).contains("req_a"),
-        "the loop's executor thread was born after the LLM"
-    );
-    assert!(born_since(&after, &shutdown).contains("req_b"));
-    if !way.library() {
-        upstream_pinned_everything(&phases, &local, &end, &sysfs);
-        return;
-    }
-    placed(&before, &TP1_WORKERS, &all, &all, "no worker yet");
-    placed(&during, &TP1_WORKERS, &local, &all, "built in the scope");
-    placed(&serving, &TP1_WORKERS, &local, &all, "serving");
-    placed(&shutdown, &TP1_WORKERS, &all, &all, "restored at shutdown");
-    placed(&after, &TP1_WORKERS, &all, &all, "after the worker's life");
-    present(&shutdown, &["engine_omp"]);
-    assert!(
-        a.contains(r#""handler_role": 0"#),
-        "a host thread served a: {a}"
-    );
-}
-
-#[test]
-fn tp1_under_run_pins_only_the_worker() {
-    tp1_http_server(Way::Run);
-}
-
-#[test]
-fn tp1_under_preload_pins_only_the_worker() {
-    tp1_http_server(Way::Preload);
-}
-
-#[test]
-fn tp1_without_the_library_pins_the_whole_server_and_never_restores() {
-    tp1_http_server(Way::Upstream);
-}
-
-// ---- Deployment 2: an externally supplied MpiCommSession, rank 0 ----
-
-/// worker_main configures on the session's first pool thread: it and the engine it starts are
-/// workers; the user's script (main, its loop thread and the loop's executor, grown during the
-/// lease), the proxy's dispatch thread and the session's second pool thread are hosts.
-fn mpi_session_rank0(way: Way) {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let (phases, end) = all_phases::<5>(app(way, &sysfs, "mpi_session_rank0.py", None));
-    let [before, during, serving, shutdown, after] = &phases;
-    let phases = [before, during, serving, shutdown, after];
-    table(&format!("MpiCommSession rank 0 {}", way.label()), &phases);
-    assert!(end.status.success(), "{}", end.stderr);
-
-    expect(before, All, on(&all), "nothing configured yet");
-    present(before, &["main", "user_loop", "user_pool0"]);
-    present(during, &["ThreadPoolExecutor-*_0", "executor_loop"]);
-    present(
-        during,
-        &["await_response_thread", "proxy_dispatch_result_thread"],
-    );
-    present(
-        serving,
-        &["ThreadPoolExecutor-*_1", "stats_thread", "user_pool_grown"],
-    );
-    assert!(
-        born_since(serving, during).contains("user_pool_grown"),
-        "the user's loop grew its executor during the lease"
-    );
-    if !way.library() {
-        upstream_pinned_everything(&phases, &local, &end, &sysfs);
-        return;
-    }
-    placed(before, &SESSION_WORKERS, &all, &all, "no worker yet");
-    placed(during, &SESSION_WORKERS, &local, &all, "rank 0's worker");
-    placed(serving, &SESSION_WORKERS, &local, &all, "serving");
-    placed(
-        shutdown,
-        &SESSION_WORKERS,
-        &all,
-        &all,
-        "restored at shutdown",
-    );
-    placed(
-        after,
-        &SESSION_WORKERS,
-        &all,
-        &all,
-        "after the worker's life",
-    );
-    present(shutdown, &["ThreadPoolExecutor-*_0"]);
-}
-
-#[test]
-fn mpi_session_rank0_under_run_pins_only_the_worker_pool_thread() {
-    mpi_session_rank0(Way::Run);
-}
-
-#[test]
-fn mpi_session_rank0_under_preload_pins_only_the_worker_pool_thread() {
-    mpi_session_rank0(Way::Preload);
-}
-
-#[test]
-fn mpi_session_rank0_without_the_library_pins_the_users_script() {
-    mpi_session_rank0(Way::Upstream);
-}
-
-// ---- Deployment 3: external-launch VisualGen, rank 0, under an HTTP server ----
-
-/// How a VisualGen run is set up.
+/// The CPUs a check expects: the mask the app was launched on (the allowed CPUs, or the taskset
+/// CPU), or what the policy gives workers (the GPU-local set, node1, unless it clears).
 #[derive(Clone, Copy, Debug)]
-enum Visual {
+enum Cpus {
+    Launch,
+    Local,
+}
+use Cpus::{Launch, Local};
+
+/// One of the two requests an HTTP app answers.
+#[derive(Clone, Copy, Debug)]
+enum Request {
+    A,
+    B,
+}
+
+/// One assertion on what a run left, `why` in its message.
+#[derive(Clone, Copy, Debug)]
+enum Check {
+    /// Every thread of the phase is on these CPUs.
+    AllOn(usize, Cpus, &'static str),
+    /// Each pattern (see [`matches`]) names a thread of the phase.
+    Present(usize, &'static [&'static str]),
+    /// The thread is in the first phase and was not alive (by tid) in the second.
+    BornSince(usize, usize, &'static str, &'static str),
+    /// These threads are hosts on these CPUs.
+    HostsOn(usize, &'static [&'static str], Cpus, &'static str),
+    /// The response to the request contains the text.
+    Answered(Request, &'static str, &'static str),
+    /// Stderr contains the text.
+    Logged(&'static str, &'static str),
+    /// No line of stderr contains any of the texts.
+    NeverLogged(&'static [&'static str], &'static str),
+    /// Without the library every role reads -1.
+    NoRoles,
+    /// See [`upstream_pinned_everything`].
+    UpstreamPinnedEverything,
+}
+use Check::*;
+
+/// An app of tests/programs/zero_code: its script, its environment, whether it serves HTTP (then
+/// its phases are the five of `BEFORE`..`AFTER`), how many phases it goes through, its worker
+/// threads and the phases of its lease, and its checks: `always` on every run, `upstream`
+/// without the library, with it `placed` (in each phase, why every thread is where it is: the
+/// workers on the GPU-local set in the lease's phases, on the launch mask in the others; the
+/// other threads hosts on the launch mask) and `library`.
+struct App {
+    title: &'static str,
+    script: &'static str,
+    env: &'static [(&'static str, &'static str)],
+    /// The native progress threads' objects (RT_NCCL, RT_SPAWN), worker by the default
+    /// TLLM_AFFINITY_WORKER_LIBS.
+    progress_threads: bool,
+    http: bool,
+    phases: usize,
+    workers: &'static [&'static str],
+    lease: &'static [usize],
+    always: &'static [Check],
+    upstream: &'static [Check],
+    placed: &'static [&'static str],
+    library: &'static [Check],
+}
+
+/// What the deployments share: five phases, the lease over `DURING` and `SERVING`; without the
+/// library, upstream pins every thread.
+const DEPLOYMENT: App = App {
+    title: "",
+    script: "",
+    env: &[],
+    progress_threads: false,
+    http: false,
+    phases: 5,
+    workers: &[],
+    lease: &[DURING, SERVING],
+    always: &[],
+    upstream: &[UpstreamPinnedEverything],
+    placed: &[],
+    library: &[],
+};
+
+const SINGLE_PROCESS: &[(&str, &str)] = &[("TLLM_WORKER_USE_SINGLE_PROCESS", "1")];
+
+/// Deployment 1, single-process TP1 worker in the HTTP server's process. The main thread builds
+/// the LLM (the worker's threads and the main thread's OpenMP pool are born in the worker scope),
+/// then serves HTTP: the loop's executor threads, born after the LLM, are host threads; shutdown
+/// on the main thread restores the pool it kept.
+const TP1: App = App {
+    title: "tp1 HTTP server",
+    script: "tp1_http_server.py",
+    env: SINGLE_PROCESS,
+    http: true,
+    workers: &TP1_WORKERS,
+    always: &[
+        Answered(Request::A, r#""engine": true"#, "the LLM answered a"),
+        Answered(Request::B, r#""engine": false"#, "no LLM after shutdown"),
+        AllOn(BEFORE, Launch, "nothing configured yet"),
+        Present(BEFORE, &["main", "user_metrics"]),
+        Present(DURING, &["main", "user_metrics", "executor_loop"]),
+        Present(DURING, &["await_response_thread", "engine_omp"]),
+        Present(SERVING, &["stats_thread", "loop_omp", "asyncio_", "req_a"]),
+        Present(AFTER, &["req_b"]),
+        BornSince(
+            SERVING,
+            DURING,
+            "req_a",
+            "the loop's executor thread was born after the LLM",
+        ),
+        BornSince(AFTER, SHUTDOWN, "req_b", "a request after shutdown"),
+    ],
+    placed: &[
+        "no worker yet",
+        "built in the scope",
+        "serving",
+        "restored at shutdown",
+        "after the worker's life",
+    ],
+    library: &[
+        Present(SHUTDOWN, &["engine_omp"]),
+        Answered(Request::A, r#""handler_role": 0"#, "a host thread served a"),
+    ],
+    ..DEPLOYMENT
+};
+
+/// Deployment 2, an externally supplied MpiCommSession, rank 0. worker_main configures on the
+/// session's first pool thread: it and the engine it starts are workers; the user's script (main,
+/// its loop thread and the loop's executor, grown during the lease), the proxy's dispatch thread
+/// and the session's second pool thread are hosts.
+const MPI_SESSION: App = App {
+    title: "MpiCommSession rank 0",
+    script: "mpi_session_rank0.py",
+    workers: &SESSION_WORKERS,
+    always: &[
+        AllOn(BEFORE, Launch, "nothing configured yet"),
+        Present(BEFORE, &["main", "user_loop", "user_pool0"]),
+        Present(DURING, &["ThreadPoolExecutor-*_0", "executor_loop"]),
+        Present(
+            DURING,
+            &["await_response_thread", "proxy_dispatch_result_thread"],
+        ),
+        Present(
+            SERVING,
+            &["ThreadPoolExecutor-*_1", "stats_thread", "user_pool_grown"],
+        ),
+        BornSince(
+            SERVING,
+            DURING,
+            "user_pool_grown",
+            "the user's loop grew its executor during the lease",
+        ),
+    ],
+    placed: &[
+        "no worker yet",
+        "rank 0's worker",
+        "serving",
+        "restored at shutdown",
+        "after the worker's life",
+    ],
+    library: &[Present(SHUTDOWN, &["ThreadPoolExecutor-*_0"])],
+    ..DEPLOYMENT
+};
+
+/// Deployment 3, external-launch VisualGen, rank 0, under an HTTP server. Two sequential LLMs
+/// (two `BaseWorker`s) are built, used and shut down on the main thread, then the VisualGen
+/// client: its worker thread runs upstream's module-level `run_diffusion_worker`, which
+/// configures: it, its pool and its post-processing thread are workers; the HTTP server (main)
+/// and its request threads, the control thread, the coordinator started before the worker and
+/// the executor threads its loop grows are hosts. The lease ends when `run_diffusion_worker`
+/// returns (the client's shutdown): every mask is back on the launch mask while the process goes
+/// on serving, and a thread born after (req_b) is not pinned.
+const VISUALGEN: App = App {
+    title: "VisualGen rank 0",
+    script: "visualgen_rank0.py",
+    env: SINGLE_PROCESS,
+    http: true,
+    workers: &VISUALGEN_WORKERS,
+    always: &[
+        Answered(Request::A, "denoised", "the worker answered a"),
+        Answered(Request::B, r#""image": null"#, "no executor after shutdown"),
+        AllOn(BEFORE, Launch, "nothing configured yet"),
+        Present(BEFORE, &["main", "control"]),
+        Present(DURING, &["visual_gen_coordinator", "visual_gen_worker"]),
+        Present(DURING, &["visual_gen_postprocess", "visual_omp"]),
+        Present(SERVING, &["req_a", "asyncio_"]),
+        Present(AFTER, &["req_b"]),
+        BornSince(AFTER, SHUTDOWN, "req_b", "a request after shutdown"),
+    ],
+    placed: &[
+        "both LLMs shut down, restored",
+        "the worker thread",
+        "serving",
+        "run_diffusion_worker returned: restored",
+        "after the worker's life, still serving",
+    ],
+    library: &[
+        HostsOn(AFTER, &["req_b"], Launch, "born after: not pinned"),
+        Answered(Request::A, r#""handler_role": 0"#, "a host thread served a"),
+    ],
+    ..DEPLOYMENT
+};
+
+/// Deployment 4, the leader of a multi-node launch. Rank 0's worker on the session's first pool
+/// thread, its engine and every native progress thread (started in libnccl.so.2 by main before
+/// configure, by the session server before and during the lease, by the worker) are workers:
+/// NUMA pinning stays effective for the leader; main, the control thread, the session server and
+/// the session's second pool thread are hosts. mpi_progress is a worker by
+/// TLLM_AFFINITY_WORKER_LIBS before anything is configured.
+const LEADER: App = App {
+    title: "multi-node leader",
+    script: "leader.py",
+    progress_threads: true,
+    workers: &LEADER_WORKERS,
+    always: &[
+        AllOn(BEFORE, Launch, "nothing configured yet"),
+        Present(
+            BEFORE,
+            &["main", "control", "session_server", "mpi_progress"],
+        ),
+        Present(
+            DURING,
+            &["ThreadPoolExecutor-*_0", "executor_loop", "nccl_progress"],
+        ),
+        Present(DURING, &["mpi_req1"]),
+        Present(SERVING, &["ThreadPoolExecutor-*_1", "mpi_req2"]),
+        Present(AFTER, &["mpi_req3"]),
+        BornSince(SERVING, DURING, "mpi_req2", "started during the lease"),
+        BornSince(AFTER, SHUTDOWN, "mpi_req3", "started after shutdown"),
+    ],
+    placed: &[
+        "no lease yet",
+        "rank 0's threads",
+        "mpi_req2 born on the worker set",
+        "restored at shutdown",
+        "mpi_req3 born on the restored mask",
+    ],
+    ..DEPLOYMENT
+};
+
+/// The phases of the sequential LLMs (seeds/configure-not-idempotent.txt): before, the first
+/// LLM, both, the first shut down, a third built, every one shut down.
+const TWO_LLMS_PHASES: usize = 6;
+const FIRST: usize = 1;
+const SECOND: usize = 2;
+const FIRST_DOWN: usize = 3;
+const THIRD: usize = 4;
+
+/// Sequential LLMs on the main thread: each one's threads stay pinned while any LLM is open, with
+/// no constraint reported; upstream's second call takes its own pin for a constraint.
+const TWO_LLMS: App = App {
+    title: "sequential LLMs",
+    script: "two_llms.py",
+    env: SINGLE_PROCESS,
+    progress_threads: false,
+    http: false,
+    phases: TWO_LLMS_PHASES,
+    workers: &TP1_WORKERS,
+    lease: &[FIRST, SECOND, FIRST_DOWN, THIRD],
+    always: &[
+        Present(SECOND, &["executor_loop#2", "stats_thread"]),
+        Present(THIRD, &["executor_loop#2"]),
+    ],
+    upstream: &[
+        NoRoles,
+        AllOn(FIRST, Local, "upstream's first call pins every thread"),
+        AllOn(
+            SECOND,
+            Launch,
+            "upstream's second call takes its own pin for a constraint and un-pins every thread",
+        ),
+        Logged(
+            "Removing CPU affinity constraints",
+            "upstream's false warning",
+        ),
+    ],
+    placed: &[
+        "no LLM yet",
+        "the first LLM",
+        "both LLMs, stats_thread born between",
+        "the second LLM still open",
+        "built after the first shut down",
+        "every LLM shut down",
+    ],
+    library: &[NeverLogged(
+        &["constrained", "Removing CPU affinity constraints"],
+        "no constraint to report",
+    )],
+};
+
+/// How an app is launched besides the way.
+#[derive(Clone, Copy, Debug)]
+enum Setting {
     /// No constraint, upstream's configure alone.
     Unconstrained,
-    /// Upstream's re-sweep helper called by the worker once its threads are started.
+    /// Upstream's re-sweep helper called by the worker once its threads are started
+    /// (`RT_RESWEEP=1`).
     Resweep,
     /// Under `taskset -c <node0's first CPU>`, TLLM_NUMA_AWARE_WORKER_AFFINITY unset or set.
     Taskset(Option<&'static str>),
 }
 
-/// Two sequential LLMs (two `BaseWorker`s) are built, used and shut down on the main thread,
-/// then the VisualGen client: its worker thread runs upstream's module-level
-/// `run_diffusion_worker`, which configures: it, its pool and its post-processing thread are
-/// workers; the HTTP server (main) and its request threads, the control thread, the coordinator
-/// started before the worker and the executor threads its loop grows are hosts. The lease ends
-/// when `run_diffusion_worker` returns (the client's shutdown): every mask is back on the launch
-/// mask while the process goes on serving, and a thread born after (req_b) is not pinned.
-fn visualgen_rank0(way: Way, visual: Visual) {
+impl Setting {
+    fn label(self) -> &'static str {
+        match self {
+            Setting::Unconstrained => "unconstrained",
+            Setting::Resweep => "re-sweep",
+            Setting::Taskset(None) => "taskset, policy unset",
+            Setting::Taskset(Some(_)) => "taskset, policy =1",
+        }
+    }
+}
+
+/// One `#[test]`: an app run one way.
+struct Row {
+    app: &'static App,
+    way: Way,
+    setting: Setting,
+}
+
+/// What a run left, for the checks.
+struct Seen {
+    phases: Vec<Phase>,
+    end: Finished,
+    a: String,
+    b: String,
+    launch: String,
+    local: String,
+}
+
+impl Seen {
+    fn cpus(&self, cpus: Cpus) -> &str {
+        match cpus {
+            Launch => &self.launch,
+            Local => &self.local,
+        }
+    }
+}
+
+/// Runs `row`'s app its way and setting, prints its table, and asserts that it exited 0, then
+/// the app's checks: `always`, then `upstream` without the library or `library` with it.
+fn check(row: &Row) {
     require!(two_cpus("a worker set narrower than the host"));
+    if let Setting::Taskset(_) = row.setting {
+        require!(on_path("taskset"), "`taskset` on PATH");
+    }
+    let app = row.app;
     let sysfs = Sysfs::two_nodes();
     let pinned = sysfs.node0.iter().next().unwrap().to_string();
-    let (launch, local, setting) = match visual {
-        Visual::Taskset(None) => (
-            pinned.clone(),
-            allowed_cpus().to_list(),
-            "taskset, policy unset",
-        ),
-        Visual::Taskset(Some(_)) => (pinned.clone(), sysfs.node1.to_list(), "taskset, policy =1"),
-        Visual::Resweep => (allowed_cpus().to_list(), sysfs.node1.to_list(), "re-sweep"),
-        Visual::Unconstrained => (
-            allowed_cpus().to_list(),
-            sysfs.node1.to_list(),
-            "unconstrained",
-        ),
+    let (launch, local) = match row.setting {
+        Setting::Taskset(None) => (pinned.clone(), allowed_cpus().to_list()),
+        Setting::Taskset(Some(_)) => (pinned.clone(), sysfs.node1.to_list()),
+        Setting::Unconstrained | Setting::Resweep => {
+            (allowed_cpus().to_list(), sysfs.node1.to_list())
+        }
     };
-    let taskset = matches!(visual, Visual::Taskset(_)).then_some(pinned.as_str());
-    let mut cmd = app(way, &sysfs, "visualgen_rank0.py", taskset);
-    cmd.env("TLLM_WORKER_USE_SINGLE_PROCESS", "1");
-    if let Visual::Taskset(Some(value)) = visual {
-        cmd.env("TLLM_NUMA_AWARE_WORKER_AFFINITY", value);
+    let taskset = matches!(row.setting, Setting::Taskset(_)).then_some(pinned.as_str());
+    let mut cmd = self::app(row.way, &sysfs, app.script, taskset);
+    for (name, value) in app.env {
+        cmd.env(name, value);
     }
-    if let Visual::Resweep = visual {
-        cmd.env("RT_RESWEEP", "1");
+    if app.progress_threads {
+        cmd.env("RT_NCCL", Program::c("nccl").shared().build())
+            .env("RT_SPAWN", Program::c("progress_threads").shared().build())
+            .env_remove("TLLM_AFFINITY_WORKER_LIBS");
     }
-    let ([before, during, serving, shutdown, after], end, a, b) = serve_two_requests(cmd);
-    let phases = [&before, &during, &serving, &shutdown, &after];
+    match row.setting {
+        Setting::Taskset(Some(value)) => {
+            cmd.env("TLLM_NUMA_AWARE_WORKER_AFFINITY", value);
+        }
+        Setting::Resweep => {
+            cmd.env("RT_RESWEEP", "1");
+        }
+        _ => {}
+    }
+    let (phases, end, a, b) = if app.http {
+        let (phases, end, a, b) = serve_two_requests(cmd);
+        (Vec::from(phases), end, a, b)
+    } else {
+        let (phases, end) = all_phases(cmd, app.phases);
+        (phases, end, String::new(), String::new())
+    };
+    let seen = Seen {
+        phases,
+        end,
+        a,
+        b,
+        launch,
+        local,
+    };
+    let all: Vec<&Phase> = seen.phases.iter().collect();
     table(
-        &format!("VisualGen rank 0 ({setting}) {}", way.label()),
-        &phases,
+        &format!(
+            "{} ({}) {}",
+            app.title,
+            row.setting.label(),
+            row.way.label()
+        ),
+        &all,
     );
-    assert!(end.status.success(), "{}", end.stderr);
-    assert!(a.contains("denoised"), "the worker answered a: {a}");
-    assert!(
-        b.contains(r#""image": null"#),
-        "no executor after shutdown: {b}"
-    );
-
-    expect(&before, All, on(&launch), "nothing configured yet");
-    present(&before, &["main", "control"]);
-    present(&during, &["visual_gen_coordinator", "visual_gen_worker"]);
-    present(&during, &["visual_gen_postprocess", "visual_omp"]);
-    present(&serving, &["req_a", "asyncio_"]);
-    present(&after, &["req_b"]);
-    assert!(born_since(&after, &shutdown).contains("req_b"));
-    if !way.library() {
-        upstream_pinned_everything(&phases, &local, &end, &sysfs);
-        return;
+    assert!(seen.end.status.success(), "{}", seen.end.stderr);
+    let by_way = if row.way.library() {
+        app.library
+    } else {
+        app.upstream
+    };
+    for check in app.always.iter().chain(by_way) {
+        verify(*check, &seen, &sysfs);
     }
-    placed(
-        &before,
-        &VISUALGEN_WORKERS,
-        &launch,
-        &launch,
-        "both LLMs shut down, restored",
-    );
-    placed(
-        &during,
-        &VISUALGEN_WORKERS,
-        &local,
-        &launch,
-        "the worker thread",
-    );
-    placed(&serving, &VISUALGEN_WORKERS, &local, &launch, "serving");
-    placed(
-        &shutdown,
-        &VISUALGEN_WORKERS,
-        &launch,
-        &launch,
-        "run_diffusion_worker returned: restored",
-    );
-    placed(
-        &after,
-        &VISUALGEN_WORKERS,
-        &launch,
-        &launch,
-        "after the worker's life, still serving",
-    );
-    expect(
-        &after,
-        Named(&["req_b"]),
-        host_on(&launch),
-        "born after: not pinned",
-    );
-    assert!(
-        a.contains(r#""handler_role": 0"#),
-        "a host thread served a: {a}"
-    );
-}
-
-#[test]
-fn visualgen_rank0_under_run_spares_the_coordinator_and_the_http_server() {
-    visualgen_rank0(Way::Run, Visual::Unconstrained);
-}
-
-#[test]
-fn visualgen_rank0_under_preload_spares_the_coordinator_and_the_http_server() {
-    visualgen_rank0(Way::Preload, Visual::Unconstrained);
-}
-
-#[test]
-fn visualgen_rank0_without_the_library_pins_the_coordinator_and_the_http_server() {
-    visualgen_rank0(Way::Upstream, Visual::Unconstrained);
-}
-
-#[test]
-fn visualgen_rank0_with_upstreams_resweep_restores_when_the_worker_function_returns() {
-    visualgen_rank0(Way::Run, Visual::Resweep);
-}
-
-#[test]
-fn visualgen_rank0_under_taskset_policy_unset_restores_the_launch_mask() {
-    require!(on_path("taskset"), "`taskset` on PATH");
-    visualgen_rank0(Way::Run, Visual::Taskset(None));
-}
-
-#[test]
-fn visualgen_rank0_under_taskset_policy_1_restores_the_launch_mask() {
-    require!(on_path("taskset"), "`taskset` on PATH");
-    visualgen_rank0(Way::Run, Visual::Taskset(Some("1")));
-}
-
-// ---- Deployment 4: the leader of a multi-node launch ----
-
-/// Rank 0's worker on the session's first pool thread, its engine and every native progress
-/// thread (started in libnccl.so.2 by main before configure, by the session server before and
-/// during the lease, by the worker) are workers: NUMA pinning stays effective for the leader;
-/// main, the control thread, the session server and the session's second pool thread are hosts.
-fn leader(way: Way) {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let mut cmd = app(way, &sysfs, "leader.py", None);
-    cmd.env("RT_NCCL", Program::c("nccl").shared().build())
-        .env("RT_SPAWN", Program::c("progress_threads").shared().build())
-        .env_remove("TLLM_AFFINITY_WORKER_LIBS");
-    let (phases, end) = all_phases::<5>(cmd);
-    let [before, during, serving, shutdown, after] = &phases;
-    let phases = [before, during, serving, shutdown, after];
-    table(&format!("multi-node leader {}", way.label()), &phases);
-    assert!(end.status.success(), "{}", end.stderr);
-
-    expect(before, All, on(&all), "nothing configured yet");
-    present(
-        before,
-        &["main", "control", "session_server", "mpi_progress"],
-    );
-    present(
-        during,
-        &["ThreadPoolExecutor-*_0", "executor_loop", "nccl_progress"],
-    );
-    present(during, &["mpi_req1"]);
-    present(serving, &["ThreadPoolExecutor-*_1", "mpi_req2"]);
-    present(after, &["mpi_req3"]);
-    assert!(born_since(serving, during).contains("mpi_req2"));
-    assert!(born_since(after, shutdown).contains("mpi_req3"));
-    if !way.library() {
-        upstream_pinned_everything(&phases, &local, &end, &sysfs);
-        return;
-    }
-    // mpi_progress is a worker by TLLM_AFFINITY_WORKER_LIBS before anything is configured.
-    placed(before, &LEADER_WORKERS, &all, &all, "no lease yet");
-    placed(during, &LEADER_WORKERS, &local, &all, "rank 0's threads");
-    placed(
-        serving,
-        &LEADER_WORKERS,
-        &local,
-        &all,
-        "mpi_req2 born on the worker set",
-    );
-    placed(
-        shutdown,
-        &LEADER_WORKERS,
-        &all,
-        &all,
-        "restored at shutdown",
-    );
-    placed(
-        after,
-        &LEADER_WORKERS,
-        &all,
-        &all,
-        "mpi_req3 born on the restored mask",
-    );
-}
-
-#[test]
-fn leader_under_run_pins_rank0_and_progress_threads_not_the_session_server() {
-    leader(Way::Run);
-}
-
-#[test]
-fn leader_under_preload_pins_rank0_and_progress_threads_not_the_session_server() {
-    leader(Way::Preload);
-}
-
-#[test]
-fn leader_without_the_library_pins_the_session_server() {
-    leader(Way::Upstream);
-}
-
-// ---- Sequential LLMs (seeds/configure-not-idempotent.txt) ----
-
-const TWO_LLMS_PHASES: usize = 6;
-
-fn two_llms(way: Way) {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let mut cmd = app(way, &sysfs, "two_llms.py", None);
-    cmd.env("TLLM_WORKER_USE_SINGLE_PROCESS", "1");
-    let (phases, end) = all_phases::<TWO_LLMS_PHASES>(cmd);
-    let [before, first, second, first_down, third, last] = &phases;
-    let phases = [before, first, second, first_down, third, last];
-    table(&format!("sequential LLMs {}", way.label()), &phases);
-    assert!(end.status.success(), "{}", end.stderr);
-    present(second, &["executor_loop#2", "stats_thread"]);
-    present(third, &["executor_loop#2"]);
-
-    if !way.library() {
-        no_roles(&phases);
-        expect(
-            first,
-            All,
-            on(&local),
-            "upstream's first call pins every thread",
-        );
-        expect(
-            second,
-            All,
-            on(&all),
-            "upstream's second call takes its own pin for a constraint and un-pins every thread",
-        );
-        assert!(
-            end.stderr.contains("Removing CPU affinity constraints"),
-            "upstream's false warning:\n{}",
-            end.stderr
-        );
-        return;
-    }
-    placed(before, &TP1_WORKERS, &all, &all, "no LLM yet");
-    placed(first, &TP1_WORKERS, &local, &all, "the first LLM");
-    placed(
-        second,
-        &TP1_WORKERS,
-        &local,
-        &all,
-        "both LLMs, stats_thread born between",
-    );
-    placed(
-        first_down,
-        &TP1_WORKERS,
-        &local,
-        &all,
-        "the second LLM still open",
-    );
-    placed(
-        third,
-        &TP1_WORKERS,
-        &local,
-        &all,
-        "built after the first shut down",
-    );
-    placed(last, &TP1_WORKERS, &all, &all, "every LLM shut down");
-    for line in end.stderr.lines() {
-        assert!(
-            !line.contains("constrained") && !line.contains("Removing CPU affinity constraints"),
-            "no constraint to report: {line}\n{}",
-            end.stderr
-        );
+    if row.way.library() {
+        assert_eq!(app.placed.len(), app.phases, "a why for every phase");
+        for (phase, why) in app.placed.iter().enumerate() {
+            let workers = if app.lease.contains(&phase) {
+                Local
+            } else {
+                Launch
+            };
+            let (worker, host) = (seen.cpus(workers), seen.cpus(Launch));
+            placed(&seen.phases[phase], app.workers, worker, host, why);
+        }
     }
 }
 
-#[test]
-fn sequential_llms_under_run_stay_pinned_with_no_constrained_warning() {
-    two_llms(Way::Run);
+/// One check on what a run left.
+fn verify(check: Check, seen: &Seen, sysfs: &Sysfs) {
+    let stderr = &seen.end.stderr;
+    match check {
+        AllOn(phase, cpus, why) => expect(&seen.phases[phase], All, on(seen.cpus(cpus)), why),
+        Present(phase, patterns) => present(&seen.phases[phase], patterns),
+        BornSince(phase, earlier, thread, why) => assert!(
+            born_since(&seen.phases[phase], &seen.phases[earlier]).contains(thread),
+            "{thread}: {why}"
+        ),
+        HostsOn(phase, threads, cpus, why) => expect(
+            &seen.phases[phase],
+            Named(threads),
+            host_on(seen.cpus(cpus)),
+            why,
+        ),
+        Answered(request, text, why) => {
+            let response = match request {
+                Request::A => &seen.a,
+                Request::B => &seen.b,
+            };
+            assert!(response.contains(text), "{why}: {response}");
+        }
+        Logged(text, why) => assert!(stderr.contains(text), "{why}:\n{stderr}"),
+        NeverLogged(texts, why) => {
+            for line in stderr.lines() {
+                assert!(
+                    !texts.iter().any(|t| line.contains(t)),
+                    "{why}: {line}\n{stderr}"
+                );
+            }
+        }
+        NoRoles => no_roles(&seen.phases.iter().collect::<Vec<_>>()),
+        UpstreamPinnedEverything => upstream_pinned_everything(
+            &seen.phases.iter().collect::<Vec<_>>(),
+            seen.cpus(Local),
+            &seen.end,
+            sysfs,
+        ),
+    }
 }
 
-#[test]
-fn sequential_llms_under_preload_stay_pinned_with_no_constrained_warning() {
-    two_llms(Way::Preload);
-}
-
-#[test]
-fn sequential_llms_without_the_library_unpin_at_the_second_llm() {
-    two_llms(Way::Upstream);
+// One `#[test]` per app and way, named after the rule it shows.
+table_tests! {
+    check;
+    tp1_under_run_pins_only_the_worker: Row {
+        app: &TP1,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    tp1_under_preload_pins_only_the_worker: Row {
+        app: &TP1,
+        way: Way::Preload,
+        setting: Setting::Unconstrained,
+    };
+    tp1_without_the_library_pins_the_whole_server_and_never_restores: Row {
+        app: &TP1,
+        way: Way::Upstream,
+        setting: Setting::Unconstrained,
+    };
+    mpi_session_rank0_under_run_pins_only_the_worker_pool_thread: Row {
+        app: &MPI_SESSION,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    mpi_session_rank0_under_preload_pins_only_the_worker_pool_thread: Row {
+        app: &MPI_SESSION,
+        way: Way::Preload,
+        setting: Setting::Unconstrained,
+    };
+    mpi_session_rank0_without_the_library_pins_the_users_script: Row {
+        app: &MPI_SESSION,
+        way: Way::Upstream,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_rank0_under_run_spares_the_coordinator_and_the_http_server: Row {
+        app: &VISUALGEN,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_rank0_under_preload_spares_the_coordinator_and_the_http_server: Row {
+        app: &VISUALGEN,
+        way: Way::Preload,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_rank0_without_the_library_pins_the_coordinator_and_the_http_server: Row {
+        app: &VISUALGEN,
+        way: Way::Upstream,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_rank0_with_upstreams_resweep_restores_when_the_worker_function_returns: Row {
+        app: &VISUALGEN,
+        way: Way::Run,
+        setting: Setting::Resweep,
+    };
+    visualgen_rank0_under_taskset_policy_unset_restores_the_launch_mask: Row {
+        app: &VISUALGEN,
+        way: Way::Run,
+        setting: Setting::Taskset(None),
+    };
+    visualgen_rank0_under_taskset_policy_1_restores_the_launch_mask: Row {
+        app: &VISUALGEN,
+        way: Way::Run,
+        setting: Setting::Taskset(Some("1")),
+    };
+    leader_under_run_pins_rank0_and_progress_threads_not_the_session_server: Row {
+        app: &LEADER,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    leader_under_preload_pins_rank0_and_progress_threads_not_the_session_server: Row {
+        app: &LEADER,
+        way: Way::Preload,
+        setting: Setting::Unconstrained,
+    };
+    leader_without_the_library_pins_the_session_server: Row {
+        app: &LEADER,
+        way: Way::Upstream,
+        setting: Setting::Unconstrained,
+    };
+    sequential_llms_under_run_stay_pinned_with_no_constrained_warning: Row {
+        app: &TWO_LLMS,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    sequential_llms_under_preload_stay_pinned_with_no_constrained_warning: Row {
+        app: &TWO_LLMS,
+        way: Way::Preload,
+        setting: Setting::Unconstrained,
+    };
+    sequential_llms_without_the_library_unpin_at_the_second_llm: Row {
+        app: &TWO_LLMS,
+        way: Way::Upstream,
+        setting: Setting::Unconstrained,
+    };
 }
 
 // ---- The policy table under taskset ----
@@ -659,7 +789,18 @@ fn sequential_llms_without_the_library_unpin_at_the_second_llm() {
 /// Under `taskset -c <first CPU>` (constrained: node0's first CPU only), the first LLM's worker
 /// threads get the same masks with the library as upstream gives them after its first call, while
 /// with the library the host threads keep the taskset mask.
-fn policy_under_taskset(numa_aware: Option<&str>, upstream_gives: fn(&Sysfs) -> String) {
+struct Policy {
+    /// TLLM_NUMA_AWARE_WORKER_AFFINITY, when set.
+    numa_aware: Option<&'static str>,
+    /// The worker threads' mask after upstream's first call.
+    upstream_gives: fn(&Sysfs) -> String,
+}
+
+fn policy_under_taskset(policy: &Policy) {
+    let Policy {
+        numa_aware,
+        upstream_gives,
+    } = *policy;
     require!(two_cpus("a constraint narrower than the host"));
     require!(on_path("taskset"), "`taskset` on PATH");
     let sysfs = Sysfs::two_nodes();
@@ -670,9 +811,9 @@ fn policy_under_taskset(numa_aware: Option<&str>, upstream_gives: fn(&Sysfs) -> 
         if let Some(value) = numa_aware {
             cmd.env("TLLM_NUMA_AWARE_WORKER_AFFINITY", value);
         }
-        let (phases, end) = all_phases::<TWO_LLMS_PHASES>(cmd);
+        let (phases, end) = all_phases(cmd, TWO_LLMS_PHASES);
         assert!(end.status.success(), "{}", end.stderr);
-        let first = phases.into_iter().nth(1).unwrap();
+        let first = phases.into_iter().nth(FIRST).unwrap();
         let setting = numa_aware.map_or("unset".to_string(), |v| format!("={v}"));
         table(
             &format!(
@@ -716,19 +857,18 @@ fn policy_under_taskset(numa_aware: Option<&str>, upstream_gives: fn(&Sysfs) -> 
     );
 }
 
-#[test]
-fn policy_unset_under_taskset_clears_workers_as_upstream_and_keeps_hosts_on_the_constraint() {
-    policy_under_taskset(None, |_| allowed_cpus().to_list());
-}
-
-#[test]
-fn policy_numa_1_under_taskset_pins_workers_as_upstream_and_keeps_hosts_on_the_constraint() {
-    policy_under_taskset(Some("1"), |sysfs| sysfs.node1.to_list());
-}
-
-#[test]
-fn policy_0_under_taskset_leaves_workers_as_upstream_does_and_hosts_on_the_constraint() {
-    policy_under_taskset(Some("0"), |sysfs| {
-        sysfs.node0.iter().next().unwrap().to_string()
-    });
+table_tests! {
+    policy_under_taskset;
+    policy_unset_under_taskset_clears_workers_as_upstream_and_keeps_hosts_on_the_constraint: Policy {
+        numa_aware: None,
+        upstream_gives: |_| allowed_cpus().to_list(),
+    };
+    policy_numa_1_under_taskset_pins_workers_as_upstream_and_keeps_hosts_on_the_constraint: Policy {
+        numa_aware: Some("1"),
+        upstream_gives: |sysfs| sysfs.node1.to_list(),
+    };
+    policy_0_under_taskset_leaves_workers_as_upstream_does_and_hosts_on_the_constraint: Policy {
+        numa_aware: Some("0"),
+        upstream_gives: |sysfs| sysfs.node0.iter().next().unwrap().to_string(),
+    };
 }

@@ -129,10 +129,75 @@ impl World {
 
     /// The application's own `sched_setaffinity` on `slot`, as the hook observes it.
     fn set_by_hand(&mut self, slot: Slot, mask: &str) {
-        let tid = self.reg.entry(slot).unwrap().tid;
-        self.kernel.set(tid, &m(mask)).unwrap();
+        self.set_from_outside(slot, mask);
         self.reg.observe_explicit(slot, m(mask));
     }
+
+    /// `slot`'s mask changed behind the library's back (`taskset -p` from outside): invisible
+    /// until the library looks.
+    fn set_from_outside(&mut self, slot: Slot, mask: &str) {
+        let tid = self.reg.entry(slot).unwrap().tid;
+        self.kernel.set(tid, &m(mask)).unwrap();
+    }
+}
+
+impl World {
+    /// A process whose main thread (tid 100) is on 0-3, and a thread it started (tid 101).
+    fn with_worker() -> (World, Slot, Slot) {
+        let (mut w, main) = World::new("0-3");
+        let worker = w.spawn(main);
+        (w, main, worker)
+    }
+
+    /// [`World::with_worker`], the second thread configured for gpu0 on 2-3: the lease.
+    fn configured() -> (World, Slot, Slot, i64) {
+        let (mut w, main, worker) = World::with_worker();
+        let lease = w.configure(worker, "gpu0", "2-3").lease;
+        (w, main, worker, lease)
+    }
+
+    /// A process whose main thread (tid 100, on 0-3) opened a worker scope for gpu0 on 2-3: the
+    /// lease.
+    fn scoped() -> (World, Slot, i64) {
+        let (mut w, main) = World::new("0-3");
+        let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+        (w, main, lease)
+    }
+
+    /// A thread the registry has not seen, `tid` on `mask` in the kernel.
+    fn insert(&self, tid: Tid, mask: &str) {
+        self.kernel.masks.borrow_mut().insert(tid, m(mask));
+    }
+
+    /// How many `sched_setaffinity` calls the kernel has seen.
+    fn sets(&self) -> usize {
+        *self.kernel.sets.borrow()
+    }
+
+    /// How many registry slots hold an entry (live threads and tombstones).
+    fn slots_in_use(&self) -> usize {
+        self.reg.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// The kernel mask and the placement of `slot`.
+    fn placed(&self, slot: Slot) -> (String, Placement) {
+        (self.mask(slot), self.placement(slot))
+    }
+
+    /// The role and the kernel mask of `slot`.
+    fn role_and_mask(&self, slot: Slot) -> (Role, String) {
+        (self.role(slot), self.mask(slot))
+    }
+
+    /// The role, the placement and the kernel mask of `slot`, for one assertion on all three.
+    fn state(&self, slot: Slot) -> (Role, Placement, String) {
+        (self.role(slot), self.placement(slot), self.mask(slot))
+    }
+}
+
+/// The mask a planned child moves itself onto at birth, if any.
+fn moves_to(plan: &ChildPlan) -> Option<String> {
+    plan.move_at_birth().map(|m| m.to_list())
 }
 
 #[test]
@@ -146,10 +211,7 @@ fn host_threads_keep_their_mask_through_configure_and_release() {
     assert_eq!(w.mask(worker), "2-3");
     // A host thread born during the lease is still a host thread on the host mask.
     let host_b = w.spawn(host_a);
-    assert_eq!(
-        (w.role(host_b), w.mask(host_b).as_str()),
-        (Role::Host, "0-3")
-    );
+    assert_eq!(w.role_and_mask(host_b), (Role::Host, "0-3".into()));
     w.release(lease).unwrap();
     assert_eq!(w.mask(worker), "0-3");
     assert_eq!(w.mask(host_a), "0-3");
@@ -157,17 +219,11 @@ fn host_threads_keep_their_mask_through_configure_and_release() {
 
 #[test]
 fn workers_children_inherit_the_worker_mask_with_no_syscall() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    w.configure(worker, "gpu0", "2-3");
-    let sets = *w.kernel.sets.borrow();
+    let (mut w, _, worker, _) = World::configured();
+    let sets = w.sets();
     let child = w.spawn(worker);
     let grandchild = w.spawn(child);
-    assert_eq!(
-        *w.kernel.sets.borrow(),
-        sets,
-        "inherited path made a syscall"
-    );
+    assert_eq!(w.sets(), sets, "inherited path made a syscall");
     for t in [child, grandchild] {
         assert_eq!(w.role(t), Role::Worker);
         assert_eq!(w.placement(t), Placement::Worker);
@@ -178,9 +234,7 @@ fn workers_children_inherit_the_worker_mask_with_no_syscall() {
 
 #[test]
 fn a_worker_lib_thread_made_by_a_host_is_a_worker_on_the_worker_mask() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    w.configure(worker, "gpu0", "2-3");
+    let (mut w, main, _, _) = World::configured();
     let progress = w.spawn_with(main, true, None);
     assert_eq!(w.role(progress), Role::Worker);
     assert_eq!(w.mask(progress), "2-3");
@@ -197,8 +251,7 @@ fn worker_lib_threads_made_before_configure_are_swept_in() {
 
 #[test]
 fn a_second_configure_keeps_everything_pinned() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
+    let (mut w, _, worker) = World::with_worker();
     let six: Vec<Slot> = (0..6).map(|_| w.spawn(worker)).collect();
     let first = w.configure(worker, "gpu0", "2-3");
     assert_eq!((first.on_mask, first.workers), (7, 7));
@@ -215,8 +268,7 @@ fn a_second_configure_keeps_everything_pinned() {
 
 #[test]
 fn configure_for_another_device_retargets() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
+    let (mut w, _, worker) = World::with_worker();
     let child = w.spawn(worker);
     w.configure(worker, "gpu0", "2-3");
     let out = w.configure(worker, "gpu1", "0-1");
@@ -227,8 +279,7 @@ fn configure_for_another_device_retargets() {
 
 #[test]
 fn only_the_last_release_restores_and_release_is_idempotent() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
+    let (mut w, _, worker) = World::with_worker();
     let a = w.configure(worker, "gpu0", "2-3").lease;
     let b = w.configure(worker, "gpu0", "2-3").lease;
     let first = w.release(a).unwrap();
@@ -243,18 +294,14 @@ fn only_the_last_release_restores_and_release_is_idempotent() {
 
 #[test]
 fn masks_changed_behind_the_librarys_back_are_preserved_and_counted() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
+    let (mut w, _, worker) = World::with_worker();
     let moved = w.spawn(worker);
     let observed = w.spawn(worker);
     let lease = w.configure(worker, "gpu0", "2-3").lease;
     // `taskset -p` from outside: invisible until the library looks.
-    let moved_tid = w.reg.entry(moved).unwrap().tid;
-    w.kernel.set(moved_tid, &m("3")).unwrap();
+    w.set_from_outside(moved, "3");
     // The application's own call, observed by the hook.
-    let observed_tid = w.reg.entry(observed).unwrap().tid;
-    w.kernel.set(observed_tid, &m("1")).unwrap();
-    w.reg.observe_explicit(observed, m("1"));
+    w.set_by_hand(observed, "1");
     let out = w.release(lease).unwrap();
     assert_eq!((out.restored, out.preserved), (1, 1));
     assert_eq!(w.mask(moved), "3");
@@ -265,9 +312,7 @@ fn masks_changed_behind_the_librarys_back_are_preserved_and_counted() {
 
 #[test]
 fn threads_born_after_the_last_release_get_restored_masks() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let (mut w, _, worker, lease) = World::configured();
     w.release(lease).unwrap();
     let later = w.spawn(worker);
     assert_eq!(w.mask(later), "0-3");
@@ -276,13 +321,11 @@ fn threads_born_after_the_last_release_get_restored_masks() {
 
 #[test]
 fn configure_promotes_only_descendants_still_on_their_birth_mask() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
+    let (mut w, main, worker) = World::with_worker();
     let kept = w.spawn(worker);
     let grandchild = w.spawn(kept);
     let repinned = w.spawn(worker);
-    let tid = w.reg.entry(repinned).unwrap().tid;
-    w.kernel.set(tid, &m("0")).unwrap();
+    w.set_from_outside(repinned, "0");
     let sibling = w.spawn(main);
     w.configure(worker, "gpu0", "2-3");
     assert_eq!(w.role(kept), Role::Worker);
@@ -295,8 +338,7 @@ fn configure_promotes_only_descendants_still_on_their_birth_mask() {
 
 #[test]
 fn a_grandchild_stays_a_descendant_after_its_parent_exits() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
+    let (mut w, _, worker) = World::with_worker();
     let parent = w.spawn(worker);
     let grandchild = w.spawn(parent);
     w.exit(parent);
@@ -306,7 +348,7 @@ fn a_grandchild_stays_a_descendant_after_its_parent_exits() {
     w.exit(worker);
     // The tombstone went with its last child: only the main thread is left.
     assert_eq!(w.reg.live_count(), 1);
-    assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 1);
+    assert_eq!(w.slots_in_use(), 1);
 }
 
 /// Threads that start their successor and exit, one alive at a time: the registry holds a
@@ -321,7 +363,7 @@ fn a_chain_of_successors_keeps_a_bounded_registry() {
         let next = w.spawn(current);
         w.exit(current);
         current = next;
-        assert!(w.reg.slots.iter().filter(|s| s.is_some()).count() <= 4);
+        assert!(w.slots_in_use() <= 4);
     }
     w.configure(head, "gpu0", "2-3");
     assert_eq!(w.role(current), Role::Worker, "still the head's descendant");
@@ -339,7 +381,7 @@ fn an_exit_under_a_tombstone_frees_the_tombstone() {
     w.exit(a);
     w.exit(b);
     // b relinked past a: a is gone, b stays for c.
-    assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 3);
+    assert_eq!(w.slots_in_use(), 3);
     w.configure(main, "gpu0", "2-3");
     assert_eq!(
         w.role(c),
@@ -347,14 +389,12 @@ fn an_exit_under_a_tombstone_frees_the_tombstone() {
         "a descendant of main through two exits"
     );
     w.exit(c);
-    assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 1);
+    assert_eq!(w.slots_in_use(), 1);
 }
 
 #[test]
 fn explicit_attr_masks_are_never_overridden_nor_restored() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let (mut w, _, worker, lease) = World::configured();
     let pinned = w.spawn_with(worker, false, Some("0"));
     assert_eq!(w.placement(pinned), Placement::Explicit);
     assert_eq!(w.mask(pinned), "0");
@@ -367,9 +407,7 @@ fn explicit_attr_masks_are_never_overridden_nor_restored() {
 
 #[test]
 fn children_of_a_step_thread_are_born_on_the_worker_mask() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    w.configure(worker, "gpu0", "2-3");
+    let (mut w, _, worker, _) = World::configured();
     let step = w.spawn(worker);
     w.reg.pin(step, m("2"), Placement::Step, &w.kernel).unwrap();
     let pool = w.spawn(step);
@@ -379,12 +417,10 @@ fn children_of_a_step_thread_are_born_on_the_worker_mask() {
 
 #[test]
 fn a_thread_born_across_a_retarget_takes_the_new_mask() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    w.configure(worker, "gpu0", "2-3");
+    let (mut w, _, worker, _) = World::configured();
     // The creator decides, then configure retargets before the child registers.
     let plan = w.reg.plan_child(Some(worker), false, None);
-    w.kernel.masks.borrow_mut().insert(500, m("2-3"));
+    w.insert(500, "2-3");
     w.configure(worker, "gpu1", "0-1");
     let child = w.reg.register_child(plan, 500, 500, &w.kernel);
     assert_eq!(w.mask(child), "0-1");
@@ -392,18 +428,16 @@ fn a_thread_born_across_a_retarget_takes_the_new_mask() {
 
 #[test]
 fn a_failed_create_leaves_nothing_behind() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
+    let (mut w, _, worker) = World::with_worker();
     let plan = w.reg.plan_child(Some(worker), false, None);
     w.reg.cancel_child(plan);
     w.exit(worker);
-    assert_eq!(w.reg.slots.iter().filter(|s| s.is_some()).count(), 1);
+    assert_eq!(w.slots_in_use(), 1);
 }
 
 #[test]
 fn fork_keeps_only_the_forking_thread_with_its_role() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
+    let (mut w, _, worker) = World::with_worker();
     w.spawn(worker);
     w.configure(worker, "gpu0", "2-3");
     w.reg.reset_after_fork(Some(worker), 900, 9);
@@ -411,7 +445,7 @@ fn fork_keeps_only_the_forking_thread_with_its_role() {
     let e = w.reg.entry(worker).unwrap();
     assert_eq!((e.tid, e.role), (900, Role::Worker));
     // Freed slots are reused.
-    w.kernel.masks.borrow_mut().insert(900, m("2-3"));
+    w.insert(900, "2-3");
     let child = w.spawn(worker);
     assert_ne!(child, worker);
 }
@@ -433,25 +467,13 @@ fn the_thread_table_follows_births_roles_placements_and_exits() {
 
 #[test]
 fn a_host_made_worker_moves_itself_once_before_it_registers() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    w.configure(worker, "gpu0", "2-3");
+    let (mut w, main, worker, _) = World::configured();
     let plan = w.reg.plan_child(Some(main), true, None);
-    assert_eq!(
-        plan.move_at_birth().map(|m| m.to_list()).as_deref(),
-        Some("2-3")
-    );
-    let sets = *w.kernel.sets.borrow();
+    assert_eq!(moves_to(&plan).as_deref(), Some("2-3"));
+    let sets = w.sets();
     let progress = w.born(main, plan, None);
-    assert_eq!(
-        *w.kernel.sets.borrow(),
-        sets + 1,
-        "one move, none under the lock"
-    );
-    assert_eq!(
-        (w.mask(progress).as_str(), w.placement(progress)),
-        ("2-3", Placement::Worker)
-    );
+    assert_eq!(w.sets(), sets + 1, "one move, none under the lock");
+    assert_eq!(w.placed(progress), ("2-3".into(), Placement::Worker));
     assert_eq!(w.reg.entry(progress).unwrap().natural.to_list(), "0-3");
     // Inheritance needs no move: a worker's child has no birth move.
     assert!(w
@@ -476,30 +498,20 @@ fn moved_then(w: &mut World, creator: Slot, change: impl FnOnce(&mut World)) -> 
 
 #[test]
 fn a_child_that_moved_across_a_release_is_born_as_if_after_it() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let (mut w, main, _, lease) = World::configured();
     let child = moved_then(&mut w, main, |w| {
         w.release(lease).unwrap();
     });
-    assert_eq!(
-        (w.mask(child).as_str(), w.placement(child)),
-        ("0-3", Placement::Inherited)
-    );
+    assert_eq!(w.placed(child), ("0-3".into(), Placement::Inherited));
 }
 
 #[test]
 fn a_child_that_moved_across_a_retarget_takes_the_new_mask() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    w.configure(worker, "gpu0", "2-3");
+    let (mut w, main, worker, _) = World::configured();
     let child = moved_then(&mut w, main, |w| {
         w.configure(worker, "gpu1", "0-1");
     });
-    assert_eq!(
-        (w.mask(child).as_str(), w.placement(child)),
-        ("0-1", Placement::Worker)
-    );
+    assert_eq!(w.placed(child), ("0-1".into(), Placement::Worker));
 }
 
 // ---- Worker scopes (SPEC §2, §7) ----------------------------------------------------------
@@ -511,56 +523,47 @@ fn scope_children_are_workers_on_the_target_while_the_caller_stays_host() {
     assert!(out.lease > 0);
     let child = w.spawn(main);
     assert_eq!(
-        (w.role(main), w.placement(main), w.mask(main).as_str()),
-        (Role::Host, Placement::Inherited, "0-3")
+        w.state(main),
+        (Role::Host, Placement::Inherited, "0-3".into())
     );
     assert_eq!(
-        (w.role(child), w.placement(child), w.mask(child).as_str()),
-        (Role::Worker, Placement::Worker, "2-3")
+        w.state(child),
+        (Role::Worker, Placement::Worker, "2-3".into())
     );
     assert_eq!(w.natural(child), "0-3");
 }
 
 #[test]
 fn a_child_created_after_end_scope_is_a_host_on_the_callers_mask() {
-    let (mut w, main) = World::new("0-3");
-    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let (mut w, main, lease) = World::scoped();
     let inside = w.spawn(main);
     assert_eq!(w.reg.end_scope(lease), Ok(100));
     let after = w.spawn(main);
     assert_eq!(
-        (w.role(after), w.placement(after), w.mask(after).as_str()),
-        (Role::Host, Placement::Inherited, "0-3")
+        w.state(after),
+        (Role::Host, Placement::Inherited, "0-3".into())
     );
     // The lease stays open: the scope's thread stays placed.
     assert_eq!(w.reg.leases().len(), 1);
-    assert_eq!(
-        (w.role(inside), w.mask(inside).as_str()),
-        (Role::Worker, "2-3")
-    );
+    assert_eq!(w.role_and_mask(inside), (Role::Worker, "2-3".into()));
 }
 
 #[test]
 fn grandchildren_of_a_scope_child_are_workers() {
-    let (mut w, main) = World::new("0-3");
-    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let (mut w, main, lease) = World::scoped();
     let child = w.spawn(main);
     let grandchild = w.spawn(child);
     w.reg.end_scope(lease).unwrap();
     let later = w.spawn(child);
     for t in [grandchild, later] {
-        assert_eq!(
-            (w.role(t), w.placement(t), w.mask(t).as_str()),
-            (Role::Worker, Placement::Worker, "2-3")
-        );
+        assert_eq!(w.state(t), (Role::Worker, Placement::Worker, "2-3".into()));
         assert_eq!(w.natural(t), "0-3");
     }
 }
 
 #[test]
 fn release_restores_scope_children_to_the_callers_mask() {
-    let (mut w, main) = World::new("0-3");
-    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let (mut w, main, lease) = World::scoped();
     let child = w.spawn(main);
     let grandchild = w.spawn(child);
     w.reg.end_scope(lease).unwrap();
@@ -586,40 +589,34 @@ fn end_scope_of_an_unknown_lease_errs() {
 
 #[test]
 fn release_of_a_scope_lease_ends_the_scope() {
-    let (mut w, main) = World::new("0-3");
-    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let (mut w, main, lease) = World::scoped();
     w.release(lease).unwrap();
     assert_eq!(w.reg.entry(main).unwrap().scope, None);
     assert_eq!(w.reg.end_scope(lease), Err(UnknownLease));
     // Never ended, yet over: the caller's new threads are born as before.
     let after = w.spawn(main);
-    assert_eq!((w.role(after), w.mask(after).as_str()), (Role::Host, "0-3"));
+    assert_eq!(w.role_and_mask(after), (Role::Host, "0-3".into()));
 }
 
 #[test]
 fn a_repeated_configure_for_the_same_device_in_a_scope_is_unchanged() {
-    let (mut w, main) = World::new("0-3");
-    w.begin_scope(main, "gpu0", "2-3");
+    let (mut w, main, _) = World::scoped();
     let engine = w.spawn(main);
-    let sets = *w.kernel.sets.borrow();
+    let sets = w.sets();
     let out = w.configure(engine, "gpu0", "2-3");
     assert!(out.unchanged);
     assert_eq!(out.retargeted_from, None);
     assert_eq!((out.on_mask, out.workers), (1, 1));
-    assert_eq!(*w.kernel.sets.borrow(), sets, "nothing to move");
+    assert_eq!(w.sets(), sets, "nothing to move");
     assert_eq!(w.mask(engine), "2-3");
     assert_eq!(w.role(main), Role::Host);
 }
 
 #[test]
 fn an_explicit_attr_mask_in_a_scope_stays_explicit() {
-    let (mut w, main) = World::new("0-3");
-    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let (mut w, main, lease) = World::scoped();
     let pinned = w.spawn_with(main, false, Some("0"));
-    assert_eq!(
-        (w.placement(pinned), w.mask(pinned).as_str()),
-        (Placement::Explicit, "0")
-    );
+    assert_eq!(w.placed(pinned), ("0".into(), Placement::Explicit));
     w.release(lease).unwrap();
     assert_eq!(w.mask(pinned), "0");
 }
@@ -632,13 +629,13 @@ fn a_scope_on_an_explicit_creator_yields_workers_whose_natural_is_the_creators_m
     let lease = w.begin_scope(server, "gpu0", "2-3").lease;
     let child = w.spawn(server);
     assert_eq!(
-        (w.role(child), w.placement(child), w.mask(child).as_str()),
-        (Role::Worker, Placement::Worker, "2-3")
+        w.state(child),
+        (Role::Worker, Placement::Worker, "2-3".into())
     );
     assert_eq!(w.natural(child), "0-1");
     assert_eq!(
-        (w.role(server), w.placement(server), w.mask(server).as_str()),
-        (Role::Host, Placement::Explicit, "0-1")
+        w.state(server),
+        (Role::Host, Placement::Explicit, "0-1".into())
     );
     w.release(lease).unwrap();
     assert_eq!(w.mask(child), "0-1");
@@ -652,7 +649,7 @@ fn a_scope_places_existing_workers_and_promotes_no_descendant() {
     let progress = w.spawn_with(main, true, None);
     let out = w.begin_scope(main, "gpu0", "2-3");
     assert_eq!((out.on_mask, out.workers), (1, 1));
-    assert_eq!((w.role(host), w.mask(host).as_str()), (Role::Host, "0-3"));
+    assert_eq!(w.role_and_mask(host), (Role::Host, "0-3".into()));
     assert_eq!(w.mask(progress), "2-3");
 }
 
@@ -684,33 +681,25 @@ fn a_nested_scope_leaves_the_outer_one_open() {
 
 #[test]
 fn a_fork_by_a_host_drops_its_scope_with_the_leases() {
-    let (mut w, main) = World::new("0-3");
-    w.begin_scope(main, "gpu0", "2-3");
+    let (mut w, main, _) = World::scoped();
     w.reg.reset_after_fork(Some(main), 900, 9);
     assert!(w.reg.leases().is_empty());
     assert_eq!(w.reg.entry(main).unwrap().scope, None);
-    w.kernel.masks.borrow_mut().insert(900, m("0-3"));
+    w.insert(900, "0-3");
     let child = w.spawn(main);
-    assert_eq!((w.role(child), w.mask(child).as_str()), (Role::Host, "0-3"));
+    assert_eq!(w.role_and_mask(child), (Role::Host, "0-3".into()));
 }
 
 #[test]
 fn a_scope_child_that_moved_across_the_release_is_born_as_if_after_it() {
-    let (mut w, main) = World::new("0-3");
-    let lease = w.begin_scope(main, "gpu0", "2-3").lease;
+    let (mut w, main, lease) = World::scoped();
     let mut plan = w.reg.plan_child(Some(main), false, None);
-    assert_eq!(
-        plan.move_at_birth().map(|m| m.to_list()).as_deref(),
-        Some("2-3")
-    );
-    w.kernel.masks.borrow_mut().insert(500, m("2-3"));
+    assert_eq!(moves_to(&plan).as_deref(), Some("2-3"));
+    w.insert(500, "2-3");
     plan.mark_moved();
     w.release(lease).unwrap();
     let child = w.reg.register_child(plan, 500, 500, &w.kernel);
-    assert_eq!(
-        (w.mask(child).as_str(), w.placement(child)),
-        ("0-3", Placement::Inherited)
-    );
+    assert_eq!(w.placed(child), ("0-3".into(), Placement::Inherited));
 }
 
 #[test]
@@ -722,8 +711,8 @@ fn a_scope_child_of_an_explicit_creator_is_the_workers_even_with_no_worker_mask(
     w.reg.begin_scope(server, "gpu0", None, &w.kernel);
     let child = w.spawn(server);
     assert_eq!(
-        (w.role(child), w.placement(child), w.mask(child).as_str()),
-        (Role::Worker, Placement::Inherited, "0-1")
+        w.state(child),
+        (Role::Worker, Placement::Inherited, "0-1".into())
     );
     // Not the creator's choice: a later configure places it.
     let engine = w.spawn(main);
@@ -734,9 +723,7 @@ fn a_scope_child_of_an_explicit_creator_is_the_workers_even_with_no_worker_mask(
 
 #[test]
 fn the_history_outlives_the_last_release_and_the_workers() {
-    let (mut w, main) = World::new("0-3");
-    let worker = w.spawn(main);
-    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let (mut w, _, worker, lease) = World::configured();
     let pool: Vec<Slot> = (0..3).map(|_| w.spawn(worker)).collect();
     let second = w.configure(worker, "gpu0", "2-3").lease;
     w.release(second).unwrap();
@@ -769,12 +756,12 @@ fn the_history_outlives_the_last_release_and_the_workers() {
 fn unseen_threads_born_on_a_library_mask_get_the_launch_mask_back() {
     let (mut w, main) = World::new("0-3");
     w.reg.set_unseen_natural(m("0-3"));
-    w.kernel.masks.borrow_mut().insert(900, m("0-3"));
+    w.insert(900, "0-3");
     let worker = w.spawn(main);
     let lease = w.configure(worker, "gpu0", "2-3").lease;
     // Born by clone from the worker (the library sees no pthread_create) and from the host.
-    w.kernel.masks.borrow_mut().insert(901, m("2-3"));
-    w.kernel.masks.borrow_mut().insert(902, m("1"));
+    w.insert(901, "2-3");
+    w.insert(902, "1");
     // An unseen thread from before the lease, moved onto the worker CPUs by hand.
     w.kernel.set(900, &m("2-3")).unwrap();
     let outcome = w.release(lease).unwrap();
@@ -797,10 +784,7 @@ fn an_exiting_worker_stays_for_its_destructors_and_a_host_goes_at_once() {
     assert!(w.reg.entry(host).is_none());
     assert!(!w.reg.thread_exiting(worker));
     let late = w.spawn(worker);
-    assert_eq!(
-        (w.role(late), w.mask(late)),
-        (Role::Worker, "2-3".to_string())
-    );
+    assert_eq!(w.role_and_mask(late), (Role::Worker, "2-3".into()));
     w.reg.thread_exited(worker);
     assert!(w.reg.entry(worker).is_none());
 }

@@ -373,6 +373,27 @@ impl Sysfs {
     }
 }
 
+/// The simulated host's masks as CPU lists: every allowed CPU, device 0's GPU-local set (node1)
+/// and the other node's CPUs (node0, device 1's).
+pub struct HostCpus {
+    pub all: String,
+    pub local: String,
+    pub other: String,
+}
+
+impl Sysfs {
+    /// [`HostCpus`]; the error (for [`require!`]) on a host with one CPU, where they cannot
+    /// differ as `why` needs.
+    pub fn cpus(&self, why: &str) -> Result<HostCpus, String> {
+        two_cpus(why)?;
+        Ok(HostCpus {
+            all: allowed_cpus().to_list(),
+            local: self.node1.to_list(),
+            other: self.node0.to_list(),
+        })
+    }
+}
+
 /// A command with the library preloaded and the simulated topology in place.
 pub fn preloaded(program: impl AsRef<std::ffi::OsStr>, sysfs: &Sysfs) -> Command {
     let mut cmd = Command::new(program);
@@ -968,6 +989,20 @@ pub fn http_get(port: u16, path: &str) -> std::thread::JoinHandle<String> {
     })
 }
 
+/// Runs `cmd` to its end, which must be a success (the command, its status and its output in
+/// the message).
+pub fn succeeded(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The thread ids the kernel lists for a live process.
 pub fn task_tids(pid: u32) -> std::collections::BTreeSet<i32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -997,6 +1032,28 @@ pub fn report_thread(report: &serde_json::Value, tid: i32) -> &serde_json::Value
         .as_array()
         .and_then(|a| a.iter().find(|t| t["tid"].as_i64() == Some(tid as i64)))
         .unwrap_or_else(|| panic!("thread {tid} is not in the report {report}"))
+}
+
+/// The lines of `text` (a program's stderr) that start with `prefix`: `"[tllm-affinity]"` for
+/// every line of the library's, `"[tllm-affinity] error:"` for its errors.
+pub fn lines_starting<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+/// Each of `parts` is in `text` (a program's output; the whole of it in the message).
+#[track_caller]
+pub fn says(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "no {part:?} in:\n{text}");
+    }
+}
+
+/// None of `parts` is in `text` (the whole of it in the message).
+#[track_caller]
+pub fn never_says(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(!text.contains(part), "{part:?} in:\n{text}");
+    }
 }
 
 /// `key=value` from a result line such as `CHILD main threads=1 role=0`.
@@ -1103,42 +1160,38 @@ pub const TP1_WORKERS: [&str; 5] = [
 /// The worker threads of the zero-code fixture's MpiCommSession rank 0: the session's first
 /// pool thread (where worker_main configures) and the engine it starts (tests/zero_code.rs,
 /// tests/guest.rs).
-pub const SESSION_WORKERS: [&str; 6] = [
-    "ThreadPoolExecutor-*_0",
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
+pub const SESSION_WORKERS: [&str; 6] = joined(&["ThreadPoolExecutor-*_0"], &TP1_WORKERS);
 
 /// The worker threads of the zero-code fixture's VisualGen rank 0: the worker function's thread,
 /// its pool and post-processing thread, and the two sequential LLMs' threads that outlive them
 /// (the main thread's OpenMP pool, born in the first LLM's worker scope).
-pub const VISUALGEN_WORKERS: [&str; 8] = [
-    "visual_gen_worker",
-    "visual_gen_postprocess",
-    "visual_omp",
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-];
+pub const VISUALGEN_WORKERS: [&str; 8] = joined(
+    &["visual_gen_worker", "visual_gen_postprocess", "visual_omp"],
+    &TP1_WORKERS,
+);
 
 /// The worker threads of the zero-code fixture's multi-node leader: rank 0's worker and engine,
 /// and every native progress thread.
-pub const LEADER_WORKERS: [&str; 9] = [
-    "ThreadPoolExecutor-*_0",
-    "executor_loop",
-    "await_response_thread",
-    "stats_thread",
-    "engine_omp",
-    "loop_omp",
-    "mpi_progress",
-    "nccl_progress",
-    "mpi_req",
-];
+pub const LEADER_WORKERS: [&str; 9] = joined(
+    &SESSION_WORKERS,
+    &["mpi_progress", "nccl_progress", "mpi_req"],
+);
+
+/// `head` then `tail`, in a list of exactly their length.
+const fn joined<const N: usize>(head: &[&'static str], tail: &[&'static str]) -> [&'static str; N] {
+    assert!(head.len() + tail.len() == N, "N is the two lengths");
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < head.len() {
+            head[i]
+        } else {
+            tail[i - head.len()]
+        };
+        i += 1;
+    }
+    out
+}
 
 /// The interpreter of a virtual environment holding the repo's `python/` package as `pip install`
 /// leaves it for a user (the `.pth` start-up hook included, once the package ships one):
@@ -1267,6 +1320,22 @@ pub fn bullseye_rootfs() -> Result<PathBuf, String> {
     }
     std::fs::rename(&partial, &rootfs).unwrap();
     Ok(rootfs)
+}
+
+/// A copy of `rootfs` made of hard links, in a directory under the cache that goes on drop, and
+/// its root: instant, and the cache stays untouched (files are only added to or removed from
+/// the copy, never written).
+pub fn linked_copy(rootfs: &Path) -> (tempfile::TempDir, PathBuf) {
+    let copy = tempfile::tempdir_in(ROOTFS_CACHE).unwrap();
+    let root = copy.path().join("root");
+    let status = Command::new("cp")
+        .arg("-al")
+        .arg(rootfs)
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cp -al {}", rootfs.display());
+    (copy, root)
 }
 
 /// `tests/programs/old_glibc.c` linked against glibc 2.17 by zig (the wheel's toolchain), so that
