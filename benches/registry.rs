@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::registry::{Registry, Role, ThreadMasks, Tid};
+use tllm_affinity_core::registry::{LeaseKind, Registry, Role, ThreadMasks, Tid};
 
 /// Counts live heap bytes, so the bench can say what the registry holds per thread.
 struct Counting;
@@ -93,7 +93,13 @@ fn sweep(c: &mut Criterion) {
         let worker_set = CpuMask::parse_list("2-3").unwrap();
         group.bench_function(BenchmarkId::new("configure+release", n), |b| {
             b.iter(|| {
-                let outcome = reg.configure(sweeper, "gpu0", Some(worker_set.clone()), &kernel);
+                let outcome = reg.open(
+                    LeaseKind::Configure,
+                    sweeper,
+                    "gpu0",
+                    Some(worker_set.clone()),
+                    &kernel,
+                );
                 reg.release(outcome.lease, &kernel).unwrap();
             })
         });
@@ -108,7 +114,8 @@ fn birth_and_exit(c: &mut Criterion) {
         let main = reg.register_root(1, 1, Role::Host, CpuMask::parse_list("0-3").unwrap());
         let worker = reg.register_root(2, 2, Role::Host, CpuMask::parse_list("0-3").unwrap());
         if lease {
-            reg.configure(
+            reg.open(
+                LeaseKind::Configure,
                 worker,
                 "gpu0",
                 Some(CpuMask::parse_list("2-3").unwrap()),

@@ -802,33 +802,12 @@ impl Registry {
         false
     }
 
-    /// SPEC §2/§3/§5: opens a lease. The caller becomes a worker with every live descendant still
-    /// on the mask it was born with; then every worker thread whose mask the library may choose
-    /// is put on `worker_mask` (when the policy gives one). A thread whose mask changed behind the
-    /// library's back is left alone and marked `external`.
-    pub fn configure(
-        &mut self,
-        caller: Slot,
-        device: &str,
-        worker_mask: Option<CpuMask>,
-        kernel: &impl ThreadMasks,
-    ) -> ConfigureOutcome {
-        self.open(LeaseKind::Configure, caller, device, worker_mask, kernel)
-    }
-
-    /// SPEC §2: opens a lease as [`Self::configure`] does, but the caller keeps its role and so do
-    /// its descendants; the threads it creates until [`Self::end_scope`] are born workers.
-    pub fn begin_scope(
-        &mut self,
-        caller: Slot,
-        device: &str,
-        worker_mask: Option<CpuMask>,
-        kernel: &impl ThreadMasks,
-    ) -> ConfigureOutcome {
-        self.open(LeaseKind::WorkerScope, caller, device, worker_mask, kernel)
-    }
-
-    /// Opens a lease of `kind` for `caller`: sets the target, then places every worker thread.
+    /// SPEC §2/§3/§5: opens a lease of `kind` for `caller`. For `configure` the caller becomes a
+    /// worker with every live descendant still on the mask it was born with; for a worker scope
+    /// the caller keeps its role and so do its descendants, and the threads it creates until
+    /// [`Self::end_scope`] are born workers. Then every worker thread whose mask the library may
+    /// choose is put on `worker_mask` (when the policy gives one); a thread whose mask changed
+    /// behind the library's back is left alone and marked `external`.
     pub fn open(
         &mut self,
         kind: LeaseKind,

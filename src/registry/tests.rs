@@ -110,8 +110,13 @@ impl World {
     }
 
     fn configure(&mut self, caller: Slot, device: &str, mask: &str) -> ConfigureOutcome {
-        self.reg
-            .configure(caller, device, Some(m(mask)), &self.kernel)
+        self.reg.open(
+            LeaseKind::Configure,
+            caller,
+            device,
+            Some(m(mask)),
+            &self.kernel,
+        )
     }
 
     fn release(&mut self, lease: i64) -> Result<ReleaseOutcome, UnknownLease> {
@@ -119,8 +124,13 @@ impl World {
     }
 
     fn begin_scope(&mut self, caller: Slot, device: &str, mask: &str) -> ConfigureOutcome {
-        self.reg
-            .begin_scope(caller, device, Some(m(mask)), &self.kernel)
+        self.reg.open(
+            LeaseKind::WorkerScope,
+            caller,
+            device,
+            Some(m(mask)),
+            &self.kernel,
+        )
     }
 
     fn natural(&self, slot: Slot) -> String {
@@ -708,7 +718,8 @@ fn a_scope_child_of_an_explicit_creator_is_the_workers_even_with_no_worker_mask(
     let server = w.spawn(main);
     w.set_by_hand(server, "0-1");
     // The policy keeps masks: the scope opens a lease with no target.
-    w.reg.begin_scope(server, "gpu0", None, &w.kernel);
+    w.reg
+        .open(LeaseKind::WorkerScope, server, "gpu0", None, &w.kernel);
     let child = w.spawn(server);
     assert_eq!(
         w.state(child),
