@@ -260,6 +260,20 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_taken_with_the_threads_block_counts_there_as_any_other() {
+        let lock = EngineLock::new(());
+        crate::per_thread::with(|me| {
+            let guard = lock.lock_counted(&me.locks_held);
+            assert!(held_by_this_thread());
+            let inner = EngineLock::new(());
+            drop(inner.lock());
+            assert!(held_by_this_thread(), "counted once each way");
+            drop(guard);
+        });
+        assert!(!held_by_this_thread());
+    }
+
+    #[test]
     fn a_patient_waiter_gives_up_on_a_holder_that_never_lets_go_and_counts_nothing() {
         let lock = &EngineLock::new(0u64);
         let held = &std::sync::Barrier::new(2);
