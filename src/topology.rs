@@ -614,10 +614,15 @@ mod tests {
             put_cpu(root, c, c, c / 2, &siblings);
             put_cpu(root, c + 4, c, c / 2, &siblings);
         }
-        put(root, "sys/devices/system/node/node0/cpulist", "0-1,4-5\n");
-        put(root, "sys/devices/system/node/node0/distance", "10 21\n");
-        put(root, "sys/devices/system/node/node1/cpulist", "2-3,6-7\n");
-        put(root, "sys/devices/system/node/node1/distance", "21 10\n");
+        put_node(root, 0, "0-1,4-5", "10 21");
+        put_node(root, 1, "2-3,6-7", "21 10");
+    }
+
+    /// NUMA node `node`: its CPU list and its row of distances.
+    fn put_node(root: &Path, node: usize, cpulist: &str, distances: &str) {
+        let dir = format!("sys/devices/system/node/node{node}");
+        put(root, &format!("{dir}/cpulist"), &format!("{cpulist}\n"));
+        put(root, &format!("{dir}/distance"), &format!("{distances}\n"));
     }
 
     fn read(root: &Path) -> Topology {
@@ -746,31 +751,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         put(root, "sys/devices/system/cpu/online", "0-3\n");
-        put(root, "sys/devices/system/node/node0/cpulist", "0-1\n");
-        put(
-            root,
-            "sys/devices/system/node/node0/distance",
-            "10 20 40 40\n",
-        );
-        put(root, "sys/devices/system/node/node1/cpulist", "2-3\n");
-        put(
-            root,
-            "sys/devices/system/node/node1/distance",
-            "20 10 40 40\n",
-        );
+        put_node(root, 0, "0-1", "10 20 40 40");
+        put_node(root, 1, "2-3", "20 10 40 40");
         // GB200-style memory-only nodes: node 2 is nearer to node 1, node 3 ties.
-        put(root, "sys/devices/system/node/node2/cpulist", "\n");
-        put(
-            root,
-            "sys/devices/system/node/node2/distance",
-            "80 40 10 80\n",
-        );
-        put(root, "sys/devices/system/node/node3/cpulist", "\n");
-        put(
-            root,
-            "sys/devices/system/node/node3/distance",
-            "80 80 80 10\n",
-        );
+        put_node(root, 2, "", "80 40 10 80");
+        put_node(root, 3, "", "80 80 80 10");
         put_gpu(root, "0009:01:00.0", "2", Some(""));
         put_gpu(root, "0019:01:00.0", "3", None);
         let t = read(root);
