@@ -335,14 +335,7 @@ pub fn normalize_pci_address(text: &str) -> Option<String> {
 /// `sys/bus/pci/devices`, sorted by address. No PCI directory at all means no GPU, not an error.
 pub fn read_gpus_of_vendor(root: &SysfsRoot, vendor: u16) -> Result<Vec<PciGpu>, TopologyError> {
     let dir = root.path("sys/bus/pci/devices");
-    let mut names = match fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| TopologyError::new(&dir, format!("cannot list: {e}")))?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(TopologyError::new(&dir, format!("cannot list: {e}"))),
-    };
+    let mut names = entry_names(&dir)?;
     names.sort();
     let mut gpus = Vec::new();
     for name in names {
@@ -544,19 +537,26 @@ fn parse_hex_u16(text: &str) -> Option<u16> {
     hex_number(text).and_then(|v| u16::try_from(v).ok())
 }
 
+/// The names of the entries of `dir` (lossily UTF-8), in the order listed; none when `dir` is
+/// missing (sysfs leaves out what a host does not have).
+fn entry_names(dir: &Path) -> Result<Vec<String>, TopologyError> {
+    let cannot_list = |e: io::Error| TopologyError::new(dir, format!("cannot list: {e}"));
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_, _>>()
+            .map_err(cannot_list),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(cannot_list(e)),
+    }
+}
+
 /// The numbers `N` of the entries named `<prefix>N` in `dir`, ascending; none when `dir` is
 /// missing.
 fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<usize>, TopologyError> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(TopologyError::new(dir, format!("cannot list: {e}"))),
-    };
     let mut ids = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| TopologyError::new(dir, format!("cannot list: {e}")))?;
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)) else {
+    for name in entry_names(dir)? {
+        let Some(rest) = name.strip_prefix(prefix) else {
             continue;
         };
         if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) {
