@@ -115,6 +115,20 @@ impl CreatorAtPlan {
     }
 }
 
+/// Whether a child now on `child_mask` was cloned before its creator changed from `at_plan` to
+/// `now`. The clone copied the creator's mask. When the registry knows the creator's new mask
+/// (a configure or `observe_explicit` replaced it), a child on another mask was cloned before.
+/// When only the placement changed (a program's own set, marked by the shim before its mask is
+/// read in), the registry's mask is still the one of the plan, and a child on it was cloned
+/// before.
+fn born_before_the_change(now: &ThreadEntry, at_plan: CreatorAtPlan, child_mask: &CpuMask) -> bool {
+    if Arc::as_ptr(&now.current) as usize == at_plan.on {
+        *now.current == *child_mask
+    } else {
+        *now.current != *child_mask
+    }
+}
+
 /// A creator as the birth rule reads it: as it is now, or as it was at the plan.
 #[derive(Clone, Copy)]
 struct CreatorView<'a> {
@@ -573,7 +587,7 @@ impl Registry {
                 if let (Some(c), Some(p)) = (creator, at_plan) {
                     if changed_since_plan
                         && p.placement != Placement::External
-                        && *c.current != *read_from_kernel
+                        && born_before_the_change(c, p, &read_from_kernel)
                     {
                         view = Some(CreatorView::at_plan(p, c));
                     }

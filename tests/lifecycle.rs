@@ -793,3 +793,34 @@ fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
     }
     assert!(raced > 0, "no round raced the release:\n{}", end.stdout);
 }
+
+/// A worker that sets its own mask as soon as `pthread_create` returned does not take its child
+/// with it: the child was cloned on the worker mask, the library's choice, so the last release
+/// puts it back on the launch mask, however late it registered after the worker's set.
+#[test]
+fn a_workers_own_mask_set_right_after_a_create_does_not_keep_its_child_from_being_restored() {
+    let sysfs = Sysfs::two_nodes();
+    let cpus = require!(cpus(&sysfs));
+    let other_cpu = cpus.other.split([',', '-']).next().unwrap().to_string();
+    let program = Program::c("own_mask_after_create").build();
+    let mut cmd = preloaded(program, &sysfs);
+    cmd.args(["50", &other_cpu]);
+    let end = run_bounded(cmd, LIMIT);
+    assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
+    says(&end.stdout, &["DONE"]);
+    let mut raced = 0;
+    for line in lines_starting(&end.stdout, "ROUND ") {
+        assert_eq!(field(line, "role"), "1", "{line}");
+        assert_eq!(
+            field(line, "mask"),
+            cpus.all,
+            "left on the worker mask: {line}"
+        );
+        raced += usize::from(field(line, "raced") == "1");
+    }
+    assert!(
+        raced > 0,
+        "no round set the worker's mask before its child ran:\n{}",
+        end.stdout
+    );
+}

@@ -945,6 +945,36 @@ fn a_creators_own_mask_set_after_the_clone_does_not_pass_to_a_child_registering_
     assert_eq!(w.mask(worker), "1", "the worker's own choice stays");
 }
 
+/// The same, as the preloaded shim reports a program's own set: the placement at once
+/// (`mark_explicit`), the mask only at the next operation.
+#[test]
+fn a_creators_own_mask_marked_after_the_clone_does_not_pass_to_a_child_registering_later() {
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let lease = w.configure(worker, "gpu0", "2-3").lease;
+    let child = born_around(
+        &mut w,
+        worker,
+        |_| {},
+        |w| {
+            let tid = w.reg.entry(worker).unwrap().tid;
+            w.kernel.set(tid, &m("1")).unwrap();
+            w.reg.mark_explicit(tid);
+        },
+    );
+    assert_eq!(
+        w.state(child),
+        (Role::Worker, Placement::Worker, "2-3".into())
+    );
+    assert_eq!(w.natural(child), "0-3");
+    w.release(lease).unwrap();
+    assert_eq!(
+        w.mask(child),
+        "0-3",
+        "the child is put back at the last release"
+    );
+}
+
 /// The other interleaving: a configure on another thread moves the creator between its plan and
 /// the clone, so the child is born on the creator's new mask, and is promoted with it.
 #[test]
