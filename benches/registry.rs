@@ -88,7 +88,7 @@ fn sweep(c: &mut Criterion) {
         let sweeper = reg.register_root(0, 0, Role::Host, all.clone());
         for tid in 2..n as Tid + 2 {
             let plan = reg.plan_child(Some(sweeper), false, None);
-            reg.register_child(plan, tid, tid as u64, &kernel);
+            reg.register_child(&plan, tid, tid as u64, &kernel);
         }
         let worker_set = CpuMask::parse_list("2-3").unwrap();
         group.bench_function(BenchmarkId::new("configure+release", n), |b| {
@@ -131,7 +131,7 @@ fn birth_and_exit(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("birth+exit", name), |b| {
             b.iter(|| {
                 let plan = reg.plan_child(Some(creator), false, None);
-                let slot = reg.register_child(plan, 10, 10, &Still);
+                let slot = reg.register_child(&plan, 10, 10, &Still);
                 reg.thread_exited(slot);
             })
         });
@@ -147,7 +147,7 @@ fn bytes_per_thread() -> f64 {
     let n = 10_000;
     for tid in 0..n {
         let plan = reg.plan_child(Some(main), false, None);
-        reg.register_child(plan, 100 + tid, tid as u64, &Still);
+        reg.register_child(&plan, 100 + tid, tid as u64, &Still);
     }
     let after = LIVE.load(Ordering::Relaxed);
     (after - before) as f64 / n as f64

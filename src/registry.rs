@@ -432,6 +432,7 @@ impl Registry {
     /// lives in a worker library or its creator has a worker scope open (then it is a worker);
     /// an unknown creator counts as host. An explicit attr mask is the caller's choice and is
     /// never overridden.
+    #[inline(always)]
     pub fn plan_child(
         &mut self,
         creator: Option<Slot>,
@@ -525,7 +526,7 @@ impl Registry {
     /// mask); otherwise the model asks the kernel.
     pub fn register_child(
         &mut self,
-        plan: ChildPlan,
+        plan: &ChildPlan,
         tid: Tid,
         handle: u64,
         kernel: &impl ThreadMasks,
@@ -537,7 +538,7 @@ impl Registry {
             .creator
             .and_then(|s| self.slots.get(s as usize)?.as_ref());
         if let Some((c, placement)) =
-            creator.and_then(|c| self.continues_creator(&plan, c).map(|p| (c, p)))
+            creator.and_then(|c| self.continues_creator(plan, c).map(|p| (c, p)))
         {
             let natural = match placement {
                 Placement::Worker => &c.natural,
@@ -691,6 +692,7 @@ impl Registry {
     }
 
     /// The thread in `slot` exited (return, `pthread_exit` or cancellation).
+    #[inline(always)]
     pub fn thread_exited(&mut self, slot: Slot) {
         if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
             let was_live_worker = e.alive && e.role == Role::Worker;

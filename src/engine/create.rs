@@ -28,7 +28,7 @@ use super::fork::adopt_if_forked_without_handlers;
 use super::init::ensure_init;
 use super::kernel::Kernel;
 use super::objects;
-use super::packets::{self, StartPacket};
+use super::packets;
 use super::publish::publish_table_if_pending;
 use super::real::{self, StartRoutine};
 use super::state::{load_facts, lock_registry, lock_registry_as, registry, State};
@@ -46,6 +46,7 @@ type UnwindingStart = extern "C-unwind" fn(*mut c_void) -> *mut c_void;
 ///
 /// # Safety
 /// The arguments are those of `pthread_create(3)`.
+#[inline(always)]
 pub unsafe fn pthread_create(
     thread: *mut libc::pthread_t,
     attr: *const libc::pthread_attr_t,
@@ -61,19 +62,22 @@ pub unsafe fn pthread_create(
         return unsafe { real_create(thread, attr, None, arg) };
     };
     let saved_errno = sys::errno();
-    let plan = if ensure_init() == State::Active {
+    // The plan is written straight into the packet: a copy of it costs more than the rest.
+    let packet = if ensure_init() == State::Active {
         // SAFETY: the calling thread's own block, which lives as long as the thread.
         let me = unsafe { &*per_thread::current() };
-        catch_unwind(AssertUnwindSafe(|| plan_child(me, attr, start))).ok()
+        catch_unwind(AssertUnwindSafe(|| {
+            packets::hand_over(start, arg, || plan_child(me, attr, start))
+        }))
+        .ok()
     } else {
         None
     };
-    let Some(plan) = plan else {
+    let Some(packet) = packet else {
         sys::set_errno(saved_errno);
         // SAFETY: the caller's own arguments, passed on unchanged.
         return unsafe { real_create(thread, attr, Some(start), arg) };
     };
-    let packet = packets::hand_over(StartPacket { start, arg, plan });
     sys::set_errno(saved_errno);
     // SAFETY: the trampoline has the start-routine ABI (C-unwind only adds permission to unwind)
     // and takes ownership of the packet, which stays alive until it does.
@@ -165,13 +169,18 @@ extern "C" {
 }
 
 extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
-    // SAFETY: `raw` is the packet the hook handed to this thread and to no one else. Its contents
-    // are moved out here; nothing of it stays owned by this frame while the user routine runs.
-    let StartPacket { start, arg, plan } = unsafe { packets::take(raw) };
+    // SAFETY: `raw` is the packet the hook handed to this thread and to no one else; it is read
+    // in place for the registration, then retired, before the user routine runs.
+    let packet = unsafe { packets::open(raw) };
     // This thread's block, looked up once for the registration, both locks and the exit.
     let me = per_thread::current();
     // SAFETY: the calling thread's own block, which lives as long as the thread.
-    let _ = catch_unwind(AssertUnwindSafe(|| register_self(unsafe { &*me }, plan)));
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        register_self(unsafe { &*me }, &mut packet.plan)
+    }));
+    let (start, arg) = (packet.start, packet.arg);
+    // SAFETY: opened above; nothing of the packet is used after this.
+    unsafe { packets::retire(raw) };
     // SAFETY: the user's routine with the user's argument, as pthread_create was asked to run.
     // Nothing with a destructor is alive in this frame.
     let start: UnwindingStart =
@@ -193,7 +202,7 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     ret
 }
 
-fn register_self(me: &PerThread, mut plan: ChildPlan) {
+fn register_self(me: &PerThread, plan: &mut ChildPlan) {
     let handle = sys::pthread_self();
     let tid = sys::tid_of(handle);
     // Outside the registry lock: the move can migrate this thread to another CPU.

@@ -3,9 +3,9 @@
 //! The new thread never frees its packet. A `free` there would make glibc build that thread's
 //! malloc cache (a tcache of about 600 bytes, and an arena attachment) in a thread that may never
 //! allocate otherwise, and tear it down again at exit: measured as most of the library's cost per
-//! thread and ~800 bytes of RSS per parked thread (issue 6). Instead the new thread moves the
-//! contents out and pushes the empty cell onto a lock-free list; the next hook takes the whole
-//! list with one swap, reuses its first cell and frees the rest on the creator's side, whose
+//! thread and ~800 bytes of RSS per parked thread (issue 6). Instead the new thread reads the
+//! packet in place, drops it and pushes the empty cell onto a lock-free list; the next hook takes
+//! the whole list with one swap, reuses its first cell and frees the rest on the creator's side, whose
 //! malloc cache is warm. Pushes and a take-everything swap cannot suffer ABA, so no lock is
 //! needed, and a fork child simply inherits the list.
 
@@ -31,8 +31,15 @@ struct Cell {
 /// Empty cells given back by started threads.
 static RETIRED: AtomicPtr<Cell> = AtomicPtr::new(ptr::null_mut());
 
-/// Creator side: a cell holding `packet`, as the pointer the trampoline receives.
-pub fn hand_over(packet: StartPacket) -> *mut c_void {
+/// Creator side: a cell holding `start`, `arg` and the plan `plan` makes, as the pointer the
+/// trampoline receives. The plan is made into the cell, not moved there. A panic in `plan`
+/// leaves the cell to the allocator (a bug's path; the hook then fails open).
+#[inline(always)]
+pub fn hand_over(
+    start: StartRoutine,
+    arg: *mut c_void,
+    plan: impl FnOnce() -> ChildPlan,
+) -> *mut c_void {
     // A plain load first: an empty list needs no read-modify-write of a shared line.
     let chain = if RETIRED.load(Ordering::Relaxed).is_null() {
         ptr::null_mut()
@@ -46,7 +53,7 @@ pub fn hand_over(packet: StartPacket) -> *mut c_void {
         }))
     } else {
         // SAFETY: the swap made this thread the only owner of every cell in the chain; their
-        // packets were moved out by `take`, so freeing a cell drops nothing but the allocation.
+        // packets were dropped by `retire`, so freeing a cell drops nothing but the allocation.
         unsafe {
             let mut rest = (*chain).next;
             while !rest.is_null() {
@@ -60,26 +67,45 @@ pub fn hand_over(packet: StartPacket) -> *mut c_void {
     // SAFETY: `cell` is owned by this thread alone (fresh, or taken from the list above).
     unsafe {
         (*cell).next = ptr::null_mut();
-        (*cell).packet.write(packet);
+        (*cell).packet.write(StartPacket {
+            start,
+            arg,
+            plan: plan(),
+        });
     }
     cell.cast()
 }
 
-/// New-thread side: moves the packet out and retires its cell. Neither allocates nor frees.
+/// New-thread side: the packet, read in place (a copy of the plan would cost more than using
+/// it). The thread retires it with [`retire`] once it has registered.
 ///
 /// # Safety
-/// `raw` came from `hand_over` and is taken once, by the thread it was handed to.
-pub unsafe fn take(raw: *mut c_void) -> StartPacket {
+/// `raw` came from `hand_over`, is opened once, by the thread it was handed to, and the
+/// reference is not used after [`retire`].
+#[inline(always)]
+pub unsafe fn open<'a>(raw: *mut c_void) -> &'a mut StartPacket {
+    // SAFETY: the caller owns the cell, whose packet `hand_over` initialised.
+    unsafe { (*(raw as *mut Cell)).packet.assume_init_mut() }
+}
+
+/// New-thread side: drops what is left of the packet in place and retires its cell. Neither
+/// allocates nor frees.
+///
+/// # Safety
+/// `raw` came from `hand_over` and is retired once, by the thread it was handed to, after which
+/// nothing of it is used.
+#[inline(always)]
+pub unsafe fn retire(raw: *mut c_void) {
     let cell = raw as *mut Cell;
-    // SAFETY: the caller owns the cell, whose packet `hand_over` initialised; reading it out
-    // leaves the cell's packet logically uninitialised, which is how a retired cell is kept.
-    let packet = unsafe { (*cell).packet.assume_init_read() };
+    // SAFETY: the caller owns the cell, whose packet is initialised; dropping it leaves the cell's
+    // packet logically uninitialised, which is how a retired cell is kept.
+    unsafe { (*cell).packet.assume_init_drop() };
     let mut head = RETIRED.load(Ordering::Relaxed);
     loop {
         // SAFETY: the cell is still ours until the exchange below publishes it.
         unsafe { (*cell).next = head };
         match RETIRED.compare_exchange_weak(head, cell, Ordering::Release, Ordering::Relaxed) {
-            Ok(_) => return packet,
+            Ok(_) => return,
             Err(now) => head = now,
         }
     }
@@ -105,12 +131,10 @@ mod tests {
         arg
     }
 
-    fn packet(arg: usize) -> StartPacket {
-        StartPacket {
-            start: routine,
-            arg: arg as *mut c_void,
-            plan: Registry::default().plan_child(None, false, None),
-        }
+    fn packet(arg: usize) -> *mut c_void {
+        hand_over(routine, arg as *mut c_void, || {
+            Registry::default().plan_child(None, false, None)
+        })
     }
 
     /// The retired list is process-wide: these tests must not interleave.
@@ -119,11 +143,12 @@ mod tests {
     #[test]
     fn cells_are_reused_and_packets_survive_the_trip() {
         let _serial = SERIAL.lock().unwrap();
-        let first = hand_over(packet(1));
-        // SAFETY: handed over above, taken once.
-        let back = unsafe { take(first) };
-        assert_eq!(back.arg as usize, 1);
-        let second = hand_over(packet(2));
+        let first = packet(1);
+        // SAFETY: handed over above, opened once.
+        assert_eq!(unsafe { open(first) }.arg as usize, 1);
+        // SAFETY: opened above, retired once.
+        unsafe { retire(first) };
+        let second = packet(2);
         assert_eq!(first, second, "a retired cell is reused");
         // SAFETY: handed over above, never started.
         assert_eq!(unsafe { reclaim(second) }.arg as usize, 2);
@@ -132,14 +157,16 @@ mod tests {
     #[test]
     fn concurrent_retirements_lose_no_cell() {
         let _serial = SERIAL.lock().unwrap();
-        let handed: Vec<usize> = (0..64).map(|i| hand_over(packet(i)) as usize).collect();
+        let handed: Vec<usize> = (0..64).map(|i| packet(i) as usize).collect();
         std::thread::scope(|s| {
             for chunk in handed.chunks(16) {
                 s.spawn(move || {
                     for &raw in chunk {
-                        // SAFETY: each cell is taken once, by one thread.
-                        let p = unsafe { take(raw as *mut c_void) };
-                        assert!((p.arg as usize) < 64);
+                        // SAFETY: each cell is opened and retired once, by one thread.
+                        unsafe {
+                            assert!((open(raw as *mut c_void).arg as usize) < 64);
+                            retire(raw as *mut c_void);
+                        }
                     }
                 });
             }
@@ -148,7 +175,7 @@ mod tests {
         let mut cell = RETIRED.swap(ptr::null_mut(), Ordering::Acquire);
         while !cell.is_null() {
             count += 1;
-            // SAFETY: the swap made the chain ours; the packets were moved out.
+            // SAFETY: the swap made the chain ours; the packets were dropped.
             let boxed = unsafe { Box::from_raw(cell) };
             cell = boxed.next;
         }

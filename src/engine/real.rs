@@ -89,11 +89,18 @@ static CXA_THREAD_ATEXIT: AtomicUsize = AtomicUsize::new(0);
 /// The exported symbol every copy of the library defines, which names a copy.
 const MARK: &CStr = c"tllm_affinity_version";
 
+// Inlined, the known answer costs a load: every thread birth asks for `pthread_create`.
+#[inline(always)]
 fn resolve(cache: &AtomicUsize, name: &CStr, version: Option<&CStr>) -> usize {
-    let known = cache.load(Ordering::Acquire);
-    if known != 0 {
-        return known;
+    match cache.load(Ordering::Acquire) {
+        0 => resolve_first(cache, name, version),
+        known => known,
     }
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_first(cache: &AtomicUsize, name: &CStr, version: Option<&CStr>) -> usize {
     // RTLD_NEXT asks for the next definition after this object, so never our own shim.
     let mut found = lookup(libc::RTLD_NEXT, name, version);
     let next_copy = object_of(lookup(libc::RTLD_NEXT, MARK, None));

@@ -83,7 +83,8 @@ impl World {
         {
             plan.mark_moved();
         }
-        self.reg.register_child(plan, tid, tid as u64, &self.kernel)
+        self.reg
+            .register_child(&plan, tid, tid as u64, &self.kernel)
     }
 
     fn spawn(&mut self, creator: Slot) -> Slot {
@@ -432,7 +433,7 @@ fn a_thread_born_across_a_retarget_takes_the_new_mask() {
     let plan = w.reg.plan_child(Some(worker), false, None);
     w.insert(500, "2-3");
     w.configure(worker, "gpu1", "0-1");
-    let child = w.reg.register_child(plan, 500, 500, &w.kernel);
+    let child = w.reg.register_child(&plan, 500, 500, &w.kernel);
     assert_eq!(w.mask(child), "0-1");
 }
 
@@ -503,7 +504,7 @@ fn moved_then(w: &mut World, creator: Slot, change: impl FnOnce(&mut World)) -> 
     w.kernel.masks.borrow_mut().insert(tid, mask);
     plan.mark_moved();
     change(w);
-    w.reg.register_child(plan, tid, tid as u64, &w.kernel)
+    w.reg.register_child(&plan, tid, tid as u64, &w.kernel)
 }
 
 #[test]
@@ -708,7 +709,7 @@ fn a_scope_child_that_moved_across_the_release_is_born_as_if_after_it() {
     w.insert(500, "2-3");
     plan.mark_moved();
     w.release(lease).unwrap();
-    let child = w.reg.register_child(plan, 500, 500, &w.kernel);
+    let child = w.reg.register_child(&plan, 500, 500, &w.kernel);
     assert_eq!(w.placed(child), ("0-3".into(), Placement::Inherited));
 }
 
@@ -918,7 +919,7 @@ fn born_around(
     let at_clone = w.kernel.get(creator_tid).unwrap();
     w.kernel.masks.borrow_mut().insert(tid, at_clone);
     after_clone(w);
-    w.reg.register_child(plan, tid, tid as u64, &w.kernel)
+    w.reg.register_child(&plan, tid, tid as u64, &w.kernel)
 }
 
 /// A worker that sets its own mask right after creating a thread does not take the thread with
