@@ -1,6 +1,7 @@
 //! The raw system calls the safe layers need, behind safe functions: per-thread affinity, thread
 //! and process ids, errno, the log's `write(2)`, the step lock's `flock`, `atexit` and
-//! `pthread_atfork`, and the CLI's `SIGPIPE` reset and effective uid.
+//! `pthread_atfork`, the fork mark's wipe-on-fork page, and the CLI's `SIGPIPE` reset and
+//! effective uid.
 //!
 //! Masks are set with the raw syscall, never through `sched_setaffinity`: inside the preloaded
 //! library that symbol resolves to our own observing shim. Buffers are sized from what the kernel
@@ -10,6 +11,7 @@
 
 use std::io;
 use std::os::unix::io::AsRawFd;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::identity::Tid;
@@ -199,6 +201,38 @@ pub fn gettid() -> Tid {
 pub fn getpid() -> Tid {
     // SAFETY: getpid takes no arguments and cannot fail.
     unsafe { libc::getpid() }
+}
+
+/// A word the kernel gives every fork child as zero (a page under `MADV_WIPEONFORK`, Linux
+/// 4.14): whatever a process writes there, the child of any fork of it (`_Fork`, a raw `clone`,
+/// a `fork` with handlers) reads 0, while a `vfork` child, which shares the page, reads the same.
+/// `None` when the kernel refuses the mapping or the advice.
+pub fn wipe_on_fork_word() -> Option<&'static AtomicU64> {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    // SAFETY: a new anonymous private mapping; no existing memory is named.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: `addr` is the page just mapped, `page` bytes long.
+    if unsafe { libc::madvise(addr, page, libc::MADV_WIPEONFORK) } != 0 {
+        // SAFETY: the same mapping, used by nothing yet.
+        unsafe { libc::munmap(addr, page) };
+        return None;
+    }
+    // SAFETY: the mapping is never unmapped, so it lives as long as the process; it is page
+    // aligned, zeroed and writable, and an `AtomicU64` is a `u64` in memory.
+    Some(unsafe { &*(addr as *const AtomicU64) })
 }
 
 /// The calling thread's pthread handle.

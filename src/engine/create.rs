@@ -24,7 +24,7 @@
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use super::fork::adopt_if_forked_without_handlers;
+use super::fork::{adopt_if_forked_without_handlers, maybe_forked_without_handlers};
 use super::init::ensure_init;
 use super::kernel::Kernel;
 use super::objects;
@@ -110,18 +110,26 @@ fn plan_child(me: &PerThread, attr: *const libc::pthread_attr_t, start: StartRou
     let in_worker_lib = !settings.worker_libs.is_empty()
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
     let creator = slot_of(me);
-    let my_tid = sys::tid_of(sys::pthread_self());
-    let mut reg = lock_registry_as(me);
-    // The creator's entry names another tid than its descriptor: a child of `_Fork` or a raw
-    // `clone`, where no fork handler ran.
-    if creator
-        .and_then(|s| reg.entry(s))
-        .is_some_and(|e| e.tid != my_tid)
-    {
-        drop(reg);
+    // A child of `_Fork` or a raw `clone`, where no fork handler ran, starts as a fork child
+    // first: the fork mark reads zero there, or, where the kernel gave no mark, the creator's
+    // entry names another tid than its descriptor.
+    let forked = maybe_forked_without_handlers();
+    if forked == Some(true) {
         adopt_if_forked_without_handlers();
         publish_table_if_pending();
-        reg = lock_registry_as(me);
+    }
+    let mut reg = lock_registry_as(me);
+    if forked.is_none() {
+        let my_tid = sys::tid_of(sys::pthread_self());
+        if creator
+            .and_then(|s| reg.entry(s))
+            .is_some_and(|e| e.tid != my_tid)
+        {
+            drop(reg);
+            adopt_if_forked_without_handlers();
+            publish_table_if_pending();
+            reg = lock_registry_as(me);
+        }
     }
     reg.plan_child(creator, in_worker_lib, explicit)
 }
@@ -174,8 +182,8 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     let packet = unsafe { packets::open(raw) };
     // This thread's block, looked up once for the registration, both locks and the exit.
     let me = per_thread::current();
-    // SAFETY: the calling thread's own block, which lives as long as the thread.
     let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the calling thread's own block, which lives as long as the thread.
         register_self(unsafe { &*me }, &mut packet.plan)
     }));
     let (start, arg) = (packet.start, packet.arg);

@@ -3,7 +3,8 @@
 //! forking thread and the parent's table is left to the parent. A child of `_Fork` or a raw
 //! `clone`, which runs no handler, starts the same way on the first path that needs it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use super::state::{in_own_process, lock_registry, own_this_process, state, State, REGISTRY};
 use super::thread_key::current_slot;
@@ -11,13 +12,49 @@ use super::{configure, environ, exec, objects, publish, report, scope_memory, ti
 
 use crate::sys;
 
+/// The fork mark: a word set to 1 in the process the registry describes (at load, and in a fork
+/// child once it started as one), which the kernel zeroes in every fork child
+/// ([`sys::wipe_on_fork_word`]). Null when the kernel has no wipe-on-fork pages.
+static MARK: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
+
+/// Sets the fork mark up, at load.
+pub(super) fn set_mark() {
+    if let Some(word) = sys::wipe_on_fork_word() {
+        MARK.store(ptr::from_ref(word).cast_mut(), Ordering::Release);
+        arm_mark();
+    }
+}
+
+/// This process is the one the registry describes: the mark reads 1 here and 0 in its fork
+/// children.
+fn arm_mark() {
+    let mark = MARK.load(Ordering::Acquire);
+    if !mark.is_null() {
+        // SAFETY: a non-null mark is the word of a mapping that lives as long as the process.
+        unsafe { &*mark }.store(1, Ordering::Release);
+    }
+}
+
+/// Whether this process may be a fork child that has not started as one: `Some` from the fork
+/// mark, a load; `None` when there is no mark, and the caller must ask otherwise.
+#[inline(always)]
+pub fn maybe_forked_without_handlers() -> Option<bool> {
+    let mark = MARK.load(Ordering::Acquire);
+    // SAFETY: a non-null mark is the word of a mapping that lives as long as the process.
+    (!mark.is_null()).then(|| unsafe { &*mark }.load(Ordering::Relaxed) == 0)
+}
+
 /// A child of `_Fork` or a raw `clone` ran no fork handler: it would publish into its parent's
 /// table, which it still has mapped. It starts as a fork child on the first path that needs it
 /// (a thread creation, a configure; never in a `vfork` child, which may only exec or exit).
-/// `getpid` is a system call: the thread-creation path asks only when its registry entry names
-/// another tid than the thread's own descriptor (which `_Fork` updates).
+/// `getpid` is a system call: the thread-creation path asks only when the fork mark reads zero
+/// (or, without a mark, when its registry entry names another tid than the thread's own
+/// descriptor, which `_Fork` updates).
 pub fn adopt_if_forked_without_handlers() {
-    if !in_own_process() && state() == State::Active {
+    if in_own_process() {
+        // Not a fork child: the mark says so from now on.
+        arm_mark();
+    } else if state() == State::Active {
         start_as_fork_child();
     }
 }
@@ -27,6 +64,7 @@ pub fn adopt_if_forked_without_handlers() {
 pub(super) fn start_as_fork_child() {
     environ::after_fork_child();
     own_this_process();
+    arm_mark();
     objects::after_fork_in_child();
     let handle = sys::pthread_self() as u64;
     {

@@ -126,6 +126,7 @@ fn initialise() -> State {
         return State::Disabled;
     }
     fork::register_fork_handlers();
+    fork::set_mark();
     environ::capture();
     let role = match settings.process_role {
         ProcessRole::Worker => Role::Worker,
