@@ -264,6 +264,9 @@ pub struct Registry {
     /// Births decided by the general rule alone, so the tests can hold the fast births to it.
     #[cfg(test)]
     general_births_only: bool,
+    /// Exits taken by the general rule alone, so the tests can hold the fast exits to it.
+    #[cfg(test)]
+    general_exits_only: bool,
 }
 
 impl Registry {
@@ -290,6 +293,8 @@ impl Registry {
             unseen_natural: None,
             #[cfg(test)]
             general_births_only: false,
+            #[cfg(test)]
+            general_exits_only: false,
         }
     }
 
@@ -694,16 +699,38 @@ impl Registry {
     /// The thread in `slot` exited (return, `pthread_exit` or cancellation).
     #[inline(always)]
     pub fn thread_exited(&mut self, slot: Slot) {
-        if let Some(Some(e)) = self.slots.get_mut(slot as usize) {
-            let was_live_worker = e.alive && e.role == Role::Worker;
-            e.alive = false;
-            if was_live_worker {
-                self.count_worker(false);
-            }
-            self.publish(slot);
-            self.skip_exited_creators(slot);
-            self.reap(slot);
+        let Some(Some(e)) = self.slots.get_mut(slot as usize) else {
+            return;
+        };
+        let was_live_worker = e.alive && e.role == Role::Worker;
+        e.alive = false;
+        let (leaf, creator) = (e.live_children == 0, e.creator);
+        if was_live_worker {
+            self.count_worker(false);
         }
+        self.publish(slot);
+        #[cfg(test)]
+        let leaf = leaf && !self.general_exits_only;
+        // Most exits: a thread with no children whose creator is alive (or unknown) leaves no
+        // tombstone and links nothing anew, so its entry goes at once, as `reap` would free it
+        // (`registry::tests::fast_exits_free_as_the_general_rule`).
+        if leaf {
+            let creator_entry = creator.and_then(|c| self.slots.get_mut(c as usize)?.as_mut());
+            match creator_entry {
+                Some(c) if c.alive => c.live_children = c.live_children.saturating_sub(1),
+                Some(_) => {
+                    self.skip_exited_creators(slot);
+                    self.reap(slot);
+                    return;
+                }
+                None => {}
+            }
+            self.slots[slot as usize] = None;
+            self.free.push(slot);
+            return;
+        }
+        self.skip_exited_creators(slot);
+        self.reap(slot);
     }
 
     /// Links `slot` to its nearest live ancestor, past exited creators, freeing any that no

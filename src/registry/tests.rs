@@ -901,6 +901,64 @@ fn fast_births_decide_as_the_general_rule() {
     }
 }
 
+/// Whatever order the threads of a small tree exit in, the fast exit leaves the registry as the
+/// general rule (relink past exited creators, then reap) does, after every exit: the same
+/// entries, links and child counts, and the same slots free.
+#[test]
+fn fast_exits_free_as_the_general_rule() {
+    // main - a - b - c, a - d, main - e: a chain, a sibling under a tombstone-to-be, a leaf.
+    fn orders(items: Vec<usize>) -> Vec<Vec<usize>> {
+        if items.len() <= 1 {
+            return vec![items];
+        }
+        let mut all = Vec::new();
+        for (i, &first) in items.iter().enumerate() {
+            let mut rest = items.clone();
+            rest.remove(i);
+            for mut tail in orders(rest) {
+                tail.insert(0, first);
+                all.push(tail);
+            }
+        }
+        all
+    }
+    /// Each slot's entry (tid, alive, live children, creator), and the free slots.
+    type State = (Vec<Option<(Tid, bool, u32, Option<Slot>)>>, Vec<Slot>);
+    fn state(w: &World) -> State {
+        let entries = w
+            .reg
+            .slots
+            .iter()
+            .map(|s| {
+                s.as_ref()
+                    .map(|e| (e.tid, e.alive, e.live_children, e.creator))
+            })
+            .collect();
+        let mut free = w.reg.free.clone();
+        free.sort_unstable();
+        (entries, free)
+    }
+    for order in orders((0..5).collect()) {
+        let run = |general_exits_only| {
+            let (mut w, main) = World::new("0-3");
+            w.reg.general_exits_only = general_exits_only;
+            let a = w.spawn(main);
+            let b = w.spawn(a);
+            let c = w.spawn(b);
+            let d = w.spawn(a);
+            let e = w.spawn(main);
+            let threads = [a, b, c, d, e];
+            let mut states = Vec::new();
+            for &i in &order {
+                w.exit(threads[i]);
+                states.push(state(&w));
+            }
+            states
+        };
+        assert_eq!(run(false), run(true), "exit order {order:?}");
+    }
+}
+
 /// A child planned by `creator`, cloned (the kernel copies the creator's mask) and registered,
 /// with `before_clone` run between the plan and the clone and `after_clone` between the clone
 /// and the registration: the interleavings of a change to the creator's mask with its child's
