@@ -20,8 +20,9 @@ static MARK: AtomicPtr<AtomicU64> = AtomicPtr::new(ptr::null_mut());
 /// Sets the fork mark up, at load.
 pub(super) fn set_mark() {
     if let Some(word) = sys::wipe_on_fork_word() {
+        // Set before it is published: no thread reads the new mark as a fork child's.
+        word.store(1, Ordering::Release);
         MARK.store(ptr::from_ref(word).cast_mut(), Ordering::Release);
-        arm_mark();
     }
 }
 

@@ -4,9 +4,9 @@
 //! malloc cache (a tcache of about 600 bytes, and an arena attachment) in a thread that may never
 //! allocate otherwise, and tear it down again at exit: measured as most of the library's cost per
 //! thread and ~800 bytes of RSS per parked thread (issue 6). Instead the new thread reads the
-//! packet in place, drops it and pushes the empty cell onto a lock-free list; the next hook takes
-//! the whole list with one swap, reuses its first cell and frees the rest on the creator's side, whose
-//! malloc cache is warm. Pushes and a take-everything swap cannot suffer ABA, so no lock is
+//! packet in place, drops it and pushes the empty cell onto a lock-free list; the next hook
+//! takes the whole list with one swap, reuses its first cell and frees the rest on the creator's
+//! side, whose malloc cache is warm. Pushes and a take-everything swap cannot suffer ABA, so no lock is
 //! needed, and a fork child simply inherits the list.
 
 use std::ffi::c_void;
