@@ -111,27 +111,20 @@ fn plan_child(me: &PerThread, attr: *const libc::pthread_attr_t, start: StartRou
         && objects::in_worker_object(start as usize, &|file| settings.is_worker_lib(file));
     let creator = slot_of(me);
     // A child of `_Fork` or a raw `clone`, where no fork handler ran, starts as a fork child
-    // first: the fork mark reads zero there, or, where the kernel gave no mark, the creator's
-    // entry names another tid than its descriptor.
-    let forked = maybe_forked_without_handlers();
-    if forked == Some(true) {
+    // first: the fork mark reads zero there (a load, before any lock), or, where the kernel gave
+    // no mark, the creator's entry names another tid than its descriptor.
+    let forked = maybe_forked_without_handlers().unwrap_or_else(|| {
+        let my_tid = sys::tid_of(sys::pthread_self());
+        let reg = lock_registry_as(me);
+        creator
+            .and_then(|s| reg.entry(s))
+            .is_some_and(|e| e.tid != my_tid)
+    });
+    if forked {
         adopt_if_forked_without_handlers();
         publish_table_if_pending();
     }
-    let mut reg = lock_registry_as(me);
-    if forked.is_none() {
-        let my_tid = sys::tid_of(sys::pthread_self());
-        if creator
-            .and_then(|s| reg.entry(s))
-            .is_some_and(|e| e.tid != my_tid)
-        {
-            drop(reg);
-            adopt_if_forked_without_handlers();
-            publish_table_if_pending();
-            reg = lock_registry_as(me);
-        }
-    }
-    reg.plan_child(creator, in_worker_lib, explicit)
+    lock_registry_as(me).plan_child(creator, in_worker_lib, explicit)
 }
 
 /// The affinity set in the attr, if any; glibc reports "none set" as all ones.

@@ -26,13 +26,18 @@ pub(super) fn set_mark() {
     }
 }
 
+#[inline(always)]
+fn mark() -> Option<&'static AtomicU64> {
+    let mark = MARK.load(Ordering::Acquire);
+    // SAFETY: a non-null mark is the word of a mapping that lives as long as the process.
+    (!mark.is_null()).then(|| unsafe { &*mark })
+}
+
 /// This process is the one the registry describes: the mark reads 1 here and 0 in its fork
 /// children.
 fn arm_mark() {
-    let mark = MARK.load(Ordering::Acquire);
-    if !mark.is_null() {
-        // SAFETY: a non-null mark is the word of a mapping that lives as long as the process.
-        unsafe { &*mark }.store(1, Ordering::Release);
+    if let Some(mark) = mark() {
+        mark.store(1, Ordering::Release);
     }
 }
 
@@ -40,9 +45,7 @@ fn arm_mark() {
 /// mark, a load; `None` when there is no mark, and the caller must ask otherwise.
 #[inline(always)]
 pub fn maybe_forked_without_handlers() -> Option<bool> {
-    let mark = MARK.load(Ordering::Acquire);
-    // SAFETY: a non-null mark is the word of a mapping that lives as long as the process.
-    (!mark.is_null()).then(|| unsafe { &*mark }.load(Ordering::Relaxed) == 0)
+    mark().map(|m| m.load(Ordering::Relaxed) == 0)
 }
 
 /// A child of `_Fork` or a raw `clone` ran no fork handler: it would publish into its parent's
