@@ -24,6 +24,7 @@
 use std::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use super::cleanup::{self, CleanupBuffer};
 use super::fork::{adopt_if_forked_without_handlers, maybe_forked_without_handlers};
 use super::init::ensure_init;
 use super::kernel::Kernel;
@@ -149,26 +150,6 @@ fn explicit_mask(attr: *const libc::pthread_attr_t) -> Option<CpuMask> {
     (rc == 0 && !unset).then(|| CpuMask::from_kernel_bytes(&big))
 }
 
-/// glibc's cleanup buffer (`struct _pthread_cleanup_buffer`), as `_pthread_cleanup_push` links
-/// it into the thread's list; the forced unwind of `pthread_exit` and cancellation runs its
-/// routine when it leaves the frame that holds it.
-#[repr(C)]
-struct CleanupBuffer {
-    routine: Option<extern "C" fn(*mut c_void)>,
-    arg: *mut c_void,
-    canceltype: c_int,
-    prev: *mut CleanupBuffer,
-}
-
-extern "C" {
-    fn _pthread_cleanup_push(
-        buffer: *mut CleanupBuffer,
-        routine: extern "C" fn(*mut c_void),
-        arg: *mut c_void,
-    );
-    fn _pthread_cleanup_pop(buffer: *mut CleanupBuffer, execute: c_int);
-}
-
 extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     // SAFETY: `raw` is the packet the hook handed to this thread and to no one else; it is read
     // in place for the registration, then retired, before the user routine runs.
@@ -186,20 +167,15 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     // Nothing with a destructor is alive in this frame.
     let start: UnwindingStart =
         unsafe { std::mem::transmute::<StartRoutine, UnwindingStart>(start) };
-    let mut buffer = CleanupBuffer {
-        routine: None,
-        arg: std::ptr::null_mut(),
-        canceltype: 0,
-        prev: std::ptr::null_mut(),
-    };
+    let mut buffer = CleanupBuffer::new();
     // SAFETY: the buffer lives in this frame until the pop below, or until the forced unwind,
     // which runs (and unlinks) it as it leaves this frame; the routine's argument is this
     // thread's block, which outlives the frame.
-    unsafe { _pthread_cleanup_push(&mut buffer, routine_ended, me as *mut c_void) };
+    unsafe { cleanup::push(&mut buffer, routine_ended, me as *mut c_void) };
     let ret = start(arg);
     // SAFETY: the buffer pushed above, still the thread's innermost: the routine returned, so
     // every buffer it pushed was popped.
-    unsafe { _pthread_cleanup_pop(&mut buffer, 1) };
+    unsafe { cleanup::pop(&mut buffer, true) };
     ret
 }
 

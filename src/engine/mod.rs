@@ -34,6 +34,7 @@
 //! ABI's functions.
 
 pub mod api;
+pub mod cleanup;
 pub mod configure;
 pub mod create;
 pub mod environ;

@@ -2,26 +2,24 @@
 //! thread the way `libtllm_affinity.so` does, and decides nothing. `scripts/bench --counts` counts
 //! it beside the library, so the library's figure reads as this floor plus the rules.
 //!
-//! It has the library's fixed costs and only those: a Rust-std thread-local block (glibc sets one
-//! up in every new thread for every module that has one), the real `pthread_create` found once,
-//! `errno` kept, three lock round trips (the creator's plan, the child's registration, the exit),
-//! a start packet recycled on the creator's side, the child's tid read from its descriptor, an
-//! entry with three shared masks, a creator link and a count of children, a record in a thread
-//! table, and a glibc cleanup buffer that unregisters the thread however it ends. Every thread is
-//! its creator's kind on its creator's mask: no role, lease, placement, worker library, explicit
-//! mask, fork or signal is looked at. Never preload it anywhere but in the benchmark.
+//! It has the library's fixed costs and only those. From the library itself: its thread-local
+//! block (glibc sets one up in every new thread for every module that has one), its lock, taken
+//! three times a birth (the creator's plan, the child's registration, the exit), its thread-id
+//! read, its real `pthread_create` and its cleanup buffer, with `errno` kept as the hook keeps it.
+//! Written here in the library's shape: a start packet recycled on the creator's side, room for
+//! every pending birth made by the creator, an entry with three shared masks, a creator link and
+//! a count of children, and a record in a thread table. Every thread is its creator's kind on its
+//! creator's mask: no state, role, lease, placement, worker library, explicit mask or fork is
+//! looked at. Never preload it anywhere but in the benchmark.
 
-use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
-type StartRoutine = extern "C" fn(*mut c_void) -> *mut c_void;
-type CreateFn = unsafe extern "C" fn(
-    *mut libc::pthread_t,
-    *const libc::pthread_attr_t,
-    Option<StartRoutine>,
-    *mut c_void,
-) -> c_int;
+use tllm_affinity_core::engine::cleanup::{self, CleanupBuffer};
+use tllm_affinity_core::engine::real::{self, StartRoutine};
+use tllm_affinity_core::lock::EngineLock;
+use tllm_affinity_core::per_thread::{self, PerThread};
+use tllm_affinity_core::sys;
 
 /// A mask as an entry holds it: shared with its creator's entry (a reference count taken at birth
 /// and dropped at exit), or, with `plain-masks`, a number naming it.
@@ -49,23 +47,6 @@ fn share(mask: &Mask) -> Mask {
     *mask
 }
 
-struct PerThread {
-    locks_held: Cell<u32>,
-    /// The thread's slot + 1; 0 before it has one.
-    slot: Cell<usize>,
-}
-
-thread_local! {
-    static PER_THREAD: PerThread = const {
-        PerThread { locks_held: Cell::new(0), slot: Cell::new(0) }
-    };
-}
-
-fn per_thread() -> &'static PerThread {
-    // SAFETY: the block lives as long as its thread, and no caller keeps it past the thread.
-    unsafe { &*PER_THREAD.with(|t| t as *const PerThread) }
-}
-
 // Written as the library writes its entries; what is never read here is the cost being measured.
 #[allow(dead_code)]
 struct Entry {
@@ -79,62 +60,48 @@ struct Entry {
     alive: bool,
 }
 
-#[derive(Default)]
+impl Entry {
+    /// A thread nobody saw being born, or born of one the registry no longer holds.
+    fn root(tid: i32) -> Entry {
+        let mask = root_mask();
+        Entry {
+            tid,
+            role: 0,
+            natural: share(&mask),
+            current: share(&mask),
+            born: mask,
+            creator: None,
+            live_children: 0,
+            alive: true,
+        }
+    }
+
+    /// A child of `creator` (in `slot`): its kind, on its mask.
+    fn child_of(creator: &Entry, slot: u32, tid: i32) -> Entry {
+        Entry {
+            tid,
+            role: creator.role,
+            natural: share(&creator.natural),
+            current: share(&creator.current),
+            born: share(&creator.current),
+            creator: Some(slot),
+            live_children: 0,
+            alive: true,
+        }
+    }
+}
+
 struct Registry {
     slots: Vec<Option<Entry>>,
     free: Vec<u32>,
     births_pending: usize,
 }
 
-struct RegistryLock {
-    state: AtomicU32,
-    registry: UnsafeCell<Registry>,
-}
-
-// SAFETY: the registry is reached only through a guard, one thread at a time.
-unsafe impl Sync for RegistryLock {}
-
-static REGISTRY: RegistryLock = RegistryLock {
-    state: AtomicU32::new(0),
-    registry: UnsafeCell::new(Registry {
-        slots: Vec::new(),
-        free: Vec::new(),
-        births_pending: 0,
-    }),
-};
-
-struct Guard<'a> {
-    locks_held: &'a Cell<u32>,
-}
-
-impl Guard<'_> {
-    fn lock(me: &PerThread) -> Guard<'_> {
-        me.locks_held.set(me.locks_held.get().wrapping_add(1));
-        while REGISTRY
-            .state
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
-        Guard {
-            locks_held: &me.locks_held,
-        }
-    }
-
-    #[allow(clippy::mut_from_ref)]
-    fn registry(&self) -> &mut Registry {
-        // SAFETY: this guard holds the lock, so no other reference to the registry is live.
-        unsafe { &mut *REGISTRY.registry.get() }
-    }
-}
-
-impl Drop for Guard<'_> {
-    fn drop(&mut self) {
-        REGISTRY.state.store(0, Ordering::Release);
-        self.locks_held.set(self.locks_held.get().wrapping_sub(1));
-    }
-}
+static REGISTRY: EngineLock<Registry> = EngineLock::new(Registry {
+    slots: Vec::new(),
+    free: Vec::new(),
+    births_pending: 0,
+});
 
 /// The records `ps` would read: tid and role per slot.
 static TABLE: [AtomicU64; 4096] = [const { AtomicU64::new(0) }; 4096];
@@ -162,49 +129,62 @@ impl Registry {
         self.publish(slot);
         slot
     }
+
+    /// The plan: the creator counts the child it is about to have, and makes room for it.
+    fn plan_child(&mut self, creator: u32) -> Option<u32> {
+        self.births_pending += 1;
+        self.slots.reserve(self.births_pending);
+        let most_free = self.slots.len() + self.births_pending;
+        self.free.reserve(most_free.saturating_sub(self.free.len()));
+        match self.slots.get_mut(creator as usize) {
+            Some(Some(e)) if e.alive => {
+                e.live_children += 1;
+                Some(creator)
+            }
+            _ => None,
+        }
+    }
+
+    fn register_child(&mut self, creator: Option<u32>, tid: i32) -> u32 {
+        self.births_pending -= 1;
+        let entry = match creator.and_then(|c| Some((c, self.slots[c as usize].as_ref()?))) {
+            Some((slot, c)) => Entry::child_of(c, slot, tid),
+            None => Entry::root(tid),
+        };
+        self.insert(entry)
+    }
+
+    fn thread_exited(&mut self, slot: usize) {
+        let Some(Some(e)) = self.slots.get_mut(slot) else {
+            return;
+        };
+        e.alive = false;
+        let (leaf, creator) = (e.live_children == 0, e.creator);
+        self.publish(slot as u32);
+        // A thread with children stays as a tombstone; nothing here has children that outlive
+        // it, so the floor never frees one.
+        if leaf {
+            if let Some(Some(c)) = creator.and_then(|c| self.slots.get_mut(c as usize)) {
+                c.live_children = c.live_children.saturating_sub(1);
+            }
+            self.slots[slot] = None;
+            self.free.push(slot as u32);
+        }
+    }
 }
 
-fn tid_of(thread: libc::pthread_t) -> i32 {
-    let mut clock: libc::clockid_t = 0;
-    // SAFETY: `thread` is the calling thread, alive; the clock id is written to a local.
-    unsafe { libc::pthread_getcpuclockid(thread, &mut clock) };
-    !(clock >> 3)
-}
-
-/// The calling thread's slot, registering it (as a thread nobody saw being born) the first time.
+/// The calling thread's slot (kept in its registry word, + 1), registering it as a root the
+/// first time.
 fn slot_of(me: &PerThread) -> u32 {
-    if let Some(slot) = me.slot.get().checked_sub(1) {
+    if let Some(slot) = me.registry_word.get().checked_sub(1) {
         return slot as u32;
     }
-    let guard = Guard::lock(me);
-    let registry = guard.registry();
-    let mask = root_mask();
-    let slot = registry.insert(Entry {
-        // SAFETY: pthread_self has no preconditions.
-        tid: tid_of(unsafe { libc::pthread_self() }),
-        role: 0,
-        natural: share(&mask),
-        current: share(&mask),
-        born: mask,
-        creator: None,
-        live_children: 0,
-        alive: true,
-    });
-    me.slot.set(slot as usize + 1);
+    let tid = sys::tid_of(sys::pthread_self());
+    let slot = REGISTRY
+        .lock_counted(&me.locks_held)
+        .insert(Entry::root(tid));
+    me.registry_word.set(slot as usize + 1);
     slot
-}
-
-static REAL_CREATE: AtomicUsize = AtomicUsize::new(0);
-
-fn real_create() -> CreateFn {
-    let mut found = REAL_CREATE.load(Ordering::Relaxed);
-    if found == 0 {
-        // SAFETY: a symbol lookup with a NUL-terminated name.
-        found = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
-        REAL_CREATE.store(found, Ordering::Relaxed);
-    }
-    // SAFETY: the next `pthread_create` in the lookup order has this signature.
-    unsafe { std::mem::transmute::<usize, CreateFn>(found) }
 }
 
 struct Packet {
@@ -217,13 +197,7 @@ struct Packet {
 /// Packets the started threads gave back, reused by the next creator.
 static RETIRED: AtomicPtr<Packet> = AtomicPtr::new(std::ptr::null_mut());
 
-fn hand_over(start: StartRoutine, arg: *mut c_void, creator: Option<u32>) -> *mut Packet {
-    let packet = Packet {
-        next: std::ptr::null_mut(),
-        start,
-        arg,
-        creator,
-    };
+fn hand_over(packet: Packet) -> *mut Packet {
     let chain = if RETIRED.load(Ordering::Relaxed).is_null() {
         std::ptr::null_mut()
     } else {
@@ -245,7 +219,8 @@ fn hand_over(start: StartRoutine, arg: *mut c_void, creator: Option<u32>) -> *mu
     chain
 }
 
-fn retire(packet: *mut Packet) {
+/// Gives the packet back, as the library's threads do: pushed for the next creator to free.
+fn give_back(packet: *mut Packet) {
     let mut head = RETIRED.load(Ordering::Relaxed);
     loop {
         // SAFETY: the packet is this thread's until the exchange publishes it.
@@ -266,135 +241,58 @@ pub unsafe extern "C" fn pthread_create(
     start: Option<StartRoutine>,
     arg: *mut c_void,
 ) -> c_int {
-    let real = real_create();
+    let Some(real_create) = real::pthread_create() else {
+        return libc::EAGAIN;
+    };
     let Some(start) = start else {
         // SAFETY: the caller's arguments, unchanged.
-        return unsafe { real(thread, attr, None, arg) };
+        return unsafe { real_create(thread, attr, None, arg) };
     };
-    // SAFETY: this thread's errno slot.
-    let errno = unsafe { libc::__errno_location() };
-    // SAFETY: as above.
-    let saved_errno = unsafe { *errno };
-    let me = per_thread();
+    let saved_errno = sys::errno();
+    // SAFETY: the calling thread's own block, which lives as long as the thread.
+    let me = unsafe { &*per_thread::current() };
     let creator = slot_of(me);
-    let creator = {
-        let guard = Guard::lock(me);
-        let registry = guard.registry();
-        registry.births_pending += 1;
-        // The child registers without allocating: room for every pending birth.
-        registry.slots.reserve(registry.births_pending);
-        let most_free = registry.slots.len() + registry.births_pending;
-        registry
-            .free
-            .reserve(most_free.saturating_sub(registry.free.len()));
-        match registry.slots.get_mut(creator as usize) {
-            Some(Some(e)) if e.alive => {
-                e.live_children += 1;
-                Some(creator)
-            }
-            _ => None,
-        }
-    };
-    let packet = hand_over(start, arg, creator);
-    // SAFETY: as above.
-    unsafe { *errno = saved_errno };
-    // SAFETY: the trampoline takes the packet, which lives until it is retired.
-    unsafe { real(thread, attr, Some(trampoline), packet.cast()) }
-}
-
-#[repr(C)]
-struct CleanupBuffer {
-    routine: Option<extern "C" fn(*mut c_void)>,
-    arg: *mut c_void,
-    canceltype: c_int,
-    prev: *mut CleanupBuffer,
-}
-
-extern "C" {
-    fn _pthread_cleanup_push(
-        buffer: *mut CleanupBuffer,
-        routine: extern "C" fn(*mut c_void),
-        arg: *mut c_void,
-    );
-    fn _pthread_cleanup_pop(buffer: *mut CleanupBuffer, execute: c_int);
+    let creator = REGISTRY.lock_counted(&me.locks_held).plan_child(creator);
+    let packet = hand_over(Packet {
+        next: std::ptr::null_mut(),
+        start,
+        arg,
+        creator,
+    });
+    sys::set_errno(saved_errno);
+    // SAFETY: the trampoline takes the packet, which lives until it is given back.
+    unsafe { real_create(thread, attr, Some(trampoline), packet.cast()) }
 }
 
 extern "C" fn trampoline(raw: *mut c_void) -> *mut c_void {
     let packet = raw as *mut Packet;
     // SAFETY: the packet the hook handed to this thread alone.
     let (start, arg, creator) = unsafe { ((*packet).start, (*packet).arg, (*packet).creator) };
-    let me = per_thread();
-    // SAFETY: pthread_self has no preconditions.
-    let tid = tid_of(unsafe { libc::pthread_self() });
-    let slot = {
-        let guard = Guard::lock(me);
-        let registry = guard.registry();
-        registry.births_pending -= 1;
-        let entry = match creator.and_then(|c| registry.slots[c as usize].as_ref()) {
-            Some(c) => Entry {
-                tid,
-                role: c.role,
-                natural: share(&c.natural),
-                current: share(&c.current),
-                born: share(&c.current),
-                creator,
-                live_children: 0,
-                alive: true,
-            },
-            None => {
-                let mask = root_mask();
-                Entry {
-                    tid,
-                    role: 0,
-                    natural: share(&mask),
-                    current: share(&mask),
-                    born: mask,
-                    creator: None,
-                    live_children: 0,
-                    alive: true,
-                }
-            }
-        };
-        registry.insert(entry)
-    };
-    me.slot.set(slot as usize + 1);
-    retire(packet);
-    let mut buffer = CleanupBuffer {
-        routine: None,
-        arg: std::ptr::null_mut(),
-        canceltype: 0,
-        prev: std::ptr::null_mut(),
-    };
-    // SAFETY: the buffer lives in this frame until the pop below or the forced unwind.
-    unsafe { _pthread_cleanup_push(&mut buffer, routine_ended, me as *const _ as *mut c_void) };
+    let me = per_thread::current();
+    // SAFETY: the calling thread's own block, which lives as long as the thread.
+    let block = unsafe { &*me };
+    let tid = sys::tid_of(sys::pthread_self());
+    let slot = REGISTRY
+        .lock_counted(&block.locks_held)
+        .register_child(creator, tid);
+    block.registry_word.set(slot as usize + 1);
+    give_back(packet);
+    let mut buffer = CleanupBuffer::new();
+    // SAFETY: the buffer lives in this frame until the pop below or the forced unwind; the
+    // argument is this thread's block, which outlives the frame.
+    unsafe { cleanup::push(&mut buffer, routine_ended, me as *mut c_void) };
     let ret = start(arg);
-    // SAFETY: the buffer pushed above, the innermost.
-    unsafe { _pthread_cleanup_pop(&mut buffer, 1) };
+    // SAFETY: the buffer pushed above, the innermost: the routine returned.
+    unsafe { cleanup::pop(&mut buffer, true) };
     ret
 }
 
 extern "C" fn routine_ended(block: *mut c_void) {
     // SAFETY: the thread's own block, handed to the cleanup buffer by the trampoline.
     let me = unsafe { &*(block as *const PerThread) };
-    let Some(slot) = me.slot.get().checked_sub(1) else {
+    let Some(slot) = me.registry_word.get().checked_sub(1) else {
         return;
     };
-    me.slot.set(0);
-    let guard = Guard::lock(me);
-    let registry = guard.registry();
-    let Some(Some(e)) = registry.slots.get_mut(slot) else {
-        return;
-    };
-    e.alive = false;
-    let (leaf, creator) = (e.live_children == 0, e.creator);
-    registry.publish(slot as u32);
-    // A thread with children stays as a tombstone; the floor never frees one (nothing here has
-    // children that outlive it).
-    if leaf {
-        if let Some(Some(c)) = creator.and_then(|c| registry.slots.get_mut(c as usize)) {
-            c.live_children = c.live_children.saturating_sub(1);
-        }
-        registry.slots[slot] = None;
-        registry.free.push(slot as u32);
-    }
+    me.registry_word.set(0);
+    REGISTRY.lock_counted(&me.locks_held).thread_exited(slot);
 }
