@@ -1,7 +1,7 @@
 //! glibc's cleanup buffers: how a frame has a routine run when a forced unwind (`pthread_exit`,
-//! cancellation) leaves it. A Rust value with `Drop` cannot do it: a forced unwind through a
-//! frame with destructors is undefined behaviour, so the trampoline holds none across the user's
-//! routine and links one of glibc's own buffers instead.
+//! cancellation) leaves it. A Rust value with `Drop` cannot be trusted to: Rust defines a forced
+//! unwind only through frames with nothing to drop, so the trampoline holds no such value across
+//! the user's routine and links one of glibc's own buffers instead.
 
 use std::ffi::{c_int, c_void};
 
