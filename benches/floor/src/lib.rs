@@ -5,17 +5,18 @@
 //! It has the library's fixed costs and only those. From the library itself: its thread-local
 //! block (glibc sets one up in every new thread for every module that has one), its lock, taken
 //! three times a birth (the creator's plan, the child's registration, the exit), its thread-id
-//! read, its real `pthread_create` and its cleanup buffer, with `errno` kept as the hook keeps it.
-//! Written here in the library's shape: a start packet recycled on the creator's side, room for
-//! every pending birth made by the creator, an entry with three shared masks, a creator link and
-//! a count of children, and a record in a thread table. Every thread is its creator's kind on its
-//! creator's mask: no state, role, lease, placement, worker library, explicit mask or fork is
-//! looked at. Never preload it anywhere but in the benchmark.
+//! read, its real `pthread_create`, its start-packet cells recycled on the creator's side and its
+//! cleanup buffer, with `errno` kept as the hook keeps it. Written here in the library's shape:
+//! room for every pending birth made by the creator, an entry with three shared masks, a creator
+//! link and a count of children, and a record in a thread table. Every thread is its creator's
+//! kind on its creator's mask: no state, role, lease, placement, worker library, explicit mask or
+//! fork is looked at. Never preload it anywhere but in the benchmark.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tllm_affinity_core::engine::cleanup::{self, CleanupBuffer};
+use tllm_affinity_core::engine::packets::RecycledCells;
 use tllm_affinity_core::engine::real::{self, StartRoutine};
 use tllm_affinity_core::lock::EngineLock;
 use tllm_affinity_core::per_thread::{self, PerThread};
@@ -188,49 +189,13 @@ fn slot_of(me: &PerThread) -> u32 {
 }
 
 struct Packet {
-    next: *mut Packet,
     start: StartRoutine,
     arg: *mut c_void,
     creator: Option<u32>,
 }
 
-/// Packets the started threads gave back, reused by the next creator.
-static RETIRED: AtomicPtr<Packet> = AtomicPtr::new(std::ptr::null_mut());
-
-fn hand_over(packet: Packet) -> *mut Packet {
-    let chain = if RETIRED.load(Ordering::Relaxed).is_null() {
-        std::ptr::null_mut()
-    } else {
-        RETIRED.swap(std::ptr::null_mut(), Ordering::Acquire)
-    };
-    if chain.is_null() {
-        return Box::into_raw(Box::new(packet));
-    }
-    // SAFETY: the swap made this thread the only owner of the chain, every cell a Box.
-    unsafe {
-        let mut rest = (*chain).next;
-        while !rest.is_null() {
-            let next = (*rest).next;
-            drop(Box::from_raw(rest));
-            rest = next;
-        }
-        chain.write(packet);
-    }
-    chain
-}
-
-/// Gives the packet back, as the library's threads do: pushed for the next creator to free.
-fn give_back(packet: *mut Packet) {
-    let mut head = RETIRED.load(Ordering::Relaxed);
-    loop {
-        // SAFETY: the packet is this thread's until the exchange publishes it.
-        unsafe { (*packet).next = head };
-        match RETIRED.compare_exchange_weak(head, packet, Ordering::Release, Ordering::Relaxed) {
-            Ok(_) => return,
-            Err(now) => head = now,
-        }
-    }
-}
+/// Start packets, handed over and given back as the library's are.
+static PACKETS: RecycledCells<Packet> = RecycledCells::new();
 
 /// # Safety
 /// The arguments are those of `pthread_create(3)`.
@@ -253,21 +218,20 @@ pub unsafe extern "C" fn pthread_create(
     let me = unsafe { &*per_thread::current() };
     let creator = slot_of(me);
     let creator = REGISTRY.lock_counted(&me.locks_held).plan_child(creator);
-    let packet = hand_over(Packet {
-        next: std::ptr::null_mut(),
+    let packet = PACKETS.hand_over(|| Packet {
         start,
         arg,
         creator,
     });
     sys::set_errno(saved_errno);
     // SAFETY: the trampoline takes the packet, which lives until it is given back.
-    unsafe { real_create(thread, attr, Some(trampoline), packet.cast()) }
+    unsafe { real_create(thread, attr, Some(trampoline), packet) }
 }
 
 extern "C" fn trampoline(raw: *mut c_void) -> *mut c_void {
-    let packet = raw as *mut Packet;
-    // SAFETY: the packet the hook handed to this thread alone.
-    let (start, arg, creator) = unsafe { ((*packet).start, (*packet).arg, (*packet).creator) };
+    // SAFETY: the packet the hook handed to this thread alone, opened once and retired below.
+    let packet = unsafe { RecycledCells::<Packet>::open(raw) };
+    let (start, arg, creator) = (packet.start, packet.arg, packet.creator);
     let me = per_thread::current();
     // SAFETY: the calling thread's own block, which lives as long as the thread.
     let block = unsafe { &*me };
@@ -276,7 +240,8 @@ extern "C" fn trampoline(raw: *mut c_void) -> *mut c_void {
         .lock_counted(&block.locks_held)
         .register_child(creator, tid);
     block.registry_word.set(slot as usize + 1);
-    give_back(packet);
+    // SAFETY: opened above; nothing of it is used after this.
+    unsafe { PACKETS.retire(raw) };
     let mut buffer = CleanupBuffer::new();
     // SAFETY: the buffer lives in this frame until the pop below or the forced unwind; the
     // argument is this thread's block, which outlives the frame.
