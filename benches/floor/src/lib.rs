@@ -18,9 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tllm_affinity_core::engine::cleanup::{self, CleanupBuffer};
 use tllm_affinity_core::engine::packets::RecycledCells;
 use tllm_affinity_core::engine::real::{self, StartRoutine};
+use tllm_affinity_core::identity::{Placement, Role, Tid};
 use tllm_affinity_core::lock::EngineLock;
 use tllm_affinity_core::per_thread::{self, PerThread};
 use tllm_affinity_core::sys;
+use tllm_affinity_core::threadtable;
 
 /// A mask as an entry holds it: shared with its creator's entry (a reference count taken at birth
 /// and dropped at exit), or, with `plain-masks`, a number naming it.
@@ -51,8 +53,8 @@ fn share(mask: &Mask) -> Mask {
 // Written as the library writes its entries; what is never read here is the cost being measured.
 #[allow(dead_code)]
 struct Entry {
-    tid: i32,
-    role: u8,
+    tid: Tid,
+    role: Role,
     natural: Mask,
     current: Mask,
     born: Mask,
@@ -63,11 +65,11 @@ struct Entry {
 
 impl Entry {
     /// A thread nobody saw being born, or born of one the registry no longer holds.
-    fn root(tid: i32) -> Entry {
+    fn root(tid: Tid) -> Entry {
         let mask = root_mask();
         Entry {
             tid,
-            role: 0,
+            role: Role::Host,
             natural: share(&mask),
             current: share(&mask),
             born: mask,
@@ -78,7 +80,7 @@ impl Entry {
     }
 
     /// A child of `creator` (in `slot`): its kind, on its mask.
-    fn child_of(creator: &Entry, slot: u32, tid: i32) -> Entry {
+    fn child_of(creator: &Entry, slot: u32, tid: Tid) -> Entry {
         Entry {
             tid,
             role: creator.role,
@@ -104,13 +106,13 @@ static REGISTRY: EngineLock<Registry> = EngineLock::new(Registry {
     births_pending: 0,
 });
 
-/// The records `ps` would read: tid and role per slot.
+/// The records `ps` would read, one per slot, encoded as the library encodes them.
 static TABLE: [AtomicU64; 4096] = [const { AtomicU64::new(0) }; 4096];
 
 impl Registry {
     fn publish(&self, slot: u32) {
         let record = match &self.slots[slot as usize] {
-            Some(e) if e.alive => e.tid as u32 as u64 | (e.role as u64) << 32,
+            Some(e) if e.alive => threadtable::encode(e.tid, e.role, Placement::Inherited),
             _ => 0,
         };
         TABLE[slot as usize % TABLE.len()].store(record, Ordering::Relaxed);
@@ -146,7 +148,7 @@ impl Registry {
         }
     }
 
-    fn register_child(&mut self, creator: Option<u32>, tid: i32) -> u32 {
+    fn register_child(&mut self, creator: Option<u32>, tid: Tid) -> u32 {
         self.births_pending -= 1;
         let entry = match creator.and_then(|c| Some((c, self.slots[c as usize].as_ref()?))) {
             Some((slot, c)) => Entry::child_of(c, slot, tid),
