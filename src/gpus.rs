@@ -251,11 +251,22 @@ pub fn nvml_answer() -> Result<Vec<NvmlGpu>, String> {
     let answer = if std::env::var_os("TLLM_AFFINITY_NVML").is_some_and(|v| v == "0") {
         Err("TLLM_AFFINITY_NVML=0".to_string())
     } else {
-        crate::nvml::query()
+        crate::nvml::query().map_err(|unusable| {
+            if unusable.initialised {
+                crate::log_warn!(
+                    "NVML initialised but cannot name every GPU it counts ({}): counted as no \
+                     NVML; using the driver's list, else sysfs",
+                    unusable.reason
+                );
+            } else {
+                crate::log_debug!(
+                    "no NVML: {}; using the driver's list, else sysfs",
+                    unusable.reason
+                );
+            }
+            unusable.reason
+        })
     };
-    if let Err(e) = &answer {
-        crate::log_debug!("no NVML: {e}; using the driver's list, else sysfs");
-    }
     let mut slot = NVML_ANSWER.lock();
     slot.get_or_insert(answer).clone()
 }

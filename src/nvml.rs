@@ -324,17 +324,36 @@ impl Api {
     }
 }
 
-/// Loads and initialises NVML, lists its GPUs in NVML's order, and shuts it down. `Err` is one
-/// line saying why NVML cannot be used (not installed, a symbol missing, an error code, a NULL
-/// handle): the caller falls back to the driver's list and sysfs.
-pub fn query() -> Result<Vec<NvmlGpu>, String> {
-    let api = load()?;
+/// Why NVML's answer cannot be used: one line, and whether NVML had initialised. An NVML that
+/// is not there to ask (no library, an entry point missing, `nvmlInit_v2` failing: a host or
+/// container without the NVIDIA driver) is routine; one that initialised and counted devices
+/// but cannot give every device's PCI address (an error code, a NULL handle: a driver and
+/// library mismatch, a GPU fallen off the bus, device nodes not all mounted) is worth a warning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unusable {
+    pub reason: String,
+    pub initialised: bool,
+}
+
+impl Unusable {
+    fn absent(reason: String) -> Unusable {
+        Unusable {
+            reason,
+            initialised: false,
+        }
+    }
+}
+
+/// Loads and initialises NVML, lists its GPUs in NVML's order, and shuts it down. `Err` says
+/// why NVML cannot be used: the caller falls back to the driver's list and sysfs.
+pub fn query() -> Result<Vec<NvmlGpu>, Unusable> {
+    let api = load().map_err(Unusable::absent)?;
     // SAFETY: nvmlInit_v2 takes no arguments and may be called from any thread.
     let rc = unsafe { (api.init)() };
     if rc != NVML_SUCCESS {
-        return Err(api.error("nvmlInit_v2", rc));
+        return Err(Unusable::absent(api.error("nvmlInit_v2", rc)));
     }
-    let listed = (|| {
+    let listed: Result<Vec<NvmlGpu>, String> = (|| {
         let mut count: c_uint = 0;
         // SAFETY: an out-pointer to a local.
         let rc = unsafe { (api.count)(&mut count) };
@@ -343,7 +362,10 @@ pub fn query() -> Result<Vec<NvmlGpu>, String> {
     })();
     // SAFETY: balances the successful nvmlInit_v2 above (NVML counts references).
     unsafe { (api.shutdown)() };
-    listed
+    listed.map_err(|reason| Unusable {
+        reason,
+        initialised: true,
+    })
 }
 
 #[cfg(test)]

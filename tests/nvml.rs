@@ -322,6 +322,81 @@ fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
     );
 }
 
+/// An NVML that initialises and counts its GPUs but cannot give every one's PCI address counts as
+/// no NVML, with one warning naming the call and its code, and sysfs answers (no driver's list
+/// here), for `configure`, `plan` and `topo` alike: every PCI-info and UUID call failing with
+/// NVML_ERROR_UNKNOWN; every handle NULL; one device's handle NULL and the other's fine.
+#[test]
+fn an_nvml_that_cannot_name_its_gpus_counts_as_no_nvml_with_one_warning() {
+    require!(two_cpus("two NUMA nodes"));
+    let host = Host::new(&[]);
+    let lib = nvml_double(false);
+    let program = gpu_population();
+    let base = container_nvml();
+    let cases = [
+        (
+            format!("{base}fail nvmlDeviceGetPciInfo_v3 999\nfail nvmlDeviceGetUUID 999\n"),
+            "nvmlDeviceGetPciInfo_v3 returned 999 (Unknown Error)",
+        ),
+        (
+            format!("{base}null_handle 0\nnull_handle 1\n"),
+            "nvmlDeviceGetHandleByIndex_v2(0) returned a NULL handle",
+        ),
+        (
+            format!("{base}null_handle 1\n"),
+            "nvmlDeviceGetHandleByIndex_v2(1) returned a NULL handle",
+        ),
+    ];
+    for (text, why) in &cases {
+        let mut cmd = host.command(&program, Some((text, &lib)));
+        cmd.env("TLLM_AFFINITY_LOG", "warn");
+        // sysfs's device 0 is 18 (node 0), its device 4 is 9a (node 1).
+        let (lines, stderr) = population(cmd, &[0, 4]);
+        assert_on(&lines, &[&host.node0, &host.node1], &stderr);
+        let said = lines_starting(&stderr, "[tllm-affinity]");
+        assert_eq!(said.len(), 1, "{why}: {stderr}");
+        assert!(
+            said[0].contains("warning") && said[0].contains(why),
+            "{why}: {stderr}"
+        );
+        assert!(said[0].contains("counted as no NVML"), "{stderr}");
+
+        let out = host
+            .command(&cli(), Some((text, &lib)))
+            .args(["plan", "--gpu", "4", "--json"])
+            .output()
+            .unwrap();
+        let (plan, errors) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{why}: plan: {plan}{errors}");
+        let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();
+        assert_eq!(plan["gpu"]["address"], "0000:9a:00.0", "{why}: {plan}");
+        assert_eq!(
+            plan["worker"]["cpus"],
+            host.node1.to_list(),
+            "{why}: {plan}"
+        );
+        assert!(errors.contains(why), "{why}: plan said {errors}");
+
+        let out = host
+            .command(&cli(), Some((text, &lib)))
+            .arg("topo")
+            .output()
+            .unwrap();
+        let topo = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{why}: topo: {topo}");
+        says(
+            &topo,
+            &[
+                "GPUs this process sees (from sysfs",
+                &format!("NVML: not used: {why}"),
+            ],
+        );
+    }
+}
+
 #[test]
 fn the_driver_list_alone_finds_the_container_gpus() {
     require!(two_cpus("two NUMA nodes"));

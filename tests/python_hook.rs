@@ -327,8 +327,11 @@ fn a_renamed_upstream_is_said_once_and_recorded() {
     assert!(said.contains("did not engage"), "{stderr}");
 }
 
+/// A `configure_cpu_affinity` that takes no device id (another release's) is still the
+/// library's: wrapped, the calling thread placed for the device its caller passed, the main
+/// thread untouched, upstream's own function never run, one warning naming the signature.
 #[test]
-fn another_signature_is_left_alone_with_one_line() {
+fn another_signature_is_placed_by_the_library_with_one_line() {
     let host = Sysfs::two_nodes();
     let (v, stderr) = probe(&mut under_run(
         &host,
@@ -336,17 +339,15 @@ fn another_signature_is_left_alone_with_one_line() {
         &[],
         &["probe", "0"],
     ));
-    assert_eq!(v["wrapped"], false, "{v}");
-    assert_eq!(v["adapter"]["state"], "signature", "{v}");
-    said_once(&stderr, "does not take a device id");
-    // Upstream's own function answers the call, as it would without us.
-    assert!(
-        v["thread"]["raised"]
-            .as_str()
-            .unwrap()
-            .contains("positional argument"),
-        "{v}"
-    );
+    assert_eq!(v["wrapped"], true, "{v}");
+    assert_eq!(v["adapter"]["state"], "engaged", "{v}");
+    let said = said_once(&stderr, "does not take a device id");
+    assert!(said.contains("configure_cpu_affinity()"), "{said}");
+    assert_eq!(v["calls"], serde_json::json!([]), "upstream ran: {v}");
+    assert_eq!(v["thread"]["result"], "None", "{v}");
+    assert!(v["thread"].get("raised").is_none(), "{v}");
+    assert_eq!(mask_of(&v["thread"]["mask"]), host.gpu0_local(), "{v}");
+    assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{v}");
 }
 
 #[test]
@@ -389,32 +390,42 @@ fn without_the_library_the_hook_changes_nothing() {
     no_library_line(&stderr);
 }
 
-/// A call site with another signature (`BaseWorker._get_comm_ranks_device_id(self, rank)`) and a
-/// `run_diffusion_worker` that is a generator function: one warning each, recorded per site in
-/// the adapter's status with tensorrt_llm's version, and each call runs upstream's own function,
-/// as without the adapter.
+/// A call site with another parameter list (`BaseWorker._get_comm_ranks_device_id(self, rank)`)
+/// and a `run_diffusion_worker` that is a generator function: both are still the adapter's (no
+/// parameter list is needed, and the entry wrapper is a generator too); each call is placed by
+/// the library on its own thread, upstream's own function and its sweep never run, the main
+/// thread is untouched, and the generator's lease ends when it is exhausted.
 #[test]
-fn call_sites_of_another_shape_run_as_without_the_adapter() {
+fn call_sites_of_another_shape_are_still_placed_by_the_library() {
     let host = Sysfs::two_nodes();
     let (v, stderr) = probe(&mut under_run(&host, "bad_sites", &[], &["sites", "0"]));
     let sites = &v["adapter"]["sites"];
-    assert_eq!(sites["base_worker"]["state"], "signature", "{v}");
-    assert_eq!(sites["visual_gen"]["state"], "coroutine", "{v}");
-    assert_eq!(sites["base_worker"]["opened"], 0, "{v}");
+    assert_eq!(sites["base_worker"]["state"], "found", "{v}");
+    assert_eq!(sites["visual_gen"]["state"], "found", "{v}");
+    assert_eq!(sites["base_worker"]["opened"], 1, "{v}");
+    assert_eq!(sites["visual_gen"]["opened"], 1, "{v}");
+    assert_eq!(sites["visual_gen"]["closed"], 1, "at its end: {v}");
     assert_eq!(v["adapter"]["version"], "0.0.bad-sites", "{v}");
-    assert_eq!(v["entry_wrapped"], false, "{v}");
+    assert_eq!(v["entry_wrapped"], true, "{v}");
+    assert_eq!(v["calls"], serde_json::json!([]), "upstream ran: {v}");
+    for site in ["base_worker", "visual_gen"] {
+        assert!(v[site].get("raised").is_none(), "{site}: {v}");
+    }
+    assert_eq!(mask_of(&v["base_worker"]["mask"]), host.gpu0_local(), "{v}");
+    let serving: Value = serde_json::from_str(v["visual_gen"]["result"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {v}"));
     assert_eq!(
-        v["calls"],
-        serde_json::json!([
-            ["configure", 0],
-            ["sweep", [1]],
-            ["configure", 0],
-            ["sweep", [1]]
-        ]),
-        "upstream's own function answered both calls: {v}"
+        mask_of(&serving),
+        host.gpu0_local(),
+        "the generator served on the GPU-local set: {v}"
     );
-    said_once(&stderr, "is not the signature the adapter knows");
-    said_once(&stderr, "is a coroutine or generator function");
+    // Its lease closed when it was exhausted (`closed` above); the masks come back at the last
+    // release, and base_worker's lease is still open.
+    assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{v}");
+    assert!(
+        lines_with(&stderr, "runs as without tllm-affinity").is_empty(),
+        "{stderr}"
+    );
 }
 
 /// The start-up hook watches exactly the adapter's modules: utils and each call site's.

@@ -514,6 +514,115 @@ const TWO_LLMS: App = App {
     )],
 };
 
+// ---- An upstream the adapter half-knows (tests/programs/upstream_trtllm/tensorrt_llm/_release.py)
+
+/// The app as another upstream release shapes it: `RT_UPSTREAM_SHAPE=shape`, the same checks.
+macro_rules! release {
+    ($app:expr, $title:literal, $shape:literal) => {
+        App {
+            title: $title,
+            env: &[
+                ("TLLM_WORKER_USE_SINGLE_PROCESS", "1"),
+                ("RT_UPSTREAM_SHAPE", $shape),
+            ],
+            ..$app
+        }
+    };
+}
+
+const VISUALGEN_FEWER: App = release!(
+    VISUALGEN,
+    "VisualGen rank 0, run_diffusion_worker with fewer parameters",
+    "entry-fewer"
+);
+const VISUALGEN_MORE: App = release!(
+    VISUALGEN,
+    "VisualGen rank 0, run_diffusion_worker with more parameters",
+    "entry-more"
+);
+const VISUALGEN_RENAMED: App = release!(
+    VISUALGEN,
+    "VisualGen rank 0, run_diffusion_worker with renamed parameters",
+    "entry-renamed"
+);
+const TP1_KEYWORD: App = release!(
+    TP1,
+    "tp1 HTTP server, configure_cpu_affinity(*, gpu_index)",
+    "configure-keyword"
+);
+const VISUALGEN_KEYWORD: App = release!(
+    VISUALGEN,
+    "VisualGen rank 0, configure_cpu_affinity(*, gpu_index)",
+    "configure-keyword"
+);
+// The MPI session and the leader run without the single-process switch.
+const MPI_SESSION_KEYWORD: App = App {
+    env: &[("RT_UPSTREAM_SHAPE", "configure-keyword")],
+    title: "MpiCommSession rank 0, configure_cpu_affinity(*, gpu_index)",
+    ..MPI_SESSION
+};
+const LEADER_KEYWORD: App = App {
+    env: &[("RT_UPSTREAM_SHAPE", "configure-keyword")],
+    title: "multi-node leader, configure_cpu_affinity(*, gpu_index)",
+    ..LEADER
+};
+
+/// The worker object has no `shutdown()`: its lease ends at exit, so the workers stay on the
+/// GPU-local set after the app stopped them, the hosts never move, and the adapter says why.
+const UNTIL_EXIT: &[usize] = &[DURING, SERVING, SHUTDOWN, AFTER];
+const NO_SHUTDOWN_SAID: Check = Logged(
+    "has no shutdown(): its worker's lease ends at exit",
+    "the adapter names what differed",
+);
+const TP1_NO_SHUTDOWN: App = App {
+    title: "tp1 HTTP server, a worker without shutdown()",
+    env: &[
+        ("TLLM_WORKER_USE_SINGLE_PROCESS", "1"),
+        ("RT_UPSTREAM_SHAPE", "no-shutdown"),
+    ],
+    lease: UNTIL_EXIT,
+    placed: &[
+        "no worker yet",
+        "built in the scope",
+        "serving",
+        "stopped, lease open until exit",
+        "lease open until exit",
+    ],
+    library: &[
+        NO_SHUTDOWN_SAID,
+        Answered(Request::A, r#""handler_role": 0"#, "a host thread served a"),
+    ],
+    ..TP1
+};
+const MPI_SESSION_NO_SHUTDOWN: App = App {
+    title: "MpiCommSession rank 0, a worker without shutdown()",
+    env: &[("RT_UPSTREAM_SHAPE", "no-shutdown")],
+    lease: UNTIL_EXIT,
+    placed: &[
+        "no worker yet",
+        "rank 0's worker",
+        "serving",
+        "stopped, lease open until exit",
+        "lease open until exit",
+    ],
+    library: &[NO_SHUTDOWN_SAID],
+    ..MPI_SESSION
+};
+const LEADER_NO_SHUTDOWN: App = App {
+    title: "multi-node leader, a worker without shutdown()",
+    env: &[("RT_UPSTREAM_SHAPE", "no-shutdown")],
+    lease: UNTIL_EXIT,
+    placed: &[
+        "no lease yet",
+        "rank 0's threads",
+        "mpi_req2 born on the worker set",
+        "stopped, lease open until exit",
+        "mpi_req3 born on the worker set",
+    ],
+    library: &[NO_SHUTDOWN_SAID],
+    ..LEADER
+};
+
 /// How an app is launched besides the way.
 #[derive(Clone, Copy, Debug)]
 enum Setting {
@@ -764,6 +873,66 @@ table_tests! {
     };
     leader_without_the_library_pins_the_session_server: Row {
         app: &LEADER,
+        way: Way::Upstream,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_entry_with_fewer_parameters_spares_the_hosts_and_restores_at_its_return: Row {
+        app: &VISUALGEN_FEWER,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_entry_with_more_parameters_spares_the_hosts_and_restores_at_its_return: Row {
+        app: &VISUALGEN_MORE,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_entry_with_renamed_parameters_spares_the_hosts_and_restores_at_its_return: Row {
+        app: &VISUALGEN_RENAMED,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_entry_with_renamed_parameters_under_preload_spares_the_hosts: Row {
+        app: &VISUALGEN_RENAMED,
+        way: Way::Preload,
+        setting: Setting::Unconstrained,
+    };
+    tp1_with_a_keyword_only_configure_pins_only_the_worker: Row {
+        app: &TP1_KEYWORD,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    mpi_session_with_a_keyword_only_configure_pins_only_the_worker_pool_thread: Row {
+        app: &MPI_SESSION_KEYWORD,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_with_a_keyword_only_configure_spares_the_coordinator_and_the_http_server: Row {
+        app: &VISUALGEN_KEYWORD,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    leader_with_a_keyword_only_configure_pins_rank0_not_the_session_server: Row {
+        app: &LEADER_KEYWORD,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    tp1_with_a_worker_without_shutdown_pins_only_the_worker_until_exit: Row {
+        app: &TP1_NO_SHUTDOWN,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    mpi_session_with_a_worker_without_shutdown_pins_only_the_worker_until_exit: Row {
+        app: &MPI_SESSION_NO_SHUTDOWN,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    leader_with_a_worker_without_shutdown_pins_only_rank0_until_exit: Row {
+        app: &LEADER_NO_SHUTDOWN,
+        way: Way::Run,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_entry_with_renamed_parameters_without_the_library_pins_everything: Row {
+        app: &VISUALGEN_RENAMED,
         way: Way::Upstream,
         setting: Setting::Unconstrained,
     };

@@ -77,10 +77,18 @@ def bad_sites(device):
     out = {"entry_wrapped": hasattr(executor.run_diffusion_worker, "_tllm_affinity_original")}
     out["base_worker"] = call_on_a_thread(lambda d: BaseWorker()._get_comm_ranks_device_id(d),
                                           device)
-    out["visual_gen"] = call_on_a_thread(
-        lambda d: list(executor.run_diffusion_worker(d, 1, "127.0.0.1", 0, None, None, {})),
-        device)
+
+    def serve_once(d):
+        """The generator's mask while it serves (its lease ends when it is exhausted)."""
+        steps = executor.run_diffusion_worker(d, 1, "127.0.0.1", 0, None, None, {})
+        next(steps)
+        during = sorted(os.sched_getaffinity(0))
+        list(steps)
+        return during
+
+    out["visual_gen"] = call_on_a_thread(serve_once, device)
     out["calls"] = utils.CALLS
+    out["main_mask"] = sorted(os.sched_getaffinity(0))
     out["adapter"] = sys.modules["tllm_affinity.adapters.trtllm"].status()
     return out
 

@@ -10,6 +10,7 @@
  *   init <code>                      what nvmlInit_v2 returns (default 0, NVML_SUCCESS)
  *   fail <function> <code>           what that entry point returns instead of answering
  *   null_handle <index>              nvmlDeviceGetHandleByIndex_v2 succeeds with a NULL handle
+ *                                    for that index (one line per index)
  *
  * scripts/device-check writes the same format from the real driver, so the double can be checked
  * against it. Each nvmlInit_v2 appends "init" to $TLLM_NVML_DOUBLE.calls, so a test can see when
@@ -73,7 +74,8 @@ struct nvmlDevice_st {
 static struct nvmlDevice_st gpus[MAX_GPUS];
 static struct nvmlDevice_st migs[MAX_GPUS * MAX_MIGS];
 static int n_gpus, n_migs_total;
-static int init_code, initialised, null_handle = -1;
+static int init_code, initialised;
+static int null_handles[MAX_GPUS];
 static struct { char name[64]; int code; } fails[16];
 static int n_fails;
 
@@ -99,7 +101,7 @@ static void set_cpus(struct nvmlDevice_st *d, const char *list) {
 static void load(void) {
     n_gpus = n_migs_total = n_fails = 0;
     init_code = 0;
-    null_handle = -1;
+    memset(null_handles, 0, sizeof null_handles);
     memset(gpus, 0, sizeof gpus);
     memset(migs, 0, sizeof migs);
     const char *path = getenv("TLLM_NVML_DOUBLE");
@@ -130,7 +132,9 @@ static void load(void) {
         } else if (strcmp(a, "fail") == 0 && n_fails < 16) {
             if (sscanf(line, "fail %63s %d", fails[n_fails].name, &fails[n_fails].code) == 2) n_fails++;
         } else if (strcmp(a, "null_handle") == 0) {
-            sscanf(line, "null_handle %d", &null_handle);
+            int index;
+            if (sscanf(line, "null_handle %d", &index) == 1 && index >= 0 && index < MAX_GPUS)
+                null_handles[index] = 1;
         }
     }
     fclose(f);
@@ -193,7 +197,7 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     GUARD("nvmlDeviceGetHandleByIndex_v2");
     if (!device || index >= (unsigned int)n_gpus) return NVML_ERROR_INVALID_ARGUMENT;
-    *device = (int)index == null_handle ? NULL : &gpus[index];
+    *device = null_handles[index] ? NULL : &gpus[index];
     return NVML_SUCCESS;
 }
 

@@ -12,6 +12,9 @@ module that already bound the names:
   the row decides how the worker is placed (:func:`_placement`) and when its lease ends (the
   owner's ``shutdown()``, or the entry function's return or raise). A caller the table does not
   know gets the thread rule of :func:`_placement` and a lease that ends at exit;
+* whatever the adapter cannot fully place (a caller, parameter list, owner or function kind it
+  does not know) still goes through the library, never through upstream's own function and its
+  all-thread sweeps: those run only where the library is not loaded;
 * the entry functions of the table (VisualGen's module-level ``run_diffusion_worker``), wrapped
   in their module at import with ``try``/``finally``, and the worker methods that are themselves
   the affinity call in older layouts (``RayGPUWorker._configure_affinity``);
@@ -61,12 +64,12 @@ THREAD = "thread"    # the caller is the worker's own thread: it and its threads
 SCOPE = "scope"      # the caller goes on serving host work: threads it starts meanwhile are
 
 
-CallSite = collections.namedtuple(
-    "CallSite", "name module qualname via ends dedicated parameters")
+CallSite = collections.namedtuple("CallSite", "name module qualname via ends dedicated")
 CallSite.__doc__ = """One upstream call site: ``module`` and ``qualname`` of the function that
-calls configure_cpu_affinity (or is the call, ``via``), how its lease ends, the rule that says
-whether its process is dedicated (docs/runtimes.md has the table), and the parameter names its
-function must have for the adapter to take it (another signature: the adapter leaves it alone)."""
+calls configure_cpu_affinity (or is the call, ``via``), how its lease ends and the rule that says
+whether its process is dedicated (docs/runtimes.md has the table). No parameter list: the
+wrappers take ``*args, **kwargs``, so a release that adds, drops or renames parameters is placed
+the same way."""
 
 # The one table of upstream call sites the adapter covers (docs/runtimes.md, "TensorRT-LLM call
 # sites"). Every placement and lease-lifetime decision goes through it.
@@ -75,22 +78,17 @@ CALL_SITES = (
              "BaseWorker._get_comm_ranks_device_id", VIA_CONFIGURE, OWNER_SHUTDOWN,
              "worker_main on the stack: a worker rank (on the main thread, an MPI pool rank or a "
              "leader's rank > 0: the process; on a session's pool thread: that thread); "
-             "otherwise the thread rule (TP1 under trtllm-serve or a script: not dedicated)",
-             ("self",)),
+             "otherwise the thread rule (TP1 under trtllm-serve or a script: not dedicated)"),
     CallSite("ray_gpu_worker", "tensorrt_llm.executor.ray.gpu_worker",
              "RayGPUWorker._get_comm_ranks_device_id", VIA_CONFIGURE, OWNER_SHUTDOWN,
-             "always: a Ray actor process serves one GPU (on its main thread: the process)",
-             ("self",)),
+             "always: a Ray actor process serves one GPU (on its main thread: the process)"),
     CallSite("ray_gpu_worker_legacy", "tensorrt_llm.executor.ray_gpu_worker",
              "RayGPUWorker._configure_affinity", VIA_METHOD, OWNER_SHUTDOWN,
-             "always, as ray_gpu_worker (the older layout, before llmapi.utils had the function)",
-             ("self", "device_id")),
+             "always, as ray_gpu_worker (the older layout, before llmapi.utils had the function)"),
     CallSite("visual_gen", "tensorrt_llm._torch.visual_gen.executor",
              "run_diffusion_worker", VIA_ENTRY, ENTRY_RETURN,
              "its own process when on the main thread; rank 0 of an external launch runs it on "
-             "a thread of the client's process: that thread",
-             ("rank", "world_size", "master_addr", "master_port", "request_queue_addr",
-              "response_queue_addr", "visual_gen_args")),
+             "a thread of the client's process: that thread"),
 )
 _BY_MODULE = {}
 for _site in CALL_SITES:
@@ -104,14 +102,11 @@ _leases = []
 _atexit_registered = False
 _said = set()
 _status = {"state": "not-imported"}
-# Per call site: "not-imported", "found", "missing", "signature", "coroutine"; leases opened,
-# closed.
+# Per call site: "not-imported", "found", "missing"; leases opened, closed.
 _sites = {site.name: {"state": "not-imported", "opened": 0, "closed": 0} for site in CALL_SITES}
 _sites["unknown"] = {"state": "caller", "opened": 0, "closed": 0}
 # The entry calls running on this thread (innermost last), each a list of its leases.
 _entries = threading.local()
-# Set while upstream's own configure runs for a call site the adapter leaves alone.
-_bypass = threading.local()
 
 
 def _log(level, line, once_key=None):
@@ -134,10 +129,9 @@ def _log(level, line, once_key=None):
 def status():
     """What the adapter did in this process: ``{"state": ...}``, with the state one of
     ``not-imported`` (TensorRT-LLM never imported), ``not-loaded`` (library absent),
-    ``engaged``, ``not-found`` (no configure_cpu_affinity to wrap), ``signature`` (one that
-    does not take a device id) or ``inactive`` (a release with none of the call sites);
+    ``engaged`` or ``not-found`` (no configure_cpu_affinity to wrap);
     ``version`` (``tensorrt_llm.__version__``) and ``sites``: per row of :data:`CALL_SITES` whose
-    module was imported (``found``, ``missing``, ``signature``, ``coroutine``), and ``unknown``
+    module was imported (``found``, ``missing``), and ``unknown``
     callers once they opened one, its state and the leases it opened and closed."""
     with _lock:
         out = dict(_status)
@@ -198,30 +192,31 @@ def _count(name, key):
         _sites[name][key] += 1
 
 
+# The names upstream's releases and callers gave the device parameter.
+DEVICE_PARAMETERS = ("device_id", "gpu_id", "device", "device_index", "gpu", "local_rank")
+
+
 def _device_of(args, kwargs):
-    """The device argument however the caller passes it (positional, device_id=, gpu_id=)."""
+    """The device argument however the caller passes it: positional, by one of
+    :data:`DEVICE_PARAMETERS`, or the one keyword of a renamed parameter; -1 (the library's own
+    choice: ``TLLM_AFFINITY_GPU``, else the launcher's local rank) when there is none."""
     if args:
         return args[0]
-    for key in ("device_id", "gpu_id", "device"):
+    for key in DEVICE_PARAMETERS:
         if key in kwargs:
             return kwargs[key]
+    if len(kwargs) == 1:
+        return next(iter(kwargs.values()))
     return -1
 
 
-def _accepts_device(function):
-    """True when ``function`` can be called with one device id, as upstream's can."""
+def _takes_device(function):
+    """True when ``function`` takes one device id positionally, as upstream's does."""
     try:
         inspect.signature(function).bind(0)
         return True
     except (TypeError, ValueError):
         return False
-
-
-def _parameters(function):
-    try:
-        return tuple(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        return None
 
 
 def _qualname(frame):
@@ -340,11 +335,16 @@ def _remember(lease, owner, site_name, entry):
     global _atexit_registered
     ref = None
     if owner is not None:
-        try:
-            ref = weakref.ref(owner)
-            _wrap_owner_shutdown(type(owner))
-        except Exception:
-            ref = None  # released at exit instead
+        if callable(getattr(type(owner), "shutdown", None)):
+            try:
+                ref = weakref.ref(owner)
+                _wrap_owner_shutdown(type(owner))
+            except Exception:
+                ref = None  # not weakly referable: released at exit instead
+        else:
+            _log("warn", "%s (%s) has no shutdown(): its worker's lease ends at exit"
+                 % (type(owner).__qualname__, site_name),
+                 once_key=("no-shutdown", type(owner).__qualname__))
     with _lock:
         _leases.append((lease, ref, site_name, entry))
         if not _atexit_registered:
@@ -371,6 +371,22 @@ def _engage(device, caller, site=None, owner=None):
     lease = tllm_affinity.Lease(int(rc), device)
     name = site.name if site is not None else "unknown"
     _count(name, "opened")
+    try:
+        _follow(lease, device, caller, site, owner, scope, placement, name)
+    except Exception as error:
+        # The lease is open: a scope left open would make the caller's later threads (an HTTP
+        # server's) workers, so it ends now; the lease itself ends at exit.
+        if scope:
+            tllm_affinity.end_worker_scope(lease)
+        _remember(lease, None, name, None)
+        _log("warn", "configure_cpu_affinity(%d): %s: %s; its lease ends at exit"
+             % (device, type(error).__name__, error))
+    _publish()
+
+
+def _follow(lease, device, caller, site, owner, scope, placement, name):
+    """Arranges the end of an opened lease: the scope's construction frame, the owner's
+    ``shutdown()``, the entry function's return, else exit."""
     _log("debug", "configure_cpu_affinity(%d) from %s: %s, lease %d ends at %s"
          % (device, name, placement, lease.id, site.ends if site is not None else AT_EXIT))
     if scope:
@@ -385,7 +401,6 @@ def _engage(device, caller, site=None, owner=None):
               name, entry)
     if entry is not None:
         entry.append(lease)
-    _publish()
 
 
 def _wrap_configure(original):
@@ -396,14 +411,6 @@ def _wrap_configure(original):
         if site is not None and _sites[site.name]["state"] == "not-imported":
             # Its module was imported before the hook: checked now, once.
             patch_upstream(sys.modules.get(site.module))
-        if site is not None and _sites[site.name]["state"] in ("signature", "coroutine"):
-            # A call site the adapter does not know the shape of: upstream's function, sweeps
-            # included, as without the adapter.
-            _bypass.active = True
-            try:
-                return original(*args, **kwargs)
-            finally:
-                _bypass.active = False
         return _configure(original, args, kwargs, caller, site, None)
 
     setattr(configure_cpu_affinity, _ORIGINAL, original)
@@ -431,39 +438,78 @@ def _configure(original, args, kwargs, caller, site, owner):
 
 def _wrap_method_call(original, site):
     """A worker method that is itself the affinity call (``RayGPUWorker._configure_affinity(self,
-    device_id)`` of the older layout): the lease belongs to ``self``."""
-    @functools.wraps(original)
-    def method(self, *args, **kwargs):
-        return _configure(functools.partial(original, self), args, kwargs,
-                          sys._getframe(1), site, self)
+    device_id)`` of the older layout): the lease belongs to ``self``. A coroutine method gets a
+    coroutine that places the worker when awaited, as the method would have."""
+    if inspect.iscoroutinefunction(original):
+        @functools.wraps(original)
+        async def method(self, *args, **kwargs):
+            return _configure(functools.partial(original, self), args, kwargs,
+                              sys._getframe(1), site, self)
+    else:
+        @functools.wraps(original)
+        def method(self, *args, **kwargs):
+            return _configure(functools.partial(original, self), args, kwargs,
+                              sys._getframe(1), site, self)
 
     setattr(method, _ORIGINAL, original)
     return method
+
+
+class _Entry:
+    """One call of an entry function on this thread: the leases it opened, ended at its return
+    or raise; never raises into the worker's own exit."""
+
+    def __init__(self, site):
+        self.site = site
+        self.leases = []
+        try:
+            self.stack = _entries.__dict__.setdefault("stack", [])
+            self.stack.append(self.leases)
+        except Exception:
+            self.stack = None
+
+    def end(self):
+        try:
+            if self.stack is not None and self.stack and self.stack[-1] is self.leases:
+                self.stack.pop()
+            _release_entry(self.leases)
+        except Exception as error:
+            _log("warn", "ending %s's lease: %s: %s" % (self.site.qualname,
+                                                       type(error).__name__, error))
 
 
 def _wrap_entry(original, site):
     """An entry function whose return or raise on this thread ends the leases it opened: a
     ``try``/``finally``, no profiler (one would run on every call of the serving loop);
     ``functools.wraps`` keeps the name and qualname, so pickle (spawn) still finds it in its
-    module."""
-    @functools.wraps(original)
-    def entry(*args, **kwargs):
-        mine = []
-        try:
-            stack = _entries.__dict__.setdefault("stack", [])
-            stack.append(mine)
-        except Exception:
-            stack = None
-        try:
-            return original(*args, **kwargs)
-        finally:
+    module. Any parameters pass through. A generator's or coroutine's body runs when it is
+    iterated or awaited, so the wrapper is one too; an async generator's leases end at exit."""
+    if inspect.isasyncgenfunction(original):
+        return None
+    if inspect.iscoroutinefunction(original):
+        @functools.wraps(original)
+        async def entry(*args, **kwargs):
+            call = _Entry(site)
             try:
-                if stack is not None and stack and stack[-1] is mine:
-                    stack.pop()
-                _release_entry(mine)
-            except Exception as error:  # never into the worker's own exit
-                _log("warn", "ending %s's lease: %s: %s" % (site.qualname,
-                                                           type(error).__name__, error))
+                return await original(*args, **kwargs)
+            finally:
+                call.end()
+    elif inspect.isgeneratorfunction(original):
+        @functools.wraps(original)
+        def entry(*args, **kwargs):
+            call = _Entry(site)
+            try:
+                return (yield from original(*args, **kwargs))
+            finally:
+                call.end()
+    else:
+        @functools.wraps(original)
+        def entry(*args, **kwargs):
+            call = _Entry(site)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                call.end()
 
     setattr(entry, _ORIGINAL, original)
     return entry
@@ -472,8 +518,6 @@ def _wrap_entry(original, site):
 def _wrap_sweep(original):
     @functools.wraps(original)
     def sweep(*args, **kwargs):
-        if getattr(_bypass, "active", False):
-            return original(*args, **kwargs)
         _log("debug", "%s: left to libtllm_affinity.so, which placed every worker thread and "
              "no host thread" % getattr(original, "__name__", "sweep"),
              once_key=("sweep", getattr(original, "__name__", "")))
@@ -488,12 +532,20 @@ def _wrap_owner_shutdown(cls):
     if hasattr(current, _ORIGINAL):
         return
 
-    @functools.wraps(current)
-    def shutdown(self, *args, **kwargs):
-        try:
-            return current(self, *args, **kwargs)
-        finally:
-            _release_owned_by(self)
+    if inspect.iscoroutinefunction(current):
+        @functools.wraps(current)
+        async def shutdown(self, *args, **kwargs):
+            try:
+                return await current(self, *args, **kwargs)
+            finally:
+                _release_owned_by(self)
+    else:
+        @functools.wraps(current)
+        def shutdown(self, *args, **kwargs):
+            try:
+                return current(self, *args, **kwargs)
+            finally:
+                _release_owned_by(self)
 
     setattr(shutdown, _ORIGINAL, current)
     cls.shutdown = shutdown
@@ -541,33 +593,21 @@ def _patch_site(module, site):
     found = _lookup(module, site.qualname)
     if found is None:
         _site_state(site, "missing")
-        _log("info", "%s has no %s: that call site is not covered (a moved or renamed "
-             "upstream)" % (site.module, site.qualname), once_key=("missing", site.name))
+        _log("info", "%s has no %s: its callers get the library's thread rule, their leases "
+             "ending at exit (a moved or renamed upstream)" % (site.module, site.qualname),
+             once_key=("missing", site.name))
         return
     holder, name, function = found
     if hasattr(function, _ORIGINAL):
         return
-    if inspect.iscoroutinefunction(function) or inspect.isgeneratorfunction(function) or \
-            inspect.isasyncgenfunction(function):
-        _site_state(site, "coroutine")
-        _log("warn", "%s.%s is a coroutine or generator function: that call site runs as "
-             "without tllm-affinity" % (site.module, site.qualname),
-             once_key=("coroutine", site.name))
-        return
-    parameters = _parameters(function)
-    # An entry function may grow keyword parameters; a method must be exactly as known.
-    known = parameters[:len(site.parameters)] if site.via == VIA_ENTRY else parameters
-    if known != site.parameters:
-        _site_state(site, "signature")
-        _log("warn", "%s.%s%s is not the signature the adapter knows: that call site runs as "
-             "without tllm-affinity" % (site.module, site.qualname,
-                                         inspect.signature(function)),
-             once_key=("site-signature", site.name))
-        return
     if site.via == VIA_ENTRY:
         wrapper = _wrap_entry(function, site)
-        setattr(holder, name, wrapper)
-        _rebind({name: (function, wrapper)})
+        if wrapper is None:
+            _log("warn", "%s.%s is an async generator function: its worker's lease ends at "
+                 "exit" % (site.module, site.qualname), once_key=("asyncgen", site.name))
+        else:
+            setattr(holder, name, wrapper)
+            _rebind({name: (function, wrapper)})
     elif site.via == VIA_METHOD:
         setattr(holder, name, _wrap_method_call(function, site))
         if _status.get("state") != "engaged":
@@ -591,37 +631,63 @@ def patch_upstream(module):
             return
         _patch_utils(module, where)
     except Exception as error:
-        _log("warn", "the TensorRT-LLM adapter could not patch %s: %s: %s; it runs as without "
-             "tllm-affinity" % (where, type(error).__name__, error))
+        # Upstream's sweeps would pin host threads: where they can still be turned off, they are.
+        try:
+            _replace(module, _sweeps_of(module))
+        except Exception:
+            pass
+        _log("warn", "the TensorRT-LLM adapter could not patch %s: %s: %s; it is not covered, "
+             "and upstream's all-thread sweeps there touch no thread"
+             % (where, type(error).__name__, error))
+
+
+def _sweeps_of(module):
+    """Upstream's all-thread sweeps in ``module``, each with a wrapper that touches no thread."""
+    replaced = {}
+    for name in SWEEPS:
+        sweep = getattr(module, name, None)
+        if callable(sweep) and not hasattr(sweep, _ORIGINAL):
+            replaced[name] = (sweep, _wrap_sweep(sweep))
+    return replaced
+
+
+def _replace(module, replaced):
+    for name, (_, wrapper) in replaced.items():
+        setattr(module, name, wrapper)
+    _rebind(replaced)
 
 
 def _patch_utils(module, where):
     original = getattr(module, CONFIGURE, None)
     if original is None or not callable(original):
+        # A renamed function would still call the sweeps: they touch no thread either.
+        _replace(module, _sweeps_of(module))
         _set_status("not-found", where)
         _log("warn", "found no %s in %s: the TensorRT-LLM adapter did not engage (adapter "
              "inactive). A release from before the all-thread pin does not pin threads itself, "
              "and tllm-affinity changes no mask in it unless the program calls tllm_affinity; "
-             "a renamed upstream pins threads as it would without tllm-affinity"
+             "upstream's all-thread sweeps, where present, touch no thread"
              % (CONFIGURE, where), once_key="not-found")
         return
     if hasattr(original, _ORIGINAL):
         return
-    if not _accepts_device(original):
-        _set_status("signature", where)
-        _log("warn", "%s.%s does not take a device id: the TensorRT-LLM adapter did not engage"
-             % (where, CONFIGURE), once_key="signature")
-        return
+    if not _takes_device(original):
+        _log("warn", "%s.%s%s does not take a device id as the adapter knows it: the library "
+             "places the caller's worker threads for the device its callers pass (else "
+             "TLLM_AFFINITY_GPU or the launcher's local rank); host threads are left alone"
+             % (where, CONFIGURE, _signature_text(original)), once_key="signature")
     replaced = {CONFIGURE: (original, _wrap_configure(original))}
-    for name in SWEEPS:
-        sweep = getattr(module, name, None)
-        if callable(sweep) and not hasattr(sweep, _ORIGINAL):
-            replaced[name] = (sweep, _wrap_sweep(sweep))
-    for name, (_, wrapper) in replaced.items():
-        setattr(module, name, wrapper)
-    _rebind(replaced)
+    replaced.update(_sweeps_of(module))
+    _replace(module, replaced)
     _set_status("engaged", where)
     _log("debug", "TensorRT-LLM adapter engaged in %s (%s)" % (where, ", ".join(replaced)))
+
+
+def _signature_text(function):
+    try:
+        return str(inspect.signature(function))
+    except (TypeError, ValueError):
+        return "(...)"
 
 
 def install(target, name=CONFIGURE, shutdown=None):

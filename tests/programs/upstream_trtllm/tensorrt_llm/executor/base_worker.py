@@ -2,6 +2,7 @@
 affinity (``_get_comm_ranks_device_id``), then the engine starts its threads, and the newer
 upstream's re-sweep spreads the caller's mask over the threads started since."""
 from .. import _native
+from .._release import CONFIGURE_KEYWORD, NO_SHUTDOWN
 from .._torch.pyexecutor.py_executor import PyExecutor
 from .._utils import global_mpi_rank
 from ..llmapi.utils import (_reapply_current_thread_affinity_to_all_threads,
@@ -21,7 +22,10 @@ class BaseWorker(GenerationExecutor):
     def _get_comm_ranks_device_id(self):
         device_id = self.global_rank % get_device_count()
         # torch.cuda.set_device(device_id)
-        configure_cpu_affinity(device_id)
+        if CONFIGURE_KEYWORD:
+            configure_cpu_affinity(gpu_index=device_id)
+        else:
+            configure_cpu_affinity(device_id)
         return [self.global_rank], device_id
 
     def setup_engine(self):
@@ -39,3 +43,8 @@ class BaseWorker(GenerationExecutor):
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+if NO_SHUTDOWN:
+    BaseWorker.close = BaseWorker.shutdown
+    del BaseWorker.shutdown

@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from .._release import NO_SHUTDOWN
 from ..llmapi.utils import enable_worker_single_process_for_tp1
 
 
@@ -84,3 +85,8 @@ class GenerationExecutor:
         return GenerationExecutorProxy(worker_kwargs,
                                        model_world_size=model_world_size,
                                        mpi_session=mpi_session)
+
+
+if NO_SHUTDOWN:
+    GenerationExecutor.close = GenerationExecutor.shutdown
+    del GenerationExecutor.shutdown

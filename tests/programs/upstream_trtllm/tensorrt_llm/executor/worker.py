@@ -2,6 +2,7 @@
 await-response thread) and ``worker_main``, what each rank of an MPI session runs."""
 import queue
 
+from .._release import NO_SHUTDOWN, stop
 from ..llmapi.utils import ManagedThread
 from .base_worker import BaseWorker
 from .ipc import ZeroMqQueue
@@ -36,7 +37,7 @@ class GenerationExecutorWorker(BaseWorker):
         if self.await_response_thread.is_alive():
             self.await_response_thread.stop()
             self.await_response_thread.join(30)
-        super().shutdown()
+        stop(super())
 
 
 def worker_main(engine: str, worker_queues: dict) -> None:
@@ -50,7 +51,12 @@ def worker_main(engine: str, worker_queues: dict) -> None:
     status_queue.put("ready")
     while (request := request_queue.get()) is not None:
         worker.submit(request)
-    worker.shutdown()
+    stop(worker)
     result_queue.put(None)
     for q in (request_queue, result_queue, status_queue):
         q.close()
+
+
+if NO_SHUTDOWN:
+    GenerationExecutorWorker.close = GenerationExecutorWorker.shutdown
+    del GenerationExecutorWorker.shutdown

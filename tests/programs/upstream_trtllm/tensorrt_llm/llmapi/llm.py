@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from .._release import stop
 from ..executor import GenerationExecutor
 from .mpi_session import MpiSession
 
@@ -55,7 +56,7 @@ class BaseLLM:
 
     def shutdown(self):
         if self._executor is not None:
-            self._executor.shutdown()
+            stop(self._executor)
             self._executor = None
 
     def __enter__(self):

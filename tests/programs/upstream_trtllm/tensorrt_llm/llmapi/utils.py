@@ -8,6 +8,7 @@ from functools import cache
 from queue import Queue
 from typing import Callable, List, Optional
 
+from tensorrt_llm._release import CONFIGURE_KEYWORD
 from tensorrt_llm.logger import logger
 
 
@@ -133,7 +134,7 @@ def _reapply_current_thread_affinity_to_all_threads():
     return _set_affinity_all_threads(os.sched_getaffinity(0))
 
 
-def configure_cpu_affinity(device_id: int) -> None:
+def _configure_cpu_affinity(device_id: int) -> None:
     pid = os.getpid()
     # psutil.Process().cpu_affinity(): sched_getaffinity(pid), the main thread's mask.
     cpu_affinity = sorted(os.sched_getaffinity(pid))
@@ -154,3 +155,13 @@ def configure_cpu_affinity(device_id: int) -> None:
             f"Worker process {pid} has constrained CPU affinity but "
             "`TLLM_NUMA_AWARE_WORKER_AFFINITY` is not set. Removing CPU affinity constraints.")
         _set_affinity_all_threads(all_cpus)
+
+
+if CONFIGURE_KEYWORD:
+
+    def configure_cpu_affinity(*, gpu_index: int) -> None:
+        _configure_cpu_affinity(gpu_index)
+else:
+
+    def configure_cpu_affinity(device_id: int) -> None:
+        _configure_cpu_affinity(device_id)

@@ -11,7 +11,7 @@ import threading
 
 from tensorrt_llm.executor.ipc import ZeroMqQueue
 
-from .executor import run_diffusion_worker
+from .executor import run_diffusion_worker, worker_arguments
 
 
 class DiffusionRemoteClient:
@@ -32,16 +32,15 @@ class DiffusionRemoteClient:
         self._coordinator_ready.wait(30)
         self.worker_thread = threading.Thread(
             target=run_diffusion_worker,
-            kwargs=dict(rank=0,
-                        world_size=1,
-                        master_addr="127.0.0.1",
-                        master_port=29500,
-                        request_queue_addr=self.request_queue.address,
-                        response_queue_addr=self.response_queue.address,
-                        visual_gen_args=visual_gen_args or {},
-                        local_rank=device_id,
-                        in_client_process=True,
-                        parent_pid=os.getpid()),
+            kwargs=worker_arguments(rank=0,
+                                    world_size=1,
+                                    master_addr="127.0.0.1",
+                                    master_port=29500,
+                                    request_queue_addr=self.request_queue.address,
+                                    response_queue_addr=self.response_queue.address,
+                                    visual_gen_args=visual_gen_args or {},
+                                    local_rank=device_id,
+                                    parent_pid=os.getpid()),
             name="visual_gen_worker",
             daemon=True)
         self.worker_thread.start()

@@ -6,12 +6,15 @@ images back) and serves the request queue until a shutdown request (``None``), t
 
 It runs in its own process normally; under an external launcher rank 0 runs it on a
 ``threading.Thread`` inside the client's process (``in_client_process=True``; see client.py).
-With ``RT_RESWEEP=1`` it also calls upstream's re-sweep helper once its threads are started."""
+With ``RT_RESWEEP=1`` it also calls upstream's re-sweep helper once its threads are started. Its
+parameters are those of the release ``RT_UPSTREAM_SHAPE`` names (``_release.py``);
+``worker_arguments`` is how that release's client calls it."""
 import os
 import queue
 import threading
 
 from tensorrt_llm import _native
+from tensorrt_llm._release import CONFIGURE_KEYWORD, SHAPE
 from tensorrt_llm.executor.ipc import ZeroMqQueue
 from tensorrt_llm.llmapi.utils import (_reapply_current_thread_affinity_to_all_threads,
                                        configure_cpu_affinity, get_device_count)
@@ -47,28 +50,15 @@ class DiffusionExecutor:
                                                   "image": f"<{len(prompt)} denoised>"}))
 
 
-def run_diffusion_worker(rank,
-                         world_size,
-                         master_addr,
-                         master_port,
-                         request_queue_addr,
-                         response_queue_addr,
-                         visual_gen_args,
-                         log_level="warning",
-                         req_hmac_key=None,
-                         resp_hmac_key=None,
-                         local_rank=None,
-                         in_client_process=False,
-                         parent_pid=None):
+def _set_distributed_environment(rank, world_size, master_addr, master_port):
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ["MASTER_ADDR"] = str(master_addr)
     os.environ["MASTER_PORT"] = str(master_port)
-    device_id = local_rank if local_rank is not None else rank % get_device_count()
-    try:
-        configure_cpu_affinity(device_id)
-    except Exception as e:
-        logger.warning(f"Failed to configure CPU affinity: {e}")
+
+
+def _serve(device_id, request_queue_addr, response_queue_addr):
+    """Builds the executor and serves until a shutdown request."""
     request_queue = ZeroMqQueue(request_queue_addr, is_server=False)
     response_queue = ZeroMqQueue(response_queue_addr, is_server=False)
     executor = DiffusionExecutor(device_id, request_queue, response_queue)
@@ -81,3 +71,117 @@ def run_diffusion_worker(rank,
         response_queue.put(None)
         request_queue.close()
         response_queue.close()
+
+
+# Each release's entry function calls configure_cpu_affinity in its own body, as upstream's does.
+if SHAPE == "entry-fewer":
+
+    def run_diffusion_worker(rank,
+                             world_size,
+                             request_queue_addr,
+                             response_queue_addr,
+                             visual_gen_args,
+                             local_rank=None,
+                             in_client_process=False):
+        _set_distributed_environment(rank, world_size, "127.0.0.1", 29500)
+        device_id = local_rank if local_rank is not None else rank % get_device_count()
+        try:
+            configure_cpu_affinity(device_id)
+        except Exception as e:
+            logger.warning(f"Failed to configure CPU affinity: {e}")
+        _serve(device_id, request_queue_addr, response_queue_addr)
+
+elif SHAPE == "entry-more":
+
+    def run_diffusion_worker(rank,
+                             local_rank,
+                             world_size,
+                             dist_backend,
+                             master_addr,
+                             master_port,
+                             request_queue_addr,
+                             response_queue_addr,
+                             visual_gen_args,
+                             log_level="warning",
+                             req_hmac_key=None,
+                             resp_hmac_key=None,
+                             in_client_process=False,
+                             parent_pid=None,
+                             heartbeat_interval=None):
+        _set_distributed_environment(rank, world_size, master_addr, master_port)
+        device_id = local_rank if local_rank is not None else rank % get_device_count()
+        try:
+            configure_cpu_affinity(device_id)
+        except Exception as e:
+            logger.warning(f"Failed to configure CPU affinity: {e}")
+        _serve(device_id, request_queue_addr, response_queue_addr)
+
+elif SHAPE == "entry-renamed":
+
+    def run_diffusion_worker(global_rank,
+                             num_ranks,
+                             dist_addr,
+                             dist_port,
+                             req_queue_addr,
+                             resp_queue_addr,
+                             diffusion_args,
+                             local_device=None,
+                             in_client_process=False):
+        _set_distributed_environment(global_rank, num_ranks, dist_addr, dist_port)
+        device_id = local_device if local_device is not None else global_rank % get_device_count()
+        try:
+            configure_cpu_affinity(device_id)
+        except Exception as e:
+            logger.warning(f"Failed to configure CPU affinity: {e}")
+        _serve(device_id, req_queue_addr, resp_queue_addr)
+
+else:
+
+    def run_diffusion_worker(rank,
+                             world_size,
+                             master_addr,
+                             master_port,
+                             request_queue_addr,
+                             response_queue_addr,
+                             visual_gen_args,
+                             log_level="warning",
+                             req_hmac_key=None,
+                             resp_hmac_key=None,
+                             local_rank=None,
+                             in_client_process=False,
+                             parent_pid=None):
+        _set_distributed_environment(rank, world_size, master_addr, master_port)
+        device_id = local_rank if local_rank is not None else rank % get_device_count()
+        try:
+            if CONFIGURE_KEYWORD:
+                configure_cpu_affinity(gpu_index=device_id)
+            else:
+                configure_cpu_affinity(device_id)
+        except Exception as e:
+            logger.warning(f"Failed to configure CPU affinity: {e}")
+        _serve(device_id, request_queue_addr, response_queue_addr)
+
+
+def worker_arguments(rank, world_size, master_addr, master_port, request_queue_addr,
+                     response_queue_addr, visual_gen_args, local_rank, parent_pid):
+    """The keyword arguments this release's ``run_diffusion_worker`` takes, as its client
+    passes them."""
+    if SHAPE == "entry-fewer":
+        return dict(rank=rank, world_size=world_size, request_queue_addr=request_queue_addr,
+                    response_queue_addr=response_queue_addr, visual_gen_args=visual_gen_args,
+                    local_rank=local_rank, in_client_process=True)
+    if SHAPE == "entry-more":
+        return dict(rank=rank, local_rank=local_rank, world_size=world_size,
+                    dist_backend="gloo", master_addr=master_addr, master_port=master_port,
+                    request_queue_addr=request_queue_addr,
+                    response_queue_addr=response_queue_addr, visual_gen_args=visual_gen_args,
+                    in_client_process=True, parent_pid=parent_pid, heartbeat_interval=5)
+    if SHAPE == "entry-renamed":
+        return dict(global_rank=rank, num_ranks=world_size, dist_addr=master_addr,
+                    dist_port=master_port, req_queue_addr=request_queue_addr,
+                    resp_queue_addr=response_queue_addr, diffusion_args=visual_gen_args,
+                    local_device=local_rank, in_client_process=True)
+    return dict(rank=rank, world_size=world_size, master_addr=master_addr,
+                master_port=master_port, request_queue_addr=request_queue_addr,
+                response_queue_addr=response_queue_addr, visual_gen_args=visual_gen_args,
+                local_rank=local_rank, in_client_process=True, parent_pid=parent_pid)

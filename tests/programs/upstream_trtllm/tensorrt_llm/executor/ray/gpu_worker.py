@@ -15,6 +15,7 @@ import os
 
 import ray
 
+from ..._release import CONFIGURE_KEYWORD
 from ...llmapi.utils import configure_cpu_affinity
 from ..base_worker import BaseWorker
 from ..executor import GenerationRequest
@@ -38,7 +39,10 @@ class RayGPUWorker(BaseWorker):
 
     def _get_comm_ranks_device_id(self):
         # torch.distributed.all_gather_object(...) twice upstream: ranks and device ids.
-        configure_cpu_affinity(self.device_id)
+        if CONFIGURE_KEYWORD:
+            configure_cpu_affinity(gpu_index=self.device_id)
+        else:
+            configure_cpu_affinity(self.device_id)
         return [self.global_rank], self.device_id
 
     def shutdown(self):
