@@ -9,6 +9,7 @@ It runs in its own process normally; under an external launcher rank 0 runs it o
 With ``RT_RESWEEP=1`` it also calls upstream's re-sweep helper once its threads are started. Its
 parameters are those of the release ``RT_UPSTREAM_SHAPE`` names (``_release.py``);
 ``worker_arguments`` is how that release's client calls it."""
+import contextlib
 import os
 import queue
 import threading
@@ -50,11 +51,22 @@ class DiffusionExecutor:
                                                   "image": f"<{len(prompt)} denoised>"}))
 
 
-def _set_distributed_environment(rank, world_size, master_addr, master_port):
+def _set_distributed_environment(rank, world_size, master_addr, master_port, local_rank):
+    """Sets the distributed variables; the worker's device."""
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ["MASTER_ADDR"] = str(master_addr)
     os.environ["MASTER_PORT"] = str(master_port)
+    return local_rank if local_rank is not None else rank % get_device_count()
+
+
+@contextlib.contextmanager
+def _logged(what):
+    """Upstream's ``try``/``except`` around the affinity call: logs and goes on."""
+    try:
+        yield
+    except Exception as e:
+        logger.warning(f"{what}: {e}")
 
 
 def _serve(device_id, request_queue_addr, response_queue_addr):
@@ -83,12 +95,9 @@ if SHAPE == "entry-fewer":
                              visual_gen_args,
                              local_rank=None,
                              in_client_process=False):
-        _set_distributed_environment(rank, world_size, "127.0.0.1", 29500)
-        device_id = local_rank if local_rank is not None else rank % get_device_count()
-        try:
+        device_id = _set_distributed_environment(rank, world_size, "127.0.0.1", 29500, local_rank)
+        with _logged("Failed to configure CPU affinity"):
             configure_cpu_affinity(device_id)
-        except Exception as e:
-            logger.warning(f"Failed to configure CPU affinity: {e}")
         _serve(device_id, request_queue_addr, response_queue_addr)
 
 elif SHAPE == "entry-more":
@@ -108,12 +117,10 @@ elif SHAPE == "entry-more":
                              in_client_process=False,
                              parent_pid=None,
                              heartbeat_interval=None):
-        _set_distributed_environment(rank, world_size, master_addr, master_port)
-        device_id = local_rank if local_rank is not None else rank % get_device_count()
-        try:
+        device_id = _set_distributed_environment(
+            rank, world_size, master_addr, master_port, local_rank)
+        with _logged("Failed to configure CPU affinity"):
             configure_cpu_affinity(device_id)
-        except Exception as e:
-            logger.warning(f"Failed to configure CPU affinity: {e}")
         _serve(device_id, request_queue_addr, response_queue_addr)
 
 elif SHAPE == "entry-renamed":
@@ -127,12 +134,10 @@ elif SHAPE == "entry-renamed":
                              diffusion_args,
                              local_device=None,
                              in_client_process=False):
-        _set_distributed_environment(global_rank, num_ranks, dist_addr, dist_port)
-        device_id = local_device if local_device is not None else global_rank % get_device_count()
-        try:
+        device_id = _set_distributed_environment(
+            global_rank, num_ranks, dist_addr, dist_port, local_device)
+        with _logged("Failed to configure CPU affinity"):
             configure_cpu_affinity(device_id)
-        except Exception as e:
-            logger.warning(f"Failed to configure CPU affinity: {e}")
         _serve(device_id, req_queue_addr, resp_queue_addr)
 
 else:
@@ -150,15 +155,13 @@ else:
                              local_rank=None,
                              in_client_process=False,
                              parent_pid=None):
-        _set_distributed_environment(rank, world_size, master_addr, master_port)
-        device_id = local_rank if local_rank is not None else rank % get_device_count()
-        try:
+        device_id = _set_distributed_environment(
+            rank, world_size, master_addr, master_port, local_rank)
+        with _logged("Failed to configure CPU affinity"):
             if CONFIGURE_KEYWORD:
                 configure_cpu_affinity(gpu_index=device_id)
             else:
                 configure_cpu_affinity(device_id)
-        except Exception as e:
-            logger.warning(f"Failed to configure CPU affinity: {e}")
         _serve(device_id, request_queue_addr, response_queue_addr)
 
 
