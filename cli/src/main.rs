@@ -17,6 +17,7 @@ use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::SysfsRoot;
 
 mod cdi;
+mod host;
 mod memory;
 mod plan;
 mod probe;

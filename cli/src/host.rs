@@ -1,0 +1,773 @@
+//! `tllm-affinity ps` without a PID (SPEC §16): the host at a glance. Every process whose thread
+//! table the caller may read, containerised ones included (found as `ps PID` finds them, through
+//! [`ps::locate`]), one row each: the GPU of each open lease, the CPUs of its workers, step and
+//! result threads, its threads by role and its memory per NUMA node; then the host's CPUs grouped
+//! by node with the processes on each, as a grid; then what collides, one line each.
+//!
+//! Each process is read by [`ps::read`], bounded in time and bytes as `ps PID` is; one that
+//! cannot be read (a table not believed, a process that exits meanwhile) is one line, never an
+//! abort.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::registry::{Placement, Role};
+use tllm_affinity_core::threadtable::{self, LeaseLine};
+use tllm_affinity_core::topology::{SysfsRoot, Topology};
+
+use crate::memory::{self, NodeMemory};
+use crate::ps::{self, PsArgs};
+
+/// What a thread does, as the host view tells them apart; in the grid's order of precedence
+/// (a CPU shows the most particular thing a process's threads may do there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Step,
+    Result,
+    Worker,
+    Host,
+    Unknown,
+}
+
+impl Kind {
+    const ALL: [Kind; 5] = [
+        Kind::Step,
+        Kind::Result,
+        Kind::Worker,
+        Kind::Host,
+        Kind::Unknown,
+    ];
+
+    fn of(known: Option<(Role, Placement)>) -> Kind {
+        match known {
+            Some((_, Placement::Step)) => Kind::Step,
+            Some((_, Placement::Result)) => Kind::Result,
+            Some((Role::Worker, _)) => Kind::Worker,
+            Some((Role::Host, _)) => Kind::Host,
+            None => Kind::Unknown,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Step => "step",
+            Kind::Result => "result",
+            Kind::Worker => "worker",
+            Kind::Host => "host",
+            Kind::Unknown => "unknown",
+        }
+    }
+
+    /// A role and placement of this kind, for `ps PID`'s mark and colour.
+    fn known(self) -> Option<(Role, Placement)> {
+        match self {
+            Kind::Step => Some((Role::Worker, Placement::Step)),
+            Kind::Result => Some((Role::Worker, Placement::Result)),
+            Kind::Worker => Some((Role::Worker, Placement::Worker)),
+            Kind::Host => Some((Role::Host, Placement::Inherited)),
+            Kind::Unknown => None,
+        }
+    }
+}
+
+/// One process with a table that was read.
+#[derive(Debug, Clone)]
+pub struct ProcessRow {
+    pub pid: u32,
+    pub namespace_pid: Option<u32>,
+    pub command: String,
+    /// Its open leases, or why they cannot be read.
+    pub leases: Result<Vec<LeaseLine>, String>,
+    /// The CPUs the threads of each kind may run on, and how many threads of each kind.
+    pub cpus: BTreeMap<Kind, CpuMask>,
+    pub threads: BTreeMap<Kind, usize>,
+    pub memory: Result<NodeMemory, String>,
+}
+
+impl ProcessRow {
+    fn from_snapshot(s: &ps::Snapshot) -> ProcessRow {
+        let mut cpus: BTreeMap<Kind, CpuMask> = BTreeMap::new();
+        let mut threads = BTreeMap::new();
+        for t in &s.threads {
+            let kind = Kind::of(t.known);
+            let on = cpus.entry(kind).or_default();
+            *on = on.union(&t.mask);
+            *threads.entry(kind).or_insert(0) += 1;
+        }
+        ProcessRow {
+            pid: s.pid,
+            namespace_pid: s.namespace_pid,
+            command: s.name.clone(),
+            leases: s.leases.clone(),
+            cpus,
+            threads,
+            memory: s.memory.clone(),
+        }
+    }
+
+    fn on(&self, kind: Kind) -> CpuMask {
+        self.cpus.get(&kind).cloned().unwrap_or_default()
+    }
+
+    /// `GPU 0 (0000:3b:00.0)` for each open lease, `-` for none.
+    fn gpus(&self) -> String {
+        match &self.leases {
+            Ok(leases) if leases.is_empty() => "-".into(),
+            Ok(leases) => leases
+                .iter()
+                .map(ps::lease_device)
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(why) => format!("leases not readable ({why})"),
+        }
+    }
+
+    /// The devices of its open leases: two processes on different GPUs have none in common.
+    fn devices(&self) -> BTreeSet<&str> {
+        match &self.leases {
+            Ok(leases) => leases.iter().map(|l| l.device.as_str()).collect(),
+            Err(_) => BTreeSet::new(),
+        }
+    }
+}
+
+/// A process with a table that could not be read: one line.
+#[derive(Debug, Clone)]
+pub struct ProcessLine {
+    pub pid: u32,
+    pub command: Option<String>,
+    pub why: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum Entry {
+    Row(ProcessRow),
+    Line(ProcessLine),
+}
+
+impl Entry {
+    fn pid(&self) -> u32 {
+        match self {
+            Entry::Row(r) => r.pid,
+            Entry::Line(l) => l.pid,
+        }
+    }
+}
+
+/// One thing the user must see, naming what and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flag {
+    pub kind: &'static str,
+    pub pids: Vec<u32>,
+    pub cpus: CpuMask,
+    pub text: String,
+}
+
+/// The CPUs of one NUMA node of the sysfs tree read (`None`: CPUs no node lists).
+#[derive(Debug, Clone)]
+pub struct CpuGroup {
+    pub node: Option<usize>,
+    pub cpus: Vec<usize>,
+}
+
+/// The host view.
+#[derive(Debug)]
+pub struct HostView {
+    pub entries: Vec<Entry>,
+    /// Processes in another PID namespace whose root the caller may not look into.
+    pub unreachable: usize,
+    pub groups: Vec<CpuGroup>,
+    pub flags: Vec<Flag>,
+}
+
+pub fn run(args: &PsArgs) -> Result<(), String> {
+    let root = crate::sysfs_root(args.sysfs_root.as_deref());
+    let view = gather(&root);
+    if args.json {
+        let text = serde_json::to_string_pretty(&to_json(&view)).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        print!("{}", to_text(&view, ps::colour(args)));
+    }
+    Ok(())
+}
+
+/// Reads every process with a table, the CPUs' nodes and cores under `root`, and judges memory
+/// on the kernel's own nodes: where pages lie is a kernel fact, whatever tree `root` is.
+pub fn gather(root: &SysfsRoot) -> HostView {
+    let (found, unreachable) = processes_with_a_table();
+    let mut entries: Vec<Entry> = found
+        .into_iter()
+        .map(|(pid, start)| entry_of(pid, start))
+        .collect();
+    entries.sort_by_key(Entry::pid);
+    let topology = Topology::read(root).ok();
+    let kernel = if root.root() == Path::new("/") {
+        topology.clone()
+    } else {
+        Topology::read(&SysfsRoot::new("/")).ok()
+    };
+    let rows: Vec<&ProcessRow> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Row(r) => Some(r),
+            Entry::Line(_) => None,
+        })
+        .collect();
+    let mut shown = CpuMask::default();
+    for r in &rows {
+        for m in r.cpus.values() {
+            shown = shown.union(m);
+        }
+    }
+    let groups = groups(topology.as_ref(), &shown);
+    let cores = topology.as_ref().map(Topology::cores).unwrap_or_default();
+    let kernel_nodes: Vec<(usize, CpuMask)> = kernel
+        .map(|t| {
+            t.nodes
+                .into_iter()
+                .filter(|n| !n.cpus.is_empty())
+                .map(|n| (n.id, n.cpus))
+                .collect()
+        })
+        .unwrap_or_default();
+    let flags = flags(&rows, &cores, &kernel_nodes);
+    HostView {
+        entries,
+        unreachable,
+        groups,
+        flags,
+    }
+}
+
+/// Every process (but this one) whose table exists where it would publish it, with its start
+/// time; and how many processes in other PID namespaces could not be looked into.
+fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    let mut unreachable = 0;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return (found, unreachable);
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Gone already: it is not on the host any more.
+        let Ok(location) = ps::locate(pid) else {
+            continue;
+        };
+        if location.unreachable.is_some() {
+            unreachable += 1;
+        } else if std::fs::symlink_metadata(&location.file).is_ok() {
+            found.push((pid, threadtable::start_time(pid)));
+        }
+    }
+    (found, unreachable)
+}
+
+/// Reads process `pid`, found with a table when it had the start time `start`: its row, or one
+/// line saying why there is none.
+pub fn entry_of(pid: u32, start: Option<u64>) -> Entry {
+    let snapshot = ps::read(pid);
+    // Another start time (or none) means the process found is not the one read to the end.
+    if start.is_none() || threadtable::start_time(pid) != start {
+        return Entry::Line(ProcessLine {
+            pid,
+            command: snapshot.ok().map(|s| s.name),
+            why: "exited while it was read".into(),
+        });
+    }
+    match snapshot {
+        Err(why) => Entry::Line(ProcessLine {
+            pid,
+            command: None,
+            why,
+        }),
+        Ok(s) => match &s.no_table {
+            Some(why) => Entry::Line(ProcessLine {
+                pid,
+                command: Some(s.name.clone()),
+                why: format!("thread table not read: {why}"),
+            }),
+            None => Entry::Row(ProcessRow::from_snapshot(&s)),
+        },
+    }
+}
+
+/// The grid's column groups: each node's CPUs among those shown (the online CPUs of the tree and
+/// every CPU a thread may run on), then any CPU no node lists.
+fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
+    let online = topology.map(|t| t.online.clone()).unwrap_or_else(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|t| CpuMask::parse_list(&t).ok())
+            .unwrap_or_default()
+    });
+    let all = online.union(masks);
+    let mut placed = CpuMask::default();
+    let mut groups = Vec::new();
+    for node in topology.map(|t| t.nodes.as_slice()).unwrap_or_default() {
+        let cpus = node.cpus.intersection(&all);
+        if cpus.is_empty() {
+            continue;
+        }
+        placed = placed.union(&cpus);
+        groups.push(CpuGroup {
+            node: Some(node.id),
+            cpus: cpus.iter().collect(),
+        });
+    }
+    let rest: Vec<usize> = all.iter().filter(|&c| !placed.contains(c)).collect();
+    if !rest.is_empty() {
+        groups.push(CpuGroup {
+            node: None,
+            cpus: rest,
+        });
+    }
+    groups
+}
+
+/// SPEC §16's flags over the rows: workers of two processes on different GPUs sharing CPUs; a
+/// step thread sharing a core with another process's step or result thread (`cores`: the SMT
+/// sibling sets; a CPU none lists is a core of its own); a process whose memory lies mostly off
+/// its workers' node (`kernel_nodes`: the kernel's nodes with CPUs; memory on nodes without CPUs,
+/// a GPU's own memory, is left out).
+pub fn flags(
+    rows: &[&ProcessRow],
+    cores: &[CpuMask],
+    kernel_nodes: &[(usize, CpuMask)],
+) -> Vec<Flag> {
+    let mut flags = Vec::new();
+    for (i, a) in rows.iter().enumerate() {
+        for b in &rows[i + 1..] {
+            if let Some(flag) = workers_share(a, b) {
+                flags.push(flag);
+            }
+            if let Some(flag) = steps_share_a_core(a, b, cores) {
+                flags.push(flag);
+            }
+        }
+    }
+    for r in rows {
+        if let Some(flag) = memory_off_node(r, kernel_nodes) {
+            flags.push(flag);
+        }
+    }
+    flags
+}
+
+fn workers_share(a: &ProcessRow, b: &ProcessRow) -> Option<Flag> {
+    let (da, db) = (a.devices(), b.devices());
+    if da.is_empty() || db.is_empty() || !da.is_disjoint(&db) {
+        return None;
+    }
+    let shared = a.on(Kind::Worker).intersection(&b.on(Kind::Worker));
+    if shared.is_empty() {
+        return None;
+    }
+    let text = format!(
+        "workers of {} on {} and {} on {} share CPU{} {}",
+        a.pid,
+        a.gpus(),
+        b.pid,
+        b.gpus(),
+        plural(&shared),
+        shared.to_list()
+    );
+    Some(Flag {
+        kind: "workers-share-cpus",
+        pids: vec![a.pid, b.pid],
+        cpus: shared,
+        text,
+    })
+}
+
+fn steps_share_a_core(a: &ProcessRow, b: &ProcessRow, cores: &[CpuMask]) -> Option<Flag> {
+    let core_of = |cpu: usize| {
+        cores
+            .iter()
+            .find(|c| c.contains(cpu))
+            .cloned()
+            .unwrap_or_else(|| CpuMask::from_cpus([cpu]))
+    };
+    let pinned = |r: &ProcessRow| r.on(Kind::Step).union(&r.on(Kind::Result));
+    let mut shared = CpuMask::default();
+    let mut what = None;
+    for cpu in pinned(a).iter() {
+        let core = core_of(cpu);
+        let touches = |r: &ProcessRow, kind| !r.on(kind).intersection(&core).is_empty();
+        let found = if touches(a, Kind::Step) && touches(b, Kind::Step) {
+            Some(format!("step threads of {} and {}", a.pid, b.pid))
+        } else if touches(a, Kind::Step) && touches(b, Kind::Result) {
+            Some(format!(
+                "the step thread of {} and the result thread of {}",
+                a.pid, b.pid
+            ))
+        } else if touches(a, Kind::Result) && touches(b, Kind::Step) {
+            Some(format!(
+                "the result thread of {} and the step thread of {}",
+                a.pid, b.pid
+            ))
+        } else {
+            None
+        };
+        if let Some(found) = found {
+            what.get_or_insert(found);
+            shared = shared.union(&core.intersection(&pinned(a).union(&pinned(b))));
+        }
+    }
+    let what = what?;
+    let text = format!(
+        "{what} on one core: CPU{} {}",
+        plural(&shared),
+        shared.to_list()
+    );
+    Some(Flag {
+        kind: "step-threads-share-a-core",
+        pids: vec![a.pid, b.pid],
+        cpus: shared,
+        text,
+    })
+}
+
+fn memory_off_node(r: &ProcessRow, kernel_nodes: &[(usize, CpuMask)]) -> Option<Flag> {
+    let workers = r.on(Kind::Worker);
+    let memory = r.memory.as_ref().ok()?;
+    let nodes: Vec<usize> = kernel_nodes
+        .iter()
+        .filter(|(_, cpus)| !cpus.intersection(&workers).is_empty())
+        .map(|(id, _)| *id)
+        .collect();
+    // Workers over several nodes have no one node their memory belongs on.
+    let [node] = nodes.as_slice() else {
+        return None;
+    };
+    let with_cpus: BTreeMap<usize, u64> = memory
+        .bytes
+        .iter()
+        .filter(|(n, _)| kernel_nodes.iter().any(|(id, _)| id == *n))
+        .map(|(n, b)| (*n, *b))
+        .collect();
+    let total: u64 = with_cpus.values().sum();
+    let off: BTreeMap<usize, u64> = with_cpus
+        .into_iter()
+        .filter(|(n, b)| n != node && *b > 0)
+        .collect();
+    let off_total: u64 = off.values().sum();
+    if total == 0 || off_total * 2 <= total {
+        return None;
+    }
+    let text = format!(
+        "memory of {} lies mostly off its workers' node {node} (CPU{} {}): {} of {} on {}",
+        r.pid,
+        plural(&workers),
+        workers.to_list(),
+        memory::human(off_total),
+        memory::human(total),
+        memory::describe(&off),
+    );
+    Some(Flag {
+        kind: "memory-off-node",
+        pids: vec![r.pid],
+        cpus: workers,
+        text,
+    })
+}
+
+fn plural(cpus: &CpuMask) -> &'static str {
+    if cpus.count() == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// `-` for no CPU.
+fn list_or_dash(cpus: &CpuMask) -> String {
+    if cpus.is_empty() {
+        "-".into()
+    } else {
+        cpus.to_list()
+    }
+}
+
+fn command_of(r: &ProcessRow) -> String {
+    match r.namespace_pid {
+        Some(inner) => format!("{} (pid {inner} inside)", r.command),
+        None => r.command.clone(),
+    }
+}
+
+fn threads_of(r: &ProcessRow) -> String {
+    // Host first: the order a reader counts a server's threads in.
+    [
+        Kind::Host,
+        Kind::Worker,
+        Kind::Step,
+        Kind::Result,
+        Kind::Unknown,
+    ]
+    .iter()
+    .filter_map(|k| r.threads.get(k).map(|n| format!("{n} {}", k.name())))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
+fn memory_of(r: &ProcessRow) -> String {
+    match &r.memory {
+        Ok(m) => {
+            let partial = if m.partial.is_some() {
+                " (partial)"
+            } else {
+                ""
+            };
+            format!("{}{partial}", memory::describe(&m.bytes))
+        }
+        Err(why) => format!("not readable ({why})"),
+    }
+}
+
+pub fn to_text(v: &HostView, colour: bool) -> String {
+    let mut out = String::new();
+    let rows = v
+        .entries
+        .iter()
+        .filter(|e| matches!(e, Entry::Row(_)))
+        .count();
+    let _ = writeln!(
+        out,
+        "{rows} process{} with a thread table (roles and leases from each table, masks from the kernel)",
+        if rows == 1 { "" } else { "es" }
+    );
+    let header = [
+        "PID",
+        "COMMAND",
+        "GPU",
+        "WORKERS",
+        "STEP",
+        "RESULT",
+        "THREADS",
+        "MEMORY PER NODE",
+    ]
+    .map(String::from);
+    let mut table: Vec<[String; 8]> = Vec::new();
+    if rows > 0 {
+        table.push(header);
+    }
+    for e in &v.entries {
+        if let Entry::Row(r) = e {
+            table.push([
+                r.pid.to_string(),
+                command_of(r),
+                r.gpus(),
+                list_or_dash(&r.on(Kind::Worker)),
+                list_or_dash(&r.on(Kind::Step)),
+                list_or_dash(&r.on(Kind::Result)),
+                threads_of(r),
+                memory_of(r),
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|c| {
+            table
+                .iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for r in &table {
+        let mut line = format!("{:>w$}", r[0], w = widths[0].max(8));
+        for (c, cell) in r.iter().enumerate().skip(1) {
+            let _ = write!(line, "  {cell:<w$}", w = widths[c]);
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    for e in &v.entries {
+        if let Entry::Line(l) = e {
+            let command = l.command.as_deref().unwrap_or("?");
+            let _ = writeln!(out, "{:>8}  {command}: not shown: {}", l.pid, l.why);
+        }
+    }
+    if rows > 0 {
+        out.push('\n');
+        out.push_str(&grid(v, colour));
+    }
+    if v.flags.is_empty() {
+        let _ = writeln!(out, "flags: none");
+    }
+    for f in &v.flags {
+        let _ = writeln!(out, "flag: {}", f.text);
+    }
+    if v.unreachable > 0 {
+        let _ = writeln!(
+            out,
+            "note: {} process{} in other PID namespaces could not be looked into (their root is not yours to read)",
+            v.unreachable,
+            if v.unreachable == 1 { "" } else { "es" }
+        );
+    }
+    out
+}
+
+/// The host's CPUs grouped by NUMA node, one row per process shown: at each CPU the most
+/// particular thing its threads may do there.
+fn grid(v: &HostView, colour: bool) -> String {
+    let mut out = String::new();
+    let rows: Vec<&ProcessRow> = v
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Row(r) => Some(r),
+            Entry::Line(_) => None,
+        })
+        .collect();
+    let w_name = rows
+        .iter()
+        .map(|r| r.command.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    let prefix = |pid: &str, name: &str| format!("{pid:>8}  {name:<w_name$}  ");
+    let mut nodes = String::new();
+    let mut labels = String::new();
+    let mut digits = String::new();
+    for (i, g) in v.groups.iter().enumerate() {
+        if i > 0 {
+            nodes.push(' ');
+            labels.push(' ');
+            digits.push(' ');
+        }
+        let (l, d) = ps::grid_header(&g.cpus);
+        let node = g.node.map_or_else(|| "-".to_string(), |n| n.to_string());
+        nodes.push_str(&format!("{node:<w$}", w = g.cpus.len()));
+        labels.push_str(&format!("{l:<w$}", w = g.cpus.len()));
+        digits.push_str(&d);
+    }
+    let _ = writeln!(out, "{}{}", prefix("", "NODE"), nodes.trim_end());
+    let _ = writeln!(out, "{}{}", prefix("", ""), labels.trim_end());
+    let _ = writeln!(out, "{}{digits}", prefix("PID", "COMMAND"));
+    for r in &rows {
+        let mut cells = String::new();
+        for (i, g) in v.groups.iter().enumerate() {
+            if i > 0 {
+                cells.push(' ');
+            }
+            for &cpu in &g.cpus {
+                let kind = Kind::ALL
+                    .into_iter()
+                    .find(|k| r.cpus.get(k).is_some_and(|m| m.contains(cpu)));
+                match kind {
+                    Some(kind) => {
+                        let (letter, code) = ps::mark(kind.known());
+                        if colour {
+                            let _ = write!(cells, "{code}█{}", ps::RESET);
+                        } else {
+                            cells.push(letter);
+                        }
+                    }
+                    None => cells.push(ps::NOT_ALLOWED),
+                }
+            }
+        }
+        let _ = writeln!(out, "{}{cells}", prefix(&r.pid.to_string(), &r.command));
+    }
+    let legend: Vec<String> = Kind::ALL
+        .iter()
+        .map(|k| {
+            let (letter, code) = ps::mark(k.known());
+            let m = if colour {
+                format!("{code}█{}", ps::RESET)
+            } else {
+                letter.to_string()
+            };
+            format!("{m} {}", k.name())
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "legend: {}  {} none (a CPU shows the first of these its threads may run on)",
+        legend.join("  "),
+        ps::NOT_ALLOWED
+    );
+    out
+}
+
+pub fn to_json(v: &HostView) -> Value {
+    let processes: Vec<Value> = v
+        .entries
+        .iter()
+        .map(|e| match e {
+            Entry::Row(r) => json!({
+                "pid": r.pid,
+                "namespace_pid": r.namespace_pid,
+                "command": r.command,
+                "leases": match &r.leases {
+                    Ok(leases) => json!(leases.iter().map(ps::lease_json).collect::<Vec<_>>()),
+                    Err(why) => json!({ "error": why }),
+                },
+                "worker_cpus": r.on(Kind::Worker).to_list(),
+                "step_cpus": r.on(Kind::Step).to_list(),
+                "result_cpus": r.on(Kind::Result).to_list(),
+                "host_cpus": r.on(Kind::Host).to_list(),
+                "threads": r.threads.iter().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+                "memory": ps::memory_json(&r.memory),
+            }),
+            Entry::Line(l) => json!({
+                "pid": l.pid,
+                "command": l.command,
+                "error": l.why,
+            }),
+        })
+        .collect();
+    let mut cpus = Vec::new();
+    for g in &v.groups {
+        for &cpu in &g.cpus {
+            let on: Vec<Value> = v
+                .entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::Row(r) => Some(r),
+                    Entry::Line(_) => None,
+                })
+                .filter_map(|r| {
+                    let roles: Vec<&str> = Kind::ALL
+                        .iter()
+                        .filter(|k| r.cpus.get(k).is_some_and(|m| m.contains(cpu)))
+                        .map(|k| k.name())
+                        .collect();
+                    (!roles.is_empty()).then(|| json!({ "pid": r.pid, "roles": roles }))
+                })
+                .collect();
+            cpus.push(json!({ "cpu": cpu, "node": g.node, "processes": on }));
+        }
+    }
+    json!({
+        "processes": processes,
+        "nodes": v.groups.iter().map(|g| json!({
+            "node": g.node,
+            "cpus": CpuMask::from_cpus(g.cpus.iter().copied()).to_list(),
+        })).collect::<Vec<_>>(),
+        "cpus": cpus,
+        "flags": v.flags.iter().map(|f| json!({
+            "kind": f.kind,
+            "pids": f.pids,
+            "cpus": f.cpus.to_list(),
+            "text": f.text,
+        })).collect::<Vec<_>>(),
+        "not_looked_into": v.unreachable,
+    })
+}
