@@ -771,3 +771,230 @@ pub fn to_json(v: &HostView) -> Value {
         "not_looked_into": v.unreachable,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(list: &str) -> CpuMask {
+        CpuMask::parse_list(list).unwrap()
+    }
+
+    fn lease(device: &str, gpu: usize) -> LeaseLine {
+        LeaseLine {
+            id: 1,
+            gpu_index: Some(gpu),
+            device: device.into(),
+        }
+    }
+
+    /// A process with `kinds`' CPUs, a thread of each, leases on `devices`, and `memory` bytes
+    /// per node.
+    fn row(
+        pid: u32,
+        devices: &[(&str, usize)],
+        kinds: &[(Kind, &str)],
+        memory: &[(usize, u64)],
+    ) -> ProcessRow {
+        ProcessRow {
+            pid,
+            namespace_pid: None,
+            command: "server".into(),
+            leases: Ok(devices.iter().map(|(d, g)| lease(d, *g)).collect()),
+            cpus: kinds.iter().map(|(k, l)| (*k, m(l))).collect(),
+            threads: kinds.iter().map(|(k, _)| (*k, 1)).collect(),
+            memory: Ok(NodeMemory {
+                bytes: memory.iter().copied().collect(),
+                source: "test".into(),
+                partial: None,
+            }),
+        }
+    }
+
+    const GPU0: (&str, usize) = ("0000:3b:00.0", 0);
+    const GPU1: (&str, usize) = ("0000:86:00.0", 1);
+
+    /// Two nodes of four CPUs, two hardware threads a core (0,4 1,5 2,6 3,7 on node 0).
+    fn host() -> (Vec<CpuMask>, Vec<(usize, CpuMask)>) {
+        let cores = (0..4)
+            .map(|c| m(&format!("{c},{}", c + 4)))
+            .collect::<Vec<_>>();
+        let cores = cores
+            .into_iter()
+            .chain((8..12).map(|c| m(&format!("{c},{}", c + 4))))
+            .collect();
+        (cores, vec![(0, m("0-7")), (1, m("8-15"))])
+    }
+
+    fn kinds(flags: &[Flag]) -> Vec<(&'static str, Vec<u32>, String)> {
+        flags
+            .iter()
+            .map(|f| (f.kind, f.pids.clone(), f.cpus.to_list()))
+            .collect()
+    }
+
+    #[test]
+    fn workers_of_two_gpus_on_shared_cpus_are_flagged_and_one_gpus_are_not() {
+        let (cores, nodes) = host();
+        let a = row(1, &[GPU0], &[(Kind::Worker, "8-15")], &[]);
+        let b = row(2, &[GPU1], &[(Kind::Worker, "12-15")], &[]);
+        let same_gpu = row(3, &[GPU0], &[(Kind::Worker, "8-15")], &[]);
+        let host_only = row(4, &[], &[(Kind::Host, "0-15")], &[]);
+        let f = flags(&[&a, &b, &same_gpu, &host_only], &cores, &nodes);
+        assert_eq!(
+            kinds(&f),
+            [
+                ("workers-share-cpus", vec![1, 2], "12-15".to_string()),
+                ("workers-share-cpus", vec![2, 3], "12-15".to_string()),
+            ]
+        );
+        assert_eq!(
+            f[0].text,
+            "workers of 1 on GPU 0 (0000:3b:00.0) and 2 on GPU 1 (0000:86:00.0) share CPUs 12-15"
+        );
+    }
+
+    #[test]
+    fn a_step_thread_sharing_a_core_with_another_processs_step_or_result_is_flagged() {
+        let (cores, nodes) = host();
+        // Siblings 1 and 5 are one core: two CPUs, one core.
+        let a = row(1, &[GPU0], &[(Kind::Step, "1")], &[]);
+        let b = row(2, &[GPU1], &[(Kind::Step, "5")], &[]);
+        let c = row(3, &[GPU1], &[(Kind::Result, "2")], &[]);
+        let d = row(4, &[GPU0], &[(Kind::Step, "6")], &[]);
+        // Results alone on one core: not a step collision.
+        let e = row(5, &[GPU0], &[(Kind::Result, "3")], &[]);
+        let f5 = row(6, &[GPU1], &[(Kind::Result, "7")], &[]);
+        let f = flags(&[&a, &b, &c, &d, &e, &f5], &cores, &nodes);
+        assert_eq!(
+            kinds(&f),
+            [
+                ("step-threads-share-a-core", vec![1, 2], "1,5".to_string()),
+                ("step-threads-share-a-core", vec![3, 4], "2,6".to_string()),
+            ]
+        );
+        assert_eq!(
+            f[1].text,
+            "the result thread of 3 and the step thread of 4 on one core: CPUs 2,6"
+        );
+    }
+
+    #[test]
+    fn memory_mostly_off_the_workers_node_is_flagged_and_a_cpuless_node_does_not_count() {
+        let (cores, nodes) = host();
+        let gib = 1 << 30;
+        let off = row(
+            1,
+            &[GPU0],
+            &[(Kind::Worker, "8-11")],
+            &[(0, 3 * gib), (1, gib)],
+        );
+        let half = row(2, &[GPU0], &[(Kind::Worker, "8-11")], &[(0, gib), (1, gib)]);
+        // Node 2 has no CPU (a GPU's memory): left out.
+        let gpu_memory = row(
+            3,
+            &[GPU0],
+            &[(Kind::Worker, "8-11")],
+            &[(1, gib), (2, 9 * gib)],
+        );
+        // Workers on both nodes: no one node their memory belongs on.
+        let spread = row(4, &[GPU0], &[(Kind::Worker, "0-15")], &[(0, 9 * gib)]);
+        let f = flags(&[&off, &half, &gpu_memory, &spread], &cores, &nodes);
+        let memory: Vec<_> = kinds(&f)
+            .into_iter()
+            .filter(|k| k.0 == "memory-off-node")
+            .collect();
+        assert_eq!(memory, [("memory-off-node", vec![1], "8-11".to_string())]);
+        let text = &f.iter().find(|f| f.kind == "memory-off-node").unwrap().text;
+        assert_eq!(
+            text,
+            "memory of 1 lies mostly off its workers' node 1 (CPUs 8-11): 3.0 GiB of 4.0 GiB on node 0 3.0 GiB"
+        );
+    }
+
+    #[test]
+    fn a_process_gone_after_it_was_found_is_one_line() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = threadtable::start_time(pid);
+        assert!(start.is_some());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let Entry::Line(line) = entry_of(pid, start) else {
+            panic!("a row for a process that is gone");
+        };
+        assert_eq!(line.why, "exited while it was read");
+        // The same pid with another start time: another process, never read as the one found.
+        let me = std::process::id();
+        let Entry::Line(line) = entry_of(me, Some(1)) else {
+            panic!("a row for another start time");
+        };
+        assert_eq!(line.why, "exited while it was read");
+    }
+
+    #[test]
+    fn the_grid_groups_cpus_by_node_and_shows_the_most_particular_role() {
+        let (_, nodes) = host();
+        let r = row(
+            7,
+            &[GPU0],
+            &[
+                (Kind::Host, "0-15"),
+                (Kind::Worker, "8-15"),
+                (Kind::Step, "8"),
+            ],
+            &[],
+        );
+        let view = HostView {
+            entries: vec![
+                Entry::Row(r),
+                Entry::Line(ProcessLine {
+                    pid: 9,
+                    command: Some("other".into()),
+                    why: "exited while it was read".into(),
+                }),
+            ],
+            unreachable: 2,
+            groups: nodes
+                .iter()
+                .map(|(id, cpus)| CpuGroup {
+                    node: Some(*id),
+                    cpus: cpus.iter().collect(),
+                })
+                .collect(),
+            flags: Vec::new(),
+        };
+        let text = to_text(&view, false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines.iter().any(|l| l.ends_with("  hhhhhhhh swwwwwww")),
+            "{text}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.trim_start().starts_with("NODE     0        1")),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"       9  other: not shown: exited while it was read"),
+            "{text}"
+        );
+        assert!(text.contains("flags: none"), "{text}");
+        assert!(
+            text.contains("note: 2 processes in other PID namespaces"),
+            "{text}"
+        );
+        let v = to_json(&view);
+        assert_eq!(v["processes"][0]["step_cpus"], "8");
+        assert_eq!(v["processes"][1]["error"], "exited while it was read");
+        assert_eq!(
+            v["cpus"][8]["processes"][0]["roles"],
+            json!(["step", "worker", "host"])
+        );
+        assert_eq!(v["not_looked_into"], 2);
+    }
+}
