@@ -43,6 +43,29 @@ impl Server {
     fn pid(&self) -> u32 {
         self.driver.pid()
     }
+
+    /// Closes stdin: the program ends as a server does, removing its table.
+    fn finish(self) {
+        self.driver.succeed();
+    }
+}
+
+/// A table given to another user, given back to root when dropped (also when a test fails): a
+/// killed process's table owned by another user would stay in /dev/shm, where only that user's
+/// next process removes it.
+struct GivenAway(std::path::PathBuf);
+
+impl GivenAway {
+    fn to_nobody(table: std::path::PathBuf) -> GivenAway {
+        std::os::unix::fs::chown(&table, Some(65534), Some(65534)).unwrap();
+        GivenAway(table)
+    }
+}
+
+impl Drop for GivenAway {
+    fn drop(&mut self) {
+        let _ = std::os::unix::fs::chown(&self.0, Some(0), Some(0));
+    }
 }
 
 fn ps(host: &Sysfs, extra: &[&str]) -> Output {
@@ -272,6 +295,9 @@ fn three_servers_then_a_fourth_whose_workers_overlap_the_firsts() {
         ours[0]
     );
     assert!(text.lines().any(|l| l.starts_with(&flag)), "{flag}\n{text}");
+    for server in [first, second, host_only, fourth] {
+        server.finish();
+    }
 }
 
 #[test]
@@ -301,6 +327,8 @@ fn two_step_threads_on_one_cpu_are_flagged() {
     let line = format!("flag: step threads of {a} and {b} on one core: CPU {cpu}");
     assert!(text.lines().any(|l| l == line), "{line}\n{text}");
     assert!(grid_row(&text, first.pid()).contains('s'), "{text}");
+    first.finish();
+    second.finish();
 }
 
 /// A table owned by another user than the process's, a file that is no table at a process's
@@ -324,13 +352,14 @@ fn a_table_it_may_not_believe_is_one_line() {
     ));
     std::fs::write(&planted, b"not a table").unwrap();
     let mut owned_by_another = None;
+    let mut given_away = None;
     if root() {
         let other = Server::start(&host, &[], &[]);
         let table = dir.join(tllm_affinity_core::threadtable::file_name(
             other.pid(),
             ns(other.pid()),
         ));
-        std::os::unix::fs::chown(&table, Some(65534), Some(65534)).unwrap();
+        given_away = Some(GivenAway::to_nobody(table));
         owned_by_another = Some(other);
     } else {
         missing("root (to give a table to another user)");
@@ -368,6 +397,10 @@ fn a_table_it_may_not_believe_is_one_line() {
         );
         let line = format!("{:>8}  python3: not shown: ", other.pid());
         assert!(text.lines().any(|l| l.starts_with(&line)), "{text}");
+    }
+    drop(given_away);
+    for server in owned_by_another.into_iter().chain([shown]) {
+        server.finish();
     }
 }
 
