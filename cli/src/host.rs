@@ -149,6 +149,14 @@ pub enum Entry {
     Line(ProcessLine),
 }
 
+/// The entries that are rows.
+fn rows(entries: &[Entry]) -> impl Iterator<Item = &ProcessRow> {
+    entries.iter().filter_map(|e| match e {
+        Entry::Row(r) => Some(r),
+        Entry::Line(_) => None,
+    })
+}
+
 impl Entry {
     fn pid(&self) -> u32 {
         match self {
@@ -211,20 +219,14 @@ pub fn gather(root: &SysfsRoot) -> HostView {
     } else {
         Topology::read(&SysfsRoot::new("/")).ok()
     };
-    let rows: Vec<&ProcessRow> = entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Row(r) => Some(r),
-            Entry::Line(_) => None,
-        })
-        .collect();
-    let mut shown = CpuMask::default();
-    for r in &rows {
+    let shown: Vec<&ProcessRow> = rows(&entries).collect();
+    let mut masks = CpuMask::default();
+    for r in &shown {
         for m in r.cpus.values() {
-            shown = shown.union(m);
+            masks = masks.union(m);
         }
     }
-    let groups = groups(topology.as_ref(), &shown);
+    let groups = groups(topology.as_ref(), &masks);
     let cores = topology.as_ref().map(Topology::cores).unwrap_or_default();
     let kernel_nodes: Vec<(usize, CpuMask)> = kernel
         .map(|t| {
@@ -235,7 +237,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
                 .collect()
         })
         .unwrap_or_default();
-    let flags = flags(&rows, &cores, &kernel_nodes);
+    let flags = flags(&shown, &cores, &kernel_nodes);
     HostView {
         entries,
         unreachable,
@@ -541,15 +543,11 @@ fn memory_of(r: &ProcessRow) -> String {
 
 pub fn to_text(v: &HostView, colour: bool) -> String {
     let mut out = String::new();
-    let rows = v
-        .entries
-        .iter()
-        .filter(|e| matches!(e, Entry::Row(_)))
-        .count();
+    let shown = rows(&v.entries).count();
     let _ = writeln!(
         out,
-        "{rows} process{} with a thread table (roles and leases from each table, masks from the kernel)",
-        if rows == 1 { "" } else { "es" }
+        "{shown} process{} with a thread table (roles and leases from each table, masks from the kernel)",
+        if shown == 1 { "" } else { "es" }
     );
     let header = [
         "PID",
@@ -563,7 +561,7 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
     ]
     .map(String::from);
     let mut table: Vec<[String; 8]> = Vec::new();
-    if rows > 0 {
+    if shown > 0 {
         table.push(header);
     }
     for e in &v.entries {
@@ -602,7 +600,7 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
             let _ = writeln!(out, "{:>8}  {command}: not shown: {}", l.pid, l.why);
         }
     }
-    if rows > 0 {
+    if shown > 0 {
         out.push('\n');
         out.push_str(&grid(v, colour));
     }
@@ -627,15 +625,8 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
 /// particular thing its threads may do there.
 fn grid(v: &HostView, colour: bool) -> String {
     let mut out = String::new();
-    let rows: Vec<&ProcessRow> = v
-        .entries
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Row(r) => Some(r),
-            Entry::Line(_) => None,
-        })
-        .collect();
-    let w_name = rows
+    let shown: Vec<&ProcessRow> = rows(&v.entries).collect();
+    let w_name = shown
         .iter()
         .map(|r| r.command.chars().count())
         .max()
@@ -660,7 +651,7 @@ fn grid(v: &HostView, colour: bool) -> String {
     let _ = writeln!(out, "{}{}", prefix("", "NODE"), nodes.trim_end());
     let _ = writeln!(out, "{}{}", prefix("", ""), labels.trim_end());
     let _ = writeln!(out, "{}{digits}", prefix("PID", "COMMAND"));
-    for r in &rows {
+    for r in &shown {
         let mut cells = String::new();
         for (i, g) in v.groups.iter().enumerate() {
             if i > 0 {
@@ -736,13 +727,7 @@ pub fn to_json(v: &HostView) -> Value {
     let mut cpus = Vec::new();
     for g in &v.groups {
         for &cpu in &g.cpus {
-            let on: Vec<Value> = v
-                .entries
-                .iter()
-                .filter_map(|e| match e {
-                    Entry::Row(r) => Some(r),
-                    Entry::Line(_) => None,
-                })
+            let on: Vec<Value> = rows(&v.entries)
                 .filter_map(|r| {
                     let roles: Vec<&str> = Kind::ALL
                         .iter()
