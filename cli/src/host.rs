@@ -471,14 +471,16 @@ fn memory_off_node(r: &ProcessRow, kernel_nodes: &[(usize, CpuMask)]) -> Option<
     if total == 0 || off_total * 2 <= total {
         return None;
     }
+    let elsewhere: Vec<String> = off.keys().map(usize::to_string).collect();
     let text = format!(
-        "memory of {} lies mostly off its workers' node {node} (CPU{} {}): {} of {} on {}",
+        "memory of {} lies mostly off its workers' node {node} (CPU{} {}): {} of {} on node{} {}",
         r.pid,
         plural(&workers),
         workers.to_list(),
         memory::human(off_total),
         memory::human(total),
-        memory::describe(&off),
+        if elsewhere.len() == 1 { "" } else { "s" },
+        elsewhere.join(", "),
     );
     Some(Flag {
         kind: "memory-off-node",
@@ -893,7 +895,7 @@ mod tests {
         let text = &f.iter().find(|f| f.kind == "memory-off-node").unwrap().text;
         assert_eq!(
             text,
-            "memory of 1 lies mostly off its workers' node 1 (CPUs 8-11): 3.0 GiB of 4.0 GiB on node 0 3.0 GiB"
+            "memory of 1 lies mostly off its workers' node 1 (CPUs 8-11): 3.0 GiB of 4.0 GiB on node 0"
         );
     }
 
