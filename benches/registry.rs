@@ -97,6 +97,7 @@ fn sweep(c: &mut Criterion) {
                     LeaseKind::Configure,
                     sweeper,
                     "gpu0",
+                    Some(0),
                     Some(worker_set.clone()),
                     &kernel,
                 );
@@ -118,6 +119,7 @@ fn birth_and_exit(c: &mut Criterion) {
                 LeaseKind::Configure,
                 worker,
                 "gpu0",
+                Some(0),
                 Some(CpuMask::parse_list("2-3").unwrap()),
                 &Still,
             );

@@ -78,6 +78,9 @@ pub struct Target {
 pub struct LeaseInfo {
     pub id: i64,
     pub device: String,
+    /// The GPU's index among the GPUs the process sees; `None` where no GPU chose the CPUs
+    /// (`TLLM_AFFINITY_CPUS`).
+    pub gpu: Option<usize>,
 }
 
 /// What the creator decided for a thread about to be born; travels in the start packet.
@@ -250,6 +253,8 @@ pub struct Registry {
     epoch: u64,
     /// The shared thread table `tllm-affinity ps` reads (see [`threadtable`]), when mapped.
     published: Option<&'static [AtomicU64]>,
+    /// The table's header and lease words, where the open leases are published.
+    published_leases: Option<(&'static [AtomicU64], &'static [AtomicU64])>,
     /// Children planned whose registration (or cancellation) is still to come.
     births_pending: usize,
     /// Worker threads alive now, kept as roles change so the peak costs no walk.
@@ -280,6 +285,7 @@ impl Registry {
             births_pending: 0,
             epoch: 0,
             published: None,
+            published_leases: None,
             workers_alive: 0,
             history: History {
                 peak_workers: 0,
@@ -312,6 +318,33 @@ impl Registry {
             }
         }
         self.publish_all();
+    }
+
+    /// Starts publishing the open leases into a table's header and lease words (see
+    /// [`threadtable::write_leases`]), and publishes those open now.
+    pub fn publish_leases_into(
+        &mut self,
+        words: Option<(&'static [AtomicU64], &'static [AtomicU64])>,
+    ) {
+        self.published_leases = words;
+        self.publish_leases();
+    }
+
+    /// Writes the open leases into the table; under the registry's lock, their one writer.
+    fn publish_leases(&self) {
+        let Some((header, words)) = self.published_leases else {
+            return;
+        };
+        let open: Vec<threadtable::LeaseLine> = self
+            .leases
+            .iter()
+            .map(|l| threadtable::LeaseLine {
+                id: l.id,
+                gpu_index: l.gpu,
+                device: l.device.clone(),
+            })
+            .collect();
+        threadtable::write_leases(header, words, &open);
     }
 
     fn publish(&self, slot: Slot) {
@@ -845,7 +878,8 @@ impl Registry {
         false
     }
 
-    /// SPEC §2/§3/§5: opens a lease of `kind` for `caller`. For `configure` the caller becomes a
+    /// SPEC §2/§3/§5: opens a lease of `kind` for `caller` on `device` (the host's GPU `gpu`, as
+    /// the table shows it, SPEC §16). For `configure` the caller becomes a
     /// worker with every live descendant still on the mask it was born with; for a worker scope
     /// the caller keeps its role and so do its descendants, and the threads it creates until
     /// [`Self::end_scope`] are born workers. Then every worker thread whose mask the library may
@@ -856,6 +890,7 @@ impl Registry {
         kind: LeaseKind,
         caller: Slot,
         device: &str,
+        gpu: Option<usize>,
         worker_mask: Option<CpuMask>,
         kernel: &impl ThreadMasks,
     ) -> ConfigureOutcome {
@@ -874,7 +909,9 @@ impl Registry {
         self.leases.push(LeaseInfo {
             id: lease,
             device: device.to_string(),
+            gpu,
         });
+        self.publish_leases();
         let mut outcome = ConfigureOutcome {
             lease,
             ..Default::default()
@@ -1065,6 +1102,7 @@ impl Registry {
             .position(|l| l.id == lease)
             .ok_or(UnknownLease)?;
         self.leases.remove(index);
+        self.publish_leases();
         self.history.leases_released += 1;
         // A scope ends with its lease, ended or not.
         self.close_scope(lease);
@@ -1185,6 +1223,9 @@ impl Registry {
 
     /// After `fork`: the child holds only the forking thread, with its role (SPEC §5).
     pub fn reset_after_fork(&mut self, keep: Option<Slot>, tid: Tid, handle: u64) {
+        // The table still mapped is the parent's: nothing of the child's goes there.
+        self.published = None;
+        self.published_leases = None;
         // Children the parent's other threads were creating are born in the parent only.
         self.births_pending = 0;
         let kept = keep.and_then(|s| self.entry(s).cloned());

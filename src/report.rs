@@ -4,7 +4,7 @@
 //! { "schema": 1, "library": "0.1.0", "pid": 1234, "state": "active",
 //!   "mask_at_load": "0-1", "cpuset": "0-1", "constrained": false,
 //!   "worker_mask": "1", "worker_device": "0000:3b:00.0",
-//!   "leases": [{"id": 1, "device": "0000:3b:00.0"}],
+//!   "leases": [{"id": 1, "device": "0000:3b:00.0", "gpu": 0}],
 //!   "threads": [{"tid": 1234, "role": "host", "placement": "inherited",
 //!                "mask": "0-1", "natural": "0-1", "kernel_mask": "0-1"}],
 //!   "adapters": {"trtllm": "engaged"},

@@ -17,7 +17,10 @@
 //! odd while they are rewritten) and length (u64), 16 reserved bytes; then `capacity` records of
 //! `tid | role << 32 | placement << 40`, where 0 is an empty record; then [`NOTES_BYTES`] of
 //! notes: what the language adapters said about themselves, one printable line each, which `ps`
-//! shows above the grid.
+//! shows above the grid; then [`LEASES_BYTES`] of the open leases, one line each (see
+//! [`LeaseLine`]), under a sequence number and length of their own in the header's last two
+//! words. A table of a library from before the leases has zeros there and ends at the notes: it
+//! reads as one with no lease, and a reader from before them never looks there.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,11 +36,39 @@ pub const CAPACITY: usize = 1 << 20;
 pub const NOTES_OFFSET: usize = HEADER_BYTES + CAPACITY * 8;
 /// Room for the notes: every adapter the library keeps, each with its longest line.
 pub const NOTES_BYTES: usize = 8192;
+/// Where the open leases' lines start, after the notes.
+pub const LEASES_OFFSET: usize = NOTES_OFFSET + NOTES_BYTES;
+/// Room for the leases' lines: dozens of leases, each with its device's name.
+pub const LEASES_BYTES: usize = 4096;
 /// The whole file.
-pub const FILE_BYTES: usize = NOTES_OFFSET + NOTES_BYTES;
-/// The header's words (u64 index) that carry the notes' sequence number and length.
-const NOTES_SEQUENCE_WORD: usize = 4;
-const NOTES_LENGTH_WORD: usize = 5;
+pub const FILE_BYTES: usize = LEASES_OFFSET + LEASES_BYTES;
+
+/// A text area of the table that one writer rewrites under a sequence number (a seqlock): the
+/// header words (u64 index) of its sequence number and length, and where it lies.
+struct TextArea {
+    sequence_word: usize,
+    length_word: usize,
+    offset: usize,
+    bytes: usize,
+    /// What the text is, for the reader's errors.
+    what: &'static str,
+}
+
+const NOTES: TextArea = TextArea {
+    sequence_word: 4,
+    length_word: 5,
+    offset: NOTES_OFFSET,
+    bytes: NOTES_BYTES,
+    what: "the adapters' notes",
+};
+
+const LEASES: TextArea = TextArea {
+    sequence_word: 6,
+    length_word: 7,
+    offset: LEASES_OFFSET,
+    bytes: LEASES_BYTES,
+    what: "the leases",
+};
 
 /// The table's file name for `pid` in the PID namespace `namespace` (the namespace's inode): a
 /// process in another namespace that shares `/dev/shm` (`--ipc=host`) may have the same pid
@@ -126,32 +157,82 @@ pub fn header(pid: u32, start_time: u64) -> [u8; HEADER_BYTES] {
 }
 
 /// Rewrites the notes of a mapped table (`header`: its first [`HEADER_BYTES`] as words; `notes`:
-/// its last [`NOTES_BYTES`]). A reader takes them only when the sequence number was even and the
-/// same before and after its read (a seqlock: one writer, whoever holds the adapters' lock).
-/// Text past the room is cut at its last whole line.
+/// its [`NOTES_BYTES`] after the records). A reader takes them only when the sequence number was
+/// even and the same before and after its read (a seqlock: one writer, whoever holds the
+/// adapters' lock). Text past the room is cut at its last whole line.
 pub fn write_notes(header: &[AtomicU64], notes: &[AtomicU64], text: &str) {
+    write_text(&NOTES, header, notes, text);
+}
+
+/// Rewrites the open leases of a mapped table (`leases`: its last [`LEASES_BYTES`] as words), as
+/// [`write_notes`] does the notes; one writer, whoever holds the registry's lock.
+pub fn write_leases(header: &[AtomicU64], leases: &[AtomicU64], open: &[LeaseLine]) {
+    let text: String = open.iter().map(LeaseLine::to_line).collect();
+    write_text(&LEASES, header, leases, &text);
+}
+
+fn write_text(area: &TextArea, header: &[AtomicU64], words: &[AtomicU64], text: &str) {
     let mut text = text.as_bytes();
-    if text.len() > NOTES_BYTES {
-        let cut = text[..NOTES_BYTES]
+    if text.len() > area.bytes {
+        let cut = text[..area.bytes]
             .iter()
             .rposition(|&b| b == b'\n')
             .map_or(0, |at| at + 1);
         text = &text[..cut];
     }
-    let (Some(sequence), Some(length)) = (
-        header.get(NOTES_SEQUENCE_WORD),
-        header.get(NOTES_LENGTH_WORD),
-    ) else {
+    let (Some(sequence), Some(length)) =
+        (header.get(area.sequence_word), header.get(area.length_word))
+    else {
         return;
     };
     sequence.fetch_add(1, Ordering::AcqRel);
-    for (word, chunk) in notes.iter().zip(text.chunks(8)) {
+    for (word, chunk) in words.iter().zip(text.chunks(8)) {
         let mut bytes = [0u8; 8];
         bytes[..chunk.len()].copy_from_slice(chunk);
         word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
     }
     length.store(text.len() as u64, Ordering::Relaxed);
     sequence.fetch_add(1, Ordering::Release);
+}
+
+/// One open lease as the table carries it: `<lease> <GPU index or -> <device>`, the device being
+/// the GPU's PCI address (or `TLLM_AFFINITY_CPUS=<list>` where that variable chose the CPUs), the
+/// index the GPU's among the GPUs the process sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseLine {
+    pub id: i64,
+    pub gpu_index: Option<usize>,
+    pub device: String,
+}
+
+impl LeaseLine {
+    fn to_line(&self) -> String {
+        let index = self
+            .gpu_index
+            .map_or_else(|| "-".to_string(), |i| i.to_string());
+        // A device name is one word: a space or line break in it would break the line.
+        let device: String = self
+            .device
+            .chars()
+            .map(|c| if c.is_ascii_graphic() { c } else { '_' })
+            .collect();
+        format!("{} {index} {device}\n", self.id)
+    }
+
+    /// A line [`Self::to_line`] wrote; words after the device (a later library's) are ignored.
+    fn parse(line: &str) -> Option<LeaseLine> {
+        let mut words = line.split_whitespace();
+        let id = words.next()?.parse().ok()?;
+        let gpu_index = match words.next()? {
+            "-" => None,
+            index => Some(index.parse().ok()?),
+        };
+        Some(LeaseLine {
+            id,
+            gpu_index,
+            device: words.next()?.to_string(),
+        })
+    }
 }
 
 /// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
@@ -299,33 +380,53 @@ pub fn read(dir: &Path, expect: &Expect) -> Result<BTreeMap<Tid, (Role, Placemen
 /// The notes a live process published (see [`write_notes`]): empty when it has none, an error
 /// when the table is not believed or its notes kept changing while we read them.
 pub fn read_notes(dir: &Path, expect: &Expect) -> Result<String, String> {
-    use std::os::unix::fs::FileExt;
     let (file, _) = open_believed(dir, expect)?;
+    read_text(&NOTES, &file)
+}
+
+/// The leases a live process has open (see [`write_leases`]): none for a table of a library from
+/// before them; an error when the table is not believed, its lines are not ours, or they kept
+/// changing while we read them.
+pub fn read_leases(dir: &Path, expect: &Expect) -> Result<Vec<LeaseLine>, String> {
+    let (file, _) = open_believed(dir, expect)?;
+    read_text(&LEASES, &file)?
+        .lines()
+        .map(|line| {
+            LeaseLine::parse(line).ok_or_else(|| format!("{line:?} is not a lease: not believed"))
+        })
+        .collect()
+}
+
+fn read_text(area: &TextArea, file: &std::fs::File) -> Result<String, String> {
+    use std::os::unix::fs::FileExt;
     let mut head = [0u8; HEADER_BYTES];
     for _ in 0..8 {
         file.read_exact_at(&mut head, 0)
             .map_err(|e| e.to_string())?;
-        let before = header_word(&head, NOTES_SEQUENCE_WORD);
-        let length = (header_word(&head, NOTES_LENGTH_WORD) as usize).min(NOTES_BYTES);
+        let before = header_word(&head, area.sequence_word);
+        let length = (header_word(&head, area.length_word) as usize).min(area.bytes);
         let mut text = vec![0u8; length];
-        // A table of a library from before the notes ends at the records: no notes.
-        if length > 0 && file.read_exact_at(&mut text, NOTES_OFFSET as u64).is_err() {
+        // A table of a library from before this area ends ahead of it: no text.
+        if length > 0 && file.read_exact_at(&mut text, area.offset as u64).is_err() {
             return Ok(String::new());
         }
         file.read_exact_at(&mut head, 0)
             .map_err(|e| e.to_string())?;
-        if before.is_multiple_of(2) && header_word(&head, NOTES_SEQUENCE_WORD) == before {
+        if before.is_multiple_of(2) && header_word(&head, area.sequence_word) == before {
             let printable = text
                 .iter()
                 .all(|&b| b == b'\n' || (b' '..=b'~').contains(&b));
             if !printable {
-                return Err("the adapters' notes are not printable text: not believed".into());
+                return Err(format!(
+                    "{} are not printable text: not believed",
+                    area.what
+                ));
             }
             return Ok(String::from_utf8_lossy(&text).into_owned());
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    Err("the adapters' notes kept changing while read".into())
+    Err(format!("{} kept changing while read", area.what))
 }
 
 #[cfg(test)]
@@ -474,11 +575,64 @@ mod tests {
             line.repeat(8)
         );
         // A writer caught in the middle (odd sequence number) is never believed.
-        header[NOTES_SEQUENCE_WORD].fetch_add(1, Ordering::Relaxed);
+        header[NOTES.sequence_word].fetch_add(1, Ordering::Relaxed);
         std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
         assert!(read_notes(dir.path(), &expect(&[]))
             .unwrap_err()
             .contains("kept changing"));
+    }
+
+    #[test]
+    fn leases_round_trip_and_a_table_from_before_them_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = own_table(dir.path());
+        let header = words(&own_header());
+        let notes: Vec<AtomicU64> = (0..NOTES_BYTES / 8).map(|_| AtomicU64::new(0)).collect();
+        let leases: Vec<AtomicU64> = (0..LEASES_BYTES / 8).map(|_| AtomicU64::new(0)).collect();
+        let whole = |header: &[AtomicU64], leases: &[AtomicU64]| {
+            let mut bytes = file_bytes(header, &notes);
+            bytes.extend(
+                leases
+                    .iter()
+                    .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes()),
+            );
+            bytes
+        };
+        // A library from before the leases: zeros in the header's last words, no room after the
+        // notes.
+        std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
+        assert_eq!(read_leases(dir.path(), &expect(&[])).unwrap(), vec![]);
+        let open = vec![
+            LeaseLine {
+                id: 1,
+                gpu_index: Some(1),
+                device: "0000:86:00.0".into(),
+            },
+            LeaseLine {
+                id: 2,
+                gpu_index: None,
+                device: "TLLM_AFFINITY_CPUS=0-3".into(),
+            },
+        ];
+        write_leases(&header, &leases, &open);
+        write_notes(&header, &notes, "trtllm: engaged\n");
+        std::fs::write(&path, whole(&header, &leases)).unwrap();
+        assert_eq!(read_leases(dir.path(), &expect(&[])).unwrap(), open);
+        // The notes keep their own words.
+        assert_eq!(
+            read_notes(dir.path(), &expect(&[])).unwrap(),
+            "trtllm: engaged\n"
+        );
+        // The table only ever shows what is open now.
+        write_leases(&header, &leases, &open[1..]);
+        std::fs::write(&path, whole(&header, &leases)).unwrap();
+        assert_eq!(read_leases(dir.path(), &expect(&[])).unwrap(), &open[1..]);
+        // Lines that are not ours are not believed.
+        write_text(&LEASES, &header, &leases, "garbage\n");
+        std::fs::write(&path, whole(&header, &leases)).unwrap();
+        assert!(read_leases(dir.path(), &expect(&[]))
+            .unwrap_err()
+            .contains("not a lease"));
     }
 
     #[test]

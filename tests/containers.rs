@@ -806,7 +806,8 @@ fn the_users_policy_variables_decide_inside_the_container() {
 }
 
 /// `tllm-affinity ps <host pid>` on the host shows a containerised process's roles: its table
-/// is in the container's own /dev/shm, under its pid in its own namespace, with its own tids.
+/// is in the container's own /dev/shm, under its pid in its own namespace, with its own tids;
+/// `tllm-affinity ps` without a PID lists it under its host pid.
 #[test]
 fn ps_on_the_host_shows_the_roles_of_a_containerised_process() {
     let glibc = require!(Glibc::new("ps", "a worker set narrower than the host"));
@@ -826,7 +827,24 @@ fn ps_on_the_host_shows_the_roles_of_a_containerised_process() {
         .output()
         .unwrap();
     println!("{}", String::from_utf8_lossy(&text_out.stdout));
+    // The host view finds it too, under its host pid, with its lease's GPU.
+    let host_view = clean(cli())
+        .args(["ps", "--json", "--sysfs-root"])
+        .arg(glibc.sysfs.path())
+        .output()
+        .unwrap();
     let end = run.finish();
+    assert!(host_view.status.success(), "{}", text(&host_view));
+    let view: Value = serde_json::from_slice(&host_view.stdout).unwrap();
+    let row = view["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("no process {pid} in the host view: {view:#}"));
+    assert_eq!(row["namespace_pid"], 1, "{row:#}");
+    assert_eq!(row["leases"][0]["device"], "0000:3b:00.0", "{row:#}");
+    assert_eq!(row["worker_cpus"], glibc.local.as_str(), "{row:#}");
     assert!(out.status.success(), "{}", text(&out));
     let ps: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ps["table"], true, "{ps}\n{}", end.stderr);

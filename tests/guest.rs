@@ -656,6 +656,39 @@ fn ps_shows_the_workers_memory_on_the_gpus_node() {
     }
 }
 
+/// The host view on the real two-node kernel: a process's memory per node in its row, and the
+/// flag for memory mostly off its workers' node when `numactl --membind=0` bound its memory to
+/// node 0 while its workers are on node 1 (where the library never moves it: a policy of its own).
+#[test]
+fn the_host_view_flags_memory_bound_off_the_workers_node() {
+    let guest = require!(two_nodes());
+    guest.ok("host_view");
+    let pid: u64 = guest.ok("host_view_pid").out[0].trim().parse().unwrap();
+    let view = guest.ok("host_view_ps").json();
+    let text = guest.ok("host_view_text").text();
+    println!("{text}");
+    let row = view["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("no process {pid} in {view:#}"));
+    assert_eq!(row["worker_cpus"], NODE1, "{row:#}");
+    let bytes = |node: &str| row["memory"]["bytes_per_node"][node].as_u64().unwrap_or(0);
+    // The four 4 MiB buffers it touched before HOLD, all bound to node 0.
+    assert!(bytes("0") >= 16 << 20, "{row:#}");
+    assert!(bytes("1") * 2 < bytes("0"), "{row:#}");
+    let flagged = view["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["kind"] == "memory-off-node" && f["pids"] == serde_json::json!([pid]));
+    assert!(flagged, "{view:#}");
+    let line =
+        format!("flag: memory of {pid} lies mostly off its workers' node 1 (CPUs {NODE1}): ");
+    assert!(text.lines().any(|l| l.starts_with(&line)), "{line}\n{text}");
+}
+
 /// The two cases where pinning threads (not the process) can lose to a process-wide pin on
 /// memory, measured and printed, not asserted: memory the main thread touched before
 /// `configure`, and memory the scope's caller (which keeps its full mask) touches while its

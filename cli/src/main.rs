@@ -17,6 +17,7 @@ use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::SysfsRoot;
 
 mod cdi;
+mod host;
 mod memory;
 mod plan;
 mod probe;
@@ -55,7 +56,8 @@ pub enum Command {
     Topo(topo::TopoArgs),
     /// Show the CPU plan for one GPU: worker set, step and result CPUs, pool sizes.
     Plan(plan::PlanArgs),
-    /// Show every thread of a live process: role, placement and CPU mask, as a picture.
+    /// Show every thread of a live process: role, placement and CPU mask, as a picture; without
+    /// a PID, every process on the host with its GPUs and CPUs, and what collides.
     Ps(ps::PsArgs),
     /// Measure thread handoff latency and read idle states; recommend TLLM_AFFINITY_STEP_CORE.
     Probe(probe::ProbeArgs),

@@ -183,7 +183,8 @@ pub fn describe(bytes: &BTreeMap<usize, u64>) -> String {
         .join(", ")
 }
 
-fn human(bytes: u64) -> String {
+/// `1.5 GiB`.
+pub fn human(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = 0;

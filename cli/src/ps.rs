@@ -1,7 +1,8 @@
 //! `tllm-affinity ps PID [--json] [--no-color]`: every thread of a live process with its role and
 //! placement (from the thread table the library publishes, see [`tllm_affinity_core::threadtable`]) and its
 //! mask exactly as the kernel reports it (`Cpus_allowed_list` of `/proc/PID/task/TID/status`),
-//! drawn as a grid: one row per thread, one column per CPU of the host.
+//! drawn as a grid: one row per thread, one column per CPU of the host. Without a PID, the host
+//! view of [`crate::host`]: every process with a table, built on this module's [`read`].
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,18 +14,23 @@ use serde_json::{json, Value};
 use tllm_affinity_core::kernel_text::keyed_value;
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::registry::{Placement, Role, Tid};
-use tllm_affinity_core::threadtable;
+use tllm_affinity_core::threadtable::{self, LeaseLine};
 
 #[derive(clap::Args, Debug)]
 pub struct PsArgs {
-    /// The process to show.
-    pub pid: u32,
+    /// The process to show; without one, every process on the host with a thread table, by GPU
+    /// and by CPU, and what collides.
+    pub pid: Option<u32>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
     /// No colour (also when stdout is not a terminal or NO_COLOR is set).
     #[arg(long)]
     pub no_color: bool,
+    /// Without a PID: read the CPUs' NUMA nodes and cores under this directory (default:
+    /// TLLM_AFFINITY_SYSFS_ROOT, else /).
+    #[arg(long, value_name = "DIR")]
+    pub sysfs_root: Option<PathBuf>,
 }
 
 /// One thread as `ps` shows it.
@@ -61,6 +67,58 @@ pub struct Snapshot {
     pub memory: Result<crate::memory::NodeMemory, String>,
     /// What the language adapters noted (one line each), or why the notes cannot be read.
     pub adapters: Result<Vec<AdapterLine>, String>,
+    /// The leases open in the process, or why they cannot be read.
+    pub leases: Result<Vec<LeaseLine>, String>,
+}
+
+/// Where a process's thread table is, as the process itself named it: in its own root and PID
+/// namespace when it is in a container (SPEC §13).
+#[derive(Debug, Clone)]
+pub struct Location {
+    pub proc_dir: PathBuf,
+    /// The process's pid in its own PID namespace, when that is not ours.
+    pub namespace_pid: Option<u32>,
+    /// The pid the table and its header carry.
+    pub published_pid: u32,
+    pub namespace: u64,
+    pub dir: PathBuf,
+    /// The table's path.
+    pub file: PathBuf,
+    /// Why the process's root cannot be looked into (another user's container, without the
+    /// right to trace it): its table cannot be found.
+    pub unreachable: Option<String>,
+}
+
+/// Finds where process `pid` published its table (whether or not it did); an error when the
+/// process is gone.
+pub fn locate(pid: u32) -> Result<Location, String> {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    // A process in another PID namespace (a container) published its table under its own pid,
+    // in its own /dev/shm, with its own tids: found through its root and its NSpid lines.
+    let status = std::fs::read_to_string(proc_dir.join("status"))
+        .map_err(|e| format!("no process {pid}: {e}"))?;
+    let namespace_pid = nspid_last(&status).filter(|&inner| inner != pid);
+    let root = match namespace_pid {
+        Some(_) => proc_dir.join("root"),
+        None => PathBuf::from("/"),
+    };
+    // Looking into another process's root takes the right to trace it.
+    let unreachable = namespace_pid
+        .and_then(|_| std::fs::read_dir(&root).err())
+        .map(|e| format!("{}: {e}", root.display()));
+    let published_pid = namespace_pid.unwrap_or(pid);
+    let dir = threadtable::directory_in(&root, &lock_dir(pid));
+    let namespace = threadtable::pid_namespace(&proc_dir).unwrap_or(0);
+    let file = dir.join(threadtable::file_name(published_pid, namespace));
+    Ok(Location {
+        proc_dir,
+        namespace_pid,
+        published_pid,
+        namespace,
+        dir,
+        file,
+        unreachable,
+    })
 }
 
 /// One adapter's line in the table's notes: `name: state; detail`.
@@ -100,17 +158,24 @@ impl AdapterLine {
 }
 
 pub fn run(args: &PsArgs) -> Result<(), String> {
-    let snapshot = read(args.pid)?;
+    let Some(pid) = args.pid else {
+        return crate::host::run(args);
+    };
+    let snapshot = read(pid)?;
     if args.json {
         let text = serde_json::to_string_pretty(&to_json(&snapshot)).map_err(|e| e.to_string())?;
         println!("{text}");
     } else {
-        let colour = !args.no_color
-            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-            && std::io::stdout().is_terminal();
-        print!("{}", to_text(&snapshot, colour));
+        print!("{}", to_text(&snapshot, colour(args)));
     }
     Ok(())
+}
+
+/// Whether to paint: not under `--no-color` or `NO_COLOR`, and only on a terminal.
+pub fn colour(args: &PsArgs) -> bool {
+    !args.no_color
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+        && std::io::stdout().is_terminal()
 }
 
 /// Reads `/proc/<pid>/task` and joins it with the process's thread table.
@@ -120,14 +185,15 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         .map_err(|e| format!("no process {pid}: {e}"))?
         .trim_end()
         .to_string();
-    // A process in another PID namespace (a container) published its table under its own pid,
-    // in its own /dev/shm, with its own tids: found through its root and its NSpid lines.
-    let namespace_pid = innermost_id(&proc_dir).filter(|&inner| inner != pid);
-    let root = match namespace_pid {
-        Some(_) => proc_dir.join("root"),
-        None => PathBuf::from("/"),
-    };
-    let published_pid = namespace_pid.unwrap_or(pid);
+    let Location {
+        proc_dir,
+        namespace_pid,
+        published_pid,
+        namespace,
+        dir,
+        file,
+        unreachable,
+    } = locate(pid)?;
     let mut tids: Vec<Tid> = std::fs::read_dir(proc_dir.join("task"))
         .map_err(|e| format!("cannot list the threads of process {pid}: {e}"))?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -141,12 +207,12 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
             Some((tid, status.ok()?))
         })
         .collect();
-    let dir = threadtable::directory_in(&root, &lock_dir(pid));
-    let namespace = threadtable::pid_namespace(&proc_dir).unwrap_or(0);
-    let file = dir.join(threadtable::file_name(published_pid, namespace));
     let table_refused = std::fs::symlink_metadata(&file).is_ok();
     let (table, no_table) = if !table_refused {
-        let reason = format!("no thread table at {}", file.display());
+        let reason = match unreachable {
+            Some(why) => format!("its root cannot be looked into: {why}"),
+            None => format!("no thread table at {}", file.display()),
+        };
         (BTreeMap::new(), Some(reason))
     } else {
         let wanted: Vec<Tid> = statuses
@@ -170,18 +236,21 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         }
     };
     let table_refused = table_refused && no_table.is_some();
-    let adapters = if no_table.is_some() {
-        Ok(Vec::new())
+    let expect = threadtable::Expect {
+        pid: published_pid,
+        proc_pid: pid,
+        namespace,
+        owner: owner_of(&proc_dir).unwrap_or(u32::MAX),
+        tids: &[],
+    };
+    let (adapters, leases) = if no_table.is_some() {
+        (Ok(Vec::new()), Ok(Vec::new()))
     } else {
-        let expect = threadtable::Expect {
-            pid: published_pid,
-            proc_pid: pid,
-            namespace,
-            owner: owner_of(&proc_dir).unwrap_or(u32::MAX),
-            tids: &[],
-        };
-        threadtable::read_notes(&dir, &expect)
-            .map(|notes| notes.lines().filter_map(AdapterLine::parse).collect())
+        (
+            threadtable::read_notes(&dir, &expect)
+                .map(|notes| notes.lines().filter_map(AdapterLine::parse).collect()),
+            threadtable::read_leases(&dir, &expect),
+        )
     };
     let mut threads = Vec::with_capacity(statuses.len());
     for (tid, status) in statuses {
@@ -229,6 +298,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         threads,
         memory: crate::memory::read(&proc_dir, pid),
         adapters,
+        leases,
     })
 }
 
@@ -244,10 +314,6 @@ fn owner_of(proc_dir: &Path) -> Option<u32> {
 }
 
 /// The last `NSpid:` entry of `/proc/<pid>/status`: the id in the innermost PID namespace.
-fn innermost_id(proc_dir: &Path) -> Option<u32> {
-    nspid_last(&std::fs::read_to_string(proc_dir.join("status")).ok()?)
-}
-
 fn nspid_last(status: &str) -> Option<u32> {
     keyed_value(status, "NSpid")?
         .split_whitespace()
@@ -304,7 +370,7 @@ const GREY: &str = "\x1b[90m";
 /// The grid's mark for a thread (a letter without colour) and its ANSI colour. A placement other
 /// than the role's own gets its own colour, so a glance tells step from result threads and a
 /// mask the application (cyan) or someone else (red) chose from one the library chose.
-fn mark(known: Option<(Role, Placement)>) -> (char, &'static str) {
+pub fn mark(known: Option<(Role, Placement)>) -> (char, &'static str) {
     let letter = match known {
         Some((_, Placement::Step)) => 's',
         Some((_, Placement::Result)) => 'r',
@@ -324,13 +390,13 @@ fn mark(known: Option<(Role, Placement)>) -> (char, &'static str) {
     (letter, colour)
 }
 
-const RESET: &str = "\x1b[0m";
+pub const RESET: &str = "\x1b[0m";
 /// Where a thread may not run.
-const NOT_ALLOWED: char = '.';
+pub const NOT_ALLOWED: char = '.';
 
 /// Two header lines over the grid's columns: CPU numbers at every tenth CPU (where they fit),
 /// then each CPU's last digit.
-fn grid_header(cpus: &[usize]) -> (String, String) {
+pub fn grid_header(cpus: &[usize]) -> (String, String) {
     let mut labels = vec![' '; cpus.len()];
     let mut free_from = 0;
     for (col, &cpu) in cpus.iter().enumerate() {
@@ -407,6 +473,19 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         }
     }
     let _ = writeln!(out, "{}", memory_line(&s.memory));
+    match &s.leases {
+        Ok(leases) if leases.is_empty() => {}
+        Ok(leases) => {
+            let each: Vec<String> = leases
+                .iter()
+                .map(|l| format!("{} on {}", l.id, lease_device(l)))
+                .collect();
+            let _ = writeln!(out, "leases open: {}", each.join(", "));
+        }
+        Err(why) => {
+            let _ = writeln!(out, "leases: not readable ({why})");
+        }
+    }
     let w_name = s
         .threads
         .iter()
@@ -525,6 +604,19 @@ fn note(s: &Snapshot) -> Option<String> {
     })
 }
 
+/// What a lease is on: `GPU 0 (0000:3b:00.0)`, or the `TLLM_AFFINITY_CPUS` that chose its CPUs.
+pub fn lease_device(lease: &LeaseLine) -> String {
+    match lease.gpu_index {
+        Some(index) => format!("GPU {index} ({})", lease.device),
+        None => lease.device.clone(),
+    }
+}
+
+/// A lease as `--json` gives it.
+pub fn lease_json(lease: &LeaseLine) -> Value {
+    json!({ "lease": lease.id, "gpu": lease.gpu_index, "device": lease.device })
+}
+
 /// `memory per node: node 0 1.0 GiB, node 1 12.0 MiB (from ...)`, or why not.
 fn memory_line(memory: &Result<crate::memory::NodeMemory, String>) -> String {
     match memory {
@@ -544,7 +636,7 @@ fn memory_line(memory: &Result<crate::memory::NodeMemory, String>) -> String {
     }
 }
 
-fn memory_json(memory: &Result<crate::memory::NodeMemory, String>) -> Value {
+pub fn memory_json(memory: &Result<crate::memory::NodeMemory, String>) -> Value {
     match memory {
         Ok(m) => json!({
             "bytes_per_node": m.bytes.iter().map(|(n, b)| (n.to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
@@ -564,6 +656,10 @@ pub fn to_json(s: &Snapshot) -> Value {
         "note": note(s),
         "cpus": CpuMask::from_cpus(s.cpus.iter().copied()).to_list(),
         "memory": memory_json(&s.memory),
+        "leases": match &s.leases {
+            Ok(leases) => json!(leases.iter().map(lease_json).collect::<Vec<_>>()),
+            Err(why) => json!({ "error": why }),
+        },
         "adapters": match &s.adapters {
             Ok(lines) => json!(lines.iter().map(|a| json!({
                 "name": a.name,
@@ -610,6 +706,7 @@ mod tests {
             cpus: (0..12).collect(),
             memory: Err("test".into()),
             adapters: Ok(Vec::new()),
+            leases: Ok(Vec::new()),
             threads: vec![
                 row(10, Some((Role::Host, Placement::Inherited)), "0-11"),
                 row(11, Some((Role::Worker, Placement::Worker)), "6-11"),

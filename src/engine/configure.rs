@@ -22,6 +22,8 @@ use crate::{log_debug, log_error, log_info, log_warn};
 #[derive(Clone)]
 pub(super) struct WorkerSet {
     device: String,
+    /// The GPU's index among the GPUs the process sees, for the thread table.
+    gpu_index: Option<usize>,
     gpu_local: CpuMask,
     /// The host's nodes with memory, with their CPUs (none on a host of one node).
     memory_nodes: Vec<(usize, CpuMask)>,
@@ -60,6 +62,7 @@ fn resolve_worker_set(
     if let Some(cpus) = &settings.cpus_override {
         return Ok(WorkerSet {
             device: format!("TLLM_AFFINITY_CPUS={cpus}"),
+            gpu_index: None,
             gpu_local: cpus.clone(),
             memory_nodes: Vec::new(),
             note: None,
@@ -110,6 +113,7 @@ fn resolve_worker_set(
     };
     Ok(WorkerSet {
         device: resolved.address,
+        gpu_index: Some(resolved.gpu_index),
         gpu_local: local.cpus,
         memory_nodes,
         note,
@@ -154,7 +158,14 @@ pub(super) fn configure_for(
     let decision = policy::worker_set(&p.settings, &set.gpu_local, p.constrained, &p.cpuset);
     let outcome = {
         let mut reg = lock_registry();
-        let outcome = reg.open(kind, caller, &set.device, decision.mask.clone(), &Kernel);
+        let outcome = reg.open(
+            kind,
+            caller,
+            &set.device,
+            set.gpu_index,
+            decision.mask.clone(),
+            &Kernel,
+        );
         exec::publish_target(reg.target().map(|t| &*t.mask));
         outcome
     };

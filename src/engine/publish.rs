@@ -15,15 +15,19 @@ use super::{exec, report};
 
 use crate::lock::EngineLock;
 use crate::sys;
-use crate::threadtable::{self, CAPACITY, FILE_BYTES, HEADER_BYTES, NOTES_BYTES, NOTES_OFFSET};
+use crate::threadtable::{
+    self, CAPACITY, FILE_BYTES, HEADER_BYTES, LEASES_BYTES, LEASES_OFFSET, NOTES_BYTES,
+    NOTES_OFFSET,
+};
 use crate::{log_debug, log_error};
 
-/// A mapped table: the records the registry publishes into, and the header and notes words the
-/// adapters' notes go to.
+/// A mapped table: the records and lease words the registry publishes into, and the header and
+/// notes words the adapters' notes go to.
 pub struct MappedTable {
     pub records: &'static [AtomicU64],
     pub header: &'static [AtomicU64],
     pub notes: &'static [AtomicU64],
+    pub leases: &'static [AtomicU64],
     pub path: PathBuf,
 }
 
@@ -86,6 +90,7 @@ pub fn map_table(fallback_dir: &Path) -> Option<MappedTable> {
         header: words(0, HEADER_BYTES / 8),
         records: words(HEADER_BYTES, CAPACITY),
         notes: words(NOTES_OFFSET, NOTES_BYTES / 8),
+        leases: words(LEASES_OFFSET, LEASES_BYTES / 8),
         path,
     })
 }
@@ -103,7 +108,9 @@ fn publish_thread_table(dir: &std::path::Path) {
     let mapped = map_table(dir);
     *TABLE_PATH.lock() = mapped.as_ref().map(|t| t.path.clone());
     super::report::notes_go_to(mapped.as_ref().map(|t| (t.header, t.notes)));
-    lock_registry().publish_into(mapped.map(|t| t.records));
+    let mut reg = lock_registry();
+    reg.publish_leases_into(mapped.as_ref().map(|t| (t.header, t.leases)));
+    reg.publish_into(mapped.map(|t| t.records));
 }
 
 /// Called on the paths where a process starts to matter (thread creation, configure, worker

@@ -115,6 +115,7 @@ impl World {
             LeaseKind::Configure,
             caller,
             device,
+            None,
             Some(m(mask)),
             &self.kernel,
         )
@@ -129,6 +130,7 @@ impl World {
             LeaseKind::WorkerScope,
             caller,
             device,
+            None,
             Some(m(mask)),
             &self.kernel,
         )
@@ -476,6 +478,56 @@ fn the_thread_table_follows_births_roles_placements_and_exits() {
     assert_eq!(read(worker), None);
 }
 
+/// The open leases as the table's lease words hold them (the header's word 7 is their length).
+fn published_leases(header: &[AtomicU64], words: &[AtomicU64]) -> String {
+    let length = header[7].load(Ordering::Relaxed) as usize;
+    let bytes: Vec<u8> = words
+        .iter()
+        .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes())
+        .take(length)
+        .collect();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn the_thread_table_shows_the_open_leases_and_a_fork_child_leaves_its_parents_alone() {
+    let leak = |n: usize| -> &'static [AtomicU64] {
+        Box::leak((0..n).map(|_| AtomicU64::new(0)).collect())
+    };
+    let (header, words) = (leak(8), leak(64));
+    let (mut w, main) = World::new("0-3");
+    let worker = w.spawn(main);
+    let first = w.reg.open(
+        LeaseKind::Configure,
+        worker,
+        "0000:86:00.0",
+        Some(1),
+        Some(m("2-3")),
+        &w.kernel,
+    );
+    // Leases opened before the table arrives are published with it.
+    w.reg.publish_leases_into(Some((header, words)));
+    assert_eq!(published_leases(header, words), "1 1 0000:86:00.0\n");
+    let second = w.configure(worker, "TLLM_AFFINITY_CPUS=2-3", "2-3");
+    assert_eq!(
+        published_leases(header, words),
+        "1 1 0000:86:00.0\n2 - TLLM_AFFINITY_CPUS=2-3\n"
+    );
+    w.release(first.lease).unwrap();
+    assert_eq!(
+        published_leases(header, words),
+        "2 - TLLM_AFFINITY_CPUS=2-3\n"
+    );
+    // A child forked by a host thread drops the leases, in its own registry only.
+    w.reg.reset_after_fork(Some(main), 900, 9);
+    assert!(w.reg.leases().is_empty());
+    assert_eq!(
+        published_leases(header, words),
+        "2 - TLLM_AFFINITY_CPUS=2-3\n"
+    );
+    assert_eq!(second.lease, 2);
+}
+
 #[test]
 fn a_host_made_worker_moves_itself_once_before_it_registers() {
     let (mut w, main, worker, _) = World::configured();
@@ -719,8 +771,14 @@ fn a_scope_child_of_an_explicit_creator_is_the_workers_even_with_no_worker_mask(
     let server = w.spawn(main);
     w.set_by_hand(server, "0-1");
     // The policy keeps masks: the scope opens a lease with no target.
-    w.reg
-        .open(LeaseKind::WorkerScope, server, "gpu0", None, &w.kernel);
+    w.reg.open(
+        LeaseKind::WorkerScope,
+        server,
+        "gpu0",
+        None,
+        None,
+        &w.kernel,
+    );
     let child = w.spawn(server);
     assert_eq!(
         w.state(child),

@@ -41,6 +41,24 @@ held() {
   emit "$held_name" "$held_out" "$held_err" $?
 }
 held ps_numa_maps ""
+
+# The host view (`tllm-affinity ps` with no PID) of a held process whose memory is bound to node 0
+# (numactl --membind) while its workers are on node 1: its memory per node in its row, and the
+# flag for memory mostly off its workers' node.
+mkfifo "$work/host_view.go"
+numactl --membind=0 env LD_PRELOAD="$lib" NUMA_PLACEMENT_HOLD="$work/host_view.go" "$placement" 0 \
+  >"$work/host_view.out" 2>"$work/host_view.err" &
+host_view_pid=$!
+tries=0
+while ! grep -q '^HOLD' "$work/host_view.out" && [ $tries -lt 600 ] && kill -0 $host_view_pid 2>/dev/null; do
+  sleep 0.1; tries=$((tries + 1))
+done
+scenario host_view_pid echo $host_view_pid
+scenario host_view_ps "$cli" ps --json
+scenario host_view_text "$cli" ps --no-color
+echo go >"$work/host_view.go"
+wait $host_view_pid
+emit host_view "$work/host_view.out" "$work/host_view.err" $?
 echo +memory >/sys/fs/cgroup/cgroup.subtree_control
 mkdir /sys/fs/cgroup/alone
 held ps_numa_stat /sys/fs/cgroup/alone

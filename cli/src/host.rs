@@ -1,0 +1,987 @@
+//! `tllm-affinity ps` without a PID (SPEC §16): the host at a glance. Every process whose thread
+//! table the caller may read, containerised ones included (found as `ps PID` finds them, through
+//! [`ps::locate`]), one row each: the GPU of each open lease, the CPUs of its workers, step and
+//! result threads, its threads by role and its memory per NUMA node; then the host's CPUs grouped
+//! by node with the processes on each, as a grid; then what collides, one line each.
+//!
+//! Each process is read by [`ps::read`], bounded in time and bytes as `ps PID` is; one that
+//! cannot be read (a table not believed, a process that exits meanwhile) is one line, never an
+//! abort.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::registry::{Placement, Role};
+use tllm_affinity_core::threadtable::{self, LeaseLine};
+use tllm_affinity_core::topology::{SysfsRoot, Topology};
+
+use crate::memory::{self, NodeMemory};
+use crate::ps::{self, PsArgs};
+
+/// What a thread does, as the host view tells them apart; in the grid's order of precedence
+/// (a CPU shows the most particular thing a process's threads may do there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Step,
+    Result,
+    Worker,
+    Host,
+    Unknown,
+}
+
+impl Kind {
+    const ALL: [Kind; 5] = [
+        Kind::Step,
+        Kind::Result,
+        Kind::Worker,
+        Kind::Host,
+        Kind::Unknown,
+    ];
+
+    fn of(known: Option<(Role, Placement)>) -> Kind {
+        match known {
+            Some((_, Placement::Step)) => Kind::Step,
+            Some((_, Placement::Result)) => Kind::Result,
+            Some((Role::Worker, _)) => Kind::Worker,
+            Some((Role::Host, _)) => Kind::Host,
+            None => Kind::Unknown,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Step => "step",
+            Kind::Result => "result",
+            Kind::Worker => "worker",
+            Kind::Host => "host",
+            Kind::Unknown => "unknown",
+        }
+    }
+
+    /// A role and placement of this kind, for `ps PID`'s mark and colour.
+    fn known(self) -> Option<(Role, Placement)> {
+        match self {
+            Kind::Step => Some((Role::Worker, Placement::Step)),
+            Kind::Result => Some((Role::Worker, Placement::Result)),
+            Kind::Worker => Some((Role::Worker, Placement::Worker)),
+            Kind::Host => Some((Role::Host, Placement::Inherited)),
+            Kind::Unknown => None,
+        }
+    }
+}
+
+/// One process with a table that was read.
+#[derive(Debug, Clone)]
+pub struct ProcessRow {
+    pub pid: u32,
+    pub namespace_pid: Option<u32>,
+    pub command: String,
+    /// Its open leases, or why they cannot be read.
+    pub leases: Result<Vec<LeaseLine>, String>,
+    /// The CPUs the threads of each kind may run on, and how many threads of each kind.
+    pub cpus: BTreeMap<Kind, CpuMask>,
+    pub threads: BTreeMap<Kind, usize>,
+    pub memory: Result<NodeMemory, String>,
+}
+
+impl ProcessRow {
+    fn from_snapshot(s: &ps::Snapshot) -> ProcessRow {
+        let mut cpus: BTreeMap<Kind, CpuMask> = BTreeMap::new();
+        let mut threads = BTreeMap::new();
+        for t in &s.threads {
+            let kind = Kind::of(t.known);
+            let on = cpus.entry(kind).or_default();
+            *on = on.union(&t.mask);
+            *threads.entry(kind).or_insert(0) += 1;
+        }
+        ProcessRow {
+            pid: s.pid,
+            namespace_pid: s.namespace_pid,
+            command: s.name.clone(),
+            leases: s.leases.clone(),
+            cpus,
+            threads,
+            memory: s.memory.clone(),
+        }
+    }
+
+    fn on(&self, kind: Kind) -> CpuMask {
+        self.cpus.get(&kind).cloned().unwrap_or_default()
+    }
+
+    /// `GPU 0 (0000:3b:00.0)` for each open lease, `-` for none.
+    fn gpus(&self) -> String {
+        match &self.leases {
+            Ok(leases) if leases.is_empty() => "-".into(),
+            Ok(leases) => leases
+                .iter()
+                .map(ps::lease_device)
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(why) => format!("leases not readable ({why})"),
+        }
+    }
+
+    /// The devices of its open leases: two processes on different GPUs have none in common.
+    fn devices(&self) -> BTreeSet<&str> {
+        match &self.leases {
+            Ok(leases) => leases.iter().map(|l| l.device.as_str()).collect(),
+            Err(_) => BTreeSet::new(),
+        }
+    }
+}
+
+/// A process with a table that could not be read: one line.
+#[derive(Debug, Clone)]
+pub struct ProcessLine {
+    pub pid: u32,
+    pub command: Option<String>,
+    pub why: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum Entry {
+    Row(ProcessRow),
+    Line(ProcessLine),
+}
+
+/// The entries that are rows.
+fn rows(entries: &[Entry]) -> impl Iterator<Item = &ProcessRow> {
+    entries.iter().filter_map(|e| match e {
+        Entry::Row(r) => Some(r),
+        Entry::Line(_) => None,
+    })
+}
+
+impl Entry {
+    fn pid(&self) -> u32 {
+        match self {
+            Entry::Row(r) => r.pid,
+            Entry::Line(l) => l.pid,
+        }
+    }
+}
+
+/// One thing the user must see, naming what and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flag {
+    pub kind: &'static str,
+    pub pids: Vec<u32>,
+    pub cpus: CpuMask,
+    pub text: String,
+}
+
+/// The CPUs of one NUMA node of the sysfs tree read (`None`: CPUs no node lists).
+#[derive(Debug, Clone)]
+pub struct CpuGroup {
+    pub node: Option<usize>,
+    pub cpus: Vec<usize>,
+}
+
+/// The host view.
+#[derive(Debug)]
+pub struct HostView {
+    pub entries: Vec<Entry>,
+    /// Processes in another PID namespace whose root the caller may not look into.
+    pub unreachable: usize,
+    pub groups: Vec<CpuGroup>,
+    pub flags: Vec<Flag>,
+}
+
+pub fn run(args: &PsArgs) -> Result<(), String> {
+    let root = crate::sysfs_root(args.sysfs_root.as_deref());
+    let view = gather(&root);
+    if args.json {
+        let text = serde_json::to_string_pretty(&to_json(&view)).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        print!("{}", to_text(&view, ps::colour(args)));
+    }
+    Ok(())
+}
+
+/// Reads every process with a table, the CPUs' nodes and cores under `root`, and judges memory
+/// on the kernel's own nodes: where pages lie is a kernel fact, whatever tree `root` is.
+pub fn gather(root: &SysfsRoot) -> HostView {
+    let (found, unreachable) = processes_with_a_table();
+    let mut entries: Vec<Entry> = found
+        .into_iter()
+        .map(|(pid, start)| entry_of(pid, start))
+        .collect();
+    entries.sort_by_key(Entry::pid);
+    let topology = Topology::read(root).ok();
+    let kernel = if root.root() == Path::new("/") {
+        topology.clone()
+    } else {
+        Topology::read(&SysfsRoot::new("/")).ok()
+    };
+    let shown: Vec<&ProcessRow> = rows(&entries).collect();
+    let mut masks = CpuMask::default();
+    for r in &shown {
+        for m in r.cpus.values() {
+            masks = masks.union(m);
+        }
+    }
+    let groups = groups(topology.as_ref(), &masks);
+    let cores = topology.as_ref().map(Topology::cores).unwrap_or_default();
+    let kernel_nodes: Vec<(usize, CpuMask)> = kernel
+        .map(|t| {
+            t.nodes
+                .into_iter()
+                .filter(|n| !n.cpus.is_empty())
+                .map(|n| (n.id, n.cpus))
+                .collect()
+        })
+        .unwrap_or_default();
+    let flags = flags(&shown, &cores, &kernel_nodes);
+    HostView {
+        entries,
+        unreachable,
+        groups,
+        flags,
+    }
+}
+
+/// Every process (but this one) whose table exists where it would publish it, with its start
+/// time; and how many processes in other PID namespaces could not be looked into.
+fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    let mut unreachable = 0;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return (found, unreachable);
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        // Gone already: it is not on the host any more.
+        let Ok(location) = ps::locate(pid) else {
+            continue;
+        };
+        if location.unreachable.is_some() {
+            unreachable += 1;
+        } else if std::fs::symlink_metadata(&location.file).is_ok() {
+            found.push((pid, threadtable::start_time(pid)));
+        }
+    }
+    (found, unreachable)
+}
+
+/// Reads process `pid`, found with a table when it had the start time `start`: its row, or one
+/// line saying why there is none.
+pub fn entry_of(pid: u32, start: Option<u64>) -> Entry {
+    let snapshot = ps::read(pid);
+    // Another start time (or none) means the process found is not the one read to the end.
+    if start.is_none() || threadtable::start_time(pid) != start {
+        return Entry::Line(ProcessLine {
+            pid,
+            command: snapshot.ok().map(|s| s.name),
+            why: "exited while it was read".into(),
+        });
+    }
+    match snapshot {
+        Err(why) => Entry::Line(ProcessLine {
+            pid,
+            command: None,
+            why,
+        }),
+        Ok(s) => match &s.no_table {
+            Some(why) => Entry::Line(ProcessLine {
+                pid,
+                command: Some(s.name.clone()),
+                why: format!("thread table not read: {why}"),
+            }),
+            None => Entry::Row(ProcessRow::from_snapshot(&s)),
+        },
+    }
+}
+
+/// The grid's column groups: each node's CPUs among those shown (the online CPUs of the tree and
+/// every CPU a thread may run on), then any CPU no node lists.
+fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
+    let online = topology.map(|t| t.online.clone()).unwrap_or_else(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|t| CpuMask::parse_list(&t).ok())
+            .unwrap_or_default()
+    });
+    let all = online.union(masks);
+    let mut placed = CpuMask::default();
+    let mut groups = Vec::new();
+    for node in topology.map(|t| t.nodes.as_slice()).unwrap_or_default() {
+        let cpus = node.cpus.intersection(&all);
+        if cpus.is_empty() {
+            continue;
+        }
+        placed = placed.union(&cpus);
+        groups.push(CpuGroup {
+            node: Some(node.id),
+            cpus: cpus.iter().collect(),
+        });
+    }
+    let rest: Vec<usize> = all.iter().filter(|&c| !placed.contains(c)).collect();
+    if !rest.is_empty() {
+        groups.push(CpuGroup {
+            node: None,
+            cpus: rest,
+        });
+    }
+    groups
+}
+
+/// SPEC §16's flags over the rows: workers of two processes on different GPUs sharing CPUs; a
+/// step thread sharing a core with another process's step or result thread (`cores`: the SMT
+/// sibling sets; a CPU none lists is a core of its own); a process whose memory lies mostly off
+/// its workers' node (`kernel_nodes`: the kernel's nodes with CPUs; memory on nodes without CPUs,
+/// a GPU's own memory, is left out).
+pub fn flags(
+    rows: &[&ProcessRow],
+    cores: &[CpuMask],
+    kernel_nodes: &[(usize, CpuMask)],
+) -> Vec<Flag> {
+    let mut flags = Vec::new();
+    for (i, a) in rows.iter().enumerate() {
+        for b in &rows[i + 1..] {
+            if let Some(flag) = workers_share(a, b) {
+                flags.push(flag);
+            }
+            if let Some(flag) = steps_share_a_core(a, b, cores) {
+                flags.push(flag);
+            }
+        }
+    }
+    for r in rows {
+        if let Some(flag) = memory_off_node(r, kernel_nodes) {
+            flags.push(flag);
+        }
+    }
+    flags
+}
+
+fn workers_share(a: &ProcessRow, b: &ProcessRow) -> Option<Flag> {
+    let (da, db) = (a.devices(), b.devices());
+    if da.is_empty() || db.is_empty() || !da.is_disjoint(&db) {
+        return None;
+    }
+    let shared = a.on(Kind::Worker).intersection(&b.on(Kind::Worker));
+    if shared.is_empty() {
+        return None;
+    }
+    let text = format!(
+        "workers of {} on {} and {} on {} share CPU{} {}",
+        a.pid,
+        a.gpus(),
+        b.pid,
+        b.gpus(),
+        plural(&shared),
+        shared.to_list()
+    );
+    Some(Flag {
+        kind: "workers-share-cpus",
+        pids: vec![a.pid, b.pid],
+        cpus: shared,
+        text,
+    })
+}
+
+fn steps_share_a_core(a: &ProcessRow, b: &ProcessRow, cores: &[CpuMask]) -> Option<Flag> {
+    let core_of = |cpu: usize| {
+        cores
+            .iter()
+            .find(|c| c.contains(cpu))
+            .cloned()
+            .unwrap_or_else(|| CpuMask::from_cpus([cpu]))
+    };
+    let pinned = |r: &ProcessRow| r.on(Kind::Step).union(&r.on(Kind::Result));
+    let mut shared = CpuMask::default();
+    let mut what = None;
+    for cpu in pinned(a).iter() {
+        let core = core_of(cpu);
+        let touches = |r: &ProcessRow, kind| !r.on(kind).intersection(&core).is_empty();
+        let found = if touches(a, Kind::Step) && touches(b, Kind::Step) {
+            Some(format!("step threads of {} and {}", a.pid, b.pid))
+        } else if touches(a, Kind::Step) && touches(b, Kind::Result) {
+            Some(format!(
+                "the step thread of {} and the result thread of {}",
+                a.pid, b.pid
+            ))
+        } else if touches(a, Kind::Result) && touches(b, Kind::Step) {
+            Some(format!(
+                "the result thread of {} and the step thread of {}",
+                a.pid, b.pid
+            ))
+        } else {
+            None
+        };
+        if let Some(found) = found {
+            what.get_or_insert(found);
+            shared = shared.union(&core.intersection(&pinned(a).union(&pinned(b))));
+        }
+    }
+    let what = what?;
+    let text = format!(
+        "{what} on one core: CPU{} {}",
+        plural(&shared),
+        shared.to_list()
+    );
+    Some(Flag {
+        kind: "step-threads-share-a-core",
+        pids: vec![a.pid, b.pid],
+        cpus: shared,
+        text,
+    })
+}
+
+fn memory_off_node(r: &ProcessRow, kernel_nodes: &[(usize, CpuMask)]) -> Option<Flag> {
+    let workers = r.on(Kind::Worker);
+    let memory = r.memory.as_ref().ok()?;
+    let nodes: Vec<usize> = kernel_nodes
+        .iter()
+        .filter(|(_, cpus)| !cpus.intersection(&workers).is_empty())
+        .map(|(id, _)| *id)
+        .collect();
+    // Workers over several nodes have no one node their memory belongs on.
+    let [node] = nodes.as_slice() else {
+        return None;
+    };
+    let with_cpus: BTreeMap<usize, u64> = memory
+        .bytes
+        .iter()
+        .filter(|(n, _)| kernel_nodes.iter().any(|(id, _)| id == *n))
+        .map(|(n, b)| (*n, *b))
+        .collect();
+    let total: u64 = with_cpus.values().sum();
+    let off: BTreeMap<usize, u64> = with_cpus
+        .into_iter()
+        .filter(|(n, b)| n != node && *b > 0)
+        .collect();
+    let off_total: u64 = off.values().sum();
+    if total == 0 || off_total * 2 <= total {
+        return None;
+    }
+    let elsewhere: Vec<String> = off.keys().map(usize::to_string).collect();
+    let text = format!(
+        "memory of {} lies mostly off its workers' node {node} (CPU{} {}): {} of {} on node{} {}",
+        r.pid,
+        plural(&workers),
+        workers.to_list(),
+        memory::human(off_total),
+        memory::human(total),
+        if elsewhere.len() == 1 { "" } else { "s" },
+        elsewhere.join(", "),
+    );
+    Some(Flag {
+        kind: "memory-off-node",
+        pids: vec![r.pid],
+        cpus: workers,
+        text,
+    })
+}
+
+fn plural(cpus: &CpuMask) -> &'static str {
+    if cpus.count() == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// `-` for no CPU.
+fn list_or_dash(cpus: &CpuMask) -> String {
+    if cpus.is_empty() {
+        "-".into()
+    } else {
+        cpus.to_list()
+    }
+}
+
+fn command_of(r: &ProcessRow) -> String {
+    match r.namespace_pid {
+        Some(inner) => format!("{} (pid {inner} inside)", r.command),
+        None => r.command.clone(),
+    }
+}
+
+fn threads_of(r: &ProcessRow) -> String {
+    // Host first: the order a reader counts a server's threads in.
+    [
+        Kind::Host,
+        Kind::Worker,
+        Kind::Step,
+        Kind::Result,
+        Kind::Unknown,
+    ]
+    .iter()
+    .filter_map(|k| r.threads.get(k).map(|n| format!("{n} {}", k.name())))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
+fn memory_of(r: &ProcessRow) -> String {
+    match &r.memory {
+        Ok(m) => {
+            let partial = if m.partial.is_some() {
+                " (partial)"
+            } else {
+                ""
+            };
+            format!("{}{partial}", memory::describe(&m.bytes))
+        }
+        Err(why) => format!("not readable ({why})"),
+    }
+}
+
+pub fn to_text(v: &HostView, colour: bool) -> String {
+    let mut out = String::new();
+    let shown = rows(&v.entries).count();
+    let _ = writeln!(
+        out,
+        "{shown} process{} with a thread table (roles and leases from each table, masks from the kernel)",
+        if shown == 1 { "" } else { "es" }
+    );
+    let header = [
+        "PID",
+        "COMMAND",
+        "GPU",
+        "WORKERS",
+        "STEP",
+        "RESULT",
+        "THREADS",
+        "MEMORY PER NODE",
+    ]
+    .map(String::from);
+    let mut table: Vec<[String; 8]> = Vec::new();
+    if shown > 0 {
+        table.push(header);
+    }
+    for e in &v.entries {
+        if let Entry::Row(r) = e {
+            table.push([
+                r.pid.to_string(),
+                command_of(r),
+                r.gpus(),
+                list_or_dash(&r.on(Kind::Worker)),
+                list_or_dash(&r.on(Kind::Step)),
+                list_or_dash(&r.on(Kind::Result)),
+                threads_of(r),
+                memory_of(r),
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|c| {
+            table
+                .iter()
+                .map(|r| r[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for r in &table {
+        let mut line = format!("{:>w$}", r[0], w = widths[0].max(8));
+        for (c, cell) in r.iter().enumerate().skip(1) {
+            let _ = write!(line, "  {cell:<w$}", w = widths[c]);
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    for e in &v.entries {
+        if let Entry::Line(l) = e {
+            let command = l.command.as_deref().unwrap_or("?");
+            let _ = writeln!(out, "{:>8}  {command}: not shown: {}", l.pid, l.why);
+        }
+    }
+    if shown > 0 {
+        out.push('\n');
+        out.push_str(&grid(v, colour));
+    }
+    if v.flags.is_empty() {
+        let _ = writeln!(out, "flags: none");
+    }
+    for f in &v.flags {
+        let _ = writeln!(out, "flag: {}", f.text);
+    }
+    if v.unreachable > 0 {
+        let _ = writeln!(
+            out,
+            "note: {} process{} in other PID namespaces could not be looked into (their root is not yours to read)",
+            v.unreachable,
+            if v.unreachable == 1 { "" } else { "es" }
+        );
+    }
+    out
+}
+
+/// The host's CPUs grouped by NUMA node, one row per process shown: at each CPU the most
+/// particular thing its threads may do there.
+fn grid(v: &HostView, colour: bool) -> String {
+    let mut out = String::new();
+    let shown: Vec<&ProcessRow> = rows(&v.entries).collect();
+    let w_name = shown
+        .iter()
+        .map(|r| r.command.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(7);
+    let prefix = |pid: &str, name: &str| format!("{pid:>8}  {name:<w_name$}  ");
+    let mut nodes = String::new();
+    let mut labels = String::new();
+    let mut digits = String::new();
+    for (i, g) in v.groups.iter().enumerate() {
+        if i > 0 {
+            nodes.push(' ');
+            labels.push(' ');
+            digits.push(' ');
+        }
+        let (l, d) = ps::grid_header(&g.cpus);
+        let node = g.node.map_or_else(|| "-".to_string(), |n| n.to_string());
+        nodes.push_str(&format!("{node:<w$}", w = g.cpus.len()));
+        labels.push_str(&format!("{l:<w$}", w = g.cpus.len()));
+        digits.push_str(&d);
+    }
+    let _ = writeln!(out, "{}{}", prefix("", "NODE"), nodes.trim_end());
+    let _ = writeln!(out, "{}{}", prefix("", ""), labels.trim_end());
+    let _ = writeln!(out, "{}{digits}", prefix("PID", "COMMAND"));
+    for r in &shown {
+        let mut cells = String::new();
+        for (i, g) in v.groups.iter().enumerate() {
+            if i > 0 {
+                cells.push(' ');
+            }
+            for &cpu in &g.cpus {
+                let kind = Kind::ALL
+                    .into_iter()
+                    .find(|k| r.cpus.get(k).is_some_and(|m| m.contains(cpu)));
+                match kind {
+                    Some(kind) => {
+                        let (letter, code) = ps::mark(kind.known());
+                        if colour {
+                            let _ = write!(cells, "{code}█{}", ps::RESET);
+                        } else {
+                            cells.push(letter);
+                        }
+                    }
+                    None => cells.push(ps::NOT_ALLOWED),
+                }
+            }
+        }
+        let _ = writeln!(out, "{}{cells}", prefix(&r.pid.to_string(), &r.command));
+    }
+    let legend: Vec<String> = Kind::ALL
+        .iter()
+        .map(|k| {
+            let (letter, code) = ps::mark(k.known());
+            let m = if colour {
+                format!("{code}█{}", ps::RESET)
+            } else {
+                letter.to_string()
+            };
+            format!("{m} {}", k.name())
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "legend: {}  {} none (a CPU shows the first of these its threads may run on)",
+        legend.join("  "),
+        ps::NOT_ALLOWED
+    );
+    out
+}
+
+pub fn to_json(v: &HostView) -> Value {
+    let processes: Vec<Value> = v
+        .entries
+        .iter()
+        .map(|e| match e {
+            Entry::Row(r) => json!({
+                "pid": r.pid,
+                "namespace_pid": r.namespace_pid,
+                "command": r.command,
+                "leases": match &r.leases {
+                    Ok(leases) => json!(leases.iter().map(ps::lease_json).collect::<Vec<_>>()),
+                    Err(why) => json!({ "error": why }),
+                },
+                "worker_cpus": r.on(Kind::Worker).to_list(),
+                "step_cpus": r.on(Kind::Step).to_list(),
+                "result_cpus": r.on(Kind::Result).to_list(),
+                "host_cpus": r.on(Kind::Host).to_list(),
+                "threads": r.threads.iter().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+                "memory": ps::memory_json(&r.memory),
+            }),
+            Entry::Line(l) => json!({
+                "pid": l.pid,
+                "command": l.command,
+                "error": l.why,
+            }),
+        })
+        .collect();
+    let mut cpus = Vec::new();
+    for g in &v.groups {
+        for &cpu in &g.cpus {
+            let on: Vec<Value> = rows(&v.entries)
+                .filter_map(|r| {
+                    let roles: Vec<&str> = Kind::ALL
+                        .iter()
+                        .filter(|k| r.cpus.get(k).is_some_and(|m| m.contains(cpu)))
+                        .map(|k| k.name())
+                        .collect();
+                    (!roles.is_empty()).then(|| json!({ "pid": r.pid, "roles": roles }))
+                })
+                .collect();
+            cpus.push(json!({ "cpu": cpu, "node": g.node, "processes": on }));
+        }
+    }
+    json!({
+        "processes": processes,
+        "nodes": v.groups.iter().map(|g| json!({
+            "node": g.node,
+            "cpus": CpuMask::from_cpus(g.cpus.iter().copied()).to_list(),
+        })).collect::<Vec<_>>(),
+        "cpus": cpus,
+        "flags": v.flags.iter().map(|f| json!({
+            "kind": f.kind,
+            "pids": f.pids,
+            "cpus": f.cpus.to_list(),
+            "text": f.text,
+        })).collect::<Vec<_>>(),
+        "not_looked_into": v.unreachable,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(list: &str) -> CpuMask {
+        CpuMask::parse_list(list).unwrap()
+    }
+
+    fn lease(device: &str, gpu: usize) -> LeaseLine {
+        LeaseLine {
+            id: 1,
+            gpu_index: Some(gpu),
+            device: device.into(),
+        }
+    }
+
+    /// A process with `kinds`' CPUs, a thread of each, leases on `devices`, and `memory` bytes
+    /// per node.
+    fn row(
+        pid: u32,
+        devices: &[(&str, usize)],
+        kinds: &[(Kind, &str)],
+        memory: &[(usize, u64)],
+    ) -> ProcessRow {
+        ProcessRow {
+            pid,
+            namespace_pid: None,
+            command: "server".into(),
+            leases: Ok(devices.iter().map(|(d, g)| lease(d, *g)).collect()),
+            cpus: kinds.iter().map(|(k, l)| (*k, m(l))).collect(),
+            threads: kinds.iter().map(|(k, _)| (*k, 1)).collect(),
+            memory: Ok(NodeMemory {
+                bytes: memory.iter().copied().collect(),
+                source: "test".into(),
+                partial: None,
+            }),
+        }
+    }
+
+    const GPU0: (&str, usize) = ("0000:3b:00.0", 0);
+    const GPU1: (&str, usize) = ("0000:86:00.0", 1);
+
+    /// Two nodes of four CPUs, two hardware threads a core (0,4 1,5 2,6 3,7 on node 0).
+    fn host() -> (Vec<CpuMask>, Vec<(usize, CpuMask)>) {
+        let cores = (0..4)
+            .map(|c| m(&format!("{c},{}", c + 4)))
+            .collect::<Vec<_>>();
+        let cores = cores
+            .into_iter()
+            .chain((8..12).map(|c| m(&format!("{c},{}", c + 4))))
+            .collect();
+        (cores, vec![(0, m("0-7")), (1, m("8-15"))])
+    }
+
+    fn kinds(flags: &[Flag]) -> Vec<(&'static str, Vec<u32>, String)> {
+        flags
+            .iter()
+            .map(|f| (f.kind, f.pids.clone(), f.cpus.to_list()))
+            .collect()
+    }
+
+    #[test]
+    fn workers_of_two_gpus_on_shared_cpus_are_flagged_and_one_gpus_are_not() {
+        let (cores, nodes) = host();
+        let a = row(1, &[GPU0], &[(Kind::Worker, "8-15")], &[]);
+        let b = row(2, &[GPU1], &[(Kind::Worker, "12-15")], &[]);
+        let same_gpu = row(3, &[GPU0], &[(Kind::Worker, "8-15")], &[]);
+        let host_only = row(4, &[], &[(Kind::Host, "0-15")], &[]);
+        let f = flags(&[&a, &b, &same_gpu, &host_only], &cores, &nodes);
+        assert_eq!(
+            kinds(&f),
+            [
+                ("workers-share-cpus", vec![1, 2], "12-15".to_string()),
+                ("workers-share-cpus", vec![2, 3], "12-15".to_string()),
+            ]
+        );
+        assert_eq!(
+            f[0].text,
+            "workers of 1 on GPU 0 (0000:3b:00.0) and 2 on GPU 1 (0000:86:00.0) share CPUs 12-15"
+        );
+    }
+
+    #[test]
+    fn a_step_thread_sharing_a_core_with_another_processs_step_or_result_is_flagged() {
+        let (cores, nodes) = host();
+        // Siblings 1 and 5 are one core: two CPUs, one core.
+        let a = row(1, &[GPU0], &[(Kind::Step, "1")], &[]);
+        let b = row(2, &[GPU1], &[(Kind::Step, "5")], &[]);
+        let c = row(3, &[GPU1], &[(Kind::Result, "2")], &[]);
+        let d = row(4, &[GPU0], &[(Kind::Step, "6")], &[]);
+        // Results alone on one core: not a step collision.
+        let e = row(5, &[GPU0], &[(Kind::Result, "3")], &[]);
+        let f5 = row(6, &[GPU1], &[(Kind::Result, "7")], &[]);
+        let f = flags(&[&a, &b, &c, &d, &e, &f5], &cores, &nodes);
+        assert_eq!(
+            kinds(&f),
+            [
+                ("step-threads-share-a-core", vec![1, 2], "1,5".to_string()),
+                ("step-threads-share-a-core", vec![3, 4], "2,6".to_string()),
+            ]
+        );
+        assert_eq!(
+            f[1].text,
+            "the result thread of 3 and the step thread of 4 on one core: CPUs 2,6"
+        );
+    }
+
+    #[test]
+    fn memory_mostly_off_the_workers_node_is_flagged_and_a_cpuless_node_does_not_count() {
+        let (cores, nodes) = host();
+        let gib = 1 << 30;
+        let off = row(
+            1,
+            &[GPU0],
+            &[(Kind::Worker, "8-11")],
+            &[(0, 3 * gib), (1, gib)],
+        );
+        let half = row(2, &[GPU0], &[(Kind::Worker, "8-11")], &[(0, gib), (1, gib)]);
+        // Node 2 has no CPU (a GPU's memory): left out.
+        let gpu_memory = row(
+            3,
+            &[GPU0],
+            &[(Kind::Worker, "8-11")],
+            &[(1, gib), (2, 9 * gib)],
+        );
+        // Workers on both nodes: no one node their memory belongs on.
+        let spread = row(4, &[GPU0], &[(Kind::Worker, "0-15")], &[(0, 9 * gib)]);
+        let f = flags(&[&off, &half, &gpu_memory, &spread], &cores, &nodes);
+        let memory: Vec<_> = kinds(&f)
+            .into_iter()
+            .filter(|k| k.0 == "memory-off-node")
+            .collect();
+        assert_eq!(memory, [("memory-off-node", vec![1], "8-11".to_string())]);
+        let text = &f.iter().find(|f| f.kind == "memory-off-node").unwrap().text;
+        assert_eq!(
+            text,
+            "memory of 1 lies mostly off its workers' node 1 (CPUs 8-11): 3.0 GiB of 4.0 GiB on node 0"
+        );
+    }
+
+    #[test]
+    fn a_process_gone_after_it_was_found_is_one_line() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let start = threadtable::start_time(pid);
+        assert!(start.is_some());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let Entry::Line(line) = entry_of(pid, start) else {
+            panic!("a row for a process that is gone");
+        };
+        assert_eq!(line.why, "exited while it was read");
+        // The same pid with another start time: another process, never read as the one found.
+        let me = std::process::id();
+        let Entry::Line(line) = entry_of(me, Some(1)) else {
+            panic!("a row for another start time");
+        };
+        assert_eq!(line.why, "exited while it was read");
+    }
+
+    #[test]
+    fn the_grid_groups_cpus_by_node_and_shows_the_most_particular_role() {
+        let (_, nodes) = host();
+        let r = row(
+            7,
+            &[GPU0],
+            &[
+                (Kind::Host, "0-15"),
+                (Kind::Worker, "8-15"),
+                (Kind::Step, "8"),
+            ],
+            &[],
+        );
+        let view = HostView {
+            entries: vec![
+                Entry::Row(r),
+                Entry::Line(ProcessLine {
+                    pid: 9,
+                    command: Some("other".into()),
+                    why: "exited while it was read".into(),
+                }),
+            ],
+            unreachable: 2,
+            groups: nodes
+                .iter()
+                .map(|(id, cpus)| CpuGroup {
+                    node: Some(*id),
+                    cpus: cpus.iter().collect(),
+                })
+                .collect(),
+            flags: Vec::new(),
+        };
+        let text = to_text(&view, false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines.iter().any(|l| l.ends_with("  hhhhhhhh swwwwwww")),
+            "{text}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.trim_start().starts_with("NODE     0        1")),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"       9  other: not shown: exited while it was read"),
+            "{text}"
+        );
+        assert!(text.contains("flags: none"), "{text}");
+        assert!(
+            text.contains("note: 2 processes in other PID namespaces"),
+            "{text}"
+        );
+        let v = to_json(&view);
+        assert_eq!(v["processes"][0]["step_cpus"], "8");
+        assert_eq!(v["processes"][1]["error"], "exited while it was read");
+        assert_eq!(
+            v["cpus"][8]["processes"][0]["roles"],
+            json!(["step", "worker", "host"])
+        );
+        assert_eq!(v["not_looked_into"], 2);
+    }
+}

@@ -1,0 +1,63 @@
+"""A server-shaped process for `tllm-affinity ps` without a PID: a host thread, and as asked a
+worker thread that configured for a GPU and step and result threads that pinned themselves.
+
+Run under the library. Options:
+  --gpu DEV     a worker thread configures for DEV (opens a lease)
+  --step DEV    a thread pins itself as DEV's step thread
+  --result DEV  a thread pins itself as DEV's result thread
+Prints one JSON line
+  {"pid": p, "host": tid, "worker": tid, "step": tid, "result": tid, "rc": {...}}
+(only the threads asked for), then waits until stdin closes and exits.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import threading
+
+lib = ctypes.CDLL(None)
+for name in ("tllm_affinity_pin_step_thread", "tllm_affinity_pin_result_thread"):
+    getattr(lib, name).restype = ctypes.c_int32
+    getattr(lib, name).argtypes = [ctypes.c_int32]
+lib.tllm_affinity_configure.restype = ctypes.c_int64
+lib.tllm_affinity_configure.argtypes = [ctypes.c_int32]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu", type=int)
+    ap.add_argument("--step", type=int)
+    ap.add_argument("--result", type=int)
+    args = ap.parse_args()
+    done = threading.Event()
+    tids, rc = {}, {}
+    bodies = {"host": lambda: 0}
+    if args.gpu is not None:
+        bodies["worker"] = lambda: lib.tllm_affinity_configure(args.gpu)
+    if args.step is not None:
+        bodies["step"] = lambda: lib.tllm_affinity_pin_step_thread(args.step)
+    if args.result is not None:
+        bodies["result"] = lambda: lib.tllm_affinity_pin_result_thread(args.result)
+    ready = threading.Barrier(len(bodies) + 1)
+
+    def thread(name, body):
+        tids[name] = threading.get_native_id()
+        rc[name] = body()
+        ready.wait()
+        done.wait()
+
+    threads = [threading.Thread(target=thread, args=item) for item in bodies.items()]
+    for t in threads:
+        t.start()
+    ready.wait()
+    print(json.dumps({"pid": os.getpid(), "rc": rc, **tids}), flush=True)
+    sys.stdin.read()
+    done.set()
+    for t in threads:
+        t.join()
+
+
+if __name__ == "__main__":
+    main()
