@@ -280,18 +280,41 @@ fn sources_bytes(mapping: &NodePages, from: &[usize]) -> u64 {
 }
 
 /// What a move did, from `numa_maps` read again afterwards: (bytes moved, bytes still on the
-/// sources) over the mappings of `walks`. A mapping gone since counts as moved by nobody.
+/// sources) over the mappings of `walks`, each counted over every mapping that now starts inside
+/// its range (moving may split a mapping the kernel did not merge back). A range with no mapping
+/// left (unmapped meanwhile) counts as neither.
 pub fn outcome(walks: &[Walk], after: &[NodePages], from: &[usize]) -> (u64, u64) {
     walks.iter().fold((0, 0), |(moved, left), walk| {
-        let still = after
+        let inside: Vec<&NodePages> = after
             .iter()
-            .find(|m| m.start == walk.start)
-            .map_or(0, |m| sources_bytes(m, from))
+            .filter(|m| (walk.start..walk.end).contains(&m.start))
+            .collect();
+        if inside.is_empty() {
+            return (moved, left);
+        }
+        let still = inside
+            .iter()
+            .map(|m| sources_bytes(m, from))
+            .sum::<u64>()
             .min(walk.on_sources);
-        let gone = after.iter().all(|m| m.start != walk.start);
-        let moved_here = if gone { 0 } else { walk.on_sources - still };
-        (moved + moved_here, left + still)
+        (moved + walk.on_sources - still, left + still)
     })
+}
+
+/// The steps a mapping is moved in: `step` bytes at most (rounded to whole pages), so that the
+/// process's memory map, which the kernel holds for writing while it moves a step, is never held
+/// for the whole of a large mapping.
+pub fn steps(walk: &Walk, step: u64) -> Vec<(u64, u64)> {
+    let page = walk.page_bytes.max(1);
+    let step = (step / page).max(1) * page;
+    let mut out = Vec::new();
+    let mut at = walk.start;
+    while at < walk.end {
+        let len = step.min(walk.end - at);
+        out.push((at, len));
+        at += len;
+    }
+    out
 }
 
 /// The pages of a chunk to move: the indices whose queried node (`status`, `move_pages` with no
@@ -583,6 +606,40 @@ VmFlags: ex
         );
         // A mapping unmapped meanwhile: neither moved nor left.
         assert_eq!(outcome(&plan.walks, &after[..1], &[0]), (4096, 0));
+        // A mapping left split in two by the move: both halves count.
+        let split = numa_maps_pages(
+            "7f1c08000000 default anon=8192 N0=50 N1=8142 kernelpagesize_kB=4\n\
+             7f1c0a000000 default anon=8192 N0=50 N1=8142 kernelpagesize_kB=4\n",
+        );
+        assert_eq!(
+            outcome(&plan.walks[1..], &split, &[0]),
+            (11900 * 4096, 100 * 4096)
+        );
+    }
+
+    #[test]
+    fn a_large_mapping_moves_in_steps_of_whole_pages() {
+        let walk = |end: u64, page_bytes: u64| Walk {
+            start: 0x1000_0000,
+            end,
+            page_bytes,
+            on_sources: 1,
+            mixed: false,
+        };
+        let small = walk(0x1000_0000 + (1 << 20), 4096);
+        assert_eq!(steps(&small, 64 << 20), vec![(0x1000_0000, 1 << 20)]);
+        let big = walk(0x1000_0000 + (160 << 20), 4096);
+        assert_eq!(
+            steps(&big, 64 << 20),
+            vec![
+                (0x1000_0000, 64 << 20),
+                (0x1000_0000 + (64 << 20), 64 << 20),
+                (0x1000_0000 + (128 << 20), 32 << 20)
+            ]
+        );
+        // 1 GiB huge pages: a step is one page.
+        let huge = walk(0x1000_0000 + (2 << 30), 1 << 30);
+        assert_eq!(steps(&huge, 64 << 20).len(), 2);
     }
 
     #[test]

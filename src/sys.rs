@@ -469,6 +469,32 @@ mod tests {
         assert_ne!(from_inside.0, gettid());
     }
 
+    /// On this machine's kernel, whatever its nodes: a page this thread touched lies on a node
+    /// the kernel answers; moving it to that node keeps it there; a node the kernel cannot have
+    /// is refused.
+    #[test]
+    fn page_nodes_and_moves_on_the_real_kernel() {
+        let page = vec![1u8; 1 << 16];
+        let address = (page.as_ptr() as usize) & !4095;
+        let mut status = [0i32; 1];
+        match page_nodes(&[address], &mut status) {
+            // A kernel without NUMA.
+            Err(libc::ENOSYS) => return,
+            Err(e) => panic!("move_pages: errno {e}"),
+            Ok(()) => {}
+        }
+        assert!(status[0] >= 0, "status {}", status[0]);
+        let node = status[0] as usize;
+        move_pages_to(&[address], node, &mut status).unwrap();
+        assert_eq!(status[0], node as i32);
+        let start = page.as_ptr() as usize & !4095;
+        assert_eq!(bind_move_and_unbind(start, 4096, node), Ok(()));
+        assert_eq!(memory_policy().map(|(mode, _)| mode), Ok(MPOL_DEFAULT));
+        assert_eq!(bind_move_and_unbind(start, 4096, 4096), Err(libc::EINVAL));
+        assert_eq!(page_nodes(&[address], &mut []), Err(libc::EINVAL));
+        assert_eq!(page.iter().map(|&b| b as usize).sum::<usize>(), 1 << 16);
+    }
+
     #[test]
     fn the_effective_uid_owns_this_processs_proc_entry() {
         use std::os::unix::fs::MetadataExt;

@@ -29,6 +29,9 @@ static BYTES_MOVED: AtomicU64 = AtomicU64::new(0);
 static BYTES_NOT_MOVED: AtomicU64 = AtomicU64::new(0);
 static MICROS: AtomicU64 = AtomicU64::new(0);
 
+/// The most bytes one `mbind` moves: the kernel holds the process's memory map for writing while
+/// it moves them, so other threads' page faults wait at most one step.
+const STEP: u64 = 64 << 20;
 /// Pages per `move_pages` call: bounds the buffers (56 KiB) and how long one call holds the
 /// process's memory map.
 const CHUNK: usize = 4096;
@@ -141,12 +144,13 @@ fn move_to(from: &[usize], to: usize) -> Result<Done, String> {
         if walk.mixed {
             move_page_by_page(walk, from, to)?;
         } else {
-            let len = (walk.end - walk.start) as usize;
-            match sys::bind_move_and_unbind(walk.start as usize, len, to) {
-                Ok(()) => {}
-                // Unmapped since smaps was read (another thread's munmap): nothing to move.
-                Err(libc::EFAULT) | Err(libc::ENOMEM) => {}
-                Err(errno) => return Err(format!("mbind failed (errno {errno})")),
+            for (start, len) in memory_move::steps(walk, STEP) {
+                match sys::bind_move_and_unbind(start as usize, len as usize, to) {
+                    Ok(()) => {}
+                    // Unmapped since smaps was read (another thread's munmap): nothing to move.
+                    Err(libc::EFAULT) | Err(libc::ENOMEM) => {}
+                    Err(errno) => return Err(format!("mbind failed (errno {errno})")),
+                }
             }
         }
     }
