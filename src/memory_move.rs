@@ -131,7 +131,7 @@ impl Stay {
                 "the process has a memory policy of its own (mode {mode}): its memory stays where that policy put it"
             ),
             Stay::PolicyUnreadable(errno) => {
-                format!("get_mempolicy failed (errno {errno}): memory stays")
+                format!("get_mempolicy failed (errno {errno}); memory stays")
             }
             Stay::AlreadyThere(node) => {
                 format!("memory already moved to NUMA node {node}")

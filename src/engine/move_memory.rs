@@ -73,6 +73,15 @@ pub(super) fn follow_the_worker(c: Configured<'_>) {
             log_info!("dedicated worker: {}", why.describe());
             return;
         }
+        // No permission (a container's seccomp profile without CAP_SYS_NICE): said as a
+        // failure, once per configure that would have moved.
+        MoveDecision::Stay(why @ Stay::PolicyUnreadable(_)) => {
+            log_warn!(
+                "dedicated worker: its memory was not moved: {}",
+                why.describe()
+            );
+            return;
+        }
         MoveDecision::Stay(why) => {
             if c.dedicated {
                 log_debug!("dedicated worker: {}", why.describe());
