@@ -93,6 +93,14 @@ pub(super) fn follow_the_worker(c: Configured<'_>) {
         log_debug!("dedicated worker: a move of its memory is already running");
         return;
     }
+    // Cleared however this ends, a panic caught by the entry point's catch_unwind included.
+    struct Moving;
+    impl Drop for Moving {
+        fn drop(&mut self) {
+            MOVING.store(false, Ordering::Release);
+        }
+    }
+    let _moving = Moving;
     let started = Instant::now();
     let outcome = move_to(&from, to);
     let micros = started.elapsed().as_micros() as u64;
@@ -122,7 +130,6 @@ pub(super) fn follow_the_worker(c: Configured<'_>) {
             log_warn!("dedicated worker: its memory was not moved to NUMA node {to}: {why}")
         }
     }
-    MOVING.store(false, Ordering::Release);
 }
 
 fn mib(bytes: u64) -> String {
