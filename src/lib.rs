@@ -32,6 +32,7 @@ pub mod load_facts;
 pub mod lock;
 pub mod log;
 pub mod mask;
+pub mod memory_move;
 #[allow(unsafe_code)]
 pub mod nvml;
 pub mod per_thread;

@@ -10,13 +10,16 @@
 //!   "adapters": {"trtllm": "engaged"},
 //!   "peak_workers": 7, "leases_opened": 1, "leases_released": 1,
 //!   "threads_restored": 7, "threads_preserved": 0, "threads_created": 9,
-//!   "launch": "1200-88172" }
+//!   "launch": "1200-88172",
+//!   "memory_moved": {"node": 1, "moves": 1, "bytes_moved": 67108864,
+//!                    "bytes_not_moved": 0, "millis": 41.5} }
 //! ```
 //! `mask` is what the library believes the thread holds, `kernel_mask` what the kernel said when
 //! the report was made (absent if the thread was gone), `natural` what restoration puts back.
 //! The history fields count over the process's life, so a report written at exit, after the last
 //! release restored everything, still says what happened. `launch` names the launch the process
-//! belongs to (its first process's pid and start time, see [`crate::launch`]).
+//! belongs to (its first process's pid and start time, see [`crate::launch`]). `memory_moved`
+//! (absent until a move ran) says what moving a dedicated worker's memory did.
 
 use std::io::Write;
 use std::path::Path;
@@ -60,6 +63,22 @@ pub struct Report {
     pub history: History,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub launch: Option<String>,
+    /// What moving a dedicated worker's memory to its node did; absent when nothing moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_moved: Option<MemoryMoved>,
+}
+
+/// A dedicated worker's memory moved to its node (summed over the moves of the process's life).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryMoved {
+    /// The node the last move went to.
+    pub node: usize,
+    pub moves: u64,
+    pub bytes_moved: u64,
+    /// Pages on the other nodes with CPUs that stayed: locked (`mlock`), shared with another
+    /// process, busy.
+    pub bytes_not_moved: u64,
+    pub millis: f64,
 }
 
 impl Report {
@@ -96,6 +115,7 @@ impl Report {
             adapter_details: Default::default(),
             history: registry.history(),
             launch: None,
+            memory_moved: None,
         }
     }
 }

@@ -106,6 +106,8 @@ pub struct Settings {
     pub process_role: ProcessRole,
     pub step_core: StepCore,
     pub lock_dir: PathBuf,
+    /// `TLLM_AFFINITY_MOVE_MEMORY`: a dedicated worker's memory follows it to its node.
+    pub move_memory: bool,
 }
 
 impl Default for Settings {
@@ -122,6 +124,7 @@ impl Default for Settings {
             process_role: ProcessRole::Host,
             step_core: StepCore::Off,
             lock_dir: PathBuf::from("/tmp"),
+            move_memory: true,
         }
     }
 }
@@ -311,6 +314,13 @@ impl Settings {
                 s.lock_dir = path;
             }
         }
+        if let Some(v) = lookup("TLLM_AFFINITY_MOVE_MEMORY") {
+            match v.trim() {
+                "1" | "" => s.move_memory = true,
+                "0" => s.move_memory = false,
+                _ => fail("TLLM_AFFINITY_MOVE_MEMORY", &v, "1 or 0"),
+            }
+        }
         (s, errors)
     }
 
@@ -349,6 +359,7 @@ mod tests {
         assert_eq!(s.log, LogLevel::Warn);
         assert_eq!(s.step_core, StepCore::Off);
         assert_eq!(s.numa_aware, NumaAwareFlag::Unset);
+        assert!(s.move_memory);
         assert!(s.is_worker_lib("libnccl.so.2"));
         assert!(s.is_worker_lib("libopen-pal.so.40"));
         assert!(!s.is_worker_lib("libpython3.11.so.1.0"));
@@ -386,6 +397,7 @@ mod tests {
             ("TLLM_AFFINITY_LOCK_DIR", "/nonexistent/dir"),
             ("TLLM_AFFINITY_GPU", "zz:qq:00.0"),
             ("TLLM_AFFINITY_GPU", "-1"),
+            ("TLLM_AFFINITY_MOVE_MEMORY", "no"),
         ];
         for (var, value) in cases {
             let (_, errors) = parse(&[(var, value)]);
@@ -443,6 +455,13 @@ mod tests {
         }
         let (_, errors) = parse(&[("TLLM_AFFINITY_GPU", "0000:3b:00.0")]);
         assert!(errors.is_empty(), "{errors:?}");
+    }
+
+    #[test]
+    fn move_memory_is_on_unless_0() {
+        assert!(!parse(&[("TLLM_AFFINITY_MOVE_MEMORY", "0")]).0.move_memory);
+        assert!(parse(&[("TLLM_AFFINITY_MOVE_MEMORY", "1")]).0.move_memory);
+        assert!(parse(&[("TLLM_AFFINITY_MOVE_MEMORY", "")]).0.move_memory);
     }
 
     #[test]

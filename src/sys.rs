@@ -174,6 +174,105 @@ pub fn set_memory_policy(preferred: Option<usize>) -> Result<(), i32> {
     }
 }
 
+/// `MPOL_MF_MOVE` of `move_pages(2)`: only pages this process alone maps (a page shared with
+/// another process answers `-EACCES`), never `MPOL_MF_MOVE_ALL`.
+const MPOL_MF_MOVE: libc::c_int = 1 << 1;
+
+/// This process's pages at `addresses`: `status[i]` is the node page `i` lies on, or a negative
+/// errno (`-ENOENT`: not present; `-EFAULT`: no such page). Nothing moves. Errors are positive
+/// errno values (`ENOSYS` on a kernel without NUMA).
+pub fn page_nodes(addresses: &[usize], status: &mut [i32]) -> Result<(), i32> {
+    move_pages(addresses, None, status)
+}
+
+/// Moves this process's pages at `addresses` to `node`; `status[i]` is then the node page `i`
+/// lies on, or a negative errno (`-EBUSY`, `-EACCES` for a page shared with another process,
+/// `-ENOMEM`). Errors of the whole call are positive errno values.
+pub fn move_pages_to(addresses: &[usize], node: usize, status: &mut [i32]) -> Result<(), i32> {
+    let node = libc::c_int::try_from(node).map_err(|_| libc::EINVAL)?;
+    let nodes = vec![node; addresses.len()];
+    move_pages(addresses, Some(&nodes), status)
+}
+
+/// `MPOL_BIND` of `mbind(2)`.
+const MPOL_BIND: libc::c_int = 2;
+
+/// Moves the pages of this process's mapping `start..start+len` that lie off `node` onto it
+/// (`mbind(MPOL_BIND, node, MPOL_MF_MOVE)`, then `mbind(MPOL_DEFAULT)` so that the mapping keeps
+/// no policy). Pages shared with another process, pinned or busy stay where they are, silently:
+/// the caller reads where they lie afterwards. Unlike `move_pages`, it walks the page tables
+/// itself, so it also moves pages automatic NUMA balancing has marked for a hinting fault, which
+/// `move_pages` answers `-ENOENT` for on kernels 6.1 to 6.4. The range must lie in mappings
+/// with no policy of their own (it is left with none). Errors are positive errno values.
+pub fn bind_move_and_unbind(start: usize, len: usize, node: usize) -> Result<(), i32> {
+    if node >= NODE_MASK_WORDS * 64 {
+        return Err(libc::EINVAL);
+    }
+    let mut words = [0u64; NODE_MASK_WORDS];
+    words[node / 64] |= 1 << (node % 64);
+    // SAFETY: mbind changes the policy and placement of pages in `start..start+len`, never their
+    // contents; the kernel reads NODE_MASK_WORDS * 64 bits from `words`, a live array of that
+    // many. An address range that is not mapped answers an error.
+    let moved = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            start,
+            len,
+            MPOL_BIND,
+            words.as_ptr(),
+            (NODE_MASK_WORDS * 64) as libc::c_ulong,
+            MPOL_MF_MOVE as libc::c_uint,
+        )
+    };
+    let moved = if moved < 0 { Err(errno()) } else { Ok(()) };
+    // SAFETY: as above, with no node mask (MPOL_DEFAULT): the range's policy is removed.
+    let unbound = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            start,
+            len,
+            MPOL_DEFAULT,
+            std::ptr::null::<u64>(),
+            0 as libc::c_ulong,
+            0 as libc::c_uint,
+        )
+    };
+    if unbound < 0 {
+        return Err(errno());
+    }
+    moved
+}
+
+fn move_pages(addresses: &[usize], nodes: Option<&[i32]>, status: &mut [i32]) -> Result<(), i32> {
+    if status.len() != addresses.len() || nodes.is_some_and(|n| n.len() != addresses.len()) {
+        return Err(libc::EINVAL);
+    }
+    if addresses.is_empty() {
+        return Ok(());
+    }
+    let nodes_ptr = nodes.map_or(std::ptr::null(), |n| n.as_ptr());
+    // SAFETY: pid 0 is this process; the kernel reads `addresses.len()` addresses (values, never
+    // dereferenced by us: an unmapped one answers -EFAULT in its status) and as many nodes when
+    // given, and writes as many statuses into `status`, whose lengths were checked above.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0 as libc::pid_t,
+            addresses.len() as libc::c_ulong,
+            addresses.as_ptr(),
+            nodes_ptr,
+            status.as_mut_ptr(),
+            if nodes.is_some() { MPOL_MF_MOVE } else { 0 },
+        )
+    };
+    // A positive count (pages the kernel could not move) is told per page in `status` too.
+    if rc < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
 /// The kernel thread id of `thread`, without a syscall: glibc answers `pthread_getcpuclockid`
 /// from the tid the kernel stored in the thread's descriptor at clone, and the clock id encodes
 /// it by the kernel's ABI (`CPUCLOCK_PID`: the bitwise complement of the tid, shifted left by
@@ -368,6 +467,32 @@ mod tests {
             .unwrap();
         assert_eq!(from_inside.0, from_inside.1);
         assert_ne!(from_inside.0, gettid());
+    }
+
+    /// On this machine's kernel, whatever its nodes: a page this thread touched lies on a node
+    /// the kernel answers; moving it to that node keeps it there; a node the kernel cannot have
+    /// is refused.
+    #[test]
+    fn page_nodes_and_moves_on_the_real_kernel() {
+        let page = vec![1u8; 1 << 16];
+        let address = (page.as_ptr() as usize) & !4095;
+        let mut status = [0i32; 1];
+        match page_nodes(&[address], &mut status) {
+            // A kernel without NUMA.
+            Err(libc::ENOSYS) => return,
+            Err(e) => panic!("move_pages: errno {e}"),
+            Ok(()) => {}
+        }
+        assert!(status[0] >= 0, "status {}", status[0]);
+        let node = status[0] as usize;
+        move_pages_to(&[address], node, &mut status).unwrap();
+        assert_eq!(status[0], node as i32);
+        let start = page.as_ptr() as usize & !4095;
+        assert_eq!(bind_move_and_unbind(start, 4096, node), Ok(()));
+        assert_eq!(memory_policy().map(|(mode, _)| mode), Ok(MPOL_DEFAULT));
+        assert_eq!(bind_move_and_unbind(start, 4096, 4096), Err(libc::EINVAL));
+        assert_eq!(page_nodes(&[address], &mut []), Err(libc::EINVAL));
+        assert_eq!(page.iter().map(|&b| b as usize).sum::<usize>(), 1 << 16);
     }
 
     #[test]

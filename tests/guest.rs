@@ -1151,6 +1151,198 @@ fn a_gpu_the_kernel_knows_no_node_for_gets_every_cpu_with_a_line() {
     assert_eq!(topo["visible"]["devices"][0]["local_cpus"], ALL4, "{topo}");
 }
 
+// ---- Topology E: two nodes of two CPUs, a device on each; memory follows a dedicated worker ----
+
+/// Topology A with a second device, on node 0: GPU 0 (`0000:41:00.0`) on node 0, GPU 1
+/// (`0000:81:00.0`) on node 1, so a dedicated worker can be moved from one to the other.
+fn memory_machine() -> Machine {
+    Machine {
+        name: "two nodes x two CPUs, a device on each",
+        qemu_opts: format!(
+            "-device pxb-pcie,id=n0,bus_nr=0x40,numa_node=0,bus=pcie.0 \
+             -device pcie-root-port,id=n0p,bus=n0,chassis=8 -device pci-testdev,bus=n0p {}",
+            test_device_on(1)
+        ),
+        script: "memory.sh",
+        program: "memory_follows",
+        deployments: true,
+        ..two_nodes_machine()
+    }
+}
+
+fn memory() -> Result<&'static Booted, String> {
+    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
+    booted(&BOOT, memory_machine)
+}
+
+/// The 64 MiB buffer's 4 KiB pages.
+const BUFFER_PAGES: usize = 16384;
+
+/// `PAGES <phase> ...` of tests/programs/memory_follows.c: pages per node; no page may fail.
+fn buffer_pages(run: &Scenario, phase: &str) -> BTreeMap<usize, usize> {
+    let (nodes, failed) = run.pages(phase);
+    assert_eq!(
+        failed,
+        0,
+        "{phase}: pages move_pages could not find:\n{}",
+        run.text()
+    );
+    nodes
+}
+
+/// At least 95 % of the buffer on `node`.
+fn mostly_on(nodes: &BTreeMap<usize, usize>, node: usize, pages: usize) -> bool {
+    nodes.get(&node).copied().unwrap_or(0) * 100 >= pages * 95
+}
+
+#[test]
+fn the_guest_has_a_device_on_each_node() {
+    let guest = require!(memory());
+    let devices = guest.ok("devices");
+    assert_eq!(devices.out[..2], ["0", "1"], "{}", devices.text());
+}
+
+/// A dedicated worker that touched 64 MiB on node 0 before its configure for the GPU on node 1:
+/// `TLLM_AFFINITY_PROCESS_ROLE=worker` following `CUDA_VISIBLE_DEVICES` from GPU 0 to GPU 1, a
+/// configure on the main thread, and upstream's VisualGen entry function on the main thread of
+/// its own process under `tllm-affinity run`. Afterwards at least 95 % lies on node 1, one info
+/// line and the report say so.
+#[test]
+fn a_dedicated_workers_memory_follows_it_to_the_gpus_node() {
+    let guest = require!(memory());
+    for name in ["role_retarget", "main_configure", "visualgen_main"] {
+        let run = guest.ok(name);
+        let (before, after) = (buffer_pages(run, "before"), buffer_pages(run, "after"));
+        println!("{name}: pages per node before {before:?}, after {after:?}");
+        assert!(
+            mostly_on(&before, 0, BUFFER_PAGES),
+            "{name}: before {before:?}"
+        );
+        assert!(
+            mostly_on(&after, 1, BUFFER_PAGES),
+            "{name}: after {after:?}\n{}",
+            run.stderr()
+        );
+        // The worker configured at load on GPU 0 moved what it had to node 0 first.
+        let line = run
+            .err
+            .iter()
+            .find(|l| l.contains("dedicated worker: moved") && l.contains("to node 1 in"))
+            .unwrap_or_else(|| panic!("{name}: no line of the move:\n{}", run.stderr()));
+        assert!(line.contains("from NUMA node 0 to node 1"), "{line}");
+        if name != "visualgen_main" {
+            let moved = &run.report()["memory_moved"];
+            assert_eq!(moved["node"], 1, "{name}: {moved}");
+            assert!(
+                moved["bytes_moved"].as_u64().unwrap() >= (BUFFER_PAGES as u64 * 4096) * 95 / 100,
+                "{name}: {moved}"
+            );
+        }
+    }
+}
+
+/// What stays where it lies: a worker thread of a shared process (a configure on another thread
+/// than main; upstream's entry function on a thread of a process that goes on serving),
+/// `TLLM_AFFINITY_MOVE_MEMORY=0`, and a process under `numactl --membind` or `--preferred`.
+#[test]
+fn a_shared_process_a_policy_of_its_own_and_move_memory_0_leave_memory_where_it_lies() {
+    let guest = require!(memory());
+    for name in [
+        "thread_configure",
+        "visualgen_thread",
+        "move_off",
+        "membind",
+        "preferred",
+    ] {
+        let run = guest.ok(name);
+        let (before, after) = (buffer_pages(run, "before"), buffer_pages(run, "after"));
+        println!("{name}: pages per node before {before:?}, after {after:?}");
+        assert!(
+            mostly_on(&before, 0, BUFFER_PAGES),
+            "{name}: before {before:?}"
+        );
+        assert_eq!(after, before, "{name}: the pages moved\n{}", run.stderr());
+        assert!(
+            !run.stderr().contains("dedicated worker: moved"),
+            "{name}:\n{}",
+            run.stderr()
+        );
+        if name == "membind" || name == "preferred" {
+            assert!(
+                run.stderr().contains("a memory policy of its own"),
+                "{name}:\n{}",
+                run.stderr()
+            );
+        }
+    }
+    // The worker thread and the dedicated worker with MOVE_MEMORY=0 were still placed.
+    for name in ["thread_configure", "move_off"] {
+        let report = guest.ok(name).report();
+        assert_eq!(report["worker_mask"], NODE1, "{name}: {report}");
+        assert!(report.get("memory_moved").is_none(), "{name}: {report}");
+    }
+}
+
+/// Half of the buffer mlock'd: those pages stay on node 0 and are counted as not moved; the other
+/// half moves.
+#[test]
+fn locked_pages_stay_and_are_counted_the_rest_moves() {
+    let guest = require!(memory());
+    let run = guest.ok("mlock");
+    let (before, after) = (buffer_pages(run, "before"), buffer_pages(run, "after"));
+    println!("mlock: pages per node before {before:?}, after {after:?}");
+    let half = BUFFER_PAGES / 2;
+    assert!(mostly_on(&before, 0, BUFFER_PAGES), "before {before:?}");
+    assert!(
+        after.get(&0).copied().unwrap_or(0) >= half,
+        "after {after:?}"
+    );
+    assert!(
+        mostly_on(&after, 1, half),
+        "after {after:?}\n{}",
+        run.stderr()
+    );
+    let moved = &run.report()["memory_moved"];
+    assert!(
+        moved["bytes_not_moved"].as_u64().unwrap() >= half as u64 * 4096,
+        "{moved}"
+    );
+    assert!(
+        moved["bytes_moved"].as_u64().unwrap() >= (half as u64 * 4096) * 95 / 100,
+        "{moved}"
+    );
+}
+
+/// The move's cost at configure, printed (`MEASURED`): a dedicated worker's configure with the
+/// move and without it (`TLLM_AFFINITY_MOVE_MEMORY=0`), for 64 and 512 MiB touched on node 0.
+#[test]
+fn the_moves_rate_and_its_cost_at_configure_are_measured() {
+    let guest = require!(memory());
+    for mib in [64u64, 512] {
+        let micros = |name: &str| -> f64 {
+            let run = guest.ok(name);
+            run.lines("CONFIGURE ")
+                .into_iter()
+                .find_map(|w| w.get(1).and_then(|us| us.parse().ok()))
+                .unwrap_or_else(|| panic!("no CONFIGURE:\n{}", run.text()))
+        };
+        let moved = guest.ok(&format!("bench_{mib}_moved"));
+        let report = &moved.report()["memory_moved"];
+        let bytes = report["bytes_moved"].as_u64().unwrap();
+        let millis = report["millis"].as_f64().unwrap();
+        assert!(bytes >= (mib << 20) * 95 / 100, "{mib} MiB: {report}");
+        let with = micros(&format!("bench_{mib}_moved"));
+        let without = micros(&format!("bench_{mib}_stays"));
+        println!(
+            "MEASURED {mib} MiB: moved {:.1} MiB in {millis:.1} ms ({:.0} MiB/s); configure {:.1} ms with the move, {:.1} ms without",
+            bytes as f64 / f64::from(1u32 << 20),
+            bytes as f64 / f64::from(1u32 << 20) / (millis / 1000.0),
+            with / 1000.0,
+            without / 1000.0
+        );
+    }
+}
+
 // ---- The harness itself ----
 
 /// The reason a guest that does not boot fails with: one line.

@@ -413,7 +413,7 @@ fn cgroup_parser_survives_random_texts_and_trees() {
     );
 }
 
-const VARIABLES: [&str; 13] = [
+const VARIABLES: [&str; 14] = [
     "TLLM_AFFINITY_POLICY",
     "TLLM_NUMA_AWARE_WORKER_AFFINITY",
     "TLLM_AFFINITY_CPUS",
@@ -426,6 +426,7 @@ const VARIABLES: [&str; 13] = [
     "TLLM_AFFINITY_STEP_CORE",
     "TLLM_AFFINITY_LOCK_DIR",
     "TLLM_AFFINITY_GPU",
+    "TLLM_AFFINITY_MOVE_MEMORY",
     "CUDA_VISIBLE_DEVICES",
 ];
 

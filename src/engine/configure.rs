@@ -5,6 +5,7 @@
 
 use super::exec;
 use super::kernel::Kernel;
+use super::move_memory::{self, Configured};
 use super::scope_memory;
 use super::state::{load_facts, lock_registry};
 use crate::device::{resolve_device_on, DeviceEnv};
@@ -156,8 +157,10 @@ pub(super) fn configure_for(
         }
     };
     let decision = policy::worker_set(&p.settings, &set.gpu_local, p.constrained, &p.cpuset);
-    let outcome = {
+    let pid = sys::getpid();
+    let (outcome, on_main) = {
         let mut reg = lock_registry();
+        let on_main = reg.entry(caller).is_some_and(|e| e.tid == pid);
         let outcome = reg.open(
             kind,
             caller,
@@ -167,9 +170,19 @@ pub(super) fn configure_for(
             &Kernel,
         );
         exec::publish_target(reg.target().map(|t| &*t.mask));
-        outcome
+        (outcome, on_main)
     };
-    let pid = sys::getpid();
+    // A configure of the main thread makes the whole process the worker's (a dedicated worker
+    // process, TLLM_AFFINITY_PROCESS_ROLE=worker): its memory follows the worker to its node,
+    // after the threads moved (what they allocate from now on lands there).
+    let follow = || {
+        move_memory::follow_the_worker(Configured {
+            dedicated: kind == LeaseKind::Configure && on_main,
+            rule: decision.rule,
+            mask: decision.mask.as_ref(),
+            memory_nodes: &set.memory_nodes,
+        })
+    };
     if kind == LeaseKind::WorkerScope {
         log_info!(
             "worker scope opened on thread {} for {}: threads it creates are workers (lease {})",
@@ -187,6 +200,7 @@ pub(super) fn configure_for(
             set.device,
             outcome.lease
         );
+        follow();
         return outcome.lease;
     }
     if let Some(reason) = &decision.empty_reason {
@@ -238,5 +252,6 @@ pub(super) fn configure_for(
             outcome.preserved
         );
     }
+    follow();
     outcome.lease
 }

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 use super::state::{in_own_process, lock_registry, own_this_process, state, State, REGISTRY};
 use super::thread_key::current_slot;
-use super::{configure, environ, exec, objects, publish, report, scope_memory, timer_calls};
+use super::{
+    configure, environ, exec, move_memory, objects, publish, report, scope_memory, timer_calls,
+};
 
 use crate::sys;
 
@@ -67,6 +69,7 @@ pub fn adopt_if_forked_without_handlers() {
 /// and the parent's table, still mapped, is left to the parent.
 pub(super) fn start_as_fork_child() {
     environ::after_fork_child();
+    move_memory::after_fork_child();
     own_this_process();
     arm_mark();
     objects::after_fork_in_child();

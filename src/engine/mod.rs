@@ -23,6 +23,7 @@
 //! - [`configure`]: opening a lease (the worker set, the policy, the log lines); [`report`]: the
 //!   report and what adapters said (also the notes `ps` shows); [`step_pin`]: pinning a step or
 //!   result thread; [`scope_memory`]: a worker scope's caller's memory policy while it is open;
+//!   [`move_memory`]: a dedicated worker's pages moved to its node at configure;
 //!   [`thread_key`]: each thread's registry slot and its exit; [`timer_calls`]: what a wrapped
 //!   timer's callback runs; [`exec`], [`objects`]: the exec and spawn shims, `dlclose` and the
 //!   loaded objects; [`packets`]: the start packets of the `pthread_create` trampoline;
@@ -42,6 +43,7 @@ pub mod exec;
 pub mod fork;
 pub mod init;
 pub mod kernel;
+pub mod move_memory;
 pub mod objects;
 pub mod observe;
 pub mod packets;

@@ -2,8 +2,8 @@
 //! give: [`crate::report`] built over the registry, with what language adapters said about
 //! themselves (`tllm_affinity_note_adapter`, `_detail`), which only the report shows.
 
-use super::exec;
 use super::state::{lock_registry, State, LOAD_FACTS};
+use super::{exec, move_memory};
 use std::sync::atomic::AtomicU64;
 
 use crate::lock::EngineLock;
@@ -128,6 +128,7 @@ pub(super) fn json(state: State) -> String {
         }
     }
     report.launch = exec::LAUNCH.get().map(|f| f.id.to_string());
+    report.memory_moved = move_memory::reported();
     serde_json::to_string(&report).unwrap_or_else(|_| "{}".into())
 }
 

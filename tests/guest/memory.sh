@@ -1,0 +1,52 @@
+#!/bin/sh
+# Inside the guest of tests/guest.rs: two NUMA nodes of two CPUs each (0-1, 2-3) and a
+# pci-testdev on each: 0000:41:00.0 on node 0 (GPU 0) and 0000:81:00.0 on node 1 (GPU 1), named
+# GPUs by the NVML test double and by a driver list of the same two (what a dedicated worker
+# configured at load reads, where NVML must not be loaded). Arguments: the preload library, the
+# CLI, the double's directory, memory_follows, then the Python and the test programs' directory.
+lib=$1 cli=$2 nvml_dir=$3 follows=$4 python=$5 programs=$6
+here=$(dirname "$0")
+. "$here/scenario.sh"
+work=$(mktemp -d)
+scenario guest identity
+printf '%s\n' "gpu 00000000:41:00.0 GPU-41414141-0000-1111-2222-333344445555 -" \
+  "gpu 00000000:81:00.0 GPU-81818181-0000-1111-2222-333344445555 -" >"$work/nvml"
+export LD_LIBRARY_PATH="$nvml_dir" TLLM_NVML_DOUBLE="$work/nvml"
+mkdir -p "$work/driver"
+mount -t tmpfs driver /proc/driver 2>/dev/null || mount --bind "$work/driver" /proc/driver
+minor=0
+for gpu in 0000:41:00.0 0000:81:00.0; do
+  mkdir -p /proc/driver/nvidia/gpus/$gpu
+  printf 'GPU UUID: \t GPU-%s\nDevice Minor: \t %s\n' "$gpu" $minor \
+    >/proc/driver/nvidia/gpus/$gpu/information
+  touch /dev/nvidia$minor
+  minor=$((minor + 1))
+done
+scenario devices sh -c 'for d in 41 81; do cat /sys/bus/pci/devices/0000:$d:00.0/numa_node; done;
+  ls /proc/driver/nvidia/gpus'
+
+run() { env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$@"; }
+# A dedicated worker: TLLM_AFFINITY_PROCESS_ROLE=worker on GPU 0 (node 0) at load, then the
+# program points CUDA_VISIBLE_DEVICES at GPU 1 (node 1); configure on the main thread.
+scenario role_retarget run TLLM_AFFINITY_PROCESS_ROLE=worker CUDA_VISIBLE_DEVICES=0 "$follows" setenv 1
+scenario main_configure run "$follows" main 1
+# What stays: a worker thread of a shared process, TLLM_AFFINITY_MOVE_MEMORY=0, a policy of the
+# process's own (numactl), and the mlock'd half.
+scenario thread_configure run "$follows" thread 1
+scenario move_off run TLLM_AFFINITY_MOVE_MEMORY=0 "$follows" main 1
+scenario membind numactl --membind=0 env MF_NO_BIND=1 LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" main 1
+scenario preferred numactl --preferred=0 env MF_NO_BIND=1 LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" main 1
+scenario mlock run MF_LOCK=1 "$follows" main 1
+# Upstream's VisualGen entry function under `tllm-affinity run`, nothing else: on the main
+# thread of its own process (dedicated), then on a thread of a process that goes on serving.
+visualgen() {
+  scenario "$1" env PYTHONPATH="$programs/upstream_trtllm:$programs" TLLM_LOG_LEVEL=info \
+    "$cli" run --log info -- "$python" "$programs/memory_follows_visualgen.py" "$2" 1
+}
+visualgen visualgen_main main
+visualgen visualgen_thread thread
+# The move's cost: configure of a dedicated worker with and without it, 64 and 512 MiB.
+for mib in 64 512; do
+  scenario "bench_${mib}_moved" run MF_MIB=$mib "$follows" main 1
+  scenario "bench_${mib}_stays" run MF_MIB=$mib TLLM_AFFINITY_MOVE_MEMORY=0 "$follows" main 1
+done
