@@ -6,8 +6,9 @@
 //! against glibc 2.17; Python is the root filesystem's.
 //!
 //! Each program runs chrooted into the root filesystem, in a mount namespace of its own where
-//! `/proc`, `/sys`, `/dev`, `/tmp` and this checkout are bound at their own paths, so the paths
-//! the common helpers make (the simulated sysfs trees, the programs, the library) hold there too.
+//! `/proc`, `/sys`, `/dev`, `/tmp`, this checkout and cargo's target directory are bound at their
+//! own paths, so the paths the common helpers make (the simulated sysfs trees, the programs, the
+//! library) hold there too.
 //!
 //! qemu-user starts one thread of its own before the program's first instruction (its RCU
 //! thread, with the program's name): it is in `/proc/<pid>/task` but was never created by the
@@ -72,6 +73,11 @@ fn arm64() -> Result<&'static Arm64, String> {
         .map_err(Clone::clone)
 }
 
+/// Cargo's target directory (the test programs, the venv), wherever CARGO_TARGET_DIR puts it.
+fn target() -> PathBuf {
+    target_dir().parent().unwrap().to_path_buf()
+}
+
 /// qemu-user registered with the kernel's binfmt_misc for aarch64 programs (scripts/setup).
 fn qemu_user() -> Result<(), String> {
     let entry = Path::new("/proc/sys/fs/binfmt_misc/qemu-aarch64");
@@ -99,8 +105,9 @@ fn aarch64_wheel() -> PathBuf {
     path
 }
 
-/// Debian bookworm for arm64 (glibc 2.36, Python 3.11 with venv), `debootstrap --foreign
-/// --variant=minbase`, its second stage run under qemu-user, made once and kept in the cache.
+/// Debian bookworm for arm64 (glibc 2.36, Python 3.11 with venv and pip's wheel; no compiler:
+/// zig cross-compiles the programs), `debootstrap --foreign --variant=minbase`, its second stage
+/// run under qemu-user, made once and kept in the cache.
 fn arm64_rootfs() -> Result<PathBuf, String> {
     use std::os::fd::AsRawFd;
     let cache = Path::new(ROOTFS_CACHE);
@@ -116,7 +123,7 @@ fn arm64_rootfs() -> Result<PathBuf, String> {
         let partial = cache.join(format!("{ROOTFS}.partial.{}", std::process::id()));
         let first = Command::new("debootstrap")
             .args(["--arch=arm64", "--foreign", "--variant=minbase"])
-            .arg("--include=python3,python3-venv,gcc,libc6-dev")
+            .arg("--include=python3,python3-venv")
             .arg("bookworm")
             .arg(&partial)
             .arg(MIRROR)
@@ -150,15 +157,18 @@ fn arm64_rootfs() -> Result<PathBuf, String> {
         }
         std::fs::rename(&partial, &rootfs).unwrap();
     }
-    // The mount points of this checkout (empty directories; other checkouts add their own).
-    std::fs::create_dir_all(rootfs.join(repo().strip_prefix("/").unwrap())).unwrap();
+    // The mount points of this checkout and its target directory (empty directories; other
+    // checkouts add their own).
+    for dir in [repo(), &target()] {
+        std::fs::create_dir_all(rootfs.join(dir.strip_prefix("/").unwrap())).unwrap();
+    }
     Ok(rootfs)
 }
 
 impl Arm64 {
     /// `program` (a path valid in the root filesystem) run chrooted there under qemu-user, in a
-    /// mount namespace of its own with the host's `/proc`, `/sys`, `/dev`, `/tmp` and this
-    /// checkout bound at their paths. The environment is empty but for PATH, HOME and the
+    /// mount namespace of its own with the host's `/proc`, `/sys`, `/dev`, `/tmp`, this checkout
+    /// and the target directory bound at their paths. The environment is empty but for PATH, HOME and the
     /// Python package on PYTHONPATH; the process is the program's own (each step execs), so its
     /// pid is the program's.
     fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
@@ -168,8 +178,10 @@ impl Arm64 {
                 r#"set -e; root=$1; shift
                 mount=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v mount)
                 chroot=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin command -v chroot)
-                for dir in /proc /sys /dev /tmp "$REPO"; do "$mount" --rbind "$dir" "$root$dir"; done
-                unset REPO
+                for dir in /proc /sys /dev /tmp "$REPO" "$TARGET"; do
+                    "$mount" --rbind "$dir" "$root$dir"
+                done
+                unset REPO TARGET
                 exec "$chroot" "$root" "$@""#,
             )
             .arg("sh")
@@ -179,6 +191,7 @@ impl Arm64 {
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", "/root")
             .env("REPO", repo())
+            .env("TARGET", target())
             .env("PYTHONPATH", repo().join("python"));
         cmd
     }
@@ -204,18 +217,29 @@ impl Arm64 {
 /// A C program of tests/programs, cross-compiled for aarch64 by zig against glibc 2.17 (as the
 /// wheel's library is linked), into test-programs/aarch64/.
 fn arm64_program(source: &str) -> PathBuf {
-    let python = python();
-    Program::c(source)
-        .compiler(&[
-            python.to_str().unwrap(),
-            "-m",
-            "ziglang",
-            "cc",
-            "-target",
-            "aarch64-linux-gnu.2.17",
-        ])
+    for_aarch64(Program::c(source))
         .named(&format!("aarch64/{source}"))
         .build()
+}
+
+/// A shared object of tests/programs (`lib<source>.so.2`), cross-compiled as [`arm64_program`].
+fn arm64_shared_object(source: &str) -> PathBuf {
+    for_aarch64(Program::c(source).shared())
+        .named(&format!("aarch64/lib{source}.so.2"))
+        .build()
+}
+
+/// `program` compiled by zig's `cc` for aarch64 and glibc 2.17.
+fn for_aarch64(program: Program) -> Program {
+    let python = python();
+    program.compiler(&[
+        python.to_str().unwrap(),
+        "-m",
+        "ziglang",
+        "cc",
+        "-target",
+        "aarch64-linux-gnu.2.17",
+    ])
 }
 
 /// qemu-user's own thread in an emulated process: the one thread of `/proc/<pid>/task` that
@@ -485,6 +509,113 @@ fn roles_leases_and_restoration_as_on_x86_64() {
     );
 }
 
+/// The C population of the x86_64 tier (tests/programs/population.c, its worker-libs thread
+/// started in a stand-in libnccl): before configure nobody moved and the libnccl thread is
+/// already a worker; configure pins the worker, its descendants and the libnccl threads, the
+/// hosts keep every CPU; a second configure changes nothing and says nothing; the last release
+/// restores every mask; a worker born after it is born on the restored mask.
+#[test]
+fn the_c_population_as_on_x86_64() {
+    let a = require!(arm64());
+    let sysfs = Sysfs::two_nodes();
+    let all = allowed_cpus().to_list();
+    let local = sysfs.node1.to_list();
+    let workers = ["W", "C1", "G1", "C2", "C3", "C4", "C5", "C6", "P1"];
+    let nccl = arm64_shared_object("nccl");
+    let mut cmd = a.preloaded(&arm64_program("population"), &sysfs);
+    cmd.env("FAKE_NCCL", nccl).arg("0");
+    let (phases, end) = Driver::spawn(cmd, LIMIT).all_phases::<5>();
+    assert!(end.status.success(), "{}", end.stderr);
+    let [before, configured, twice, released, after] = &phases;
+    println!("{}\n{}", describe(configured), describe(released));
+    expect(before, Named(&["main", "H1"]), on(&all), "before configure");
+    expect(before, Named(&workers), on(&all), "before configure");
+    assert_eq!(
+        before.role("P1"),
+        1,
+        "a thread started in libnccl is a worker"
+    );
+    assert_eq!(before.role("W"), 0);
+    expect(
+        configured,
+        Named(&workers),
+        worker_on(&local),
+        "after configure",
+    );
+    expect(configured, Named(&["main", "H1"]), host_on(&all), "host");
+    expect(
+        twice,
+        Named(&workers),
+        on(&local),
+        "after the second configure",
+    );
+    expect(
+        twice,
+        Named(&["C7", "P2"]),
+        on(&local),
+        "born during the lease",
+    );
+    assert_eq!((twice.mask("H2"), twice.role("H2")), (all.clone(), 0));
+    never_says(&end.stderr, &["constrained"]);
+    says(
+        &end.stderr,
+        &[&format!(
+            "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (9/9 threads)"
+        )],
+    );
+    assert_eq!(
+        end.stderr
+            .matches("for optimal NUMA-aware scheduling")
+            .count(),
+        1,
+        "{}",
+        end.stderr
+    );
+    expect(released, All, on(&all), "after release");
+    says(
+        &end.stderr,
+        &[
+            "release 1 -> 0",
+            "release 2 -> 0",
+            "release again -> -2",
+            "restored 11 threads, preserved 0",
+        ],
+    );
+    assert_eq!((after.mask("C8"), after.role("C8")), (all, 1));
+}
+
+/// Real Python threads of the root filesystem's interpreter (tests/programs/host_and_worker.py):
+/// the HTTP, request and loop threads hosts on every CPU, the worker and its pool and
+/// grandchild workers on the GPU-local set until the release restores them; threads born after
+/// it are on every CPU.
+#[test]
+fn python_host_and_worker_threads_as_on_x86_64() {
+    let a = require!(arm64());
+    let sysfs = Sysfs::two_nodes();
+    let local = sysfs.node1.to_list();
+    let all = allowed_cpus().to_list();
+    let mut cmd = a.preloaded(Path::new("/usr/bin/python3"), &sysfs);
+    cmd.arg(programs_dir().join("host_and_worker.py"));
+    let (phases, end) = Driver::spawn(cmd, LIMIT).all_phases::<3>();
+    assert!(end.status.success(), "{}", end.stderr);
+    let [configured, released, after] = &phases;
+    println!("{}", describe(configured));
+    let hosts = ["main", "http", "request", "loop"];
+    expect(configured, Named(&hosts), host_on(&all), "host");
+    expect(
+        released,
+        Named(&["main", "http", "loop"]),
+        on(&all),
+        "after release",
+    );
+    let workers = ["worker", "pool0", "pool1", "grandchild"];
+    expect(configured, Named(&workers), worker_on(&local), "worker");
+    expect(released, Named(&workers), on(&all), "worker after release");
+    assert_eq!(after.mask("late_request"), all);
+    assert_eq!(after.role("late_request"), 0);
+    assert_eq!(after.mask("late_worker_child"), all);
+}
+
 // ---- Bad input ----------------------------------------------------------------------------
 
 /// A malformed variable at load: one line naming it and its value, the library passive, the
@@ -522,12 +653,13 @@ fn a_malformed_variable_is_one_line_and_the_program_runs_on() {
 // ---- The wheel, pip-installed in the root filesystem --------------------------------------
 
 /// A fresh venv of the root filesystem's Python with the aarch64 wheel pip-installed, no index:
-/// made once per test binary under /tmp (bound into every run); the venv's bin/.
+/// `target/aarch64-venv` (bound into every run), made anew once per test binary; the venv's
+/// bin/.
 fn venv(a: &Arm64) -> PathBuf {
-    static VENV: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
     VENV.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let venv = dir.path().join("venv");
+        let venv = target().join("aarch64-venv");
+        let _ = std::fs::remove_dir_all(&venv);
         succeeded(
             a.command("/usr/bin/python3")
                 .args(["-m", "venv"])
@@ -540,9 +672,8 @@ fn venv(a: &Arm64) -> PathBuf {
                 .arg(&a.wheel)
                 .env_remove("PYTHONPATH"),
         );
-        (dir, bin)
+        bin
     })
-    .1
     .clone()
 }
 
