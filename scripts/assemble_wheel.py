@@ -24,7 +24,14 @@ import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-PLATFORM_TAGS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+ARCHITECTURES = ("x86_64", "aarch64")
+
+
+def platform_tags(arch):
+    """The manylinux2014 tags of a wheel for `arch` (glibc 2.17, both spellings pip knows)."""
+    return ["manylinux_2_17_" + arch, "manylinux2014_" + arch]
+
+
 EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
@@ -71,8 +78,9 @@ def record_line(path, data):
     return "%s,sha256=%s,%d" % (path, digest, len(data))
 
 
-def assemble(native, out_dir, platform_tags=PLATFORM_TAGS):
-    """Writes the wheel into `out_dir` from cargo's output directory `native`; returns its path."""
+def assemble(native, out_dir, tags):
+    """Writes the wheel into `out_dir` from cargo's output directory `native`, with the platform
+    tags `tags`; returns its path."""
     version = workspace_version()
     # One version everywhere: the workspace's (Cargo.toml) is the source; the Python package
     # states it too because a pure install has no Cargo.toml to read.
@@ -106,11 +114,11 @@ def assemble(native, out_dir, platform_tags=PLATFORM_TAGS):
             with open(source, "rb") as f:
                 entries[path] = (f.read(), mode)
         wheel_meta = "Wheel-Version: 1.0\nGenerator: tllm-affinity scripts/wheel\nRoot-Is-Purelib: false\n"
-        wheel_meta += "".join("Tag: py3-none-%s\n" % tag for tag in platform_tags)
+        wheel_meta += "".join("Tag: py3-none-%s\n" % tag for tag in tags)
         entries[dist_info + "/WHEEL"] = (wheel_meta.encode(), 0o644)
 
         os.makedirs(out_dir, exist_ok=True)
-        out = os.path.join(out_dir, "%s-py3-none-%s.whl" % (name_version, ".".join(platform_tags)))
+        out = os.path.join(out_dir, "%s-py3-none-%s.whl" % (name_version, ".".join(tags)))
         record = dist_info + "/RECORD"
         lines = []
         with zipfile.ZipFile(out + ".part", "w", zipfile.ZIP_DEFLATED) as whl:
@@ -135,8 +143,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--native", required=True, help="cargo's output directory")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--arch", required=True, choices=ARCHITECTURES, help="what `native` was built for")
     args = parser.parse_args()
-    print(assemble(args.native, args.out))
+    print(assemble(args.native, args.out, platform_tags(args.arch)))
 
 
 if __name__ == "__main__":

@@ -235,9 +235,12 @@ impl LeaseLine {
     }
 }
 
-/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
+/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot. Read
+/// from its main thread's own `task/<pid>/stat`, which holds the same value: qemu-user fakes
+/// a process's view of `/proc/<own pid>/stat` (its start time rounded to whole seconds), so the
+/// library under qemu would record a start time that `ps` never reads back.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
     crate::kernel_text::stat_field(&stat, 22)
 }
 
@@ -442,7 +445,13 @@ mod tests {
 
     #[test]
     fn start_time_of_this_process_is_readable() {
-        assert!(start_time(std::process::id()).is_some());
+        let me = std::process::id();
+        // The main thread's file and the process's agree on a kernel (not under qemu-user,
+        // which fakes the process's).
+        let stat = std::fs::read_to_string(format!("/proc/{me}/stat")).unwrap();
+        let process = crate::kernel_text::stat_field(&stat, 22);
+        assert!(process.is_some());
+        assert_eq!(start_time(me), process);
     }
 
     fn ns() -> u64 {

@@ -991,6 +991,7 @@ fn wheel_library() -> Result<PathBuf, String> {
         return Err("`cargo-zigbuild` on PATH".into());
     }
     let out = Command::new(repo().join("scripts/wheel"))
+        .arg("x86_64")
         .stderr(std::process::Stdio::inherit())
         .output()
         .unwrap();

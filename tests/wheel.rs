@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -17,25 +17,34 @@ use serde_json::Value;
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const WHEEL_LIBRARY: &str = "tllm_affinity/_lib/libtllm_affinity.so";
 
-/// `target/wheels/<the wheel>`, built once per test binary (cargo rebuilds only what changed);
-/// the error (for `require!`) when the toolchain is missing.
+/// `target/wheels/<the wheel for arch>` (`x86_64`, `aarch64`), built by `scripts/wheel <arch>`
+/// once per test binary (cargo rebuilds only what changed); the error (for `require!`) when the
+/// toolchain is missing.
+fn wheel_for(arch: &'static str) -> Result<PathBuf, String> {
+    static WHEELS: OnceLock<std::sync::Mutex<BTreeMap<&str, PathBuf>>> = OnceLock::new();
+    if !on_path("cargo-zigbuild") {
+        return Err("`cargo-zigbuild` on PATH".into());
+    }
+    let wheels = WHEELS.get_or_init(Default::default);
+    let mut wheels = wheels.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(path) = wheels.get(arch) {
+        return Ok(path.clone());
+    }
+    let out = Command::new(repo().join("scripts/wheel"))
+        .arg(arch)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("scripts/wheel");
+    assert!(out.status.success(), "scripts/wheel {arch} failed");
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    assert!(path.is_file(), "scripts/wheel printed {}", path.display());
+    wheels.insert(arch, path.clone());
+    Ok(path)
+}
+
+/// The wheel for this machine (x86_64), which the venv and bullseye tests install and run.
 fn wheel() -> Result<PathBuf, String> {
-    static WHEEL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    WHEEL
-        .get_or_init(|| {
-            if !on_path("cargo-zigbuild") {
-                return Err("`cargo-zigbuild` on PATH".into());
-            }
-            let out = Command::new(repo().join("scripts/wheel"))
-                .stderr(Stdio::inherit())
-                .output()
-                .expect("scripts/wheel");
-            assert!(out.status.success(), "scripts/wheel failed");
-            let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
-            assert!(path.is_file(), "scripts/wheel printed {}", path.display());
-            Ok(path)
-        })
-        .clone()
+    wheel_for("x86_64")
 }
 
 fn text(out: &Output) -> String {
@@ -72,15 +81,18 @@ fn the_python_package_states_the_workspace_version() {
     );
 }
 
-#[test]
-fn the_wheel_is_manylinux2014_and_its_library_needs_glibc_alone() {
+/// Each architecture's wheel: named and accepted by `auditwheel` as manylinux2014 for its
+/// architecture, its library of that architecture, needing glibc alone at `GLIBC_2.17` at most,
+/// holding no path of the machine that built it. A row: the architecture, its `Machine:` in
+/// `readelf -h`, its glibc loader.
+fn check_manylinux2014(&(arch, machine, loader): &(&'static str, &str, &str)) {
     require!(on_path("auditwheel"), "`auditwheel` on PATH");
     require!(on_path("readelf"), "`readelf` on PATH");
-    let wheel = require!(wheel());
+    let wheel = require!(wheel_for(arch));
     let name = wheel.file_name().unwrap().to_str().unwrap();
     assert_eq!(
         name,
-        format!("tllm_affinity-{VERSION}-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl")
+        format!("tllm_affinity-{VERSION}-py3-none-manylinux_2_17_{arch}.manylinux2014_{arch}.whl")
     );
     let out = Command::new("auditwheel")
         .arg("show")
@@ -91,12 +103,23 @@ fn the_wheel_is_manylinux2014_and_its_library_needs_glibc_alone() {
     assert!(out.status.success(), "{shown}");
     assert!(
         shown.contains("consistent with the following platform tag:")
-            && shown.contains("\"manylinux_2_17_x86_64\""),
+            && shown.contains(&format!("\"manylinux_2_17_{arch}\"")),
         "{shown}"
     );
     let dir = tempfile::tempdir().unwrap();
     let library = dir.path().join("libtllm_affinity.so");
     extract(&wheel, WHEEL_LIBRARY, &library);
+    let header = Command::new("readelf")
+        .arg("-hW")
+        .arg(&library)
+        .output()
+        .unwrap();
+    let machine_line = String::from_utf8_lossy(&header.stdout)
+        .lines()
+        .find(|l| l.trim_start().starts_with("Machine:"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(machine_line.contains(machine), "{arch}: {machine_line}");
     let dynamic = Command::new("readelf")
         .arg("-dW")
         .arg(&library)
@@ -107,17 +130,12 @@ fn the_wheel_is_manylinux2014_and_its_library_needs_glibc_alone() {
         .filter(|l| l.contains("(NEEDED)"))
         .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_string()))
         .collect();
-    let glibc: BTreeSet<String> = [
-        "libc.so.6",
-        "ld-linux-x86-64.so.2",
-        "libpthread.so.0",
-        "libdl.so.2",
-    ]
-    .map(String::from)
-    .into();
+    let glibc: BTreeSet<String> = ["libc.so.6", loader, "libpthread.so.0", "libdl.so.2"]
+        .map(String::from)
+        .into();
     assert!(
         !needed.is_empty() && needed.is_subset(&glibc),
-        "NEEDED {needed:?}"
+        "{arch}: NEEDED {needed:?}"
     );
     // The highest glibc symbol version imported: 2.17 at most (manylinux2014).
     let versions = Command::new("readelf")
@@ -136,7 +154,7 @@ fn the_wheel_is_manylinux2014_and_its_library_needs_glibc_alone() {
         .expect("GLIBC_ versions");
     assert!(
         highest <= (2, 17),
-        "imports GLIBC_{}.{}",
+        "{arch}: imports GLIBC_{}.{}",
         highest.0,
         highest.1
     );
@@ -151,34 +169,15 @@ fn the_wheel_is_manylinux2014_and_its_library_needs_glibc_alone() {
     }
 }
 
-/// A mixed population in one Python process: the main thread and a host thread, a worker
-/// configured for device 0 and its two children. It prints what it is, waits for a line, exits.
-const POPULATION: &str = r#"
-import json, os, sys, threading, tllm_affinity
-seen, ready, stop = {}, threading.Barrier(5), threading.Event()
-def note(name):
-    seen[name] = {"tid": threading.get_native_id(), "role": tllm_affinity.role(),
-                  "mask": sorted(os.sched_getaffinity(0))}
-def hold(name):
-    note(name); ready.wait(); stop.wait()
-def worker():
-    lease = tllm_affinity.configure(0)
-    children = [threading.Thread(target=hold, args=("child%d" % i,)) for i in (1, 2)]
-    for c in children: c.start()
-    hold("worker")
-    for c in children: c.join()
-    lease.release()
-threads = [threading.Thread(target=hold, args=("host",)), threading.Thread(target=worker)]
-for t in threads: t.start()
-note("main")
-ready.wait()
-print(json.dumps({"pid": os.getpid(), "version": tllm_affinity.version(),
-                  "library": tllm_affinity.library_path(), "preload": os.environ["LD_PRELOAD"],
-                  "threads": seen}), flush=True)
-sys.stdin.readline()
-stop.set()
-for t in threads: t.join()
-"#;
+table_tests! {
+    check_manylinux2014;
+    /// The x86_64 wheel.
+    the_x86_64_wheel_is_manylinux2014_and_its_library_needs_glibc_alone:
+        ("x86_64", "X86-64", "ld-linux-x86-64.so.2");
+    /// The aarch64 wheel, cross-built here.
+    the_aarch64_wheel_is_manylinux2014_and_its_library_needs_glibc_alone:
+        ("aarch64", "AArch64", "ld-linux-aarch64.so.1");
+}
 
 /// Every path under `dir`, relative.
 fn tree(dir: &Path) -> BTreeSet<PathBuf> {
@@ -251,19 +250,11 @@ fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() 
 
     // The installed `run`, with no variable naming the library, on the simulated host.
     let mut cmd = user("tllm-affinity");
-    cmd.args([
-        "run",
-        "--simulate",
-        "--policy",
-        "numa",
-        "--",
-        "python",
-        "-c",
-    ])
-    .arg(POPULATION)
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(["run", "--simulate", "--policy", "numa", "--", "python"])
+        .arg(program("wheel_population.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())

@@ -17,8 +17,9 @@ impl ThreadMasks for Kernel {
         set_mask(tid, mask)
     }
     fn thread_count(&self) -> usize {
-        // Field 20 of /proc/self/stat: the number of threads.
-        std::fs::read_to_string("/proc/self/stat")
+        // Field 20 of stat: the number of threads, from the main thread's own file
+        // (qemu-user answers 0 for the process's /proc/self/stat).
+        std::fs::read_to_string(format!("/proc/self/task/{}/stat", std::process::id()))
             .ok()
             .and_then(|stat| stat_field(&stat, 20))
             .unwrap_or_else(|| self.thread_ids().len())

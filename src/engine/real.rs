@@ -3,8 +3,8 @@
 //!
 //! Resolution happens in the creating thread or at load, never inside a new thread's trampoline
 //! (the loader lock may be held by whoever is creating it). `sched_setaffinity` and
-//! `pthread_setaffinity_np` are asked for by version: older glibc hands `dlsym` callers the
-//! two-argument GLIBC_2.3.3 ABI.
+//! `pthread_setaffinity_np` are asked for by version, the one [`crate::arch`] names for this
+//! architecture: older x86_64 glibc hands `dlsym` callers the two-argument GLIBC_2.3.3 ABI.
 //!
 //! Two copies of the library in one process (`LD_PRELOAD=/a/lib.so:/b/lib.so`): the first in
 //! the symbol search order acts, any later one finds at load that `tllm_affinity_version` is not
@@ -181,12 +181,13 @@ macro_rules! resolvers {
     )*};
 }
 
-// By version: older glibc hands `dlsym` callers the two-argument GLIBC_2.3.3 ABI.
+// By version, the architecture's own (x86_64's older glibc hands `dlsym` callers a two-argument
+// ABI; aarch64's glibc has none of x86_64's versions).
 resolvers! {
-    sched_setaffinity, SCHED_SETAFFINITY, c"sched_setaffinity", Some(c"GLIBC_2.3.4"),
-        SchedSetaffinity;
-    pthread_setaffinity_np, PTHREAD_SETAFFINITY, c"pthread_setaffinity_np", Some(c"GLIBC_2.3.4"),
-        PthreadSetaffinity;
+    sched_setaffinity, SCHED_SETAFFINITY, c"sched_setaffinity",
+        Some(crate::arch::AFFINITY_SYMBOL_VERSION), SchedSetaffinity;
+    pthread_setaffinity_np, PTHREAD_SETAFFINITY, c"pthread_setaffinity_np",
+        Some(crate::arch::AFFINITY_SYMBOL_VERSION), PthreadSetaffinity;
 }
 
 pub fn dlclose() -> Option<Dlclose> {
@@ -262,4 +263,26 @@ pub fn resolve_all() -> bool {
         );
     }
     acting
+}
+
+#[cfg(test)]
+mod tests {
+    /// glibc has both affinity functions at the version this architecture asks for: with a
+    /// version it never had, `dlvsym` finds nothing and every program's own call under the
+    /// library fails with ENOSYS.
+    #[test]
+    fn the_affinity_functions_resolve_at_this_architectures_version() {
+        assert!(
+            super::sched_setaffinity().is_some(),
+            "sched_setaffinity@{:?} on {}",
+            crate::arch::AFFINITY_SYMBOL_VERSION,
+            crate::arch::NAME
+        );
+        assert!(
+            super::pthread_setaffinity_np().is_some(),
+            "pthread_setaffinity_np@{:?} on {}",
+            crate::arch::AFFINITY_SYMBOL_VERSION,
+            crate::arch::NAME
+        );
+    }
 }
