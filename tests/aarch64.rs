@@ -21,7 +21,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -34,7 +33,6 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 const LIMIT: Duration = Duration::from_secs(120);
 const TARGET: &str = "aarch64-unknown-linux-gnu";
 const ROOTFS: &str = "bookworm-arm64";
-const MIRROR: &str = "http://deb.debian.org/debian";
 /// The directories the system's own tools are in.
 const SYSTEM_DIRS: [&str; 4] = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"];
 
@@ -120,54 +118,29 @@ fn aarch64_wheel() -> PathBuf {
 /// zig cross-compiles the programs), `debootstrap --foreign --variant=minbase`, its second stage
 /// run under qemu-user, made once and kept in the cache.
 fn arm64_rootfs() -> Result<PathBuf, String> {
-    use std::os::fd::AsRawFd;
-    let cache = Path::new(ROOTFS_CACHE);
-    let rootfs = cache.join(ROOTFS);
-    std::fs::create_dir_all(cache).unwrap();
-    let lock = std::fs::File::create(cache.join(format!("{ROOTFS}.lock"))).unwrap();
-    // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
-    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-    if !rootfs.join("usr/bin/python3").is_file() {
-        if !on_path("debootstrap") {
-            return Err("`debootstrap` on PATH".into());
-        }
-        let partial = cache.join(format!("{ROOTFS}.partial.{}", std::process::id()));
-        let first = Command::new("debootstrap")
-            .args(["--arch=arm64", "--foreign", "--variant=minbase"])
-            .arg("--include=python3,python3-venv")
-            .arg("bookworm")
-            .arg(&partial)
-            .arg(MIRROR)
-            .output()
-            .unwrap();
-        let second = || {
+    let rootfs = debootstrapped(
+        ROOTFS,
+        "usr/bin/python3",
+        &format!("an arm64 Debian root filesystem: `debootstrap --arch=arm64 bookworm {MIRROR}`"),
+        |partial| {
+            let first = Command::new("debootstrap")
+                .args(["--arch=arm64", "--foreign", "--variant=minbase"])
+                .arg("--include=python3,python3-venv")
+                .arg("bookworm")
+                .arg(partial)
+                .arg(MIRROR)
+                .output()
+                .unwrap();
+            if !first.status.success() {
+                return first;
+            }
             Command::new("chroot")
-                .arg(&partial)
+                .arg(partial)
                 .args(["/debootstrap/debootstrap", "--second-stage"])
                 .output()
                 .unwrap()
-        };
-        let out = if first.status.success() {
-            second()
-        } else {
-            first
-        };
-        if !out.status.success() {
-            let _ = std::fs::remove_dir_all(&partial);
-            let log = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let tail: Vec<&str> = log.lines().rev().take(3).collect();
-            return Err(format!(
-                "an arm64 Debian root filesystem: `debootstrap --arch=arm64 bookworm {MIRROR}` \
-                 failed (is the mirror reachable?): {}",
-                tail.join(" | ")
-            ));
-        }
-        std::fs::rename(&partial, &rootfs).unwrap();
-    }
+        },
+    )?;
     // The mount points of this checkout and its target directory (empty directories; other
     // checkouts add their own).
     for dir in [repo(), &target()] {
@@ -610,28 +583,11 @@ fn the_c_population_as_on_x86_64() {
 fn python_host_and_worker_threads_as_on_x86_64() {
     let a = require!(arm64());
     let sysfs = Sysfs::two_nodes();
-    let local = sysfs.node1.to_list();
-    let all = allowed_cpus().to_list();
-    let mut cmd = a.preloaded(Path::new("/usr/bin/python3"), &sysfs);
-    cmd.arg(programs_dir().join("host_and_worker.py"));
-    let (phases, end) = Driver::spawn(cmd, LIMIT).all_phases::<3>();
-    assert!(end.status.success(), "{}", end.stderr);
-    let [configured, released, after] = &phases;
-    println!("{}", describe(configured));
-    let hosts = ["main", "http", "request", "loop"];
-    expect(configured, Named(&hosts), host_on(&all), "host");
-    expect(
-        released,
-        Named(&["main", "http", "loop"]),
-        on(&all),
-        "after release",
+    check_host_and_worker(
+        a.preloaded(Path::new("/usr/bin/python3"), &sysfs),
+        &sysfs,
+        LIMIT,
     );
-    let workers = ["worker", "pool0", "pool1", "grandchild"];
-    expect(configured, Named(&workers), worker_on(&local), "worker");
-    expect(released, Named(&workers), on(&all), "worker after release");
-    assert_eq!(after.mask("late_request"), all);
-    assert_eq!(after.role("late_request"), 0);
-    assert_eq!(after.mask("late_worker_child"), all);
 }
 
 // ---- Bad input ----------------------------------------------------------------------------
@@ -723,39 +679,7 @@ fn the_aarch64_wheel_installs_in_a_venv_and_its_run_places_a_population() {
         String::from_utf8_lossy(&version.stdout).trim(),
         format!("tllm-affinity {VERSION}")
     );
-    let mut cmd = user(a, &bin, "tllm-affinity");
-    cmd.args(["run", "--simulate", "--policy", "numa", "--", "python"])
-        .arg(program("wheel_population.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let seen: Value = match serde_json::from_str(&line) {
-        Ok(seen) => seen,
-        Err(_) => {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "no population: {line}{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        }
-    };
-    let pid = seen["pid"].as_u64().unwrap() as u32;
-    let ps = succeeded(user(a, &bin, "tllm-affinity").args(["ps", &pid.to_string(), "--json"]));
-    writeln!(child.stdin.take().unwrap()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{seen}");
+    let seen = installed_population(|| user(a, &bin, "tllm-affinity"));
     let library = seen["library"].as_str().unwrap();
     assert!(
         library.starts_with(bin.parent().unwrap().to_str().unwrap())
@@ -764,28 +688,6 @@ fn the_aarch64_wheel_installs_in_a_venv_and_its_run_places_a_population() {
     );
     assert_eq!(seen["preload"], library);
     assert_eq!(seen["version"], VERSION);
-    let sim = Sysfs::two_nodes();
-    for (name, role, cpus) in [
-        ("main", "host", allowed_cpus()),
-        ("host", "host", allowed_cpus()),
-        ("worker", "worker", sim.gpu0_local()),
-        ("child1", "worker", sim.gpu0_local()),
-        ("child2", "worker", sim.gpu0_local()),
-    ] {
-        let thread = &seen["threads"][name];
-        assert_eq!(thread["role"], role, "{name}: {seen}");
-        assert_eq!(mask_of(&thread["mask"]), cpus, "{name}: {seen}");
-    }
-    let table: Value = serde_json::from_slice(&ps.stdout).unwrap();
-    assert_eq!(table["table"], true, "{table}");
-    let worker = &seen["threads"]["worker"]["tid"];
-    let row = table["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| &t["tid"] == worker)
-        .unwrap_or_else(|| panic!("worker {worker} not in {table}"));
-    assert_eq!(row["role"], "worker", "{table}");
 }
 
 /// The start-up hook of the pip-installed package: the venv's `tllm-affinity run` makes an

@@ -283,27 +283,7 @@ fn python_configure_twice_keeps_six_workers_pinned() {
 #[test]
 fn python_host_and_worker_threads() {
     let sysfs = Sysfs::two_nodes();
-    let local = sysfs.node1.to_list();
-    let all = allowed_cpus().to_list();
-    let mut cmd = preloaded(python(), &sysfs);
-    cmd.arg(programs_dir().join("host_and_worker.py"));
-    let (phases, end) = Driver::spawn(cmd, DEADLINE).all_phases::<3>();
-    assert!(end.status.success(), "{}", end.stderr);
-    let [configured, released, after] = &phases;
-    let hosts = ["main", "http", "request", "loop"];
-    expect(configured, Named(&hosts), host_on(&all), "host");
-    expect(
-        released,
-        Named(&["main", "http", "loop"]),
-        on(&all),
-        "after release",
-    );
-    let workers = ["worker", "pool0", "pool1", "grandchild"];
-    expect(configured, Named(&workers), worker_on(&local), "worker");
-    expect(released, Named(&workers), on(&all), "worker after release");
-    assert_eq!(after.mask("late_request"), all);
-    assert_eq!(after.role("late_request"), 0);
-    assert_eq!(after.mask("late_worker_child"), all);
+    check_host_and_worker(preloaded(python(), &sysfs), &sysfs, DEADLINE);
 }
 
 /// A dedicated worker process whose first image execs the real program (a pyenv or conda shim,

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -249,60 +248,11 @@ fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() 
     assert!(Path::new(words[3]).join("tllm_affinity.h").is_file());
 
     // The installed `run`, with no variable naming the library, on the simulated host.
-    let mut cmd = user("tllm-affinity");
-    cmd.args(["run", "--simulate", "--policy", "numa", "--", "python"])
-        .arg(program("wheel_population.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let seen: Value = match serde_json::from_str(&line) {
-        Ok(seen) => seen,
-        Err(_) => {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!("no population: {line}{}", text(&out))
-        }
-    };
-    let pid = seen["pid"].as_u64().unwrap() as u32;
-    let ps = user("tllm-affinity")
-        .args(["ps", &pid.to_string(), "--json"])
-        .output()
-        .unwrap();
-    writeln!(child.stdin.take().unwrap()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    let seen = installed_population(|| user("tllm-affinity"));
     assert_eq!(seen["version"], VERSION);
     assert_eq!(seen["library"], library.to_str().unwrap());
     assert_eq!(seen["preload"], library.to_str().unwrap());
     let sim = Sysfs::two_nodes();
-    for (name, role, cpus) in [
-        ("main", "host", allowed_cpus()),
-        ("host", "host", allowed_cpus()),
-        ("worker", "worker", sim.gpu0_local()),
-        ("child1", "worker", sim.gpu0_local()),
-        ("child2", "worker", sim.gpu0_local()),
-    ] {
-        let thread = &seen["threads"][name];
-        assert_eq!(thread["role"], role, "{name}: {seen}");
-        assert_eq!(mask_of(&thread["mask"]), cpus, "{name}: {seen}");
-    }
-    // `ps` on the live process reads the table the installed library published.
-    assert!(ps.status.success(), "{}", text(&ps));
-    let table: Value = serde_json::from_slice(&ps.stdout).unwrap();
-    assert_eq!(table["table"], true, "{table}");
-    let worker_tid = &seen["threads"]["worker"]["tid"];
-    let row = table["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| &t["tid"] == worker_tid)
-        .unwrap_or_else(|| panic!("worker {worker_tid} not in {table}"));
-    assert_eq!(row["role"], "worker", "{table}");
 
     // The Python module's own test program against the installed package and library.
     let api = run(user("tllm-affinity")

@@ -1274,36 +1274,59 @@ fn copy_package_source(from: &Path, to: &Path) {
 // ---- Root filesystems (tests/wheel.rs, tests/containers.rs) ----
 
 pub const ROOTFS_CACHE: &str = "/var/cache/tllm-affinity";
-const MIRROR: &str = "http://deb.debian.org/debian";
+pub const MIRROR: &str = "http://deb.debian.org/debian";
 
 /// Debian bullseye (glibc 2.31: the old-glibc checks of tests/wheel.rs and tests/containers.rs),
 /// `debootstrap --variant=minbase`, made once and kept in
 /// `/var/cache/tllm-affinity/bullseye-minbase` for every checkout. The error (for [`require!`])
 /// says what is missing when it cannot be made: root, debootstrap, or the mirror.
 pub fn bullseye_rootfs() -> Result<PathBuf, String> {
-    use std::os::fd::AsRawFd;
-    let cache = Path::new(ROOTFS_CACHE);
-    let rootfs = cache.join("bullseye-minbase");
     if !root() {
         return Err("root (chroot)".into());
     }
+    debootstrapped(
+        "bullseye-minbase",
+        "usr/bin/true",
+        &format!(
+            "a Debian bullseye root filesystem: `debootstrap --variant=minbase bullseye {MIRROR}`"
+        ),
+        |partial| {
+            Command::new("debootstrap")
+                .args(["--variant=minbase", "bullseye"])
+                .arg(partial)
+                .arg(MIRROR)
+                .output()
+                .unwrap()
+        },
+    )
+}
+
+/// A root filesystem made once in `ROOTFS_CACHE/name` and kept for every checkout: `make`
+/// (debootstrap's stages) builds it in a directory of its own, renamed into place when it
+/// succeeded, under a lock so that test binaries running at once make it once; `ready` is a file
+/// it has once made. The error (for [`require!`]) names what is missing: debootstrap, or `what`
+/// with the last lines it printed.
+pub fn debootstrapped(
+    name: &str,
+    ready: &str,
+    what: &str,
+    make: impl FnOnce(&Path) -> std::process::Output,
+) -> Result<PathBuf, String> {
+    use std::os::fd::AsRawFd;
+    let cache = Path::new(ROOTFS_CACHE);
+    let rootfs = cache.join(name);
     std::fs::create_dir_all(cache).unwrap();
-    let lock = std::fs::File::create(cache.join("bullseye.lock")).unwrap();
+    let lock = std::fs::File::create(cache.join(format!("{name}.lock"))).unwrap();
     // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-    if rootfs.join("usr/bin/true").is_file() {
+    if rootfs.join(ready).is_file() {
         return Ok(rootfs);
     }
     if !on_path("debootstrap") {
         return Err("`debootstrap` on PATH".into());
     }
-    let partial = cache.join(format!("bullseye.partial.{}", std::process::id()));
-    let out = Command::new("debootstrap")
-        .args(["--variant=minbase", "bullseye"])
-        .arg(&partial)
-        .arg(MIRROR)
-        .output()
-        .unwrap();
+    let partial = cache.join(format!("{name}.partial.{}", std::process::id()));
+    let out = make(&partial);
     if !out.status.success() {
         let _ = std::fs::remove_dir_all(&partial);
         let log = format!(
@@ -1313,8 +1336,7 @@ pub fn bullseye_rootfs() -> Result<PathBuf, String> {
         );
         let tail: Vec<&str> = log.lines().rev().take(3).collect();
         return Err(format!(
-            "a Debian bullseye root filesystem: `debootstrap --variant=minbase bullseye {MIRROR}` \
-             failed (is the mirror reachable?): {}",
+            "{what} failed (is the mirror reachable?): {}",
             tail.join(" | ")
         ));
     }
@@ -1352,4 +1374,103 @@ pub fn old_glibc_program() -> PathBuf {
             "x86_64-linux-gnu.2.17",
         ])
         .build()
+}
+
+/// `wheel_population.py` under an installed `tllm-affinity` (`tllm` makes a command of that
+/// installation, however it is reached): `run --simulate --policy numa`, its population's JSON
+/// line, `ps PID --json` of the live process, then its release. Asserts every thread's role and
+/// mask on the simulated host (main and host on every CPU, the worker and its children on device
+/// 0's local CPUs) and that `ps` read the worker's role from the installed library's table.
+/// Returns the population for the caller's own checks.
+pub fn installed_population(tllm: impl Fn() -> Command) -> serde_json::Value {
+    let mut cmd = tllm();
+    cmd.args(["run", "--simulate", "--policy", "numa", "--", "python"])
+        .arg(program("wheel_population.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let seen: serde_json::Value = match serde_json::from_str(&line) {
+        Ok(seen) => seen,
+        Err(_) => {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "no population: {line}{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        }
+    };
+    let pid = seen["pid"].as_u64().unwrap().to_string();
+    let ps = tllm().args(["ps", &pid, "--json"]).output().unwrap();
+    writeln!(child.stdin.take().unwrap()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{seen}");
+    let sim = Sysfs::two_nodes();
+    for (name, role, cpus) in [
+        ("main", "host", allowed_cpus()),
+        ("host", "host", allowed_cpus()),
+        ("worker", "worker", sim.gpu0_local()),
+        ("child1", "worker", sim.gpu0_local()),
+        ("child2", "worker", sim.gpu0_local()),
+    ] {
+        let thread = &seen["threads"][name];
+        assert_eq!(thread["role"], role, "{name}: {seen}");
+        assert_eq!(mask_of(&thread["mask"]), cpus, "{name}: {seen}");
+    }
+    assert!(
+        ps.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ps.stderr)
+    );
+    let table: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap();
+    assert_eq!(table["table"], true, "{table}");
+    let worker = &seen["threads"]["worker"]["tid"];
+    let row = table["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| &t["tid"] == worker)
+        .unwrap_or_else(|| panic!("worker {worker} not in {table}"));
+    assert_eq!(row["role"], "worker", "{table}");
+    seen
+}
+
+/// tests/programs/host_and_worker.py, an HTTP server's threads hosting a worker, run by `cmd`
+/// (the interpreter under the library on `sysfs`; the script is added here): the HTTP, request
+/// and loop threads stay hosts on every CPU, the worker, its pool and grandchild are workers on
+/// the GPU-local set until the release restores them, threads born after are on every CPU. The
+/// x86_64 tier and the aarch64 one assert the same.
+pub fn check_host_and_worker(mut cmd: Command, sysfs: &Sysfs, limit: Duration) {
+    let local = sysfs.node1.to_list();
+    let all = allowed_cpus().to_list();
+    cmd.arg(programs_dir().join("host_and_worker.py"));
+    let (phases, end) = Driver::spawn(cmd, limit).all_phases::<3>();
+    assert!(end.status.success(), "{}", end.stderr);
+    let [configured, released, after] = &phases;
+    println!("{}", describe(configured));
+    let hosts = ["main", "http", "request", "loop"];
+    expect(configured, Named(&hosts), host_on(&all), "host");
+    expect(
+        released,
+        Named(&["main", "http", "loop"]),
+        on(&all),
+        "after release",
+    );
+    let workers = ["worker", "pool0", "pool1", "grandchild"];
+    expect(configured, Named(&workers), worker_on(&local), "worker");
+    expect(released, Named(&workers), on(&all), "worker after release");
+    assert_eq!(after.mask("late_request"), all);
+    assert_eq!(after.role("late_request"), 0);
+    assert_eq!(after.mask("late_worker_child"), all);
 }
