@@ -37,14 +37,22 @@ scenario move_off run TLLM_AFFINITY_MOVE_MEMORY=0 "$follows" main 1
 scenario membind numactl --membind=0 env MF_NO_BIND=1 LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" main 1
 scenario preferred numactl --preferred=0 env MF_NO_BIND=1 LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" main 1
 scenario mlock run MF_LOCK=1 "$follows" main 1
-# Upstream's VisualGen entry function under `tllm-affinity run`, nothing else: on the main
-# thread of its own process (dedicated), then on a thread of a process that goes on serving.
-visualgen() {
-  scenario "$1" env PYTHONPATH="$programs/upstream_trtllm:$programs" TLLM_LOG_LEVEL=info \
-    "$cli" run --log info -- "$python" "$programs/memory_follows_visualgen.py" "$2" 1
+# Upstream's entry functions under `tllm-affinity run`, nothing else. under_run NAME COMMAND...
+under_run() {
+  name=$1
+  shift
+  scenario "$name" env PYTHONPATH="$programs/upstream_trtllm:$programs" TLLM_LOG_LEVEL=info \
+    "$cli" run --log info -- "$@"
 }
+# VisualGen's on the main thread of its own process (dedicated), then on a thread of a process
+# that goes on serving.
+visualgen() { under_run "$1" "$python" "$programs/memory_follows_visualgen.py" "$2" 1; }
 visualgen visualgen_main main
 visualgen visualgen_thread thread
+# An MPI worker rank's worker_main on its main thread, the rank started by the real mpirun with
+# the GPU on node 1 as its one visible GPU (-x: how a launcher hands a rank its device).
+under_run worker_main_rank mpirun -np 1 --bind-to none --allow-run-as-root \
+  -x CUDA_VISIBLE_DEVICES=1 "$python" "$programs/memory_follows_worker_main.py"
 # The move's cost: configure of a dedicated worker with and without it, 64 and 512 MiB.
 for mib in 64 512; do
   scenario "bench_${mib}_moved" run MF_MIB=$mib "$follows" main 1
