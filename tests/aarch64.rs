@@ -302,13 +302,6 @@ fn cpus(sysfs: &Sysfs) -> Result<HostCpus, String> {
     sysfs.cpus("host and worker masks that differ")
 }
 
-fn placement(report: &Value, tid: i32) -> String {
-    report_thread(report, tid)["placement"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 // ---- The program's own affinity calls -----------------------------------------------------
 
 /// The program's own `sched_setaffinity(0)`, `sched_setaffinity(tid)` and
@@ -362,10 +355,10 @@ fn the_programs_own_setaffinity_calls_work_and_are_observed() {
     );
     run.proceed();
     let report = run.report("released");
-    assert_eq!(placement(&report, ext), "external", "{report}");
+    assert_eq!(report_placement(&report, ext), "external", "{report}");
     for t in ["S1", "S2", "S4"] {
         assert_eq!(
-            placement(&report, released.thread(t).tid),
+            report_placement(&report, released.thread(t).tid),
             "explicit",
             "{t}"
         );
@@ -417,7 +410,7 @@ fn a_pin_equal_to_the_worker_mask_is_explicit_in_ps_and_survives_release() {
     run.proceed();
     let report = run.report("released");
     assert_eq!(QemuThread::of(run.pid(), &report).0, qemu.0);
-    assert_eq!(placement(&report, tid), "explicit");
+    assert_eq!(report_placement(&report, tid), "explicit");
     assert_eq!(kernel_mask(run.pid(), tid).to_list(), c.local);
     assert_eq!(kernel_mask(run.pid(), run.pid() as i32).to_list(), c.all);
     run.succeed();
@@ -462,7 +455,7 @@ fn roles_leases_and_restoration_as_on_x86_64() {
         "qemu's thread is none of the program's"
     );
     let e = configured.thread("E").tid;
-    assert_eq!(placement(&report, e), "explicit");
+    assert_eq!(report_placement(&report, e), "explicit");
 
     let twice = run.phase();
     expect(&twice, Named(&["W", "C", "C2"]), on(&c.local), "worker");
@@ -486,7 +479,7 @@ fn roles_leases_and_restoration_as_on_x86_64() {
     let report = run.report("released");
     for t in ["E", "E1", "E2", "E3"] {
         assert_eq!(
-            placement(&report, released.thread(t).tid),
+            report_placement(&report, released.thread(t).tid),
             "explicit",
             "{t}"
         );
@@ -710,14 +703,7 @@ fn the_installed_start_up_hook_wraps_configure_in_an_unmodified_program() {
             "PYTHONPATH",
             programs_dir().join("hook_cases").join("upstream"),
         );
-    let out = succeeded(&mut cmd);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON line in {stdout}"));
-    let v: Value = serde_json::from_str(line).unwrap();
+    let v = last_json_line(&succeeded(&mut cmd).stdout);
     println!("{v}");
     assert_eq!(v["wrapped"], true, "{v}");
     assert_eq!(v["calls"], serde_json::json!([]), "upstream ran: {v}");

@@ -47,13 +47,6 @@ fn python_cmd(sysfs: &Sysfs, script: &str, args: &[&str]) -> Command {
     cmd
 }
 
-fn placement(report: &Value, tid: i32) -> String {
-    report_thread(report, tid)["placement"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 fn kernel_mask_in(report: &Value, tid: i32) -> String {
     report_thread(report, tid)["kernel_mask"]
         .as_str()
@@ -81,7 +74,7 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     run.proceed();
     let report = run.report("configured");
     let e = configured.thread("E").tid;
-    assert_eq!(placement(&report, e), "explicit");
+    assert_eq!(report_placement(&report, e), "explicit");
     assert_eq!(kernel_mask_in(&report, e), c.other);
 
     let twice = run.phase();
@@ -111,7 +104,7 @@ fn explicit_attr_masks_are_kept_through_configure_and_release() {
     let report = run.report("released");
     for t in ["E", "E1", "E2", "E3"] {
         let tid = released.thread(t).tid;
-        assert_eq!(placement(&report, tid), "explicit", "{t}: {report}");
+        assert_eq!(report_placement(&report, tid), "explicit", "{t}: {report}");
         assert_eq!(kernel_mask_in(&report, tid), c.other, "{t}");
     }
 
@@ -200,10 +193,10 @@ fn check_preserved(row: &Preserved) {
     expect(&released, Named(&left_alone), on(&c.other), row.released);
     run.proceed();
     let report = run.report("released");
-    assert_eq!(placement(&report, ext), "external", "{report}");
+    assert_eq!(report_placement(&report, ext), "external", "{report}");
     for t in row.by_app {
         assert_eq!(
-            placement(&report, released.thread(t).tid),
+            report_placement(&report, released.thread(t).tid),
             "explicit",
             "{t}"
         );
@@ -278,7 +271,7 @@ fn an_application_pin_equal_to_the_worker_mask_stays_explicit_and_survives_relea
     assert_eq!(row["placement"], "explicit", "{ps}");
     run.proceed();
     let report = run.report("released");
-    assert_eq!(placement(&report, tid), "explicit");
+    assert_eq!(report_placement(&report, tid), "explicit");
     assert_eq!(
         kernel_mask(run.pid(), tid).to_list(),
         c.local,

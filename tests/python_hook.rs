@@ -47,14 +47,8 @@ fn upstream_probe(host: &Sysfs, options: &[&str]) -> Command {
 /// The probe's JSON line and the program's stderr.
 fn probe(cmd: &mut Command) -> (Value, String) {
     let out = succeeded(cmd);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON line in {stdout}"));
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (serde_json::from_str(line).unwrap(), stderr)
+    (last_json_line(&out.stdout), stderr)
 }
 
 /// A user's `sitecustomize.py` holding `code`, in a directory of its own, and a PYTHONPATH of

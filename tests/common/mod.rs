@@ -1034,6 +1034,26 @@ pub fn report_thread(report: &serde_json::Value, tid: i32) -> &serde_json::Value
         .unwrap_or_else(|| panic!("thread {tid} is not in the report {report}"))
 }
 
+/// The placement the report gives thread `tid` (`worker`, `explicit`, ...; empty when absent).
+pub fn report_placement(report: &serde_json::Value, tid: i32) -> String {
+    report_thread(report, tid)["placement"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The last line of a program's stdout that is a JSON object, parsed (the test programs print
+/// what they saw as one such line, after whatever else they print).
+pub fn last_json_line(stdout: &[u8]) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line in {stdout}"));
+    serde_json::from_str(line).unwrap()
+}
+
 /// The lines of `text` (a program's stderr) that start with `prefix`: `"[tllm-affinity]"` for
 /// every line of the library's, `"[tllm-affinity] error:"` for its errors.
 pub fn lines_starting<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
