@@ -321,6 +321,22 @@ fn a_renamed_upstream_is_said_once_and_recorded() {
     assert!(said.contains("did not engage"), "{stderr}");
 }
 
+/// A renamed upstream (no `configure_cpu_affinity` to wrap) whose renamed function still calls
+/// upstream's all-thread sweep: the adapter is not engaged, yet the sweep touches no thread, so
+/// the main thread keeps its mask.
+#[test]
+fn a_renamed_upstreams_sweep_touches_no_thread() {
+    let host = Sysfs::two_nodes();
+    let (v, _) = probe(&mut under_run(&host, "renamed", &[], &["renamed", "0"]));
+    assert_eq!(v["sweep_wrapped"], true, "{v}");
+    assert_eq!(
+        v["calls"],
+        serde_json::json!([["configure", 0]]),
+        "the renamed function ran, upstream's sweep did not: {v}"
+    );
+    assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{v}");
+}
+
 /// A `configure_cpu_affinity` that takes no device id (another release's) is still the
 /// library's: wrapped, the calling thread placed for the device its caller passed, the main
 /// thread untouched, upstream's own function never run, one warning naming the signature.

@@ -8,6 +8,7 @@ Usage: hook_probe.py probe DEVICE   the hook as the interpreter started
        hook_probe.py spawn DEVICE   the same, from a multiprocessing "spawn" child
        hook_probe.py late DEVICE    tensorrt_llm imported first, the hook installed afterwards
        hook_probe.py sites DEVICE   the call sites of hook_cases/bad_sites, each on a thread
+       hook_probe.py renamed DEVICE hook_cases/renamed's renamed function, on a thread
 """
 import builtins
 import json
@@ -93,6 +94,17 @@ def bad_sites(device):
     return out
 
 
+def renamed(device):
+    """The renamed function the adapter does not know, which still calls upstream's sweep."""
+    from tensorrt_llm.llmapi import utils
+
+    out = {"thread": call_on_a_thread(utils.configure_worker_cpu_affinity, device)}
+    out["sweep_wrapped"] = hasattr(utils._set_affinity_all_threads, "_tllm_affinity_original")
+    out["calls"] = utils.CALLS
+    out["main_mask"] = sorted(os.sched_getaffinity(0))
+    return out
+
+
 def spawned(queue, device):
     queue.put(probe(device))
 
@@ -121,6 +133,8 @@ def main():
         out = probe(device)
     elif mode == "sites":
         out = bad_sites(device)
+    elif mode == "renamed":
+        out = renamed(device)
     else:
         raise SystemExit("unknown mode " + mode)
     print(json.dumps(out, separators=(",", ":")), flush=True)  # short: mpirun splits long lines
