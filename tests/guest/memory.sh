@@ -7,23 +7,7 @@
 lib=$1 cli=$2 nvml_dir=$3 follows=$4 python=$5 programs=$6
 here=$(dirname "$0")
 . "$here/scenario.sh"
-work=$(mktemp -d)
-scenario guest identity
-printf '%s\n' "gpu 00000000:41:00.0 GPU-41414141-0000-1111-2222-333344445555 -" \
-  "gpu 00000000:81:00.0 GPU-81818181-0000-1111-2222-333344445555 -" >"$work/nvml"
-export LD_LIBRARY_PATH="$nvml_dir" TLLM_NVML_DOUBLE="$work/nvml"
-mkdir -p "$work/driver"
-mount -t tmpfs driver /proc/driver 2>/dev/null || mount --bind "$work/driver" /proc/driver
-minor=0
-for gpu in 0000:41:00.0 0000:81:00.0; do
-  mkdir -p /proc/driver/nvidia/gpus/$gpu
-  printf 'GPU UUID: \t GPU-%s\nDevice Minor: \t %s\n' "$gpu" $minor \
-    >/proc/driver/nvidia/gpus/$gpu/information
-  touch /dev/nvidia$minor
-  minor=$((minor + 1))
-done
-scenario devices sh -c 'for d in 41 81; do cat /sys/bus/pci/devices/0000:$d:00.0/numa_node; done;
-  ls /proc/driver/nvidia/gpus'
+. "$here/two_devices.sh"
 
 run() { env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$@"; }
 # A dedicated worker: TLLM_AFFINITY_PROCESS_ROLE=worker on GPU 0 (node 0) at load, then the
@@ -53,8 +37,3 @@ visualgen visualgen_thread thread
 # the GPU on node 1 as its one visible GPU (-x: how a launcher hands a rank its device).
 under_run worker_main_rank mpirun -np 1 --bind-to none --allow-run-as-root \
   -x CUDA_VISIBLE_DEVICES=1 "$python" "$programs/memory_follows_worker_main.py"
-# The move's cost: configure of a dedicated worker with and without it, 64 and 512 MiB.
-for mib in 64 512; do
-  scenario "bench_${mib}_moved" run MF_MIB=$mib "$follows" main 1
-  scenario "bench_${mib}_stays" run MF_MIB=$mib TLLM_AFFINITY_MOVE_MEMORY=0 "$follows" main 1
-done

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Inside the guest of tests/guest.rs with a device on each node (memory.sh's machine, booted
+# apart): the move's cost, a dedicated worker's configure for GPU 1 (node 1) after it touched
+# 64 MiB or 1 GiB on node 0, with the move and with TLLM_AFFINITY_MOVE_MEMORY=0, three times each,
+# alternating (the test takes the medians). Arguments: the preload library, the CLI, the double's
+# directory, memory_follows.
+lib=$1 cli=$2 nvml_dir=$3 follows=$4
+here=$(dirname "$0")
+. "$here/scenario.sh"
+. "$here/two_devices.sh"
+
+run() { env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$@"; }
+for mib in 64 1024; do
+  for i in 1 2 3; do
+    scenario "bench_${mib}_moved_$i" run MF_MIB=$mib "$follows" main 1
+    scenario "bench_${mib}_stays_$i" run MF_MIB=$mib TLLM_AFFINITY_MOVE_MEMORY=0 "$follows" main 1
+  done
+done
