@@ -18,9 +18,7 @@ use crate::kernel_text::{hex_number, keyed_value};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::nvml::NvmlGpu;
-use crate::topology::{
-    normalize_pci_address, LocalCpuSource, LocalCpus, PciGpu, SysfsRoot, Topology,
-};
+use crate::topology::{normalize_pci_address, LocalCpus, PciGpu, SysfsRoot, Topology};
 use std::fmt;
 use std::fs;
 
@@ -302,46 +300,27 @@ pub fn adopt_listed_gpus(root: &SysfsRoot, topology: &mut Topology, view: &GpuVi
     }
 }
 
-/// The CPUs local to `gpu` (SPEC §4): sysfs's answer for its address (`local_cpulist`, else its
-/// NUMA node), else NVML's CPU affinity, else every online CPU.
+/// The CPUs local to `gpu` (SPEC §4): [`Topology::local_cpus`] of its sysfs function (when
+/// sysfs lists its address) and NVML's CPU affinity for it. `configure`, `plan`, `topo` and the
+/// engine's notes all read a GPU's local CPUs here.
 pub fn local_cpus(topology: &Topology, gpu: &HostGpu) -> LocalCpus {
-    let nvml = || {
-        gpu.nvml_cpus
-            .as_ref()
-            .map(|m| m.intersection(&topology.online))
-            .filter(|m| !m.is_empty())
-    };
-    match topology.gpus.iter().find(|g| g.address == gpu.address) {
-        Some(pci) => {
-            let local = topology.gpu_local_cpus(pci);
-            match (local.source, nvml()) {
-                (LocalCpuSource::AllOnline, Some(cpus)) => LocalCpus {
-                    cpus,
-                    source: LocalCpuSource::NvmlAffinity,
-                },
-                _ => local,
-            }
-        }
-        None if topology.nodes.len() <= 1 => LocalCpus {
-            cpus: topology.online.clone(),
-            source: LocalCpuSource::SingleNode,
-        },
-        None => match nvml() {
-            Some(cpus) => LocalCpus {
-                cpus,
-                source: LocalCpuSource::NvmlAffinity,
-            },
-            None => LocalCpus {
-                cpus: topology.online.clone(),
-                source: LocalCpuSource::AllOnline,
-            },
-        },
+    let pci = topology.gpus.iter().find(|g| g.address == gpu.address);
+    topology.local_cpus(pci, gpu.nvml_cpus.as_ref())
+}
+
+/// [`local_cpus`] of a GPU sysfs lists, with what `view` (NVML) says of it when the view has it:
+/// `topo`'s list of the host's GPUs, visible or not.
+pub fn pci_local_cpus(topology: &Topology, view: &GpuView, pci: &PciGpu) -> LocalCpus {
+    match view.gpus.iter().find(|g| g.address == pci.address) {
+        Some(gpu) => local_cpus(topology, gpu),
+        None => local_cpus(topology, &HostGpu::from_pci(pci)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::topology::LocalCpuSource;
 
     fn nv(bus: &str, uuid: &str) -> NvmlGpu {
         NvmlGpu {
@@ -482,7 +461,7 @@ mod tests {
     }
 
     #[test]
-    fn nvml_cpus_only_where_sysfs_says_nothing() {
+    fn nvml_cpus_only_where_sysfs_knows_no_node() {
         let (_dir, _root, t) = container();
         let mut gpu = HostGpu {
             address: "0000:18:00.0".into(),
@@ -499,5 +478,40 @@ mod tests {
         assert_eq!(local.cpus, CpuMask::from_cpus([1, 2]));
         gpu.nvml_cpus = None;
         assert_eq!(local_cpus(&t, &gpu).source, LocalCpuSource::AllOnline);
+    }
+
+    /// A GPU whose `numa_node` is -1 and whose `local_cpulist` names every CPU (a DGX Spark's):
+    /// NVML's CPU affinity, for a CUDA device and for topo's list of sysfs's GPUs alike.
+    #[test]
+    fn nvml_cpus_win_over_an_all_cpu_local_cpulist() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::simulated::dgx_h100_like()
+            .gpu("000f:01:00.0", None, None)
+            .write(dir.path())
+            .unwrap();
+        let root = SysfsRoot::new(dir.path());
+        let t = Topology::read(&root).unwrap();
+        let spark = t.gpu_by_address("000f:01:00.0").unwrap();
+        assert_eq!(spark.local_cpus.as_ref(), Some(&t.online));
+        let node1 = t.node(1).unwrap().cpus.clone();
+        let mut answer = nv("0000000F:01:00.0", "GPU-spark");
+        answer.cpus = Some(node1.clone());
+        let v = view(&root, &t.gpus, Some(Ok(vec![answer])));
+        let nvml = LocalCpus {
+            cpus: node1,
+            source: LocalCpuSource::NvmlAffinity,
+        };
+        assert_eq!(local_cpus(&t, &v.gpus[0]), nvml);
+        assert_eq!(pci_local_cpus(&t, &v, spark), nvml);
+        // A GPU NVML does not show keeps sysfs's answer.
+        assert_eq!(
+            pci_local_cpus(&t, &v, &t.gpus[0]),
+            t.gpu_local_cpus(&t.gpus[0])
+        );
+        // Without NVML: every CPU, from the list, as before.
+        let v = view(&root, &t.gpus, None);
+        let local = pci_local_cpus(&t, &v, spark);
+        assert_eq!(local.cpus, t.online);
+        assert_eq!(local.source, LocalCpuSource::PciLocalCpulist);
     }
 }

@@ -710,3 +710,69 @@ fn plan_keeps_an_offline_cpu_out_of_the_worker_set_and_the_step_placement() {
         );
     }
 }
+
+/// A GPU whose `numa_node` is -1 with every online CPU in its `local_cpulist` (what the kernel
+/// writes on a DGX Spark and some Grace setups) on a host of two nodes: that list says nothing,
+/// so NVML's CPU affinity (node 1's CPUs here) decides, for `configure(0)` in a real preloaded
+/// program, `plan --gpu 0` and `topo` alike, each naming NVML as the source. Without NVML every
+/// CPU, as before.
+#[test]
+fn nvml_cpu_affinity_wins_over_the_all_cpu_local_cpulist_of_a_gpu_without_a_node() {
+    require!(two_cpus("node 1's CPUs narrower than the host"));
+    let allowed = allowed_cpus();
+    let (node0, node1) = two_halves();
+    // No local CPUs given: the tree gets what the kernel writes for `numa_node` -1, every CPU.
+    let host = Host::written(
+        two_nodes(&node0, &node1).gpu("000f:01:00.0", None, None),
+        node0,
+        node1,
+    );
+    let nvml = format!("gpu 0000000F:01:00.0 {UUID_BA} {}\n", host.node1);
+    let lib = nvml_double(false);
+    let nvml_said = "NVML's CPU affinity";
+
+    let mut cmd = host.command(&gpu_population(), Some((&nvml, &lib)));
+    cmd.env("TLLM_AFFINITY_LOG", "info");
+    let (lines, stderr) = population(cmd, &[0]);
+    println!("{stderr}");
+    assert_on(&lines, &[&host.node1], &stderr);
+
+    let out = host
+        .command(&cli(), Some((&nvml, &lib)))
+        .args(["plan", "--gpu", "0", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "plan: {text}");
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["gpu"]["numa_node"], serde_json::Value::Null, "{plan}");
+    assert_eq!(plan["worker"]["cpus"], host.node1.to_list(), "{plan}");
+    let source = plan["worker"]["source"].as_str().unwrap_or_default();
+    assert!(source.starts_with(nvml_said), "{plan}");
+
+    let out = host
+        .command(&cli(), Some((&nvml, &lib)))
+        .args(["topo", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "topo: {text}");
+    let topo: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for gpu in [&topo["gpus"][0], &topo["visible"]["devices"][0]] {
+        assert_eq!(gpu["address"], "000f:01:00.0", "{topo}");
+        assert_eq!(gpu["local_cpus"], host.node1.to_list(), "{gpu}");
+        let from = gpu["local_cpus_from"].as_str().unwrap_or_default();
+        assert!(from.starts_with(nvml_said), "{gpu}");
+    }
+
+    // No NVML: nothing narrower is known, every CPU.
+    let (lines, stderr) = population(host.command(&gpu_population(), None), &[0]);
+    assert_on(&lines, &[&allowed], &stderr);
+    let out = host
+        .command(&cli(), None)
+        .args(["plan", "--gpu", "0", "--json"])
+        .output()
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["worker"]["cpus"], allowed.to_list(), "{plan}");
+}

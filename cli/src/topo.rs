@@ -188,7 +188,7 @@ fn to_text(h: &Host<'_>) -> String {
         let _ = writeln!(out, "  hint: {}", super::NO_GPU_HINT);
     }
     for (i, g) in t.gpus.iter().enumerate() {
-        let local = t.gpu_local_cpus(g);
+        let local = tllm_affinity_core::gpus::pci_local_cpus(t, h.view, g);
         let node = g.numa_node.map_or("unknown".to_string(), |n| n.to_string());
         let _ = writeln!(
             out,
@@ -375,7 +375,7 @@ fn to_json(h: &Host<'_>) -> Value {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let local = t.gpu_local_cpus(g);
+            let local = tllm_affinity_core::gpus::pci_local_cpus(t, h.view, g);
             json!({
                 "index": i,
                 "address": g.address,
