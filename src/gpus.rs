@@ -11,16 +11,17 @@
 //!
 //! The driver's list and `/dev` are read under the same root as sysfs
 //! (`TLLM_AFFINITY_SYSFS_ROOT`), so tests can write them.
+//!
+//! On GB200, GB300 and GH200 in NUMA mode each GPU's memory is a NUMA node of its own, without
+//! CPUs; [`memory_nodes`] names it for `topo`, from NVML, else the driver's `numa_status`.
 
 #![forbid(unsafe_code)]
 
-use crate::kernel_text::{hex_number, keyed_value};
+use crate::kernel_text::{hex_number, keyed_value, number_or_unknown};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::nvml::NvmlGpu;
-use crate::topology::{
-    normalize_pci_address, LocalCpuSource, LocalCpus, PciGpu, SysfsRoot, Topology,
-};
+use crate::topology::{normalize_pci_address, LocalCpus, PciGpu, SysfsRoot, Topology};
 use std::fmt;
 use std::fs;
 
@@ -53,6 +54,8 @@ pub struct HostGpu {
     pub migs: Vec<String>,
     /// NVML's CPU affinity for it.
     pub nvml_cpus: Option<CpuMask>,
+    /// The NUMA node NVML says holds its memory (`nvmlDeviceGetNumaNodeId`).
+    pub nvml_memory_node: Option<usize>,
 }
 
 impl HostGpu {
@@ -62,6 +65,7 @@ impl HostGpu {
             uuid: None,
             migs: Vec::new(),
             nvml_cpus: None,
+            nvml_memory_node: None,
         }
     }
 }
@@ -74,6 +78,8 @@ pub struct DriverGpu {
     pub minor: Option<u32>,
     /// `/dev/nvidia<minor>` opens for this process.
     pub opens: bool,
+    /// The node its `numa_status` names as holding its memory (`None`: no file, or `Node: -1`).
+    pub memory_node: Option<usize>,
 }
 
 /// The GPUs this process sees, and what each source said.
@@ -123,6 +129,14 @@ pub fn parse_driver_information(text: &str) -> (Option<String>, Option<u32>) {
     (uuid.map(str::to_string), minor)
 }
 
+/// Parses a `numa_status` file: the node its `Node:` line names, `None` for `-1` (the GPU's
+/// memory is not a NUMA node) or no such line (other lines are ignored).
+pub fn parse_driver_numa_status(text: &str) -> Option<usize> {
+    keyed_value(text, "Node")
+        .and_then(number_or_unknown)
+        .flatten()
+}
+
 /// `proc/driver/nvidia/gpus` under `root`; `None` when the directory is absent (no driver, or
 /// a sandbox that does not show it).
 pub fn read_driver_list(root: &SysfsRoot) -> Option<Vec<DriverGpu>> {
@@ -135,6 +149,7 @@ pub fn read_driver_list(root: &SysfsRoot) -> Option<Vec<DriverGpu>> {
             let address = normalize_pci_address(&name)?;
             let text = fs::read_to_string(e.path().join("information")).unwrap_or_default();
             let (uuid, minor) = parse_driver_information(&text);
+            let numa_status = fs::read_to_string(e.path().join("numa_status")).unwrap_or_default();
             // A GPU whose node this process may not open is not one CUDA can use.
             let opens =
                 minor.is_some_and(|m| fs::File::open(root.path(&format!("dev/nvidia{m}"))).is_ok());
@@ -143,6 +158,7 @@ pub fn read_driver_list(root: &SysfsRoot) -> Option<Vec<DriverGpu>> {
                 uuid,
                 minor,
                 opens,
+                memory_node: parse_driver_numa_status(&numa_status),
             })
         })
         .collect();
@@ -185,6 +201,7 @@ pub fn view(
                 uuid: g.uuid.clone(),
                 migs: Vec::new(),
                 nvml_cpus: None,
+                nvml_memory_node: None,
             })
             .collect::<Vec<_>>()
     });
@@ -217,6 +234,7 @@ pub fn from_nvml(gpus: &[NvmlGpu]) -> Result<Vec<HostGpu>, String> {
             uuid: Some(g.uuid.clone()),
             migs: g.migs.clone(),
             nvml_cpus: g.cpus.clone(),
+            nvml_memory_node: g.numa_node,
         });
     }
     out.sort_by(|a, b| a.address.cmp(&b.address));
@@ -302,46 +320,119 @@ pub fn adopt_listed_gpus(root: &SysfsRoot, topology: &mut Topology, view: &GpuVi
     }
 }
 
-/// The CPUs local to `gpu` (SPEC §4): sysfs's answer for its address (`local_cpulist`, else its
-/// NUMA node), else NVML's CPU affinity, else every online CPU.
+/// The CPUs local to `gpu` (SPEC §4): [`Topology::local_cpus`] of its sysfs function (when
+/// sysfs lists its address) and NVML's CPU affinity for it. `configure`, `plan`, `topo` and the
+/// engine's notes all read a GPU's local CPUs here.
 pub fn local_cpus(topology: &Topology, gpu: &HostGpu) -> LocalCpus {
-    let nvml = || {
-        gpu.nvml_cpus
-            .as_ref()
-            .map(|m| m.intersection(&topology.online))
-            .filter(|m| !m.is_empty())
-    };
-    match topology.gpus.iter().find(|g| g.address == gpu.address) {
-        Some(pci) => {
-            let local = topology.gpu_local_cpus(pci);
-            match (local.source, nvml()) {
-                (LocalCpuSource::AllOnline, Some(cpus)) => LocalCpus {
-                    cpus,
-                    source: LocalCpuSource::NvmlAffinity,
-                },
-                _ => local,
-            }
-        }
-        None if topology.nodes.len() <= 1 => LocalCpus {
-            cpus: topology.online.clone(),
-            source: LocalCpuSource::SingleNode,
-        },
-        None => match nvml() {
-            Some(cpus) => LocalCpus {
-                cpus,
-                source: LocalCpuSource::NvmlAffinity,
-            },
-            None => LocalCpus {
-                cpus: topology.online.clone(),
-                source: LocalCpuSource::AllOnline,
-            },
-        },
+    let pci = topology.gpus.iter().find(|g| g.address == gpu.address);
+    topology.local_cpus(pci, gpu.nvml_cpus.as_ref())
+}
+
+/// [`local_cpus`] of a GPU sysfs lists, with what `view` (NVML) says of it when the view has it:
+/// `topo`'s list of the host's GPUs, visible or not.
+pub fn pci_local_cpus(topology: &Topology, view: &GpuView, pci: &PciGpu) -> LocalCpus {
+    match view.gpus.iter().find(|g| g.address == pci.address) {
+        Some(gpu) => local_cpus(topology, gpu),
+        None => local_cpus(topology, &HostGpu::from_pci(pci)),
     }
+}
+
+/// Where the node holding a GPU's memory was learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryNodeSource {
+    /// `nvmlDeviceGetNumaNodeId`.
+    Nvml,
+    /// The `Node:` line of `/proc/driver/nvidia/gpus/<bus id>/numa_status`.
+    DriverNumaStatus,
+}
+
+impl MemoryNodeSource {
+    /// The short name `topo --json` gives it.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Nvml => "nvml",
+            Self::DriverNumaStatus => "numa_status",
+        }
+    }
+}
+
+impl fmt::Display for MemoryNodeSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Nvml => "NVML",
+            Self::DriverNumaStatus => "the driver's numa_status",
+        })
+    }
+}
+
+/// The CPU-less NUMA node holding a GPU's memory (GB200, GB300, GH200 in NUMA mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuMemoryNode {
+    pub node: usize,
+    pub source: MemoryNodeSource,
+}
+
+/// For each GPU of `topology.gpus`, the node holding its memory: NVML's
+/// `nvmlDeviceGetNumaNodeId` for it (in `view`), else the driver's `numa_status`. Only a node
+/// the host has and that has no CPUs counts: such a node is the GPU's memory, never a place for
+/// threads. A node with CPUs that NVML names (a driver answering with the GPU's PCI node) is
+/// ignored, with a debug line.
+pub fn memory_nodes(topology: &Topology, view: &GpuView) -> Vec<Option<GpuMemoryNode>> {
+    let cpu_less = |node: usize| {
+        topology
+            .node(node)
+            .is_some_and(|n| n.cpus.intersection(&topology.online).is_empty())
+    };
+    topology
+        .gpus
+        .iter()
+        .map(|pci| {
+            let nvml = view
+                .gpus
+                .iter()
+                .find(|g| g.address == pci.address)
+                .and_then(|g| g.nvml_memory_node);
+            let from_nvml = nvml.filter(|&n| {
+                let counts = cpu_less(n);
+                if !counts {
+                    crate::log_debug!(
+                        "NVML names NUMA node {n} as GPU {}'s memory, but that node {}: ignored",
+                        pci.address,
+                        if topology.node(n).is_some() {
+                            "has CPUs"
+                        } else {
+                            "does not exist"
+                        }
+                    );
+                }
+                counts
+            });
+            let from_driver = || {
+                view.driver
+                    .iter()
+                    .flatten()
+                    .find(|d| d.address == pci.address)
+                    .and_then(|d| d.memory_node)
+                    .filter(|&n| cpu_less(n))
+            };
+            match from_nvml {
+                Some(node) => Some(GpuMemoryNode {
+                    node,
+                    source: MemoryNodeSource::Nvml,
+                }),
+                None => from_driver().map(|node| GpuMemoryNode {
+                    node,
+                    source: MemoryNodeSource::DriverNumaStatus,
+                }),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::topology::LocalCpuSource;
 
     fn nv(bus: &str, uuid: &str) -> NvmlGpu {
         NvmlGpu {
@@ -349,6 +440,7 @@ mod tests {
             uuid: uuid.to_string(),
             migs: Vec::new(),
             cpus: None,
+            numa_node: None,
         }
     }
 
@@ -399,6 +491,7 @@ mod tests {
                 uuid: None,
                 migs: vec![],
                 nvml_cpus: None,
+                nvml_memory_node: None,
             }],
             sysfs_count: 8,
             driver: None,
@@ -482,13 +575,14 @@ mod tests {
     }
 
     #[test]
-    fn nvml_cpus_only_where_sysfs_says_nothing() {
+    fn nvml_cpus_only_where_sysfs_knows_no_node() {
         let (_dir, _root, t) = container();
         let mut gpu = HostGpu {
             address: "0000:18:00.0".into(),
             uuid: None,
             migs: vec![],
             nvml_cpus: Some(CpuMask::from_cpus([1, 2])),
+            nvml_memory_node: None,
         };
         // sysfs knows the GPU: its local_cpulist wins.
         assert_eq!(local_cpus(&t, &gpu).source, LocalCpuSource::PciLocalCpulist);
@@ -499,5 +593,93 @@ mod tests {
         assert_eq!(local.cpus, CpuMask::from_cpus([1, 2]));
         gpu.nvml_cpus = None;
         assert_eq!(local_cpus(&t, &gpu).source, LocalCpuSource::AllOnline);
+    }
+
+    /// A GPU whose `numa_node` is -1 and whose `local_cpulist` names every CPU (a DGX Spark's):
+    /// NVML's CPU affinity, for a CUDA device and for topo's list of sysfs's GPUs alike.
+    #[test]
+    fn nvml_cpus_win_over_an_all_cpu_local_cpulist() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::simulated::dgx_h100_like()
+            .gpu("000f:01:00.0", None, None)
+            .write(dir.path())
+            .unwrap();
+        let root = SysfsRoot::new(dir.path());
+        let t = Topology::read(&root).unwrap();
+        let spark = t.gpu_by_address("000f:01:00.0").unwrap();
+        assert_eq!(spark.local_cpus.as_ref(), Some(&t.online));
+        let node1 = t.node(1).unwrap().cpus.clone();
+        let mut answer = nv("0000000F:01:00.0", "GPU-spark");
+        answer.cpus = Some(node1.clone());
+        let v = view(&root, &t.gpus, Some(Ok(vec![answer])));
+        let nvml = LocalCpus {
+            cpus: node1,
+            source: LocalCpuSource::NvmlAffinity,
+        };
+        assert_eq!(local_cpus(&t, &v.gpus[0]), nvml);
+        assert_eq!(pci_local_cpus(&t, &v, spark), nvml);
+        // A GPU NVML does not show keeps sysfs's answer.
+        assert_eq!(
+            pci_local_cpus(&t, &v, &t.gpus[0]),
+            t.gpu_local_cpus(&t.gpus[0])
+        );
+        // Without NVML: every CPU, from the list, as before.
+        let v = view(&root, &t.gpus, None);
+        let local = pci_local_cpus(&t, &v, spark);
+        assert_eq!(local.cpus, t.online);
+        assert_eq!(local.source, LocalCpuSource::PciLocalCpulist);
+    }
+
+    #[test]
+    fn numa_status_is_parsed() {
+        let text = "Node: 2\nStatus: online\nMemory block size: 0x8000000\n";
+        assert_eq!(parse_driver_numa_status(text), Some(2));
+        assert_eq!(
+            parse_driver_numa_status("Node: -1\nStatus: offline\n"),
+            None
+        );
+        assert_eq!(parse_driver_numa_status("Node: two\n"), None);
+        assert_eq!(parse_driver_numa_status(""), None);
+    }
+
+    /// Half a GB200 tray: GPUs 0 and 1 on Grace node 0, their memory on CPU-less nodes 2 and 10;
+    /// the driver's numa_status names them too (GPU 1's wrongly as node 1, which has CPUs).
+    #[test]
+    fn a_gpus_memory_node_is_a_cpu_less_node_from_nvml_else_the_driver() {
+        use crate::simulated::{gb200_like, GB200_GPUS};
+        let dir = tempfile::tempdir().unwrap();
+        gb200_like(&CpuMask::from_cpus(0..4), &CpuMask::from_cpus(4..8))
+            .driver_gpu(GB200_GPUS[0], "GPU-a", 0, true)
+            .driver_gpu(GB200_GPUS[1], "GPU-b", 1, true)
+            .driver_numa_status(GB200_GPUS[0], 2)
+            .driver_numa_status(GB200_GPUS[1], 1)
+            .write(dir.path())
+            .unwrap();
+        let root = SysfsRoot::new(dir.path());
+        let t = Topology::read(&root).unwrap();
+        let at = |node, source| Some(GpuMemoryNode { node, source });
+        let nvml_says = |nodes: [Option<usize>; 2]| {
+            let answer = GB200_GPUS
+                .iter()
+                .zip(nodes)
+                .map(|(address, node)| NvmlGpu {
+                    numa_node: node,
+                    ..nv(&format!("0000{address}"), "GPU-x")
+                })
+                .collect();
+            memory_nodes(&t, &view(&root, &t.gpus, Some(Ok(answer))))
+        };
+        use MemoryNodeSource::{DriverNumaStatus, Nvml};
+        assert_eq!(nvml_says([Some(2), Some(10)]), [at(2, Nvml), at(10, Nvml)]);
+        // NVML naming a node with CPUs (the GPU's PCI node), or one the host lacks, is ignored:
+        // the driver's numa_status answers, and only where it names a CPU-less node.
+        assert_eq!(
+            nvml_says([Some(0), Some(40)]),
+            [at(2, DriverNumaStatus), None]
+        );
+        // No NVML: the driver's numa_status alone.
+        let v = view(&root, &t.gpus, None);
+        assert_eq!(memory_nodes(&t, &v), [at(2, DriverNumaStatus), None]);
+        assert_eq!(v.driver.as_ref().unwrap()[1].memory_node, Some(1));
     }
 }

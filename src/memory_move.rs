@@ -395,6 +395,20 @@ mod tests {
                 to: 0
             }
         );
+        // A GB200 tray's sparse ids: the GPUs' memory nodes 2 and 10 are never the target.
+        let tray = vec![
+            (0, m("0-3")),
+            (1, m("4-7")),
+            (2, CpuMask::default()),
+            (10, CpuMask::default()),
+        ];
+        assert_eq!(
+            decide(&input(&tray, &mask)),
+            MoveDecision::Move {
+                from: vec![1],
+                to: 0
+            }
+        );
         // One node with CPUs and a memory-only node: nothing to move from.
         let gb = vec![(0, m("0-3")), (1, CpuMask::default())];
         assert_eq!(

@@ -1,6 +1,6 @@
 //! NVML, loaded with `dlopen` at the first `configure`, `plan` or `topo` (SPEC §4): the GPUs of
-//! *this* process (a container's, not the host's), with their PCI bus ids, UUIDs, MIG instances
-//! and NVML's CPU affinity.
+//! *this* process (a container's, not the host's), with their PCI bus ids, UUIDs, MIG instances,
+//! NVML's CPU affinity and the NUMA node holding each GPU's memory.
 //!
 //! This is the only place that calls NVML, and the only `unsafe` outside the engine: `dlopen`,
 //! `dlsym` and the calls through the resolved pointers. Everything is copied into plain data
@@ -23,6 +23,9 @@ pub struct NvmlGpu {
     /// `nvmlDeviceGetCpuAffinityWithinScope(NODE)` (else `nvmlDeviceGetCpuAffinity`), when it
     /// answers.
     pub cpus: Option<CpuMask>,
+    /// `nvmlDeviceGetNumaNodeId`: the NUMA node holding the GPU's memory (a CPU-less node on
+    /// GB200, GB300 and GH200 in NUMA mode), when the driver has the call and answers.
+    pub numa_node: Option<usize>,
 }
 
 /// The library name the CUDA runtime and pynvml load.
@@ -64,6 +67,7 @@ type IsMigFn = unsafe extern "C" fn(Device, *mut c_uint) -> c_int;
 type MigParentFn = unsafe extern "C" fn(Device, *mut Device) -> c_int;
 type MigByIndexFn = unsafe extern "C" fn(Device, c_uint, *mut Device) -> c_int;
 type MaxMigFn = unsafe extern "C" fn(Device, *mut c_uint) -> c_int;
+type NumaNodeFn = unsafe extern "C" fn(Device, *mut c_uint) -> c_int;
 
 /// Declares [`Api`] and its loader from one list: each entry point is named once, with its
 /// field, the field's type (its prototype, in an `Option` for an optional one) and its C name.
@@ -74,7 +78,8 @@ macro_rules! entry_points {
     ) => {
         /// The entry points used. The required ones must all resolve; a driver without the MIG
         /// ones has no MIG (names then fail to resolve, with a warning), one without either
-        /// affinity call leaves the CPUs to sysfs.
+        /// affinity call leaves the CPUs to sysfs, one without the NUMA node call (before NVML
+        /// 12) leaves the GPU's memory node to the driver's `numa_status`.
         struct Api {
             $($req: $req_ty,)*
             $($opt: Option<$opt_ty>,)*
@@ -120,6 +125,7 @@ entry_points! {
         mig_parent: Option<MigParentFn> = c"nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         mig_by_index: Option<MigByIndexFn> = c"nvmlDeviceGetMigDeviceHandleByIndex",
         max_mig: Option<MaxMigFn> = c"nvmlDeviceGetMaxMigDeviceCount",
+        numa_node: Option<NumaNodeFn> = c"nvmlDeviceGetNumaNodeId",
     }
 }
 
@@ -247,7 +253,19 @@ impl Api {
             uuid: self.uuid_of(device)?,
             migs: self.migs(device),
             cpus: self.cpus(device),
+            numa_node: self.numa_node(device),
         })
+    }
+
+    /// The node holding the GPU's memory; `None` where the call is missing or fails (the driver
+    /// answers NOT_SUPPORTED on a host whose GPU memory is not a NUMA node).
+    fn numa_node(&self, device: Device) -> Option<usize> {
+        let f = self.numa_node?;
+        let mut node: c_uint = 0;
+        // SAFETY: a non-NULL handle and an out-pointer to a local.
+        let rc = unsafe { f(device, &mut node) };
+        // No kernel numbers a node past MAX_CPU; a larger value is no node (e.g. an all-ones -1).
+        (rc == NVML_SUCCESS && node as usize <= crate::mask::MAX_CPU).then_some(node as usize)
     }
 
     /// NVML's CPU affinity: the node scope where the driver has it, as SPEC §4 asks.

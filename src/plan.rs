@@ -249,6 +249,8 @@ pub struct PlanInput<'a> {
     pub step_core: StepCore,
     /// Index into `topology.gpus` (the resolved device).
     pub gpu_index: usize,
+    /// NVML's CPU affinity for that GPU, when NVML answered ([`Topology::local_cpus`]).
+    pub nvml_cpus: Option<&'a CpuMask>,
     /// The policy settings the process would run with.
     pub settings: &'a Settings,
 }
@@ -260,7 +262,7 @@ pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
         .intersection(input.cpuset)
         .intersection(&topology.online);
     let gpu = &topology.gpus[input.gpu_index];
-    let local = topology.gpu_local_cpus(gpu);
+    let local = topology.local_cpus(Some(gpu), input.nvml_cpus);
     let constrained = policy::is_constrained(input.process_mask, input.cpuset);
     let decision = policy::worker_set(input.settings, &local.cpus, constrained, input.cpuset);
     let worker = decision.mask.clone();
@@ -556,6 +558,7 @@ mod tests {
             quota: None,
             step_core: StepCore::Auto,
             gpu_index: 0,
+            nvml_cpus: None,
             settings: &settings,
         };
         let p = plan(&input);
@@ -637,10 +640,43 @@ mod tests {
             }),
             step_core: StepCore::Auto,
             gpu_index: 0,
+            nvml_cpus: None,
             settings: &Settings::default(),
         });
         assert_eq!(p.pools.quota_cpus, Some(1));
         assert_eq!(p.pools.worker_cpus, 2);
         assert_eq!(p.pools.worker_threads, 1);
+    }
+
+    /// A GPU without a node whose `local_cpulist` names every CPU: the plan's worker set is
+    /// NVML's CPU affinity when the caller has it, every CPU without.
+    #[test]
+    fn nvml_affinity_is_the_worker_set_of_a_gpu_sysfs_knows_no_node_for() {
+        let t = dgx_h100_like().gpu("000f:01:00.0", None, None).topology();
+        let index = t
+            .gpus
+            .iter()
+            .position(|g| g.address == "000f:01:00.0")
+            .unwrap();
+        let node1 = t.node(1).unwrap().cpus.clone();
+        let input = PlanInput {
+            topology: &t,
+            process_mask: &t.online,
+            cpuset: &t.online,
+            quota: None,
+            step_core: StepCore::Auto,
+            gpu_index: index,
+            nvml_cpus: Some(&node1),
+            settings: &Settings::default(),
+        };
+        let p = plan(&input);
+        assert_eq!(p.worker, Some(node1.clone()));
+        assert_eq!(p.worker_source, LocalCpuSource::NvmlAffinity);
+        let p = plan(&PlanInput {
+            nvml_cpus: None,
+            ..input
+        });
+        assert_eq!(p.worker, Some(t.online.clone()));
+        assert_eq!(p.worker_source, LocalCpuSource::PciLocalCpulist);
     }
 }

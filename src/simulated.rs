@@ -7,7 +7,7 @@
 
 use crate::mask::CpuMask;
 use crate::topology::NVIDIA_VENDOR;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::path::Path;
@@ -45,6 +45,8 @@ pub struct SimulatedHost {
     online: Option<CpuMask>,
     cpus: BTreeMap<usize, SimCpu>,
     nodes: BTreeMap<usize, CpuMask>,
+    /// Nodes left out of `has_memory` ([`SimulatedHost::placeholder_node`]).
+    without_memory: BTreeSet<usize>,
     distances: Option<Vec<Vec<u32>>>,
     pci: Vec<SimPci>,
     idle_states: Vec<(String, u64)>,
@@ -59,6 +61,8 @@ struct SimDriverGpu {
     uuid: String,
     minor: u32,
     opens: bool,
+    /// The `Node:` line of its `numa_status` (`None`: no such file).
+    numa_status: Option<i64>,
 }
 
 impl SimulatedHost {
@@ -70,6 +74,15 @@ impl SimulatedHost {
     #[must_use]
     pub fn node(mut self, id: usize, cpus: &CpuMask) -> Self {
         self.nodes.insert(id, cpus.clone());
+        self
+    }
+
+    /// A NUMA node with neither CPUs nor memory: the per-GPU placeholders (ACPI generic
+    /// initiators) a GB200 tray shows between its GPUs' memory nodes.
+    #[must_use]
+    pub fn placeholder_node(mut self, id: usize) -> Self {
+        self.nodes.insert(id, CpuMask::new());
+        self.without_memory.insert(id);
         self
     }
 
@@ -153,7 +166,20 @@ impl SimulatedHost {
             uuid: uuid.to_string(),
             minor,
             opens,
+            numa_status: None,
         });
+        self
+    }
+
+    /// The driver's `proc/driver/nvidia/gpus/<address>/numa_status` for the entry
+    /// [`Self::driver_gpu`] added at `address`: its `Node:` line names `node` (-1: the GPU's
+    /// memory is no NUMA node).
+    #[must_use]
+    pub fn driver_numa_status(mut self, address: &str, node: i64) -> Self {
+        let address = address.to_ascii_lowercase();
+        for g in self.driver.iter_mut().filter(|g| g.address == address) {
+            g.numa_status = Some(node);
+        }
         self
     }
 
@@ -311,8 +337,14 @@ impl SimulatedHost {
             .collect();
         put(&node_dir.join("online"), &id_list)?;
         put(&node_dir.join("possible"), &id_list)?;
-        put(&node_dir.join("has_memory"), &id_list)?;
-        put(&node_dir.join("has_normal_memory"), &id_list)?;
+        let with_memory = CpuMask::from_cpus(
+            ids.iter()
+                .copied()
+                .filter(|id| !self.without_memory.contains(id)),
+        );
+        let memory_list = format!("{}\n", with_memory.to_list());
+        put(&node_dir.join("has_memory"), &memory_list)?;
+        put(&node_dir.join("has_normal_memory"), &memory_list)?;
         put(
             &node_dir.join("has_cpu"),
             &format!("{}\n", with_cpus.to_list()),
@@ -338,6 +370,13 @@ impl SimulatedHost {
                     g.uuid, g.address, g.minor
                 ),
             )?;
+            if let Some(node) = g.numa_status {
+                // The first lines the driver writes; the memory block lines after them differ.
+                put(
+                    &root.join(format!("proc/driver/nvidia/gpus/{}/numa_status", g.address)),
+                    &format!("Node: {node}\nStatus: online\n"),
+                )?;
+            }
             if g.opens {
                 put(&root.join(format!("dev/nvidia{}", g.minor)), "")?;
             }
@@ -434,6 +473,27 @@ pub fn dgx_h100_like() -> SimulatedHost {
         .idle_state("C1E", 10)
         .idle_state("C6", 170)
 }
+
+/// Half a GB200 tray in NUMA mode: Grace nodes 0 and 1 on `node0` and `node1`, GPUs
+/// `0008:06:00.0` and `0009:06:00.0` on node 0 (PCI `numa_node` 0), each GPU's memory a CPU-less
+/// node of its own with the tray's sparse ids, 2 and 10, and the placeholder nodes 3-9 between
+/// them (neither CPUs nor memory). The GPUs' memory nodes are known to NVML and the driver, not
+/// to sysfs: tests give them through the NVML double or [`Self::driver_numa_status`].
+pub fn gb200_like(node0: &CpuMask, node1: &CpuMask) -> SimulatedHost {
+    let mut host = SimulatedHost::new()
+        .node(0, node0)
+        .node(1, node1)
+        .node(2, &CpuMask::new())
+        .node(10, &CpuMask::new());
+    for placeholder in 3..=9 {
+        host = host.placeholder_node(placeholder);
+    }
+    host.gpu(GB200_GPUS[0], Some(0), None)
+        .gpu(GB200_GPUS[1], Some(0), None)
+}
+
+/// The PCI addresses of [`gb200_like`]'s GPUs, in PCI order.
+pub const GB200_GPUS: [&str; 2] = ["0008:06:00.0", "0009:06:00.0"];
 
 /// A VM without NUMA information: `cpus` CPUs (each its own core), no node directory, and `gpus`
 /// GPUs at `0000:10:00.0`, `0000:11:00.0`, ... whose `numa_node` is -1.
@@ -630,5 +690,38 @@ mod tests {
             .node_distances(vec![vec![10]]);
         let err = host.write(dir.path()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn gb200_round_trip_keeps_sparse_node_ids_and_memory_less_placeholders() {
+        let t = gb200_like(&mask("0-3"), &mask("4-7")).topology();
+        let ids: Vec<usize> = t.nodes.iter().map(|n| n.id).collect();
+        assert_eq!(ids, (0..=10).collect::<Vec<_>>());
+        let with_memory: Vec<usize> = t
+            .nodes
+            .iter()
+            .filter(|n| n.has_memory)
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(with_memory, [0, 1, 2, 10]);
+        assert!(t.node(2).unwrap().cpus.is_empty());
+        let addrs: Vec<&str> = t.gpus.iter().map(|g| g.address.as_str()).collect();
+        assert_eq!(addrs, GB200_GPUS);
+        for i in 0..2 {
+            assert_eq!(t.gpus[i].numa_node, Some(0));
+            assert_eq!(
+                t.local_cpus_of(i),
+                (mask("0-3"), LocalCpuSource::PciLocalCpulist)
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        gb200_like(&mask("0-3"), &mask("4-7"))
+            .driver_gpu(GB200_GPUS[0], "GPU-a", 0, true)
+            .driver_numa_status(GB200_GPUS[0], 2)
+            .write(dir.path())
+            .unwrap();
+        let status = format!("proc/driver/nvidia/gpus/{}/numa_status", GB200_GPUS[0]);
+        let text = fs::read_to_string(dir.path().join(status)).unwrap();
+        assert!(text.starts_with("Node: 2\n"), "{text}");
     }
 }

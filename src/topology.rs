@@ -162,7 +162,7 @@ pub enum LocalCpuSource {
     SingleNode,
     /// Nothing says where the GPU is: every online CPU.
     AllOnline,
-    /// sysfs says nothing about the GPU: NVML's CPU affinity for it.
+    /// sysfs knows no node for the GPU (or does not list it): NVML's CPU affinity for it.
     NvmlAffinity,
 }
 
@@ -180,7 +180,9 @@ impl fmt::Display for LocalCpuSource {
             ),
             Self::SingleNode => f.write_str("every online CPU (single NUMA node host)"),
             Self::AllOnline => f.write_str("every online CPU (the GPU's NUMA node is unknown)"),
-            Self::NvmlAffinity => f.write_str("NVML's CPU affinity (sysfs says nothing)"),
+            Self::NvmlAffinity => {
+                f.write_str("NVML's CPU affinity (sysfs knows no NUMA node for the GPU)")
+            }
         }
     }
 }
@@ -236,7 +238,14 @@ impl Topology {
         cores
     }
 
-    /// The CPUs local to `gpu` (SPEC §4), always a subset of the online CPUs:
+    /// The CPUs local to `gpu` from sysfs alone: [`Topology::local_cpus`] without NVML.
+    pub fn gpu_local_cpus(&self, gpu: &PciGpu) -> LocalCpus {
+        self.local_cpus(Some(gpu), None)
+    }
+
+    /// The CPUs local to a GPU (SPEC §4), always a subset of the online CPUs: `gpu` is its sysfs
+    /// function (`None` when sysfs does not list it), `nvml` NVML's CPU affinity for it. The one
+    /// decision `configure`, `plan` and `topo` all take (through [`crate::gpus::local_cpus`]):
     ///
     /// 1. one NUMA node (or none) → every online CPU ([`LocalCpuSource::SingleNode`]);
     /// 2. a `local_cpulist` that is non-empty and narrower than all online CPUs →
@@ -244,28 +253,30 @@ impl Topology {
     /// 3. a known `numa_node` whose node has CPUs → that node's CPUs;
     /// 4. a known `numa_node` without CPUs (memory-only, GB200-style) → the CPUs of the nearest
     ///    node that has some, by the GPU node's distance row, ties to the lowest id;
-    /// 5. otherwise a `local_cpulist` naming every online CPU is kept as is (source
+    /// 5. NVML's CPU affinity, where it names an online CPU ([`LocalCpuSource::NvmlAffinity`]);
+    /// 6. otherwise a `local_cpulist` naming every online CPU is kept as is (source
     ///    `PciLocalCpulist`), and with no information at all → every online CPU (`AllOnline`).
     ///
     /// A `local_cpulist` equal to every online CPU on a multi-node host is what the kernel writes
-    /// when it does not know the device's node, so it says nothing and a known `numa_node` wins
-    /// over it. Offline CPUs in any source are dropped, since they cannot be pinned to.
-    pub fn gpu_local_cpus(&self, gpu: &PciGpu) -> LocalCpus {
+    /// when it does not know the device's node (`numa_node` -1: a DGX Spark, some Grace setups),
+    /// so it says nothing: a known `numa_node` and NVML's affinity both win over it. Offline CPUs
+    /// in any source are dropped, since they cannot be pinned to.
+    pub fn local_cpus(&self, gpu: Option<&PciGpu>, nvml: Option<&CpuMask>) -> LocalCpus {
         let found = |cpus: CpuMask, source| LocalCpus { cpus, source };
         if self.nodes.len() <= 1 {
             return found(self.online.clone(), LocalCpuSource::SingleNode);
         }
+        let online_part =
+            |m: &CpuMask| Some(m.intersection(&self.online)).filter(|m| !m.is_empty());
         let pci = gpu
-            .local_cpus
-            .as_ref()
-            .map(|m| m.intersection(&self.online))
-            .filter(|m| !m.is_empty());
+            .and_then(|g| g.local_cpus.as_ref())
+            .and_then(online_part);
         if let Some(cpus) = &pci {
             if *cpus != self.online {
                 return found(cpus.clone(), LocalCpuSource::PciLocalCpulist);
             }
         }
-        if let Some(n) = gpu.numa_node {
+        if let Some(n) = gpu.and_then(|g| g.numa_node) {
             if let Some(node) = self.node(n) {
                 let cpus = node.cpus.intersection(&self.online);
                 if !cpus.is_empty() {
@@ -281,6 +292,9 @@ impl Topology {
                     );
                 }
             }
+        }
+        if let Some(cpus) = nvml.and_then(online_part) {
+            return found(cpus, LocalCpuSource::NvmlAffinity);
         }
         match pci {
             Some(cpus) => found(cpus, LocalCpuSource::PciLocalCpulist),
@@ -789,6 +803,60 @@ mod tests {
         assert_eq!(
             t.local_cpus_of(2),
             (mask("2-3,6-7"), LocalCpuSource::PciLocalCpulist)
+        );
+    }
+
+    /// NVML's CPU affinity decides only where sysfs knows no node: over an all-CPU
+    /// `local_cpulist` of a GPU whose `numa_node` is -1 (the kernel's "unknown"), or for a GPU
+    /// sysfs does not list; never over a narrower list or a known node.
+    #[test]
+    fn nvml_affinity_decides_where_sysfs_knows_no_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        two_node_host(root);
+        put_gpu(root, "0000:01:00.0", "-1", Some("0-7"));
+        put_gpu(root, "0000:02:00.0", "-1", None);
+        put_gpu(root, "0000:03:00.0", "-1", Some("0-1,4-5"));
+        put_gpu(root, "0000:04:00.0", "0", Some("0-7"));
+        let t = read(root);
+        let node1 = mask("2-3,6-7");
+        let with_nvml = |gpu: Option<&PciGpu>, nvml: &CpuMask| {
+            let l = t.local_cpus(gpu, Some(nvml));
+            (l.cpus, l.source)
+        };
+        let nvml = (node1.clone(), LocalCpuSource::NvmlAffinity);
+        assert_eq!(with_nvml(Some(&t.gpus[0]), &node1), nvml);
+        assert_eq!(with_nvml(Some(&t.gpus[1]), &node1), nvml);
+        assert_eq!(with_nvml(None, &node1), nvml);
+        // Offline CPUs are dropped from NVML's answer; one naming none online says nothing.
+        assert_eq!(
+            with_nvml(Some(&t.gpus[0]), &mask("3,9")),
+            (mask("3"), LocalCpuSource::NvmlAffinity)
+        );
+        assert_eq!(
+            with_nvml(Some(&t.gpus[0]), &mask("9")),
+            (mask("0-7"), LocalCpuSource::PciLocalCpulist)
+        );
+        // sysfs's narrower list and a known node win over NVML.
+        assert_eq!(
+            with_nvml(Some(&t.gpus[2]), &node1),
+            (mask("0-1,4-5"), LocalCpuSource::PciLocalCpulist)
+        );
+        assert_eq!(
+            with_nvml(Some(&t.gpus[3]), &node1),
+            (mask("0-1,4-5"), LocalCpuSource::NumaNode(0))
+        );
+        // Without NVML: as sysfs alone says.
+        assert_eq!(
+            t.local_cpus(Some(&t.gpus[0]), None),
+            t.gpu_local_cpus(&t.gpus[0])
+        );
+        assert_eq!(
+            t.local_cpus(None, None),
+            LocalCpus {
+                cpus: mask("0-7"),
+                source: LocalCpuSource::AllOnline
+            }
         );
     }
 

@@ -13,7 +13,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated::SimulatedHost;
+use tllm_affinity_core::simulated::{gb200_like, SimulatedHost, GB200_GPUS};
 
 /// sysfs's eight GPUs: four on node 0, four on node 1, in PCI order.
 const SYSFS_GPUS: [(&str, usize); 8] = [
@@ -66,6 +66,16 @@ impl Host {
             sysfs,
             node0,
             node1,
+            nvml: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The host `sysfs` describes ([`Sysfs`]'s trees), NVML still to be given.
+    fn from_sysfs(sysfs: Sysfs) -> Host {
+        Host {
+            sysfs: sysfs.dir,
+            node0: sysfs.node0,
+            node1: sysfs.node1,
             nvml: tempfile::tempdir().unwrap(),
         }
     }
@@ -709,4 +719,252 @@ fn plan_keeps_an_offline_cpu_out_of_the_worker_set_and_the_step_placement() {
             "{step_core}: {plan}"
         );
     }
+}
+
+/// A GPU whose `numa_node` is -1 with every online CPU in its `local_cpulist` (what the kernel
+/// writes on a DGX Spark and some Grace setups) on a host of two nodes: that list says nothing,
+/// so NVML's CPU affinity (node 1's CPUs here) decides, for `configure(0)` in a real preloaded
+/// program, `plan --gpu 0` and `topo` alike, each naming NVML as the source. Without NVML every
+/// CPU, as before.
+#[test]
+fn nvml_cpu_affinity_wins_over_the_all_cpu_local_cpulist_of_a_gpu_without_a_node() {
+    require!(two_cpus("node 1's CPUs narrower than the host"));
+    let allowed = allowed_cpus();
+    let (node0, node1) = two_halves();
+    // No local CPUs given: the tree gets what the kernel writes for `numa_node` -1, every CPU.
+    let host = Host::written(
+        two_nodes(&node0, &node1).gpu("000f:01:00.0", None, None),
+        node0,
+        node1,
+    );
+    let nvml = format!("gpu 0000000F:01:00.0 {UUID_BA} {}\n", host.node1);
+    let lib = nvml_double(false);
+    let nvml_said = "NVML's CPU affinity";
+
+    let mut cmd = host.command(&gpu_population(), Some((&nvml, &lib)));
+    cmd.env("TLLM_AFFINITY_LOG", "info");
+    let (lines, stderr) = population(cmd, &[0]);
+    println!("{stderr}");
+    assert_on(&lines, &[&host.node1], &stderr);
+
+    let out = host
+        .command(&cli(), Some((&nvml, &lib)))
+        .args(["plan", "--gpu", "0", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "plan: {text}");
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["gpu"]["numa_node"], serde_json::Value::Null, "{plan}");
+    assert_eq!(plan["worker"]["cpus"], host.node1.to_list(), "{plan}");
+    let source = plan["worker"]["source"].as_str().unwrap_or_default();
+    assert!(source.starts_with(nvml_said), "{plan}");
+
+    let out = host
+        .command(&cli(), Some((&nvml, &lib)))
+        .args(["topo", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "topo: {text}");
+    let topo: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for gpu in [&topo["gpus"][0], &topo["visible"]["devices"][0]] {
+        assert_eq!(gpu["address"], "000f:01:00.0", "{topo}");
+        assert_eq!(gpu["local_cpus"], host.node1.to_list(), "{gpu}");
+        let from = gpu["local_cpus_from"].as_str().unwrap_or_default();
+        assert!(from.starts_with(nvml_said), "{gpu}");
+    }
+
+    // No NVML: nothing narrower is known, every CPU.
+    let (lines, stderr) = population(host.command(&gpu_population(), None), &[0]);
+    assert_on(&lines, &[&allowed], &stderr);
+    let out = host
+        .command(&cli(), None)
+        .args(["plan", "--gpu", "0", "--json"])
+        .output()
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["worker"]["cpus"], allowed.to_list(), "{plan}");
+}
+
+/// NVML's answer for [`gb200_like`]'s two GPUs: CPU affinity `cpus` (node 0's), and
+/// `nvmlDeviceGetNumaNodeId` answering `nodes` (the double's fifth field).
+fn gb200_nvml(cpus: &CpuMask, nodes: [&str; 2]) -> String {
+    GB200_GPUS
+        .iter()
+        .zip(GB200_UUIDS)
+        .zip(nodes)
+        .map(|((address, uuid), node)| format!("gpu 0000{address} {uuid} {cpus} {node}\n"))
+        .collect()
+}
+
+/// `topo --json` and `topo` on `host`; the JSON and the text.
+fn topo_of(host: &Host, nvml: Option<(&str, &Path)>) -> (serde_json::Value, String) {
+    let run = |args: &[&str]| {
+        let out = host.command(&cli(), nvml).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "topo: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let json = run(&["topo", "--json"]);
+    (serde_json::from_str(&json).unwrap(), run(&["topo"]))
+}
+
+/// Which GPUs (index, address, source) `topo --json` says each NUMA node holds the memory of,
+/// for the nodes that hold any.
+fn gpu_memory_marks(topo: &serde_json::Value) -> Vec<(u64, u64, String, String)> {
+    let mut marks = Vec::new();
+    for node in topo["nodes"].as_array().unwrap() {
+        for gpu in node["gpu_memory_of"].as_array().unwrap() {
+            marks.push((
+                node["id"].as_u64().unwrap(),
+                gpu["index"].as_u64().unwrap(),
+                gpu["address"].as_str().unwrap().to_string(),
+                gpu["from"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    marks
+}
+
+/// The marks a GB200 tray's two GPUs should get: node 2 holds GPU 0's memory, node 10 GPU 1's.
+fn gb200_marks(from: &str) -> Vec<(u64, u64, String, String)> {
+    vec![
+        (2, 0, GB200_GPUS[0].to_string(), from.to_string()),
+        (10, 1, GB200_GPUS[1].to_string(), from.to_string()),
+    ]
+}
+
+/// Half a GB200 tray in NUMA mode (Grace nodes 0 and 1, each GPU's memory a CPU-less node with
+/// the tray's sparse ids 2 and 10, placeholder nodes 3-9 with neither CPUs nor memory): `topo`
+/// names node 2 as GPU 0's memory and node 10 as GPU 1's, in text and JSON, from NVML's
+/// `nvmlDeviceGetNumaNodeId`, and from the driver's `numa_status` where NVML is absent. A node
+/// with CPUs that NVML names is no GPU's memory; a double file without the node field (and a
+/// driver without the call) gives no mark.
+#[test]
+fn topo_names_the_cpu_less_node_holding_each_gpus_memory() {
+    let (node0, node1) = two_halves();
+    let lib = nvml_double(false);
+    let nvml = gb200_nvml(&node0, ["2", "10"]);
+
+    // NVML alone (no driver list in the tree).
+    let host = Host::written(gb200_like(&node0, &node1), node0.clone(), node1.clone());
+    let (topo, text) = topo_of(&host, Some((&nvml, &lib)));
+    println!("{text}");
+    assert_eq!(gpu_memory_marks(&topo), gb200_marks("nvml"), "{topo}");
+    for (i, node) in [(0, 2), (1, 10)] {
+        let gpu = &topo["gpus"][i];
+        assert_eq!(gpu["memory_node"], node, "{gpu}");
+        assert_eq!(gpu["memory_node_from"], "nvml", "{gpu}");
+        assert_eq!(gpu["numa_node"], 0, "{gpu}");
+        assert_eq!(gpu["local_cpus"], node0.to_list(), "{gpu}");
+    }
+    let line = |id: usize| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("  node {id}: ")))
+            .unwrap_or_else(|| panic!("no node {id} in:\n{text}"))
+            .to_string()
+    };
+    says(
+        &line(2),
+        &[&format!("GPU 0's memory ({}, from NVML)", GB200_GPUS[0])],
+    );
+    says(
+        &line(10),
+        &[&format!("GPU 1's memory ({}, from NVML)", GB200_GPUS[1])],
+    );
+    never_says(&line(3), &["memory ("]);
+    says(&line(3), &["memory no"]);
+    says(
+        &text,
+        &[&format!(
+            "1: {} (device 2330), NUMA node 0, local CPUs [{node0}] from the GPU's PCI \
+             local_cpulist, its memory on node 10 (from NVML)",
+            GB200_GPUS[1]
+        )],
+    );
+
+    // The old line format (no node field), and a driver without nvmlDeviceGetNumaNodeId: no
+    // GPU memory named, nothing else changed.
+    let old_lines = gb200_nvml(&node0, ["", ""]);
+    let without_call = nvml_double_without_numa_node_id();
+    for (answer, lib) in [(&old_lines, &lib), (&nvml, &without_call)] {
+        let (topo, _) = topo_of(&host, Some((answer, lib)));
+        assert_eq!(gpu_memory_marks(&topo), [], "{topo}");
+        assert_eq!(topo["visible"]["source"], "nvml", "{topo}");
+        assert_eq!(topo["gpus"][0]["memory_node"], serde_json::Value::Null);
+    }
+    // NVML naming the Grace node (it has CPUs): ignored.
+    let (topo, _) = topo_of(&host, Some((&gb200_nvml(&node0, ["0", "10"]), &lib)));
+    assert_eq!(gpu_memory_marks(&topo), gb200_marks("nvml")[1..], "{topo}");
+
+    // The driver's numa_status, NVML absent.
+    let host = Host::from_sysfs(Sysfs::gb200());
+    let (topo, text) = topo_of(&host, None);
+    assert_eq!(topo["visible"]["source"], "driver", "{topo}");
+    assert_eq!(
+        gpu_memory_marks(&topo),
+        gb200_marks("numa_status"),
+        "{topo}"
+    );
+    says(
+        &text,
+        &[&format!(
+            "GPU 0's memory ({}, from the driver's numa_status)",
+            GB200_GPUS[0]
+        )],
+    );
+    // NVML naming the Grace node for GPU 0: ignored, and the driver's numa_status answers.
+    let (topo, _) = topo_of(&host, Some((&gb200_nvml(&node0, ["0", "10"]), &lib)));
+    let marks = gpu_memory_marks(&topo);
+    assert_eq!(marks[0], gb200_marks("numa_status")[0], "{topo}");
+    assert_eq!(marks[1], gb200_marks("nvml")[1], "{topo}");
+}
+
+/// The double without `nvmlDeviceGetNumaNodeId`, as drivers before NVML 12.
+fn nvml_double_without_numa_node_id() -> PathBuf {
+    let lib = Program::c("nvml_double")
+        .shared()
+        .named("nvml-no-numa-node/libnvidia-ml.so.1")
+        .flags(&["-DOMIT_NUMA_NODE_ID"])
+        .build();
+    lib.parent().unwrap().to_path_buf()
+}
+
+/// On half a GB200 tray whose NVML names the GPUs' memory nodes 2 and 10, `configure(0)` and
+/// `configure(1)` in a real preloaded program put the workers on Grace node 0's CPUs (the GPUs'
+/// PCI node), never on a GPU memory node, and `plan --gpu 0` shows the same set.
+#[test]
+fn gb200_workers_go_to_the_grace_node_not_the_gpus_memory_node() {
+    require!(two_cpus("node 0's CPUs narrower than the host"));
+    let host = Host::from_sysfs(Sysfs::gb200());
+    let nvml = gb200_nvml(&host.node0, ["2", "10"]);
+    let lib = nvml_double(false);
+    let (lines, stderr) = population(
+        host.command(&gpu_population(), Some((&nvml, &lib))),
+        &[0, 1],
+    );
+    assert_on(&lines, &[&host.node0, &host.node0], &stderr);
+    // No NVML: the driver's list, the same set.
+    let (lines, stderr) = population(host.command(&gpu_population(), None), &[0]);
+    assert_on(&lines, &[&host.node0], &stderr);
+
+    let out = host
+        .command(&cli(), Some((&nvml, &lib)))
+        .args(["plan", "--gpu", "0", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "plan: {text}");
+    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["gpu"]["address"], GB200_GPUS[0], "{plan}");
+    assert_eq!(plan["worker"]["cpus"], host.node0.to_list(), "{plan}");
+    assert_eq!(
+        plan["worker"]["source"], "the GPU's PCI local_cpulist",
+        "{plan}"
+    );
 }

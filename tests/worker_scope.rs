@@ -145,3 +145,20 @@ fn a_scopes_caller_prefers_the_workers_node_until_the_scope_ends_unless_it_has_a
     let absent = placement_policies(&sysfs, &[], "0");
     assert_eq!((absent.1.as_str(), absent.2.as_str()), ("0 0", "0 0"));
 }
+
+/// On half a GB200 tray (Grace nodes 0 and 1; GPU 0 on node 0, its memory the CPU-less node 2,
+/// GPU 1's node 10, as the driver's `numa_status` says), the scope's caller for device 0 prefers
+/// node 0, the Grace node its workers run on, never the GPU's memory node: `MPOL_PREFERRED` (1)
+/// with node mask 1. This kernel has node 0 only, so a preference for node 2 or 10 would fail
+/// and leave the default (0 0).
+#[test]
+fn a_scopes_caller_on_a_gb200_tray_prefers_the_grace_node_not_the_gpus_memory_node() {
+    require!(two_cpus("a simulated host of two Grace nodes"));
+    let sysfs = Sysfs::gb200();
+    let (_, scope, after) = placement_policies(&sysfs, &[], "0");
+    assert_eq!(
+        scope, "1 1",
+        "MPOL_PREFERRED on node 0 while the scope is open"
+    );
+    assert_eq!(after, "0 0", "the default again once it ended");
+}

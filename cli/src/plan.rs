@@ -90,6 +90,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         quota,
         step_core,
         gpu_index,
+        nvml_cpus: view.gpus[resolved.gpu_index].nvml_cpus.as_ref(),
         settings: &settings,
     });
     let context = Context {
@@ -392,6 +393,7 @@ mod tests {
                 quota: None,
                 step_core: StepCore::Auto,
                 gpu_index: 0,
+                nvml_cpus: None,
                 settings: &Settings::default(),
             });
             let cx = Context {

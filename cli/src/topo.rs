@@ -1,6 +1,6 @@
-//! `tllm-affinity topo [--json] [--sysfs-root DIR]`: the host as the library sees it — NUMA nodes,
-//! cores with their SMT siblings, GPUs with their local CPUs, the cgroup's cpuset and CPU quota,
-//! and the cpuidle states.
+//! `tllm-affinity topo [--json] [--sysfs-root DIR]`: the host as the library sees it — NUMA nodes
+//! (a CPU-less node holding a GPU's memory named as such), cores with their SMT siblings, GPUs with
+//! their local CPUs, the cgroup's cpuset and CPU quota, and the cpuidle states.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use tllm_affinity_core::cgroup::{self, CgroupLimits, CgroupVersion};
 use tllm_affinity_core::device::{visible_in_view, DeviceEnv};
-use tllm_affinity_core::gpus::{GpuSource, GpuView};
+use tllm_affinity_core::gpus::{GpuMemoryNode, GpuSource, GpuView};
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
@@ -28,8 +28,10 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let mut topology = Topology::read(&root).map_err(|e| e.to_string())?;
     let view = tllm_affinity_core::gpus::current_view(&root, &mut topology, true);
+    let memory_nodes = tllm_affinity_core::gpus::memory_nodes(&topology, &view);
     let host = Host {
         view: &view,
+        memory_nodes,
         env: DeviceEnv::from_env(),
         real: root.root() == Path::new("/"),
         root: &root,
@@ -54,12 +56,24 @@ struct Host<'a> {
     topology: &'a Topology,
     /// The GPUs this process sees (NVML, the driver's list or sysfs).
     view: &'a GpuView,
+    /// The CPU-less node holding each GPU's memory, by index into `topology.gpus`.
+    memory_nodes: Vec<Option<GpuMemoryNode>>,
     env: DeviceEnv,
     process_mask: Option<CpuMask>,
     limits: CgroupLimits,
 }
 
 impl Host<'_> {
+    /// The GPUs (index into `topology.gpus`, and where that was learned) whose memory `node`
+    /// holds.
+    fn gpus_with_memory_on(&self, node: usize) -> Vec<(usize, GpuMemoryNode)> {
+        self.memory_nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.filter(|m| m.node == node).map(|m| (i, m)))
+            .collect()
+    }
+
     fn cgroup_note(&self) -> Option<String> {
         (!self.real).then(|| {
             format!(
@@ -149,9 +163,19 @@ fn to_text(h: &Host<'_>) -> String {
     let _ = writeln!(out, "NUMA nodes:");
     for n in &t.nodes {
         let distances: Vec<String> = n.distances.iter().map(u32::to_string).collect();
+        let gpu_memory: String = h
+            .gpus_with_memory_on(n.id)
+            .iter()
+            .map(|(i, m)| {
+                format!(
+                    ", holds GPU {i}'s memory ({}, from {})",
+                    t.gpus[*i].address, m.source
+                )
+            })
+            .collect();
         let _ = writeln!(
             out,
-            "  node {}: CPUs [{}] ({}), memory {}, distances {}",
+            "  node {}: CPUs [{}] ({}), memory {}, distances {}{gpu_memory}",
             n.id,
             n.cpus,
             n.cpus.count(),
@@ -188,11 +212,14 @@ fn to_text(h: &Host<'_>) -> String {
         let _ = writeln!(out, "  hint: {}", super::NO_GPU_HINT);
     }
     for (i, g) in t.gpus.iter().enumerate() {
-        let local = t.gpu_local_cpus(g);
+        let local = tllm_affinity_core::gpus::pci_local_cpus(t, h.view, g);
         let node = g.numa_node.map_or("unknown".to_string(), |n| n.to_string());
+        let memory = h.memory_nodes[i].map_or(String::new(), |m| {
+            format!(", its memory on node {} (from {})", m.node, m.source)
+        });
         let _ = writeln!(
             out,
-            "  {i}: {} (device {:04x}), NUMA node {node}, local CPUs [{}] from {}",
+            "  {i}: {} (device {:04x}), NUMA node {node}, local CPUs [{}] from {}{memory}",
             g.address, g.device, local.cpus, local.source
         );
     }
@@ -367,6 +394,11 @@ fn to_json(h: &Host<'_>) -> Value {
                 "has_memory": n.has_memory,
                 "distances": n.distances,
                 "cores": cores_of_node(t, n.id).iter().map(CpuMask::to_list).collect::<Vec<_>>(),
+                "gpu_memory_of": h.gpus_with_memory_on(n.id).iter().map(|(i, m)| json!({
+                    "index": i,
+                    "address": t.gpus[*i].address,
+                    "from": m.source.key(),
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -375,7 +407,7 @@ fn to_json(h: &Host<'_>) -> Value {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let local = t.gpu_local_cpus(g);
+            let local = tllm_affinity_core::gpus::pci_local_cpus(t, h.view, g);
             json!({
                 "index": i,
                 "address": g.address,
@@ -383,6 +415,8 @@ fn to_json(h: &Host<'_>) -> Value {
                 "numa_node": g.numa_node,
                 "local_cpus": local.cpus.to_list(),
                 "local_cpus_from": local.source.to_string(),
+                "memory_node": h.memory_nodes[i].map(|m| m.node),
+                "memory_node_from": h.memory_nodes[i].map(|m| m.source.key()),
             })
         })
         .collect();
@@ -448,6 +482,7 @@ mod tests {
         let t = Topology::read(&root).unwrap();
         let view = tllm_affinity_core::gpus::view(&root, &t.gpus, None);
         let host = Host {
+            memory_nodes: tllm_affinity_core::gpus::memory_nodes(&t, &view),
             view: &view,
             env: DeviceEnv::default(),
             real: false,

@@ -99,6 +99,10 @@ fn resolve_worker_set(
             "GPU {} has no NUMA node: using every online CPU",
             resolved.address
         )),
+        LocalCpuSource::NvmlAffinity => Some(format!(
+            "GPU {} has no NUMA node in sysfs: using NVML's CPU affinity [{}]",
+            resolved.address, local.cpus
+        )),
         _ => None,
     };
     log_debug!("{}", resolved.how);

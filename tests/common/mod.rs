@@ -339,6 +339,12 @@ pub fn two_cpus(why: &str) -> Result<(), String> {
     }
 }
 
+/// The UUIDs [`Sysfs::gb200`]'s driver list gives its two GPUs.
+pub const GB200_UUIDS: [&str; 2] = [
+    "GPU-0b200000-0000-0000-0000-000000000000",
+    "GPU-0b200000-0000-0000-0000-000000000001",
+];
+
 /// A simulated host written to a temp dir: node0 = the lower half of the allowed CPUs, node1
 /// the rest; GPU 0 (0000:3b:00.0) local to node1, GPU 1 (0000:86:00.0) local to node0.
 pub struct Sysfs {
@@ -361,6 +367,27 @@ impl Sysfs {
             node0: cpus[..half.max(1)].iter().copied().collect(),
             node1: cpus[half.max(1)..].iter().copied().collect(),
         }
+    }
+
+    /// Half a GB200 tray ([`simulated::gb200_like`]) over the allowed CPUs: Grace node 0 the
+    /// lower half, node 1 the rest, GPUs 0 and 1 on node 0 with their memory on the CPU-less
+    /// nodes 2 and 10, as the driver's list and its `numa_status` files say.
+    pub fn gb200() -> Sysfs {
+        let allowed = allowed_cpus();
+        let cpus: Vec<usize> = allowed.iter().collect();
+        let half = (cpus.len() / 2).max(1);
+        let node0: CpuMask = cpus[..half].iter().copied().collect();
+        let node1: CpuMask = cpus[half..].iter().copied().collect();
+        let dir = tempfile::tempdir().unwrap();
+        let [gpu0, gpu1] = simulated::GB200_GPUS;
+        simulated::gb200_like(&node0, &node1)
+            .driver_gpu(gpu0, GB200_UUIDS[0], 0, true)
+            .driver_gpu(gpu1, GB200_UUIDS[1], 1, true)
+            .driver_numa_status(gpu0, 2)
+            .driver_numa_status(gpu1, 10)
+            .write(dir.path())
+            .unwrap();
+        Sysfs { dir, node0, node1 }
     }
 
     pub fn path(&self) -> &Path {

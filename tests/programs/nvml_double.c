@@ -4,8 +4,12 @@
  * return codes of the real nvml.h (NVML 12.x; the sizes are asserted below), and answers from the
  * file named by TLLM_NVML_DOUBLE, one statement a line:
  *
- *   gpu <busId> <uuid> <cpulist>|-   a GPU, in NVML's index order (busId as NVML writes it:
- *                                    00000000:3B:00.0); "-": the affinity calls say NOT_SUPPORTED
+ *   gpu <busId> <uuid> <cpulist>|- [<node>|-]
+ *                                    a GPU, in NVML's index order (busId as NVML writes it:
+ *                                    00000000:3B:00.0); "-": the affinity calls say NOT_SUPPORTED.
+ *                                    <node>: what nvmlDeviceGetNumaNodeId answers (the NUMA node
+ *                                    holding the GPU's memory); absent or "-": NOT_SUPPORTED, as
+ *                                    on a GPU whose memory is no NUMA node
  *   mig <gpu index> <mig uuid>       a MIG instance of that GPU
  *   init <code>                      what nvmlInit_v2 returns (default 0, NVML_SUCCESS)
  *   fail <function> <code>           what that entry point returns instead of answering
@@ -15,7 +19,8 @@
  * scripts/device-check writes the same format from the real driver, so the double can be checked
  * against it. Each nvmlInit_v2 appends "init" to $TLLM_NVML_DOUBLE.calls, so a test can see when
  * (and how often) NVML was loaded. Built with -DOMIT_PCI_INFO_V3 it lacks nvmlDeviceGetPciInfo_v3,
- * as an old driver lacks a newer entry point.
+ * as an old driver lacks a newer entry point; with -DOMIT_NUMA_NODE_ID it lacks
+ * nvmlDeviceGetNumaNodeId, as drivers before NVML 12 do.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -66,6 +71,8 @@ struct nvmlDevice_st {
     char bus_id[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     int has_cpus;
+    int has_numa_node;
+    unsigned int numa_node;
     unsigned long cpus[MAX_CPUS / (8 * sizeof(unsigned long))];
     int n_migs;
     struct nvmlDevice_st *migs[MAX_MIGS];
@@ -107,15 +114,23 @@ static void load(void) {
     const char *path = getenv("TLLM_NVML_DOUBLE");
     FILE *f = path ? fopen(path, "r") : NULL;
     if (!f) return;
-    char line[512], a[128], b[128], c[128];
+    char line[512], a[128], b[128], c[128], d[128];
     while (fgets(line, sizeof line, f)) {
         if (sscanf(line, "%127s", a) != 1 || a[0] == '#') continue;
-        if (strcmp(a, "gpu") == 0 && n_gpus < MAX_GPUS && sscanf(line, "gpu %127s %127s %127s", a, b, c) == 3) {
-            struct nvmlDevice_st *d = &gpus[n_gpus];
-            d->index = n_gpus++;
-            snprintf(d->bus_id, sizeof d->bus_id, "%.31s", a);
-            snprintf(d->uuid, sizeof d->uuid, "%.95s", b);
-            set_cpus(d, c);
+        int fields;
+        if (strcmp(a, "gpu") == 0 && n_gpus < MAX_GPUS &&
+            (fields = sscanf(line, "gpu %127s %127s %127s %127s", a, b, c, d)) >= 3) {
+            struct nvmlDevice_st *g = &gpus[n_gpus];
+            g->index = n_gpus++;
+            snprintf(g->bus_id, sizeof g->bus_id, "%.31s", a);
+            snprintf(g->uuid, sizeof g->uuid, "%.95s", b);
+            set_cpus(g, c);
+            char *end;
+            unsigned long node = fields == 4 && strcmp(d, "-") != 0 ? strtoul(d, &end, 10) : 0;
+            if (fields == 4 && strcmp(d, "-") != 0 && *end == '\0') {
+                g->has_numa_node = 1;
+                g->numa_node = (unsigned int)node;
+            }
         } else if (strcmp(a, "mig") == 0) {
             int parent;
             if (sscanf(line, "mig %d %127s", &parent, b) == 2 && parent >= 0 && parent < n_gpus &&
@@ -256,6 +271,16 @@ nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSi
     GUARD("nvmlDeviceGetCpuAffinity");
     return affinity(device, cpuSetSize, cpuSet);
 }
+
+#ifndef OMIT_NUMA_NODE_ID
+nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
+    GUARD("nvmlDeviceGetNumaNodeId");
+    if (!valid(device) || !node || device->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->has_numa_node) return NVML_ERROR_NOT_SUPPORTED;
+    *node = device->numa_node;
+    return NVML_SUCCESS;
+}
+#endif
 
 nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
     GUARD("nvmlDeviceIsMigDeviceHandle");

@@ -53,6 +53,7 @@ int main(void) {
     SYM(nvmlDeviceGetCpuAffinityWithinScope, nvmlDevice_t, unsigned, unsigned long *, unsigned);
     SYM(nvmlDeviceGetMaxMigDeviceCount, nvmlDevice_t, unsigned *);
     SYM(nvmlDeviceGetMigDeviceHandleByIndex, nvmlDevice_t, unsigned, nvmlDevice_t *);
+    SYM(nvmlDeviceGetNumaNodeId, nvmlDevice_t, unsigned *);
     if (!nvmlInit_v2 || !nvmlShutdown || !nvmlDeviceGetCount_v2 || !nvmlDeviceGetHandleByIndex_v2 ||
         !nvmlDeviceGetPciInfo_v3 || !nvmlDeviceGetUUID) {
         printf("# no NVML: a required entry point is missing\n");
@@ -87,6 +88,8 @@ int main(void) {
             print_cpus(set);
         else
             printf("-");
+        unsigned node = 0;
+        if (nvmlDeviceGetNumaNodeId && nvmlDeviceGetNumaNodeId(d, &node) == 0) printf(" %u", node);
         printf("\n");
         unsigned max = 0;
         if (nvmlDeviceGetMaxMigDeviceCount && nvmlDeviceGetMigDeviceHandleByIndex &&
