@@ -505,6 +505,19 @@ fn topo_plan_and_configure_agree_on_the_grace_node() {
     assert_eq!(device["address"], GUEST_GPU, "{topo}");
     assert_eq!(plan["gpu"]["address"], GUEST_GPU, "{plan}");
     assert_eq!(plan["gpu"]["numa_node"], GRACE_NODE, "{plan}");
+    // NVML names node 10 as the GPU's memory: topo says so, and nothing runs there.
+    let gpu = &topo["gpus"][0];
+    assert_eq!(gpu["memory_node"], GPU_MEMORY_NODE, "{gpu}");
+    assert_eq!(gpu["memory_node_from"], "nvml", "{gpu}");
+    let node10 = topo["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == GPU_MEMORY_NODE)
+        .unwrap_or_else(|| panic!("no node 10 in {topo}"));
+    assert_eq!(node10["cpus"], "", "{node10}");
+    assert_eq!(node10["has_memory"], true, "{node10}");
+    assert_eq!(node10["gpu_memory_of"][0]["address"], GUEST_GPU, "{node10}");
     for (who, cpus) in [
         ("topo", device["local_cpus"].clone()),
         ("plan", plan["worker"]["cpus"].clone()),

@@ -2,7 +2,8 @@
 # Inside the aarch64 guest of tests/guest_aarch64.rs, a GB200 compute tray at small scale: Grace
 # nodes 0 (CPUs 0-1) and 1 (CPUs 2-3), the GPU's memory as node 10 (memory, no CPU), and QEMU's
 # pci-testdev at 0000:00:02.0 on node 1 (the device tree's PCI host bridge), which the NVML test
-# double names GPU 0 with node 1's CPUs as its CPU affinity. Arguments (aarch64 builds): the
+# double names GPU 0 with node 1's CPUs as its CPU affinity and node 10 as its memory's node
+# (nvmlDeviceGetNumaNodeId). Arguments (aarch64 builds): the
 # preload library, the CLI, the double's directory, numa_placement, memory_follows.
 lib=$1 cli=$2 nvml_dir=$3 placement=$4 follows=$5
 . "$(dirname "$0")/scenario.sh"
@@ -19,7 +20,8 @@ scenario nodes sh -c 'node=$0
   echo "node1_distance=$(cat $node/node1/distance)"
   echo "siblings=$(cat /sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list | tr "\n" " ")"' "$node"
 scenario pci cat /sys/bus/pci/devices/0000:00:02.0/numa_node /sys/bus/pci/devices/0000:00:02.0/local_cpulist
-echo "gpu 00000000:00:02.0 GPU-00020002-0000-1111-2222-333344445555 2-3" >"$work/nvml"
+# NVML as on a tray: CPU affinity the Grace node's CPUs, the GPU's NUMA node id its memory node.
+echo "gpu 00000000:00:02.0 GPU-00020002-0000-1111-2222-333344445555 2-3 10" >"$work/nvml"
 export LD_LIBRARY_PATH="$nvml_dir" TLLM_NVML_DOUBLE="$work/nvml"
 # Workers and their children on node 1's CPUs, host threads on all four, release restores; the
 # scope's caller's memory preference; pages first touched by workers.
