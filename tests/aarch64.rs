@@ -22,7 +22,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -31,7 +31,6 @@ use serde_json::Value;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const LIMIT: Duration = Duration::from_secs(120);
-const TARGET: &str = "aarch64-unknown-linux-gnu";
 const ROOTFS: &str = "bookworm-arm64";
 /// The directories the system's own tools are in.
 const SYSTEM_DIRS: [&str; 4] = ["/usr/sbin", "/usr/bin", "/sbin", "/bin"];
@@ -70,7 +69,7 @@ fn arm64() -> Result<&'static Arm64, String> {
             qemu_user()?;
             let root = arm64_rootfs()?;
             let wheel = aarch64_wheel();
-            let native = repo().join("target/zig").join(TARGET).join("wheel");
+            let native = aarch64_natives();
             Ok(Arm64 {
                 root,
                 wheel,
@@ -98,20 +97,6 @@ fn qemu_user() -> Result<(), String> {
             entry.display()
         )),
     }
-}
-
-/// `scripts/wheel aarch64`: the wheel, built once per test binary (cargo rebuilds only what
-/// changed); the native files stay in target/zig.
-fn aarch64_wheel() -> PathBuf {
-    let out = Command::new(repo().join("scripts/wheel"))
-        .arg("aarch64")
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("scripts/wheel");
-    assert!(out.status.success(), "scripts/wheel aarch64 failed");
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
-    assert!(path.is_file(), "scripts/wheel printed {}", path.display());
-    path
 }
 
 /// Debian bookworm for arm64 (glibc 2.36, Python 3.11 with venv and pip's wheel; no compiler:
@@ -203,34 +188,6 @@ impl Arm64 {
         let out = succeeded(&mut cmd);
         serde_json::from_slice(&out.stdout).unwrap()
     }
-}
-
-/// A C program of tests/programs, cross-compiled for aarch64 by zig against glibc 2.17 (as the
-/// wheel's library is linked), into test-programs/aarch64/.
-fn arm64_program(source: &str) -> PathBuf {
-    for_aarch64(Program::c(source))
-        .named(&format!("aarch64/{source}"))
-        .build()
-}
-
-/// A shared object of tests/programs (`lib<source>.so.2`), cross-compiled as [`arm64_program`].
-fn arm64_shared_object(source: &str) -> PathBuf {
-    for_aarch64(Program::c(source).shared())
-        .named(&format!("aarch64/lib{source}.so.2"))
-        .build()
-}
-
-/// `program` compiled by zig's `cc` for aarch64 and glibc 2.17.
-fn for_aarch64(program: Program) -> Program {
-    let python = python();
-    program.compiler(&[
-        python.to_str().unwrap(),
-        "-m",
-        "ziglang",
-        "cc",
-        "-target",
-        "aarch64-linux-gnu.2.17",
-    ])
 }
 
 /// qemu-user's own thread in an emulated process: the one thread of `/proc/<pid>/task` that

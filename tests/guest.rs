@@ -21,12 +21,11 @@
 
 mod common;
 
+use common::guest::*;
 use common::*;
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::path::Path;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tllm_affinity_core::mask::CpuMask;
@@ -36,10 +35,9 @@ const BOOT_LIMIT: Duration = Duration::from_secs(200);
 /// The seed deployments' boot: four Python apps under `tllm-affinity run`, each 30–60 s under
 /// TCG on a quiet machine (and up to three times that on a loaded one).
 const DEPLOYMENTS_LIMIT: Duration = Duration::from_secs(540);
-
-/// Where `scripts/setup` puts virtme-ng (a virtual environment, so that its `virtme-run` is
-/// beside `vng` for the `PATH` vng needs).
-const VNG_VENV: &str = "/var/cache/tllm-affinity/virtme-ng";
+/// The move's cost: 1 GiB first-touched and moved three times under TCG, about 3 minutes with
+/// the boot on a quiet machine (and past `BOOT_LIMIT` on a loaded one).
+const MEMORY_BENCH_LIMIT: Duration = Duration::from_secs(540);
 
 /// QEMU's `pci-testdev` behind a PCIe root bridge on NUMA node `node`: `0000:81:00.0` in the
 /// guest, with that `numa_node` and the node's CPUs as its `local_cpulist`.
@@ -53,234 +51,25 @@ fn test_device_on(node: usize) -> String {
 /// The guest's "GPU" as the NVML test double's file names it (tests/guest/*.sh write it).
 const GUEST_GPU: &str = "0000:81:00.0";
 
-/// A guest machine and the script it runs.
-struct Machine {
-    name: &'static str,
-    cpus: usize,
-    memory: &'static str,
-    numa: &'static [&'static str],
-    qemu_opts: String,
-    /// `--numa-distance SRC,DST=VAL` values.
-    distances: Vec<String>,
-    /// `/sys/devices/system/node/online` the guest must show.
-    nodes: &'static str,
-    script: &'static str,
-    program: &'static str,
-    /// Whether the script also runs the seed deployments (it then gets the Python, the test
-    /// programs' directory and the native libraries the apps load).
-    deployments: bool,
-}
-
-/// What one scenario printed: stdout lines, stderr lines, exit status.
-#[derive(Debug, Default, Clone)]
-struct Scenario {
-    out: Vec<String>,
-    err: Vec<String>,
-    status: Option<i32>,
-}
-
-impl Scenario {
-    fn text(&self) -> String {
-        self.out.join("\n")
-    }
-
-    fn stderr(&self) -> String {
-        self.err.join("\n")
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.text())
-            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}\n{}", self.text(), self.stderr()))
-    }
-
-    /// The words after `prefix` on each line that starts with it.
-    fn lines(&self, prefix: &str) -> Vec<Vec<String>> {
-        self.out
-            .iter()
-            .filter_map(|l| l.strip_prefix(prefix))
-            .map(|rest| rest.split_whitespace().map(str::to_string).collect())
-            .collect()
-    }
-
-    /// `MASK <phase> <thread> <cpulist> [role]` → (cpulist, role).
-    fn mask(&self, phase: &str, thread: &str) -> (String, Option<i32>) {
-        self.lines("MASK ")
-            .into_iter()
-            .find(|w| w[0] == phase && w[1] == thread)
-            .map(|w| (w[2].clone(), w.get(3).and_then(|r| r.parse().ok())))
-            .unwrap_or_else(|| panic!("no MASK {phase} {thread}:\n{}", self.text()))
-    }
-
-    /// `PAGES <buffer> <node>=<n> ... fail=<n>` → pages per node, and the failures.
-    fn pages(&self, buffer: &str) -> (BTreeMap<usize, usize>, usize) {
-        let words = self
-            .lines("PAGES ")
-            .into_iter()
-            .find(|w| w[0] == buffer)
-            .unwrap_or_else(|| panic!("no PAGES {buffer}:\n{}", self.text()));
-        let mut nodes = BTreeMap::new();
-        let mut failed = usize::MAX;
-        for w in &words[1..] {
-            let (k, v) = w.split_once('=').expect("key=value");
-            match k {
-                "cpu" => {}
-                "fail" => failed = v.parse().unwrap(),
-                node => {
-                    nodes.insert(node.parse().unwrap(), v.parse().unwrap());
-                }
-            }
-        }
-        (nodes, failed)
-    }
-
-    /// `REPORT <json>`.
-    fn report(&self) -> serde_json::Value {
-        let line = self
-            .out
-            .iter()
-            .find_map(|l| l.strip_prefix("REPORT "))
-            .unwrap_or_else(|| panic!("no REPORT:\n{}", self.text()));
-        serde_json::from_str(line).unwrap()
-    }
-
-    /// `POLICY <thread> <phase> <mode>`.
-    fn policy(&self, thread: &str, phase: &str) -> i32 {
-        self.lines("POLICY ")
-            .into_iter()
-            .find(|w| w[0] == thread && w[1] == phase)
-            .and_then(|w| w[2].parse().ok())
-            .unwrap_or_else(|| panic!("no POLICY {thread} {phase}:\n{}", self.text()))
-    }
-}
-
-/// A booted guest's scenarios, by name, and how long the boot took.
-#[derive(Debug)]
-struct Booted {
-    machine: &'static str,
-    kernel_release: String,
-    nodes: &'static str,
-    scenarios: BTreeMap<String, Scenario>,
-    wall: Duration,
-}
-
-impl Booted {
-    /// A scenario that ran and exited 0.
-    fn ok(&self, name: &str) -> &Scenario {
-        let s = self.ran(name);
-        assert_eq!(
-            s.status,
-            Some(0),
-            "{}: scenario {name} failed:\n{}\n{}",
-            self.machine,
-            s.text(),
-            s.stderr()
-        );
-        s
-    }
-
-    fn ran(&self, name: &str) -> &Scenario {
-        self.scenarios.get(name).unwrap_or_else(|| {
-            panic!(
-                "{}: scenario {name} did not run; ran: {:?}",
-                self.machine,
-                self.scenarios.keys().collect::<Vec<_>>()
-            )
-        })
-    }
-
-    /// What every test checks first: the lines come from the guest's kernel, with the nodes the
-    /// topology asked for, read from the real /sys.
-    fn check_identity(&self) {
-        let id = self.ok("guest");
-        let value = |key: &str| {
-            id.out
-                .iter()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .unwrap_or_else(|| panic!("no {key}= from the guest:\n{}", id.text()))
-                .to_string()
-        };
-        assert_eq!(value("uname"), self.kernel_release, "the guest's kernel");
-        assert_eq!(value("nodes"), self.nodes, "the guest's NUMA nodes");
-        assert_eq!(value("sysfs_root"), "unset", "no simulated sysfs root");
-        assert_eq!(value("cgroup"), "cgroup2fs", "the guest's cgroup v2");
-    }
-}
-
-/// Why there is no boot: something to install (a skip, or a failure in CI), or a guest that did
-/// not boot (always a failure).
-#[derive(Debug, Clone)]
-enum NoBoot {
-    Missing(String),
-    Failed(String),
-}
-
-/// `vng` and the guest kernel, or what is missing.
-struct Tools {
-    vng: PathBuf,
-    path: std::ffi::OsString,
-    kernel: PathBuf,
-    release: String,
-}
-
-fn tools() -> Result<Tools, String> {
+/// `vng` and the guest kernel (this machine's, with its modules), or what is missing.
+fn tools() -> Result<(Vng, Kernel), String> {
     if !on_path("qemu-system-x86_64") {
         return Err("QEMU (`qemu-system-x86_64`; scripts/setup installs qemu-system-x86)".into());
     }
-    let venv_bin = Path::new(VNG_VENV).join("bin");
-    let mut dirs = vec![venv_bin.clone()];
-    dirs.extend(std::env::split_paths(
-        &std::env::var_os("PATH").unwrap_or_default(),
-    ));
-    let vng = dirs
-        .iter()
-        .map(|d| d.join("vng"))
-        .find(|p| p.is_file())
-        .ok_or(
-            "virtme-ng (`vng`; scripts/setup installs it into /var/cache/tllm-affinity/virtme-ng)",
-        )?;
-    // vng runs `virtme-run` from PATH: its own directory first.
-    let mut path_dirs = vec![vng.parent().unwrap().to_path_buf()];
-    path_dirs.extend(dirs);
-    let path = std::env::join_paths(path_dirs).unwrap();
-    if !on_path("busybox") && !Path::new("/bin/busybox").exists() {
-        return Err(
-            "busybox (virtme-ng's initramfs; scripts/setup installs busybox-static)".into(),
-        );
-    }
-    let mut kernels: Vec<PathBuf> = std::fs::read_dir("/boot")
-        .map(|d| {
-            d.filter_map(|e| Some(e.ok()?.path()))
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("vmlinuz-"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    kernels.sort();
-    let kernel = kernels
-        .pop()
+    let vng = vng()?;
+    let kernel = newest_kernel(Path::new("/boot"))
         .ok_or("a guest kernel: no /boot/vmlinuz-* (scripts/setup installs linux-image-amd64)")?;
-    let release = kernel.file_name().unwrap().to_str().unwrap()["vmlinuz-".len()..].to_string();
-    if !Path::new("/lib/modules").join(&release).is_dir() {
+    if !Path::new("/lib/modules").join(&kernel.release).is_dir() {
         return Err(format!(
-            "the modules of the guest kernel {release} in /lib/modules (linux-image-amd64)"
+            "the modules of the guest kernel {} in /lib/modules (linux-image-amd64)",
+            kernel.release
         ));
     }
-    Ok(Tools {
-        vng,
-        path,
-        kernel,
-        release,
-    })
+    Ok((vng, kernel))
 }
 
-/// One guest at a time: each emulates its CPUs on this machine's.
-static ONE_GUEST: Mutex<()> = Mutex::new(());
-
-fn boot(machine: &Machine, limit: Duration) -> Result<Booted, NoBoot> {
-    let tools = tools().map_err(NoBoot::Missing)?;
+fn boot_machine(machine: &Machine, limit: Duration) -> Result<Booted, NoBoot> {
+    let (vng, kernel) = tools().map_err(NoBoot::Missing)?;
     // Built here, run there: the guest sees this file system.
     let nvml_dir = Program::c("nvml_double")
         .shared()
@@ -310,181 +99,33 @@ fn boot(machine: &Machine, limit: Duration) -> Result<Booted, NoBoot> {
             exec.push_str(&format!(" {}", path.display()));
         }
     }
-    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        match attempt(machine, &tools, &exec, limit) {
-            Ok(booted) => return Ok(booted),
-            Err(Attempt::TimedOut { finished }) if attempts == 1 => {
-                println!(
-                    "{}: the guest did not finish in {} s (last scenario finished: {}); booting it once more",
-                    machine.name,
-                    limit.as_secs(),
-                    finished.as_deref().unwrap_or("none")
-                );
-            }
-            Err(Attempt::TimedOut { finished }) => {
-                println!(
-                    "{}: timed out again (last scenario finished: {})",
-                    machine.name,
-                    finished.as_deref().unwrap_or("none")
-                );
-                return Err(NoBoot::Failed(format!(
-                    "guest {} did not boot: timeout, {} s twice (QEMU TCG under {})",
-                    machine.name,
-                    limit.as_secs(),
-                    tools.kernel.display()
-                )));
-            }
-            Err(Attempt::Failed(why)) => {
-                return Err(NoBoot::Failed(format!(
-                    "guest {} did not boot: {why}",
-                    machine.name
-                )))
-            }
-        }
-    }
-}
-
-enum Attempt {
-    /// Killed at its limit; the last scenario that had finished by then, so that a slow one shows.
-    TimedOut {
-        finished: Option<String>,
-    },
-    Failed(String),
-}
-
-fn attempt(
-    machine: &Machine,
-    tools: &Tools,
-    exec: &str,
-    limit: Duration,
-) -> Result<Booted, Attempt> {
-    let logs = tempfile::tempdir().unwrap();
-    let (out_path, err_path) = (logs.path().join("out"), logs.path().join("err"));
-    let mut cmd = Command::new(&tools.vng);
-    cmd.arg("--run")
-        .arg(&tools.kernel)
-        .args(["--disable-kvm", "--cpus", &machine.cpus.to_string()])
-        .args(["--memory", machine.memory]);
-    for node in machine.numa {
-        cmd.args(["--numa", node]);
-    }
-    for distance in &machine.distances {
-        cmd.args(["--numa-distance", distance]);
-    }
-    cmd.arg(format!("--qemu-opts={}", machine.qemu_opts))
-        .args(["--exec", exec])
-        .env("PATH", &tools.path)
-        .env_remove("TLLM_AFFINITY_SYSFS_ROOT")
-        .current_dir(repo())
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .process_group(0);
-    let started = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Attempt::Failed(format!("{}: {e}", tools.vng.display())))?;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > limit {
-            // SAFETY: killpg on the process group this function created for vng and its QEMU.
-            unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
-            let _ = child.wait();
-            let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
-            let finished = stdout.lines().rev().find_map(|l| {
-                let (name, rest) = l.split_at(l.find(['|', '!', '='])?);
-                rest.starts_with('=').then(|| name.to_string())
-            });
-            return Err(Attempt::TimedOut { finished });
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let wall = started.elapsed();
-    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    let scenarios = parse(&stdout);
-    if !scenarios.contains_key("guest") {
-        let last = stderr
-            .lines()
-            .chain(stdout.lines())
-            .rfind(|l| !l.trim().is_empty())
-            .unwrap_or("no output");
-        return Err(Attempt::Failed(format!(
-            "QEMU error (vng exited with {status}): {last}"
-        )));
-    }
-    println!(
-        "{}: booted {} and ran {} scenarios in {:.0} s",
-        machine.name,
-        tools.release,
-        scenarios.len(),
-        wall.as_secs_f64()
-    );
-    Ok(Booted {
-        machine: machine.name,
-        kernel_release: tools.release.clone(),
-        nodes: machine.nodes,
-        scenarios,
-        wall,
-    })
-}
-
-/// The guest script's lines: `<name>| <stdout line>`, `<name>! <stderr line>`, `<name>= <status>`.
-fn parse(stdout: &str) -> BTreeMap<String, Scenario> {
-    let mut scenarios: BTreeMap<String, Scenario> = BTreeMap::new();
-    for line in stdout.lines() {
-        let line = line.trim_end_matches('\r');
-        let Some(at) = line.find(['|', '!', '=']) else {
-            continue;
-        };
-        let (name, rest) = line.split_at(at);
-        if name.is_empty()
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        {
-            continue;
-        }
-        let text = rest[1..]
-            .strip_prefix(' ')
-            .unwrap_or(&rest[1..])
-            .to_string();
-        let s = scenarios.entry(name.to_string()).or_default();
-        match rest.as_bytes()[0] {
-            b'|' => s.out.push(text),
-            b'!' => s.err.push(text),
-            _ => s.status = text.trim().parse().ok(),
-        }
-    }
-    scenarios
+    let args = machine.vng_args().into_iter().map(Into::into).collect();
+    boot(
+        &Boot {
+            machine,
+            vng: &vng,
+            kernel: &kernel,
+            args,
+            exec,
+        },
+        limit,
+    )
 }
 
 /// The boot of `machine`, once per test binary, shared by its tests.
-fn booted(
+fn booted_once(
     cell: &'static OnceLock<Result<Booted, NoBoot>>,
     machine: fn() -> Machine,
 ) -> Result<&'static Booted, String> {
-    match cell.get_or_init(|| {
+    booted(cell, || {
         let machine = machine();
         let limit = if machine.deployments {
             DEPLOYMENTS_LIMIT
         } else {
             BOOT_LIMIT
         };
-        boot(&machine, limit)
-    }) {
-        Ok(b) => {
-            b.check_identity();
-            Ok(b)
-        }
-        Err(NoBoot::Missing(what)) => Err(what.clone()),
-        Err(NoBoot::Failed(why)) => panic!("{why}"),
-    }
+        boot_machine(&machine, limit)
+    })
 }
 
 // ---- Topology A: two nodes of two CPUs, the GPU on node 1; cgroup v2 inside it ----
@@ -507,7 +148,7 @@ fn two_nodes_machine() -> Machine {
 
 fn two_nodes() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted(&BOOT, two_nodes_machine)
+    booted_once(&BOOT, two_nodes_machine)
 }
 
 /// The same machine, booted apart for the seed deployments.
@@ -522,7 +163,7 @@ fn deployments_machine() -> Machine {
 
 fn deployments() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted(&BOOT, deployments_machine)
+    booted_once(&BOOT, deployments_machine)
 }
 
 const NODE1: &str = "2-3";
@@ -936,7 +577,7 @@ fn smt_machine() -> Machine {
 
 fn smt() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted(&BOOT, smt_machine)
+    booted_once(&BOOT, smt_machine)
 }
 
 /// The kernel's sibling list of each CPU, read in the guest before CPU 7 went offline.
@@ -1091,7 +732,7 @@ fn four_nodes_machine() -> Machine {
 
 fn four_nodes() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted(&BOOT, four_nodes_machine)
+    booted_once(&BOOT, four_nodes_machine)
 }
 
 #[test]
@@ -1186,7 +827,7 @@ fn memory_machine() -> Machine {
 
 fn memory() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted(&BOOT, memory_machine)
+    booted_once(&BOOT, memory_machine)
 }
 
 /// The same machine with 2 GiB a node, booted apart for the move's cost: room for a 1 GiB buffer
@@ -1197,13 +838,16 @@ fn memory_bench_machine() -> Machine {
         memory: "4G",
         numa: &["2G,cpus=0-1", "2G,cpus=2-3"],
         script: "memory_bench.sh",
+        deployments: false,
         ..memory_machine()
     }
 }
 
 fn memory_bench() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted(&BOOT, memory_bench_machine)
+    booted(&BOOT, || {
+        boot_machine(&memory_bench_machine(), MEMORY_BENCH_LIMIT)
+    })
 }
 
 /// The 64 MiB buffer's 4 KiB pages.
@@ -1392,7 +1036,7 @@ fn the_moves_rate_and_its_cost_at_configure_are_measured() {
 
 /// The reason a guest that does not boot fails with: one line.
 fn no_boot(machine: Machine, limit: Duration) -> Result<String, String> {
-    match boot(&machine, limit) {
+    match boot_machine(&machine, limit) {
         Ok(b) => panic!("{} booted: {:?}", machine.name, b.scenarios.keys()),
         Err(NoBoot::Missing(what)) => Err(what),
         Err(NoBoot::Failed(why)) => Ok(why),
@@ -1423,7 +1067,7 @@ fn a_boot_past_its_limit_is_tried_once_more_then_fails_with_one_line() {
         why,
         format!(
             "guest two nodes x two CPUs did not boot: timeout, 3 s twice (QEMU TCG under {})",
-            require!(tools()).kernel.display()
+            require!(tools()).1.image.display()
         )
     );
     // Two attempts of 3 s, nothing else retried.

@@ -13,9 +13,12 @@
  *                     process follows the device variables)
  *   none              nothing (the library not loaded: the bench's baseline)
  *
- * MF_MIB sets the buffer's size (default 64). Lines:
+ * MF_MIB sets the buffer's size (default 64). With MF_GPU_NODE=N the main thread also maps a
+ * second buffer of 16 MiB bound to node N for good (mbind MPOL_BIND: what a program that puts
+ * data in a GPU's memory node does) and touches it before ACTION. Lines:
  *
  *   PAGES before|after <node>=<pages> ... fail=0     the buffer's 4 KiB pages per node
+ *   PAGES gpu_before|gpu_after <node>=<pages> ...    the bound buffer's (MF_GPU_NODE only)
  *   LOCKED <pages>                                   pages mlock'd
  *   CONFIGURE <rc> <microseconds>                    the action's return and how long it took
  *   REPORT <the library's JSON report after ACTION>
@@ -36,6 +39,8 @@
 
 static size_t size;
 static char *buf;
+static size_t gpu_size = 16u << 20;
+static char *gpu_buf;
 static int device;
 static int64_t thread_rc;
 
@@ -57,7 +62,7 @@ static void set_policy(int mode, unsigned long nodes) {
 /* The buffer's pages per node, from /proc/self/numa_maps: its lines for mappings inside the
  * buffer (mlock splits it in two). numa_maps walks the page tables itself; move_pages in query
  * mode answers -ENOENT for pages automatic NUMA balancing marked (kernels 6.1 to 6.4). */
-static void pages(const char *phase) {
+static void pages_of(const char *phase, const char *start, size_t length) {
     FILE *maps = fopen("/proc/self/numa_maps", "r");
     if (!maps) {
         printf("PAGES %s error=numa_maps\n", phase);
@@ -67,8 +72,8 @@ static void pages(const char *phase) {
     char line[4096];
     while (fgets(line, sizeof line, maps)) {
         char *end;
-        unsigned long start = strtoul(line, &end, 16);
-        if (start < (unsigned long)buf || start >= (unsigned long)buf + size) continue;
+        unsigned long begin = strtoul(line, &end, 16);
+        if (begin < (unsigned long)start || begin >= (unsigned long)start + length) continue;
         long page_kb = 4;
         char *at = strstr(line, "kernelpagesize_kB=");
         if (at) page_kb = atol(at + strlen("kernelpagesize_kB="));
@@ -84,6 +89,28 @@ static void pages(const char *phase) {
     for (int node = 0; node < MAX_NODES; node++)
         if (counts[node]) printf(" %d=%ld", node, counts[node]);
     printf(" fail=0\n");
+}
+
+static void pages(const char *phase) {
+    pages_of(phase, buf, size);
+    if (gpu_buf) {
+        char gpu_phase[64];
+        snprintf(gpu_phase, sizeof gpu_phase, "gpu_%s", phase);
+        pages_of(gpu_phase, gpu_buf, gpu_size);
+    }
+}
+
+/* The second buffer, bound to `node` for good and touched by the calling thread. */
+static void map_bound_to(int node, long page) {
+    unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
+    mask[node / (8 * sizeof(unsigned long))] = 1UL << (node % (8 * sizeof(unsigned long)));
+    gpu_buf = mmap(NULL, gpu_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (gpu_buf == MAP_FAILED ||
+        syscall(SYS_mbind, gpu_buf, gpu_size, 2 /* MPOL_BIND */, mask, 1024UL, 0U) != 0) {
+        perror("mbind");
+        exit(2);
+    }
+    for (size_t i = 0; i < gpu_size; i += (size_t)page) gpu_buf[i] = 1;
 }
 
 static void *configure_on_thread(void *arg) {
@@ -116,6 +143,15 @@ int main(int argc, char **argv) {
     if (bind) set_policy(2 /* MPOL_BIND */, 1UL /* node 0 */);
     for (size_t i = 0; i < size; i += (size_t)page) buf[i] = 1;
     if (bind) set_policy(0 /* MPOL_DEFAULT */, 0);
+    const char *gpu_node = getenv("MF_GPU_NODE");
+    if (gpu_node) {
+        int node = atoi(gpu_node);
+        if (node < 0 || node >= 1024) {
+            fprintf(stderr, "MF_GPU_NODE=%s: not a node\n", gpu_node);
+            return 2;
+        }
+        map_bound_to(node, page);
+    }
     if (getenv("MF_LOCK") && strcmp(getenv("MF_LOCK"), "1") == 0) {
         if (mlock(buf, size / 2) != 0) {
             perror("mlock");
