@@ -1301,18 +1301,41 @@ pub const MIRROR: &str = "http://deb.debian.org/debian";
 /// `/var/cache/tllm-affinity/bullseye-minbase` for every checkout. The error (for [`require!`])
 /// says what is missing when it cannot be made: root, debootstrap, or the mirror.
 pub fn bullseye_rootfs() -> Result<PathBuf, String> {
+    minbase_rootfs("bullseye", &[], "usr/bin/true")
+}
+
+/// Debian trixie (glibc 2.41, Python 3.13 with venv: the new-glibc check of tests/wheel.rs),
+/// made and kept as [`bullseye_rootfs`], in `/var/cache/tllm-affinity/trixie-minbase`.
+pub fn trixie_rootfs() -> Result<PathBuf, String> {
+    minbase_rootfs("trixie", &["python3", "python3-venv"], "usr/bin/python3")
+}
+
+/// Debian `release` for this machine, `debootstrap --variant=minbase` with `include`d packages,
+/// in `ROOTFS_CACHE/<release>-minbase`; `ready` is a file it has once made.
+fn minbase_rootfs(release: &str, include: &[&str], ready: &str) -> Result<PathBuf, String> {
     if !root() {
         return Err("root (chroot)".into());
     }
+    let include = match include {
+        [] => None,
+        packages => Some(format!("--include={}", packages.join(","))),
+    };
     debootstrapped(
-        "bullseye-minbase",
-        "usr/bin/true",
+        &format!("{release}-minbase"),
+        ready,
         &format!(
-            "a Debian bullseye root filesystem: `debootstrap --variant=minbase bullseye {MIRROR}`"
+            "a Debian {release} root filesystem: `debootstrap --variant=minbase {}{release} \
+             {MIRROR}`",
+            include
+                .as_deref()
+                .map(|i| format!("{i} "))
+                .unwrap_or_default()
         ),
         |partial| {
             Command::new("debootstrap")
-                .args(["--variant=minbase", "bullseye"])
+                .arg("--variant=minbase")
+                .args(&include)
+                .arg(release)
                 .arg(partial)
                 .arg(MIRROR)
                 .output()
