@@ -3,7 +3,12 @@
 //! are read from `/proc`.
 #![allow(dead_code)]
 
+pub mod bad_input;
+pub mod deployments;
+pub mod fork_exec;
+pub mod never_hang;
 pub mod slurm;
+pub mod tier;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -429,7 +434,12 @@ pub fn preload<'a>(cmd: &'a mut Command, sysfs: &Sysfs) -> &'a mut Command {
 /// caller and two pool threads) whatever the CPU count, passive waiting so idle pools sleep, and
 /// no binding of libgomp's own.
 pub fn with_openmp(cmd: &mut Command) -> &mut Command {
-    cmd.env("RT_OMP", openmp_library())
+    with_openmp_of(cmd, openmp_library())
+}
+
+/// [`with_openmp`] with `library` (a tier's build of tests/programs/openmp_region.c) as `RT_OMP`.
+pub fn with_openmp_of(cmd: &mut Command, library: PathBuf) -> &mut Command {
+    cmd.env("RT_OMP", library)
         .env("OMP_NUM_THREADS", "3")
         .env("OMP_WAIT_POLICY", "passive")
         .env_remove("OMP_PROC_BIND")
