@@ -14,6 +14,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use common::fork_exec::*;
+use common::tier::Native;
 use common::*;
 use serde_json::Value;
 
@@ -414,133 +416,26 @@ fn creation_failure_on_rlimit_nproc_as_nobody() {
     run.succeed();
 }
 
-/// A fork from the host main thread and one from a worker thread during a lease, while the
-/// parent has five threads: each child's registry holds only the forking thread, with its role;
-/// the child creates a thread (same role), configures and releases; the worker's child can also
-/// release the lease its thread held, which restores its mask. A child forked by a host holds no
-/// lease, so its own release restores.
+/// A fork from the host main thread and from a worker thread during a lease: each child holds
+/// only the forking thread, with its role (tests/common/fork_exec.rs, shared with the aarch64
+/// tier).
 #[test]
 fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
-    let mut run = Driver::spawn(life_cmd(&sysfs, &["fork"]), LIMIT);
-
-    let report = forked_child(
-        &mut run,
-        "main",
-        &[
-            ("threads", "1"),
-            ("role", "0"),
-            ("thread_role", "0"),
-            ("mask_before", c.all.as_str()),
-            ("mask", c.local.as_str()),
-            ("release", "0"),
-            ("released_mask", c.all.as_str()),
-            ("threads_after", "1"),
-        ],
-    );
-    assert_eq!(report["leases"], serde_json::json!([]));
-
-    let report = forked_child(
-        &mut run,
-        "W",
-        &[
-            ("threads", "1"),
-            ("role", "1"),
-            ("thread_role", "1"),
-            ("mask_before", c.local.as_str()),
-            ("release_inherited", "0"),
-            ("restored", c.all.as_str()),
-            ("mask", c.local.as_str()),
-            ("release", "0"),
-            ("released_mask", c.all.as_str()),
-            ("threads_after", "1"),
-        ],
-    );
-    let child_pid = report["pid"].as_i64().unwrap() as i32;
-    assert_eq!(report_thread(&report, child_pid)["role"], "worker");
-
-    let parent = run.phase();
-    let live = task_tids(run.pid());
-    expect(
-        &parent,
-        Named(&["W", "C1", "C2"]),
-        on(&c.local),
-        "parent worker",
-    );
-    expect(&parent, Named(&["main", "H"]), on(&c.all), "parent host");
-    run.proceed();
-    let report = run.report("parent");
-    assert_eq!(report_tids(&report), live);
-    run.succeed();
+    check_fork_children(&Native);
 }
 
-/// The child forked by thread `who`: its CHILD line holds `expect`, its report lists exactly one
-/// thread (itself), and it exited 0. Returns the report.
-fn forked_child(run: &mut Driver, who: &str, expect: &[(&str, &str)]) -> Value {
-    let line = run.line(&format!("CHILD {who}"));
-    for (k, v) in expect {
-        assert_eq!(field(&line, k), *v, "{k} in {line}");
-    }
-    let tag = format!("CHILDREPORT {who} ");
-    let report: Value =
-        serde_json::from_str(run.line(tag.trim_end()).trim_start_matches(&tag)).unwrap();
-    let child_pid = report["pid"].as_i64().unwrap() as i32;
-    assert_eq!(report_tids(&report), [child_pid].into());
-    assert_eq!(
-        run.line(&format!("FORKED {who}")),
-        format!("FORKED {who} status=0")
-    );
-    report
-}
-
-/// 300 forks while a host and a worker thread create and join threads and another thread
-/// configures and releases in a loop: every child sees one thread (itself), creates a thread,
-/// configures and releases, within 20 s (an alarm kills a stuck child, which fails the count).
+/// 300 forks while other threads create threads and configure: every child is well
+/// (tests/common/fork_exec.rs).
 #[test]
 fn fork_while_other_threads_create_and_configure() {
-    let sysfs = Sysfs::two_nodes();
-    let mut run = Driver::spawn(life_cmd(&sysfs, &["forkstorm", "300"]), LIMIT);
-    let line = run.line("FORKSTORM");
-    println!("{line}");
-    assert_eq!(field(&line, "ok"), "300", "{line}\n{}", run.stderr());
-    assert_eq!(field(&line, "bad"), "0");
-    assert!(field(&line, "threads_created").parse::<u64>().unwrap() > 0);
-    run.phase_and_registry("end");
-    run.succeed();
+    check_fork_storm(&Native);
 }
 
 /// exec during a lease, from the host main thread and from a worker thread: the new image starts
-/// clean — its main thread is a host, no lease is open, the registry holds one thread. (The
-/// kernel keeps the exec'ing thread's mask across exec: from the worker that is the worker
-/// mask, which the new image records as its mask at load.)
+/// clean (tests/common/fork_exec.rs).
 #[test]
 fn exec_starts_the_new_image_clean() {
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
-    for (who, mask_after) in [("main", &c.all), ("worker", &c.local)] {
-        let mut run = Driver::spawn(life_cmd(&sysfs, &["exec", who]), LIMIT);
-        let before = run.phase();
-        assert_eq!(before.mask("W"), c.local);
-        run.proceed();
-        let before = run.report("before-exec");
-        assert_eq!(before["leases"].as_array().unwrap().len(), 1);
-        let line = run.line("EXECED");
-        assert_eq!(field(&line, "from"), who);
-        assert_eq!(field(&line, "pid"), run.pid().to_string());
-        assert_eq!(field(&line, "role"), "0", "{line}");
-        assert_eq!(&field(&line, "mask"), mask_after, "{line}");
-        let report = run.report("execed");
-        assert_eq!(report["state"], "active");
-        assert_eq!(report["leases"], serde_json::json!([]), "{report}");
-        assert_eq!(report["worker_mask"], Value::Null);
-        assert_eq!(report_tids(&report), [run.pid() as i32].into());
-        assert_eq!(report_thread(&report, run.pid() as i32)["role"], "host");
-        let execed = run.phase();
-        assert_eq!(execed.role("T"), 0, "a host's thread is a host");
-        let end = run.finish();
-        assert!(end.status.success(), "{who}: {}", end.stderr);
-    }
+    check_exec(&Native);
 }
 
 /// dlopen of objects whose constructors start threads (and wait for them, inside the loader

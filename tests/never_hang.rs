@@ -1,131 +1,24 @@
 //! The host never hangs because of the library, whatever its other threads hold at a `fork`
-//! (docs/reliability.md, "Locks and contexts"). Each program runs for a few seconds, several
-//! times, under a deadline; a run that does not finish fails with every thread's stack of every
-//! process of its group (gdb), collected before the kill.
-//!
-//! - `fork_storm repro`: the reported hang. Two threads `dlopen`/`dlclose` plugins whose
-//!   constructor and destructor create and join a thread (the loader's locks held), one creates
-//!   threads, one configures and releases, one forks children that create a thread, one pins
-//!   itself. A fork child used to classify its new thread with `dl_iterate_phdr` and wait
-//!   forever on the loader lock the parent's `dlopen` held at the fork.
-//! - `fork_storm storm`: the same, with a thread inside `dl_iterate_phdr`, `vfork`/`_Fork`/
-//!   `posix_spawn` children that only exec or `_exit`, fork children that fork again, signals
-//!   whose handler calls the interposed `sched_setaffinity`, and `exit` with every thread running.
-//! - `py_fork_storm.py`: the Python form (ctypes loads, extension imports, `os.fork` and
-//!   `multiprocessing`'s fork start method with a thread in each child).
+//! (docs/reliability.md, "Locks and contexts"), on this machine's build: the checks, shared with
+//! the aarch64 tier, are in tests/common/never_hang.rs, which describes each program.
 
 mod common;
 
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
-use common::*;
-
-/// The plugin, under two names so that each loader's `dlclose` really unloads its copy.
-fn plugins() -> [PathBuf; 2] {
-    ["libstorm_plugin_a.so", "libstorm_plugin_b.so"]
-        .map(|name| Program::c("storm_plugin").shared().named(name).build())
-}
-
-/// Runs `cmd` `runs` times, each within `limit`; each must exit 0 and print its `tag` line.
-/// Returns the lines and the seconds each run took.
-fn every_run_finishes(
-    make: impl Fn() -> std::process::Command,
-    tag: &str,
-    runs: usize,
-    limit: Duration,
-) -> Vec<(String, f64)> {
-    (0..runs)
-        .map(|i| {
-            let started = Instant::now();
-            let mut run = Driver::spawn(make(), limit);
-            let line = run.line(tag);
-            let end = run.finish();
-            assert!(
-                end.status.success(),
-                "run {i}: {}\n{line}\n{}",
-                end.status,
-                end.stderr
-            );
-            let seconds = started.elapsed().as_secs_f64();
-            println!("run {i}: {seconds:.1} s: {line}");
-            (line, seconds)
-        })
-        .collect()
-}
-
-fn fork_storm(mode: &str, seconds: &str, sysfs: &Sysfs) -> std::process::Command {
-    let [a, b] = plugins();
-    let mut cmd = preloaded(Program::c("fork_storm").build(), sysfs);
-    cmd.env("TLLM_AFFINITY_LOG", "warn")
-        .args([mode, seconds])
-        .args([a, b]);
-    cmd
-}
-
-/// [`fork_storm`] in `mode` for `seconds`, four times, each within `limit`: its STORM lines.
-fn four_storms(mode: &str, seconds: &str, limit: Duration) -> Vec<String> {
-    let sysfs = Sysfs::two_nodes();
-    every_run_finishes(|| fork_storm(mode, seconds, &sysfs), "STORM", 4, limit)
-        .into_iter()
-        .map(|(line, _)| line)
-        .collect()
-}
-
-fn count(line: &str, key: &str) -> u64 {
-    field(line, key).parse().unwrap()
-}
+use common::never_hang::*;
+use common::tier::Native;
+use common::Program;
 
 #[test]
 fn a_fork_child_never_waits_for_the_loader_lock_a_parent_thread_held() {
-    for line in four_storms("repro", "2", Duration::from_secs(40)) {
-        assert!(count(&line, "forks") > 10, "{line}");
-        assert!(count(&line, "loads") > 10, "{line}");
-        assert_eq!(count(&line, "children_bad"), 0, "{line}");
-    }
+    check_fork_child_never_waits_for_the_loader_lock(&Native, &Program::c("fork_storm").build());
 }
 
 #[test]
 fn the_storm_of_loads_forks_spawns_signals_and_configures_always_finishes() {
-    for line in four_storms("storm", "3", Duration::from_secs(50)) {
-        for key in [
-            "forks",
-            "loads",
-            "creates",
-            "cycles",
-            "iterations",
-            "vforks",
-            "underscore_forks",
-            "spawns",
-            "signals",
-        ] {
-            assert!(count(&line, key) > 0, "no {key}: {line}");
-        }
-        assert_eq!(count(&line, "children_bad"), 0, "{line}");
-    }
+    check_storm_always_finishes(&Native, &Program::c("fork_storm").build());
 }
 
 #[test]
 fn python_fork_children_of_a_loading_process_always_finish() {
-    let sysfs = Sysfs::two_nodes();
-    let [a, b] = plugins();
-    for (line, _) in every_run_finishes(
-        || {
-            let mut cmd = preloaded(python(), &sysfs);
-            cmd.env("TLLM_AFFINITY_LOG", "warn")
-                .arg(programs_dir().join("py_fork_storm.py"))
-                .arg("3")
-                .args([&a, &b]);
-            cmd
-        },
-        "PYSTORM",
-        3,
-        Duration::from_secs(60),
-    ) {
-        assert!(
-            count(&line, "forks") > 0 && count(&line, "processes") > 0,
-            "{line}"
-        );
-        assert_eq!(count(&line, "bad"), 0, "{line}");
-    }
+    check_python_fork_children_finish(&Native);
 }

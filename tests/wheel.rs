@@ -1,7 +1,8 @@
 //! The wheel as a user gets it: built by `scripts/wheel`, accepted by `auditwheel` as
 //! manylinux2014, installed with pip into a fresh virtual environment and run there with cargo and
-//! the build tree out of reach, uninstalled without a trace; and its library preloaded into
-//! Debian bullseye (glibc 2.31), with and without libgcc.
+//! the build tree out of reach, uninstalled without a trace; its library preloaded into Debian
+//! bullseye (glibc 2.31) and trixie (glibc 2.41), with and without libgcc; and installed with
+//! pip into a fresh venv of trixie's Python 3.13.
 
 mod common;
 
@@ -301,11 +302,19 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
     let rootfs = require!(bullseye_rootfs());
     require!(on_path("chroot"), "`chroot` on PATH");
     let (_copy, root) = linked_copy(&rootfs);
+    check_library_with_and_without_libgcc(&wheel, &root, "glibc 2.31");
+}
+
+/// The wheel's library and command, unpacked into the Debian tree `root` (whose C library
+/// `getconf` names `glibc`): programs start with the library preloaded, and the command's `run`
+/// places the threads of a program linked against glibc 2.17 on the simulated host, with the
+/// tree's libgcc and without it.
+fn check_library_with_and_without_libgcc(wheel: &Path, root: &Path, glibc: &str) {
     let opt = root.join("opt/tllm");
     std::fs::create_dir_all(&opt).unwrap();
-    extract(&wheel, WHEEL_LIBRARY, &opt.join("libtllm_affinity.so"));
+    extract(wheel, WHEEL_LIBRARY, &opt.join("libtllm_affinity.so"));
     extract(
-        &wheel,
+        wheel,
         &format!("tllm_affinity-{VERSION}.data/scripts/tllm-affinity"),
         &opt.join("tllm-affinity"),
     );
@@ -317,12 +326,12 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
     assert!(chmod.success());
     std::fs::copy(old_glibc_program(), opt.join("old_glibc")).unwrap();
 
-    let glibc = in_root(&root, &[], &["getconf", "GNU_LIBC_VERSION"]);
-    assert_eq!(text(&glibc).trim(), "glibc 2.31");
+    let version = in_root(root, &[], &["getconf", "GNU_LIBC_VERSION"]);
+    assert_eq!(text(&version).trim(), glibc);
     let preload = [("LD_PRELOAD", "/opt/tllm/libtllm_affinity.so")];
     let expected = format!("version={VERSION} lease=1 roles=host,host,worker,worker,worker");
     let libgcc = root.join("usr/lib/x86_64-linux-gnu/libgcc_s.so.1");
-    assert!(libgcc.exists(), "bullseye ships libgcc_s.so.1");
+    assert!(libgcc.exists(), "Debian ships libgcc_s.so.1");
     for with_libgcc in [true, false] {
         if !with_libgcc {
             std::fs::remove_file(&libgcc).unwrap();
@@ -330,7 +339,7 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
         let case = if with_libgcc { "" } else { " (no libgcc)" };
         // Programs start with the library preloaded: the smallest, and one with several libraries.
         for program in [&["true"][..], &["ls", "/opt/tllm"]] {
-            let out = in_root(&root, &preload, program);
+            let out = in_root(root, &preload, program);
             assert!(
                 out.status.success() && out.stderr.is_empty(),
                 "{program:?}{case}: {}",
@@ -340,7 +349,7 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
         // The library works: the installed command (there is no /proc in the root, so the
         // library is named) runs a threaded program on the simulated host.
         let out = in_root(
-            &root,
+            root,
             &[("TLLM_AFFINITY_LIB", "/opt/tllm/libtllm_affinity.so")],
             &[
                 "/opt/tllm/tllm-affinity",
@@ -359,6 +368,78 @@ fn the_library_works_on_debian_bullseye_with_and_without_libgcc() {
             text(&out)
         );
     }
+}
+
+/// The newest Debian (glibc 2.41, Python 3.13): the library and command as on bullseye, and the
+/// wheel pip-installed into a fresh venv of the tree's Python, whose `tllm-affinity run` (no
+/// variable naming the library) places a mixed Python population as everywhere: main and host
+/// threads on every CPU, the worker and its children on device 0's local CPUs; its `ps` reads
+/// the table the installed library published.
+#[test]
+fn the_wheel_installs_and_places_a_population_on_debian_trixie() {
+    let wheel = require!(wheel());
+    let rootfs = require!(trixie_rootfs());
+    for tool in ["chroot", "unshare", "mount"] {
+        require!(on_path(tool), &format!("`{tool}` on PATH"));
+    }
+    let (_copy, root) = linked_copy(&rootfs);
+    // The venv first: the library check takes libgcc away.
+    let venv = Path::new("/opt/venv");
+    let bin = venv.join("bin");
+    let user = |program: &str| chrooted(&root, &bin, &bin.join(program));
+    succeeded(
+        chrooted(&root, &bin, Path::new("/usr/bin/python3"))
+            .args(["-m", "venv"])
+            .arg(venv),
+    );
+    // The wheel and the population's program where the chroot sees them at their own paths.
+    let inside = |path: &Path| root.join(path.strip_prefix("/").unwrap());
+    for file in [&wheel, &program("wheel_population.py")] {
+        std::fs::create_dir_all(inside(file.parent().unwrap())).unwrap();
+        std::fs::copy(file, inside(file)).unwrap();
+    }
+    succeeded(
+        user("pip")
+            .args(["install", "-q", "--no-index", "--disable-pip-version-check"])
+            .arg(&wheel),
+    );
+    let python = String::from_utf8_lossy(&succeeded(user("python").arg("--version")).stdout)
+        .trim()
+        .to_string();
+    assert!(python.starts_with("Python 3.13"), "{python}");
+    let version = succeeded(user("tllm-affinity").arg("--version"));
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("tllm-affinity {VERSION}")
+    );
+    let seen = installed_population(|| user("tllm-affinity"));
+    let library = venv
+        .join("lib/python3.13/site-packages")
+        .join(WHEEL_LIBRARY);
+    assert_eq!(seen["library"], library.to_str().unwrap(), "{seen}");
+    assert_eq!(seen["preload"], library.to_str().unwrap(), "{seen}");
+    assert_eq!(seen["version"], VERSION);
+
+    check_library_with_and_without_libgcc(&wheel, &root, "glibc 2.41");
+}
+
+/// `program` (a path in `root`) run chrooted in `root` with the host's `/proc` mounted there, in
+/// a mount namespace of its own (nothing stays mounted); the environment is empty but HOME and
+/// a PATH with `bin` first.
+fn chrooted(root: &Path, bin: &Path, program: &Path) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"set -e; root=$1; shift; mount -t proc proc "$root/proc"; exec chroot "$root" "$@""#)
+        .arg("sh")
+        .arg(root)
+        .arg(program)
+        .env_clear()
+        .env(
+            "PATH",
+            format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()),
+        )
+        .env("HOME", "/root");
+    cmd
 }
 
 // ---- The source distribution ----

@@ -3,8 +3,13 @@
 //! are read from `/proc`.
 #![allow(dead_code)]
 
+pub mod bad_input;
+pub mod deployments;
+pub mod fork_exec;
 pub mod guest;
+pub mod never_hang;
 pub mod slurm;
+pub mod tier;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
@@ -457,7 +462,12 @@ pub fn preload<'a>(cmd: &'a mut Command, sysfs: &Sysfs) -> &'a mut Command {
 /// caller and two pool threads) whatever the CPU count, passive waiting so idle pools sleep, and
 /// no binding of libgomp's own.
 pub fn with_openmp(cmd: &mut Command) -> &mut Command {
-    cmd.env("RT_OMP", openmp_library())
+    with_openmp_of(cmd, openmp_library())
+}
+
+/// [`with_openmp`] with `library` (a tier's build of tests/programs/openmp_region.c) as `RT_OMP`.
+pub fn with_openmp_of(cmd: &mut Command, library: PathBuf) -> &mut Command {
+    cmd.env("RT_OMP", library)
         .env("OMP_NUM_THREADS", "3")
         .env("OMP_WAIT_POLICY", "passive")
         .env_remove("OMP_PROC_BIND")
@@ -1329,18 +1339,41 @@ pub const MIRROR: &str = "http://deb.debian.org/debian";
 /// `/var/cache/tllm-affinity/bullseye-minbase` for every checkout. The error (for [`require!`])
 /// says what is missing when it cannot be made: root, debootstrap, or the mirror.
 pub fn bullseye_rootfs() -> Result<PathBuf, String> {
+    minbase_rootfs("bullseye", &[], "usr/bin/true")
+}
+
+/// Debian trixie (glibc 2.41, Python 3.13 with venv: the new-glibc check of tests/wheel.rs),
+/// made and kept as [`bullseye_rootfs`], in `/var/cache/tllm-affinity/trixie-minbase`.
+pub fn trixie_rootfs() -> Result<PathBuf, String> {
+    minbase_rootfs("trixie", &["python3", "python3-venv"], "usr/bin/python3")
+}
+
+/// Debian `release` for this machine, `debootstrap --variant=minbase` with `include`d packages,
+/// in `ROOTFS_CACHE/<release>-minbase`; `ready` is a file it has once made.
+fn minbase_rootfs(release: &str, include: &[&str], ready: &str) -> Result<PathBuf, String> {
     if !root() {
         return Err("root (chroot)".into());
     }
+    let include = match include {
+        [] => None,
+        packages => Some(format!("--include={}", packages.join(","))),
+    };
     debootstrapped(
-        "bullseye-minbase",
-        "usr/bin/true",
+        &format!("{release}-minbase"),
+        ready,
         &format!(
-            "a Debian bullseye root filesystem: `debootstrap --variant=minbase bullseye {MIRROR}`"
+            "a Debian {release} root filesystem: `debootstrap --variant=minbase {}{release} \
+             {MIRROR}`",
+            include
+                .as_deref()
+                .map(|i| format!("{i} "))
+                .unwrap_or_default()
         ),
         |partial| {
             Command::new("debootstrap")
-                .args(["--variant=minbase", "bullseye"])
+                .arg("--variant=minbase")
+                .args(&include)
+                .arg(release)
                 .arg(partial)
                 .arg(MIRROR)
                 .output()
