@@ -696,6 +696,17 @@ fn python_host_and_worker_threads_as_on_x86_64() {
 // new image is a new qemu, with an RCU thread of its own, which the checks account for as
 // before ([`QemuThread::among`]).
 
+/// Threads ending by return, `pthread_exit`, cancellation and detached, from a host and from a
+/// worker during a lease: the registry equals the live threads, as on x86_64, and the process
+/// ends well. The aarch64 library, as the wheel links it, once crashed the process at the first
+/// `pthread_exit` (its thread-start frame's personality routine, called by libgcc_s's forced
+/// unwind, ran LLVM's unwinder on libgcc_s's context).
+#[test]
+fn every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads() {
+    let a = require!(arm64());
+    fork_exec::check_every_way_out(a);
+}
+
 /// A fork from the host main thread and from a worker thread during a lease: each child's
 /// registry holds only the forking thread, with its role, as on x86_64 (tests/lifecycle.rs).
 #[test]
@@ -765,8 +776,13 @@ fn deployment(row: &deployments::Deployment) {
 
 table_tests! {
     deployment;
+    /// Deployment 1, single-process TP1 worker in the HTTP server's process (its OpenMP pool
+    /// threads end by `pthread_exit` when the Python thread that owned the pool ends).
+    tp1_worker_inside_the_http_server: deployments::TP1;
     /// Deployment 2, an externally supplied MpiCommSession, rank 0.
     mpi_comm_session_rank0_in_the_users_script: deployments::MPI_SESSION;
+    /// Deployment 3, external-launch VisualGen rank 0 under an HTTP server.
+    visualgen_rank0_coordinator_started_before_the_worker: deployments::VISUALGEN;
     /// Deployment 4, the leader of a multi-node launch.
     multi_node_leader_session_server_and_progress_threads: deployments::LEADER;
 }

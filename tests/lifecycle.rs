@@ -290,31 +290,7 @@ fn an_application_pin_equal_to_the_worker_mask_stays_explicit_and_survives_relea
 /// before its child. The report's threads are the live threads, no more, no less.
 #[test]
 fn every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads() {
-    let sysfs = Sysfs::two_nodes();
-    let mut run = Driver::spawn(life_cmd(&sysfs, &["exits"]), LIMIT);
-    let pid = run.pid() as i32;
-    let start = run.report("start");
-    assert_eq!(report_tids(&start), [pid].into());
-    assert_eq!(run.line("ENDED main"), "ENDED main 240");
-    assert_eq!(run.line("ENDED W"), "ENDED W 240");
-
-    let (alive, live, report) = run.phase_and_registry("orphan-alive");
-    let orphan = alive.thread("orphan").tid;
-    assert!(live.contains(&orphan));
-    assert_eq!(
-        report_thread(&report, orphan)["role"],
-        "worker",
-        "an orphan keeps the role it was born with"
-    );
-
-    assert_eq!(run.line("WAITED"), "WAITED 1");
-    run.phase();
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("ended");
-    assert_eq!(live, [pid].into());
-    assert_eq!(report_tids(&report), live, "{report}");
-    run.succeed();
+    check_every_way_out(&Native);
 }
 
 /// Python threads ending normally, by an exception and by SystemExit, and a thread pool.

@@ -508,3 +508,62 @@ fn the_sdist_builds_with_cargo_and_installs_the_same_layout() {
         "{stdout}"
     );
 }
+
+/// The x86_64 tier with the wheel's own library preloaded (linked by zig, LLVM's unwinder inside)
+/// instead of the checkout's release build (gcc's): how a `pip install`ed library runs.
+struct WheelLibrary(PathBuf);
+
+impl common::tier::Tier for WheelLibrary {
+    fn program(&self, source: &str) -> PathBuf {
+        common::tier::Native.program(source)
+    }
+
+    fn shared_object(&self, source: &str, name: &str) -> PathBuf {
+        common::tier::Native.shared_object(source, name)
+    }
+
+    fn openmp_library(&self) -> PathBuf {
+        common::tier::Native.openmp_library()
+    }
+
+    fn preloaded(&self, program: &Path, sysfs: &Sysfs) -> Command {
+        let mut cmd = preloaded(program, sysfs);
+        cmd.env("LD_PRELOAD", &self.0);
+        cmd
+    }
+
+    fn python(&self) -> PathBuf {
+        python()
+    }
+
+    fn shell(&self) -> PathBuf {
+        PathBuf::from("sh")
+    }
+
+    fn program_threads(
+        &self,
+        _pid: u32,
+        live: &BTreeSet<i32>,
+        _listed: &BTreeSet<i32>,
+    ) -> BTreeSet<i32> {
+        live.clone()
+    }
+
+    fn slowdown(&self) -> u32 {
+        1
+    }
+}
+
+/// Threads ending every way (return, `pthread_exit`, cancellation, detached) under the wheel's
+/// library: the registry equals the live threads and the process ends well, as under the
+/// release build (tests/lifecycle.rs). The wheel's library once crashed the process at the first
+/// `pthread_exit`: libgcc_s's forced unwind called the personality routine of the library's
+/// thread-start frame, whose `_Unwind_*` calls went to LLVM's unwinder linked inside.
+#[test]
+fn under_the_wheels_library_every_way_out_of_a_thread_ends_well() {
+    let wheel = require!(wheel());
+    let dir = tempfile::tempdir().unwrap();
+    let library = dir.path().join("libtllm_affinity.so");
+    extract(&wheel, WHEEL_LIBRARY, &library);
+    common::fork_exec::check_every_way_out(&WheelLibrary(library));
+}

@@ -156,10 +156,7 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     let packet = unsafe { packets::open(raw) };
     // This thread's block, looked up once for the registration, both locks and the exit.
     let me = per_thread::current();
-    let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: the calling thread's own block, which lives as long as the thread.
-        register_self(unsafe { &*me }, &mut packet.plan)
-    }));
+    register_failing_open(me, &mut packet.plan);
     let (start, arg) = (packet.start, packet.arg);
     // SAFETY: opened above; nothing of the packet is used after this.
     unsafe { packets::retire(raw) };
@@ -177,6 +174,20 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     // every buffer it pushed was popped.
     unsafe { cleanup::pop(&mut buffer, true) };
     ret
+}
+
+/// [`register_self`], a panic in it caught (the thread runs its routine all the same). Never
+/// inlined: the catch gives its frame a personality routine, and the trampoline's frame must have
+/// none. A thread that ends by `pthread_exit` or cancellation is unwound by libgcc_s's forced
+/// unwind, which calls the personality of every frame it passes; the wheel links LLVM's unwinder
+/// statically, whose `_Unwind_*` calls in our personality cannot read libgcc_s's unwind context
+/// (the process crashed). A frame without one is only stepped over.
+#[inline(never)]
+fn register_failing_open(me: *const PerThread, plan: &mut ChildPlan) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the calling thread's own block, which lives as long as the thread.
+        register_self(unsafe { &*me }, plan)
+    }));
 }
 
 fn register_self(me: &PerThread, plan: &mut ChildPlan) {

@@ -1,5 +1,6 @@
-//! fork and exec under the library (tests/programs/lifecycle_scenarios.c), checked the same way
-//! on every tier (tests/lifecycle.rs, tests/aarch64.rs).
+//! The ways out of a thread, fork and exec under the library (tests/programs/lifecycle_scenarios.c),
+//! checked the same way on every tier (tests/lifecycle.rs, tests/aarch64.rs, and tests/wheel.rs
+//! with the wheel's own library).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -20,6 +21,35 @@ fn life_cmd(tier: &dyn Tier, sysfs: &Sysfs, args: &[&str]) -> Command {
     let mut cmd = tier.preloaded(&life(tier), sysfs);
     cmd.args(args);
     cmd
+}
+
+/// Threads ending by return, `pthread_exit`, deferred, asynchronous and in-wait cancellation,
+/// and detached threads, from a host and from a worker during a lease; a parent that exits
+/// before its child. The report's threads are the live threads, no more, no less, and the
+/// process ends well (a forced unwind, which `pthread_exit` and cancellation are, passes through
+/// the library's thread-start frame).
+pub fn check_every_way_out(tier: &dyn Tier) {
+    let sysfs = Sysfs::two_nodes();
+    let mut run = Driver::spawn(life_cmd(tier, &sysfs, &["exits"]), tier.limit(LIMIT));
+    let pid = run.pid() as i32;
+    let start = run.report("start");
+    assert_eq!(report_tids(&start), [pid].into());
+    assert_eq!(run.line("ENDED main"), "ENDED main 240");
+    assert_eq!(run.line("ENDED W"), "ENDED W 240");
+
+    let (alive, live, report) = phase_and_registry(tier, &mut run, "orphan-alive");
+    let orphan = alive.thread("orphan").tid;
+    assert!(live.contains(&orphan));
+    assert_eq!(
+        report_thread(&report, orphan)["role"],
+        "worker",
+        "an orphan keeps the role it was born with"
+    );
+
+    assert_eq!(run.line("WAITED"), "WAITED 1");
+    let (_, live, report) = phase_and_registry(tier, &mut run, "ended");
+    assert_eq!(live, [pid].into(), "{report}");
+    run.succeed();
 }
 
 /// A fork from the host main thread and one from a worker thread during a lease, while the
