@@ -188,32 +188,7 @@ fn the_guest_has_two_real_nodes_and_the_device_on_node_1() {
 #[test]
 fn configure_puts_the_worker_and_its_threads_on_the_gpus_node_and_release_restores() {
     let guest = require!(two_nodes());
-    let run = guest.ok("placement");
-    println!("{}", run.text());
-    for (thread, mask, role) in [
-        ("main", ALL4, 0),
-        ("H", ALL4, 0),
-        ("W", NODE1, 1),
-        ("C", NODE1, 1),
-    ] {
-        assert_eq!(
-            run.mask("configured", thread),
-            (mask.to_string(), Some(role)),
-            "{thread} after configure(0)\n{}",
-            run.stderr()
-        );
-        assert_eq!(
-            run.mask("released", thread).0,
-            ALL4,
-            "{thread} after release"
-        );
-    }
-    // A worker scope's caller keeps its mask; the thread it creates inside is a worker.
-    assert_eq!(run.mask("scope", "main").0, ALL4);
-    assert_eq!(run.mask("scope", "S"), (NODE1.to_string(), Some(1)));
-    let report = run.report();
-    assert_eq!(report["worker_mask"], NODE1, "{report}");
-    assert_eq!(report["worker_device"], GUEST_GPU, "{report}");
+    let report = check_placement_and_release(guest.ok("placement"), NODE1, ALL4, GUEST_GPU);
     assert_eq!(report["constrained"], false, "{report}");
 }
 

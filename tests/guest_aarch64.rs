@@ -386,30 +386,7 @@ fn the_guest_is_aarch64_with_two_grace_nodes_a_gpu_memory_node_and_the_gpu_on_no
 fn workers_go_to_the_gpus_grace_node_host_threads_stay_and_release_restores() {
     let guest = require!(gb200());
     let run = guest.ok("placement");
-    println!("{}", run.text());
-    for (thread, mask, role) in [
-        ("main", ALL4, 0),
-        ("H", ALL4, 0),
-        ("W", GRACE_CPUS, 1),
-        ("C", GRACE_CPUS, 1),
-    ] {
-        assert_eq!(
-            run.mask("configured", thread),
-            (mask.to_string(), Some(role)),
-            "{thread} after configure(0)\n{}",
-            run.stderr()
-        );
-        assert_eq!(
-            run.mask("released", thread).0,
-            ALL4,
-            "{thread} after release"
-        );
-    }
-    assert_eq!(run.mask("scope", "main").0, ALL4);
-    assert_eq!(run.mask("scope", "S"), (GRACE_CPUS.to_string(), Some(1)));
-    let report = run.report();
-    assert_eq!(report["worker_mask"], GRACE_CPUS, "{report}");
-    assert_eq!(report["worker_device"], GUEST_GPU, "{report}");
+    check_placement_and_release(run, GRACE_CPUS, ALL4, GUEST_GPU);
     // Pages the workers first touched: on their Grace node, none on the GPU's memory node.
     for buffer in ["worker", "child", "scoped"] {
         let (nodes, failed) = run.pages(buffer);

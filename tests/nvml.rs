@@ -112,6 +112,22 @@ impl Host {
         self.command(program, Some((&container_nvml(), &nvml_double(false))))
     }
 
+    /// `tllm-affinity plan --gpu <gpu> --json` on this host, NVML as [`Host::command`] has it.
+    fn plan(&self, gpu: usize, nvml: Option<(&str, &Path)>) -> serde_json::Value {
+        let out = self
+            .command(&cli(), nvml)
+            .args(["plan", "--gpu", &gpu.to_string(), "--json"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "plan: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&text).unwrap()
+    }
+
     /// NVML answering `cmd` from `text` through the double in `lib_dir`.
     fn answer<'a>(&self, cmd: &'a mut Command, text: &str, lib_dir: &Path) -> &'a mut Command {
         std::fs::write(self.nvml_file(), text).unwrap();
@@ -747,14 +763,7 @@ fn nvml_cpu_affinity_wins_over_the_all_cpu_local_cpulist_of_a_gpu_without_a_node
     println!("{stderr}");
     assert_on(&lines, &[&host.node1], &stderr);
 
-    let out = host
-        .command(&cli(), Some((&nvml, &lib)))
-        .args(["plan", "--gpu", "0", "--json"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "plan: {text}");
-    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let plan = host.plan(0, Some((&nvml, &lib)));
     assert_eq!(plan["gpu"]["numa_node"], serde_json::Value::Null, "{plan}");
     assert_eq!(plan["worker"]["cpus"], host.node1.to_list(), "{plan}");
     let source = plan["worker"]["source"].as_str().unwrap_or_default();
@@ -778,12 +787,7 @@ fn nvml_cpu_affinity_wins_over_the_all_cpu_local_cpulist_of_a_gpu_without_a_node
     // No NVML: nothing narrower is known, every CPU.
     let (lines, stderr) = population(host.command(&gpu_population(), None), &[0]);
     assert_on(&lines, &[&allowed], &stderr);
-    let out = host
-        .command(&cli(), None)
-        .args(["plan", "--gpu", "0", "--json"])
-        .output()
-        .unwrap();
-    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = host.plan(0, None);
     assert_eq!(plan["worker"]["cpus"], allowed.to_list(), "{plan}");
 }
 
@@ -953,14 +957,7 @@ fn gb200_workers_go_to_the_grace_node_not_the_gpus_memory_node() {
     let (lines, stderr) = population(host.command(&gpu_population(), None), &[0]);
     assert_on(&lines, &[&host.node0], &stderr);
 
-    let out = host
-        .command(&cli(), Some((&nvml, &lib)))
-        .args(["plan", "--gpu", "0", "--json"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "plan: {text}");
-    let plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let plan = host.plan(0, Some((&nvml, &lib)));
     assert_eq!(plan["gpu"]["address"], GB200_GPUS[0], "{plan}");
     assert_eq!(plan["worker"]["cpus"], host.node0.to_list(), "{plan}");
     assert_eq!(

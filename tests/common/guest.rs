@@ -428,3 +428,41 @@ pub fn booted(
         Err(NoBoot::Failed(why)) => panic!("{why}"),
     }
 }
+
+/// What `numa_placement`'s `placement` scenario shows on every guest: after `configure(0)` the
+/// worker `W` and its child `C` on `gpu_cpus` with the worker role, `main` and the host thread `H`
+/// on `all` as hosts; after release all four on `all`; a worker scope's caller keeps `all` while
+/// the thread `S` it creates inside is a worker on `gpu_cpus`; the report names `gpu` and its CPUs.
+/// The report, for what a guest checks beyond this.
+pub fn check_placement_and_release(
+    run: &Scenario,
+    gpu_cpus: &str,
+    all: &str,
+    gpu: &str,
+) -> serde_json::Value {
+    println!("{}", run.text());
+    for (thread, mask, role) in [
+        ("main", all, 0),
+        ("H", all, 0),
+        ("W", gpu_cpus, 1),
+        ("C", gpu_cpus, 1),
+    ] {
+        assert_eq!(
+            run.mask("configured", thread),
+            (mask.to_string(), Some(role)),
+            "{thread} after configure(0)\n{}",
+            run.stderr()
+        );
+        assert_eq!(
+            run.mask("released", thread).0,
+            all,
+            "{thread} after release"
+        );
+    }
+    assert_eq!(run.mask("scope", "main").0, all);
+    assert_eq!(run.mask("scope", "S"), (gpu_cpus.to_string(), Some(1)));
+    let report = run.report();
+    assert_eq!(report["worker_mask"], gpu_cpus, "{report}");
+    assert_eq!(report["worker_device"], gpu, "{report}");
+    report
+}
