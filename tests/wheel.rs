@@ -514,43 +514,10 @@ fn the_sdist_builds_with_cargo_and_installs_the_same_layout() {
 struct WheelLibrary(PathBuf);
 
 impl common::tier::Tier for WheelLibrary {
-    fn program(&self, source: &str) -> PathBuf {
-        common::tier::Native.program(source)
-    }
-
-    fn shared_object(&self, source: &str, name: &str) -> PathBuf {
-        common::tier::Native.shared_object(source, name)
-    }
-
-    fn openmp_library(&self) -> PathBuf {
-        common::tier::Native.openmp_library()
-    }
-
     fn preloaded(&self, program: &Path, sysfs: &Sysfs) -> Command {
         let mut cmd = preloaded(program, sysfs);
         cmd.env("LD_PRELOAD", &self.0);
         cmd
-    }
-
-    fn python(&self) -> PathBuf {
-        python()
-    }
-
-    fn shell(&self) -> PathBuf {
-        PathBuf::from("sh")
-    }
-
-    fn program_threads(
-        &self,
-        _pid: u32,
-        live: &BTreeSet<i32>,
-        _listed: &BTreeSet<i32>,
-    ) -> BTreeSet<i32> {
-        live.clone()
-    }
-
-    fn slowdown(&self) -> u32 {
-        1
     }
 }
 

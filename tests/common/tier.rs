@@ -11,37 +11,53 @@ use std::time::Duration;
 
 use super::*;
 
+/// What a tier does differently. The defaults are this machine's (x86_64, native); a tier that
+/// runs elsewhere (tests/aarch64.rs) overrides them.
 pub trait Tier {
     /// A C program of tests/programs, built for this tier.
-    fn program(&self, source: &str) -> PathBuf;
+    fn program(&self, source: &str) -> PathBuf {
+        Program::c(source).build()
+    }
 
     /// A shared object of tests/programs built for this tier, under the file name `name`.
-    fn shared_object(&self, source: &str, name: &str) -> PathBuf;
+    fn shared_object(&self, source: &str, name: &str) -> PathBuf {
+        Program::c(source).shared().named(name).build()
+    }
 
     /// `tests/programs/openmp_region.c` with `-fopenmp`: a real libgomp pool of this tier.
-    fn openmp_library(&self) -> PathBuf;
+    fn openmp_library(&self) -> PathBuf {
+        openmp_library()
+    }
 
     /// `program` (a path this tier runs) with this tier's library preloaded on `sysfs`.
     fn preloaded(&self, program: &Path, sysfs: &Sysfs) -> Command;
 
     /// The Python interpreter this tier runs.
-    fn python(&self) -> PathBuf;
+    fn python(&self) -> PathBuf {
+        python()
+    }
 
     /// The POSIX shell this tier runs.
-    fn shell(&self) -> PathBuf;
+    fn shell(&self) -> PathBuf {
+        PathBuf::from("sh")
+    }
 
     /// The threads the program of live process `pid` made, of its `live` threads (read from
     /// `/proc/<pid>/task` while it waits), given `listed`, the threads the library lists for it
     /// at that moment. Here, every live thread; under qemu-user, every live thread but qemu's own.
     fn program_threads(
         &self,
-        pid: u32,
+        _pid: u32,
         live: &BTreeSet<i32>,
-        listed: &BTreeSet<i32>,
-    ) -> BTreeSet<i32>;
+        _listed: &BTreeSet<i32>,
+    ) -> BTreeSet<i32> {
+        live.clone()
+    }
 
     /// How much longer than here a run may take: 1 here; more under emulation.
-    fn slowdown(&self) -> u32;
+    fn slowdown(&self) -> u32 {
+        1
+    }
 
     /// `limit` as this tier needs it ([`Tier::slowdown`] times it).
     fn limit(&self, limit: Duration) -> Duration {
@@ -53,41 +69,8 @@ pub trait Tier {
 pub struct Native;
 
 impl Tier for Native {
-    fn program(&self, source: &str) -> PathBuf {
-        Program::c(source).build()
-    }
-
-    fn shared_object(&self, source: &str, name: &str) -> PathBuf {
-        Program::c(source).shared().named(name).build()
-    }
-
-    fn openmp_library(&self) -> PathBuf {
-        openmp_library()
-    }
-
     fn preloaded(&self, program: &Path, sysfs: &Sysfs) -> Command {
         preloaded(program, sysfs)
-    }
-
-    fn python(&self) -> PathBuf {
-        python()
-    }
-
-    fn shell(&self) -> PathBuf {
-        PathBuf::from("sh")
-    }
-
-    fn program_threads(
-        &self,
-        _pid: u32,
-        live: &BTreeSet<i32>,
-        _listed: &BTreeSet<i32>,
-    ) -> BTreeSet<i32> {
-        live.clone()
-    }
-
-    fn slowdown(&self) -> u32 {
-        1
     }
 }
 
