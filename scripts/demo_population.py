@@ -72,6 +72,7 @@ def named(text, target):
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         label(f"request {self.path} (host)")
+        arrived.set()
         held.wait()
         self.send_response(200)
         self.end_headers()
@@ -82,14 +83,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 held = threading.Event()
+arrived = threading.Event()
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 named("http server (host)", server.serve_forever)
 named("event loop (host)", lambda: asyncio.new_event_loop().run_until_complete(asyncio.sleep(3600)))
 
 
 def request(path):
+    """Sends a request from a worker thread and returns once the server's request thread is
+    born and labelled (a table read before would show it half-born), with the reply's event."""
     done = threading.Event()
-    seen = len(names)
+    arrived.clear()
 
     def get():
         label("http client (worker)")
@@ -97,8 +101,7 @@ def request(path):
         done.set()
 
     threading.Thread(target=get, daemon=True).start()
-    while len(names) <= seen:
-        threading.Event().wait(0.01)
+    arrived.wait()
     return done
 
 

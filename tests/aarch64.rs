@@ -328,13 +328,6 @@ impl Tier for Arm64 {
 struct QemuThread(i32);
 
 impl QemuThread {
-    /// Found in a live process whose table (`report`, the library's) lists every thread the
-    /// program made: exactly one live thread is missing from it, and none of the listed threads
-    /// was born before it.
-    fn of(pid: u32, report: &Value) -> QemuThread {
-        QemuThread::among(pid, &task_tids(pid), &report_tids(report))
-    }
-
     /// Found among `live`, the threads of `/proc/<pid>/task` read while the program waited,
     /// given `listed`, every thread the program made (the library's table then, or the threads a
     /// phase names): exactly one live thread is not listed, and none of the listed threads but
@@ -513,9 +506,13 @@ fn a_pin_equal_to_the_worker_mask_is_explicit_in_ps_and_survives_release() {
         assert_eq!(row["tid"], run.pid(), "{ps}");
         assert_eq!(row["role"], "worker", "{ps}");
     }
+    let live = task_tids(run.pid());
     run.proceed();
     let report = run.report("released");
-    assert_eq!(QemuThread::of(run.pid(), &report).0, qemu.0);
+    assert_eq!(
+        QemuThread::among(run.pid(), &live, &report_tids(&report)).0,
+        qemu.0
+    );
     assert_eq!(report_placement(&report, tid), "explicit");
     assert_eq!(kernel_mask(run.pid(), tid).to_list(), c.local);
     assert_eq!(kernel_mask(run.pid(), run.pid() as i32).to_list(), c.all);
@@ -549,10 +546,12 @@ fn roles_leases_and_restoration_as_on_x86_64() {
     expect(&configured, Named(&["E", "E1"]), on(&c.other), "explicit");
     expect(&configured, Named(&["main"]), host_on(&c.all), "host");
     assert_eq!(configured.role("E"), 1, "E was made by a worker");
+    // The threads live while the program waits: after the report it goes on to make C2 and
+    // E2, so /proc is not read again across that step.
     let live = task_tids(run.pid());
     run.proceed();
     let report = run.report("configured");
-    let qemu = QemuThread::of(run.pid(), &report);
+    let qemu = QemuThread::among(run.pid(), &live, &report_tids(&report));
     let mut program_threads = live.clone();
     program_threads.remove(&qemu.0);
     assert_eq!(report_tids(&report), program_threads, "{report}");

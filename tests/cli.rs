@@ -841,25 +841,29 @@ fn ps_sees_a_fork_childs_own_table() {
 fn a_killed_processs_thread_table_is_removed_by_the_next_one() {
     let dir = tllm_affinity_core::threadtable::directory(std::path::Path::new("/tmp"));
     let calls = Program::c("calls").build();
-    let killed = clean(&calls)
+    let mut killed = clean(&calls)
         .args(["thread", "kill"])
         .env("LD_PRELOAD", library())
-        .status()
+        .spawn()
         .unwrap();
+    let killed_pid = killed.id();
+    let status = killed.wait().unwrap();
     assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&killed),
+        std::os::unix::process::ExitStatusExt::signal(&status),
         Some(9)
     );
+    // Only the killed process's own table counts: the directory is shared, and a dead table of
+    // another user or another PID namespace is not the next process's to remove.
     let left: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| pid_of(p) != 0)
-        .filter(|p| tllm_affinity_core::threadtable::start_time(pid_of(p)).is_none())
+        .filter(|p| pid_of(p) == killed_pid)
         .collect();
-    assert!(
-        !left.is_empty(),
-        "the killed process left no table in {}",
+    assert_eq!(
+        left.len(),
+        1,
+        "the killed process {killed_pid} left no table of its own in {}",
         dir.display()
     );
     let next = clean(&calls)

@@ -444,9 +444,10 @@ fn dlopen_constructor_threads_take_the_role_of_the_loading_thread() {
             assert_eq!(&loaded.mask(&t), mask, "{t}");
         }
     }
+    let live = task_tids(run.pid());
     run.proceed();
     let report = run.report("loaded");
-    assert_eq!(report_tids(&report), task_tids(run.pid()));
+    assert_eq!(report_tids(&report), live);
     let released = run.phase();
     for t in loaded.threads.keys() {
         assert_eq!(released.mask(t), c.all, "{t} after release");
@@ -500,9 +501,10 @@ fn a_thread_created_before_the_librarys_constructor_gets_a_role() {
         assert_eq!(configured.mask("early"), c.all, "{how}");
         assert_eq!(configured.mask("main"), c.all, "{how}");
         expect(&configured, Named(&["W", "C"]), on(&c.local), how);
+        let live = task_tids(run.pid());
         run.proceed();
         let report = run.report("configured");
-        assert_eq!(report_tids(&report), task_tids(run.pid()), "{how}");
+        assert_eq!(report_tids(&report), live, "{how}");
         let released = run.phase();
         expect(
             &released,
