@@ -457,3 +457,63 @@ fn the_preload_library_depends_on_neither_clap_nor_the_simulated_hosts() {
         .collect();
     assert!(unwanted.is_empty(), "{unwanted:#?}");
 }
+
+/// The floors of docs/design.md's engine table: each engine file the table names, with its
+/// floor (rows `| <floor> | `file.rs`, ... | concern |`).
+fn documented_floors(design: &str) -> BTreeMap<String, u32> {
+    let mut floors = BTreeMap::new();
+    for line in design.lines() {
+        let mut cells = line.split('|').map(str::trim).skip(1);
+        let (Some(floor), Some(files)) = (cells.next(), cells.next()) else {
+            continue;
+        };
+        let Ok(floor) = floor.parse::<u32>() else {
+            continue;
+        };
+        for file in files.split(',') {
+            let name = file.trim().trim_matches('`');
+            if let Some(stem) = name.strip_suffix(".rs") {
+                floors.insert(stem.to_string(), floor);
+            }
+        }
+    }
+    floors
+}
+
+/// docs/design.md's floor table is the engine as it is: every file of `src/engine/` is in it
+/// once, the table names no file that is gone, and each file names only files on lower floors.
+#[test]
+fn the_design_documents_every_engine_file_on_its_floor() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let design = fs::read_to_string(root.join("docs/design.md")).unwrap();
+    let floors = documented_floors(&design);
+    let (engine, _) = engine_graph(&root.join("src/engine"));
+    let files: BTreeSet<&String> = engine.keys().collect();
+    let documented: BTreeSet<&String> = floors.keys().collect();
+    assert_eq!(
+        files.difference(&documented).collect::<Vec<_>>(),
+        Vec::<&&String>::new(),
+        "engine files missing from docs/design.md's floor table"
+    );
+    assert_eq!(
+        documented.difference(&files).collect::<Vec<_>>(),
+        Vec::<&&String>::new(),
+        "docs/design.md's floor table names files the engine no longer has"
+    );
+    let mut upward = Vec::new();
+    for (file, deps) in &engine {
+        for dep in deps {
+            if floors[dep] >= floors[file] {
+                upward.push(format!(
+                    "{file}.rs (floor {}) names {dep}.rs (floor {})",
+                    floors[file], floors[dep]
+                ));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "docs/design.md's floors do not match the code:\n{}",
+        upward.join("\n")
+    );
+}
