@@ -527,75 +527,7 @@ fn a_pin_equal_to_the_worker_mask_is_explicit_in_ps_and_survives_release() {
 /// library's table lists every live thread but qemu's own.
 #[test]
 fn roles_leases_and_restoration_as_on_x86_64() {
-    let a = require!(arm64());
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
-    let cpu = sysfs.node0.first().unwrap().to_string();
-    let mut cmd = a.preloaded(&arm64_program("lifecycle_scenarios"), &sysfs);
-    cmd.args(["explicit", &cpu]);
-    let mut run = Driver::spawn(cmd, LIMIT);
-
-    let configured = run.phase();
-    println!("{}", describe(&configured));
-    expect(
-        &configured,
-        Named(&["W", "C"]),
-        worker_on(&c.local),
-        "worker",
-    );
-    expect(&configured, Named(&["E", "E1"]), on(&c.other), "explicit");
-    expect(&configured, Named(&["main"]), host_on(&c.all), "host");
-    assert_eq!(configured.role("E"), 1, "E was made by a worker");
-    // The threads live while the program waits: after the report it goes on to make C2 and
-    // E2, so /proc is not read again across that step.
-    let live = task_tids(run.pid());
-    run.proceed();
-    let report = run.report("configured");
-    let qemu = QemuThread::among(run.pid(), &live, &report_tids(&report));
-    let mut program_threads = live.clone();
-    program_threads.remove(&qemu.0);
-    assert_eq!(report_tids(&report), program_threads, "{report}");
-    assert!(
-        configured.threads.values().all(|t| t.tid != qemu.0),
-        "qemu's thread is none of the program's"
-    );
-    let e = configured.thread("E").tid;
-    assert_eq!(report_placement(&report, e), "explicit");
-
-    let twice = run.phase();
-    expect(&twice, Named(&["W", "C", "C2"]), on(&c.local), "worker");
-    expect(&twice, Named(&["E", "E1", "E2"]), on(&c.other), "explicit");
-    run.proceed();
-    let released = run.phase();
-    println!("{}", describe(&released));
-    expect(
-        &released,
-        Named(&["W", "C", "C2", "main"]),
-        on(&c.all),
-        "restored",
-    );
-    expect(
-        &released,
-        Named(&["E", "E1", "E2", "E3"]),
-        on(&c.other),
-        "never restored",
-    );
-    run.proceed();
-    let report = run.report("released");
-    for t in ["E", "E1", "E2", "E3"] {
-        assert_eq!(
-            report_placement(&report, released.thread(t).tid),
-            "explicit",
-            "{t}"
-        );
-    }
-    let again = run.phase();
-    expect(&again, Named(&["W", "C", "C2"]), on(&c.local), "worker");
-    let end = run.succeed();
-    says(
-        &end.stderr,
-        &["4 worker threads keep masks set by someone else"],
-    );
+    common::leases::check_explicit_masks_through_leases(require!(arm64()));
 }
 
 /// The C population of the x86_64 tier (tests/programs/population.c, its worker-libs thread

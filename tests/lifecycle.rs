@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::fork_exec::*;
+use common::leases::kernel_mask_in;
 use common::tier::Native;
 use common::*;
 use serde_json::Value;
@@ -49,13 +50,6 @@ fn python_cmd(sysfs: &Sysfs, script: &str, args: &[&str]) -> Command {
     cmd
 }
 
-fn kernel_mask_in(report: &Value, tid: i32) -> String {
-    report_thread(report, tid)["kernel_mask"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 // ---- Rule 1: explicit attr masks ---------------------------------------------------------
 
 /// A thread a worker creates with `pthread_attr_setaffinity_np` during a lease keeps that mask
@@ -63,67 +57,7 @@ fn kernel_mask_in(report: &Value, tid: i32) -> String {
 /// children, born before or after, inherit the mask and the choice.
 #[test]
 fn explicit_attr_masks_are_kept_through_configure_and_release() {
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
-    let cpu = sysfs.node0.first().unwrap().to_string();
-    let mut run = Driver::spawn(life_cmd(&sysfs, &["explicit", &cpu]), LIMIT);
-
-    let configured = run.phase();
-    expect(&configured, Named(&["W", "C"]), on(&c.local), "worker");
-    expect(&configured, Named(&["E", "E1"]), on(&c.other), "explicit");
-    assert_eq!(configured.mask("main"), c.all);
-    assert_eq!(configured.role("E"), 1, "E was made by a worker");
-    run.proceed();
-    let report = run.report("configured");
-    let e = configured.thread("E").tid;
-    assert_eq!(report_placement(&report, e), "explicit");
-    assert_eq!(kernel_mask_in(&report, e), c.other);
-
-    let twice = run.phase();
-    expect(&twice, Named(&["W", "C", "C2"]), on(&c.local), "worker");
-    expect(
-        &twice,
-        Named(&["E", "E1", "E2"]),
-        on(&c.other),
-        "explicit subtree",
-    );
-    run.proceed();
-
-    let released = run.phase();
-    expect(
-        &released,
-        Named(&["W", "C", "C2", "main"]),
-        on(&c.all),
-        "restored",
-    );
-    expect(
-        &released,
-        Named(&["E", "E1", "E2", "E3"]),
-        on(&c.other),
-        "never restored",
-    );
-    run.proceed();
-    let report = run.report("released");
-    for t in ["E", "E1", "E2", "E3"] {
-        let tid = released.thread(t).tid;
-        assert_eq!(report_placement(&report, tid), "explicit", "{t}: {report}");
-        assert_eq!(kernel_mask_in(&report, tid), c.other, "{t}");
-    }
-
-    let again = run.phase();
-    expect(&again, Named(&["W", "C", "C2"]), on(&c.local), "worker");
-    expect(
-        &again,
-        Named(&["E", "E1", "E2", "E3"]),
-        on(&c.other),
-        "never overridden",
-    );
-    let end = run.succeed();
-    never_says(&end.stderr, &["constrained"]);
-    says(
-        &end.stderr,
-        &["4 worker threads keep masks set by someone else"],
-    );
+    common::leases::check_explicit_masks_through_leases(&Native);
 }
 
 // ---- Rule 2: the application's own calls, and taskset from outside -----------------------

@@ -7,6 +7,7 @@ pub mod bad_input;
 pub mod deployments;
 pub mod fork_exec;
 pub mod guest;
+pub mod leases;
 pub mod never_hang;
 pub mod slurm;
 pub mod tier;
