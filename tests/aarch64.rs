@@ -488,12 +488,7 @@ fn a_pin_equal_to_the_worker_mask_is_explicit_in_ps_and_survives_release() {
     let tid: i32 = field(&run.line("PINNED"), "tid").parse().unwrap();
     assert_eq!(kernel_mask(run.pid(), tid).to_list(), c.local);
     let ps = a.ps(run.pid());
-    let row = ps["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == tid)
-        .unwrap_or_else(|| panic!("{tid} not in {ps}"));
+    let row = row(&ps, "threads", "tid", tid);
     assert_eq!(row["placement"], "explicit", "{ps}");
     // Every other row is the main thread (the worker) or qemu's own.
     let qemu = QemuThread::in_ps(run.pid(), &ps, &[tid]);

@@ -822,13 +822,7 @@ fn ps_sees_a_fork_childs_own_table() {
     drop(child.stdin.take());
     assert_eq!(v["table"], true, "{v}");
     for tid in [forking, made] {
-        let row = v["threads"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["tid"] == tid)
-            .unwrap_or_else(|| panic!("tid {tid} not in {v}"))
-            .clone();
+        let row = row(&v, "threads", "tid", tid).clone();
         assert_eq!(row["role"], "worker", "{v}");
         assert_eq!(mask(row["mask"].as_str().unwrap()), host.gpu0_local());
     }

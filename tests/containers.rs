@@ -836,12 +836,7 @@ fn ps_on_the_host_shows_the_roles_of_a_containerised_process() {
     let end = run.finish();
     assert!(host_view.status.success(), "{}", text(&host_view));
     let view: Value = serde_json::from_slice(&host_view.stdout).unwrap();
-    let row = view["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("no process {pid} in the host view: {view:#}"));
+    let row = row(&view, "processes", "pid", pid);
     assert_eq!(row["namespace_pid"], 1, "{row:#}");
     assert_eq!(row["leases"][0]["device"], "0000:3b:00.0", "{row:#}");
     assert_eq!(row["worker_cpus"], glibc.local.as_str(), "{row:#}");

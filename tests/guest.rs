@@ -297,12 +297,7 @@ fn the_host_view_flags_memory_bound_off_the_workers_node() {
     let view = guest.ok("host_view_ps").json();
     let text = guest.ok("host_view_text").text();
     println!("{text}");
-    let row = view["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("no process {pid} in {view:#}"));
+    let row = row(&view, "processes", "pid", pid);
     assert_eq!(row["worker_cpus"], NODE1, "{row:#}");
     let bytes = |node: &str| row["memory"]["bytes_per_node"][node].as_u64().unwrap_or(0);
     // The four 4 MiB buffers it touched before HOLD, all bound to node 0.

@@ -486,12 +486,7 @@ fn topo_plan_and_configure_agree_on_the_grace_node() {
     let gpu = &topo["gpus"][0];
     assert_eq!(gpu["memory_node"], GPU_MEMORY_NODE, "{gpu}");
     assert_eq!(gpu["memory_node_from"], "nvml", "{gpu}");
-    let node10 = topo["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["id"] == GPU_MEMORY_NODE)
-        .unwrap_or_else(|| panic!("no node 10 in {topo}"));
+    let node10 = row(&topo, "nodes", "id", GPU_MEMORY_NODE);
     assert_eq!(node10["cpus"], "", "{node10}");
     assert_eq!(node10["has_memory"], true, "{node10}");
     assert_eq!(node10["gpu_memory_of"][0]["address"], GUEST_GPU, "{node10}");

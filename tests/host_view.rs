@@ -96,12 +96,7 @@ fn json(host: &Sysfs) -> Value {
 
 /// The host view's entry for `pid`.
 fn process(v: &Value, pid: u32) -> &Value {
-    v["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("no process {pid} in {v:#}"))
+    row(&v, "processes", "pid", pid)
 }
 
 /// The flags of `kind` that name exactly the pids `pids` (in any order).
@@ -186,8 +181,8 @@ fn three_servers_then_a_fourth_whose_workers_overlap_the_firsts() {
     let ours = [first.pid(), second.pid(), host_only.pid()];
 
     let v = json(&host);
-    let row = |pid| process(&v, pid).clone();
-    let (a, b, c) = (row(ours[0]), row(ours[1]), row(ours[2]));
+    let entry = |pid| process(&v, pid).clone();
+    let (a, b, c) = (entry(ours[0]), entry(ours[1]), entry(ours[2]));
     assert_eq!(
         a["leases"][0]["device"], "0000:3b:00.0",
         "GPU 0's lease: {a:#}"
@@ -217,12 +212,7 @@ fn three_servers_then_a_fourth_whose_workers_overlap_the_firsts() {
     }
     // Every CPU lists the processes on it, with their roles.
     let on_cpu = |cpu: usize, pid: u32| -> Vec<String> {
-        v["cpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["cpu"] == cpu)
-            .unwrap_or_else(|| panic!("no CPU {cpu} in {v:#}"))["processes"]
+        row(&v, "cpus", "cpu", cpu)["processes"]
             .as_array()
             .unwrap()
             .iter()

@@ -105,13 +105,7 @@ fn the_first_thread_configure_scope_or_pin_maps_the_table() {
         assert!(seen.file, "{what}: no table file");
         assert!(seen.mapped, "{what}: the table is not mapped");
         assert_eq!(seen.ps["table"], true, "{what}: {}", seen.ps);
-        let main = seen.ps["threads"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["tid"] == seen.ps["pid"])
-            .unwrap_or_else(|| panic!("{what}: no main thread in {}", seen.ps))
-            .clone();
+        let main = row(&seen.ps, "threads", "tid", seen.ps["pid"].clone()).clone();
         assert_eq!(main["role"], main_role, "{what}: {}", seen.ps);
     }
 }

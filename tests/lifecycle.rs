@@ -198,12 +198,7 @@ fn an_application_pin_equal_to_the_worker_mask_stays_explicit_and_survives_relea
         .output()
         .expect("tllm-affinity ps");
     let ps: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap();
-    let row = ps["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == tid)
-        .unwrap_or_else(|| panic!("{tid} not in {ps}"));
+    let row = row(&ps, "threads", "tid", tid);
     assert_eq!(row["placement"], "explicit", "{ps}");
     run.proceed();
     let report = run.report("released");

@@ -1067,10 +1067,21 @@ pub fn report_tids(report: &serde_json::Value) -> std::collections::BTreeSet<i32
 
 /// One thread of a JSON report, by tid.
 pub fn report_thread(report: &serde_json::Value, tid: i32) -> &serde_json::Value {
-    report["threads"]
+    row(report, "threads", "tid", tid)
+}
+
+/// The row of the JSON array `v[list]` whose `key` is `want` (`ps --json`'s threads by tid, the
+/// host view's processes by pid, `topo --json`'s nodes by id); a panic naming all three and `v`
+/// when there is none.
+pub fn row<'a, T>(v: &'a serde_json::Value, list: &str, key: &str, want: T) -> &'a serde_json::Value
+where
+    serde_json::Value: PartialEq<T>,
+    T: std::fmt::Debug,
+{
+    v[list]
         .as_array()
-        .and_then(|a| a.iter().find(|t| t["tid"].as_i64() == Some(tid as i64)))
-        .unwrap_or_else(|| panic!("thread {tid} is not in the report {report}"))
+        .and_then(|rows| rows.iter().find(|r| r[key].eq(&want)))
+        .unwrap_or_else(|| panic!("no row of {list} with {key} {want:?} in {v:#}"))
 }
 
 /// The placement the report gives thread `tid` (`worker`, `explicit`, ...; empty when absent).
