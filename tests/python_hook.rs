@@ -558,3 +558,43 @@ fn an_interpreter_that_ran_the_hook_is_not_said() {
     let (_, stderr) = probe(&mut upstream_probe(&host, &["--no-python-hooks"]));
     assert!(lines_with(&stderr, NO_HOOK_LINE).is_empty(), "{stderr}");
 }
+
+/// Upstream's function and sweep held under an alias, in a list, a dict, a `functools.partial` and
+/// a default argument, and through `from tensorrt_llm.llmapi import utils as u`: every one reaches
+/// the adapter, whether the hook ran at start-up (the module was patched before anyone could hold
+/// the originals) or the adapter arrived after they were taken (the original function objects are
+/// redirected to their wrappers): upstream's function and sweep never run, each calling thread is
+/// placed, the main thread keeps its mask.
+#[test]
+fn references_held_under_aliases_and_in_containers_reach_the_adapter() {
+    let host = Sysfs::two_nodes();
+    // The probe installs the hook itself when it started without it.
+    let path = std::env::join_paths([case("upstream"), repo().join("python")]).unwrap();
+    for (how, switch) in [
+        ("hook at start-up", "1"),
+        ("adapter after the references", "0"),
+    ] {
+        let (v, _) = probe(
+            under_run(&host, "upstream", &[], &["stored", "0"])
+                .env("TLLM_AFFINITY_PYTHON_HOOKS", switch)
+                .env("PYTHONPATH", &path),
+        );
+        assert_eq!(v["adapter"]["state"], "engaged", "{how}: {v}");
+        assert_eq!(
+            v["calls"],
+            serde_json::json!([]),
+            "{how}: upstream ran: {v}"
+        );
+        let threads = v["threads"].as_object().unwrap();
+        assert_eq!(threads.len(), 6, "{v}");
+        for (shape, seen) in threads {
+            assert_eq!(seen["result"], "None", "{how}, {shape}: {v}");
+            assert_eq!(
+                mask_of(&seen["mask"]),
+                host.gpu0_local(),
+                "{how}, {shape}: {v}"
+            );
+        }
+        assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{how}: {v}");
+    }
+}
