@@ -1083,6 +1083,26 @@ table_tests! {
         way: Way::Preload,
         setting: Setting::Unconstrained,
     };
+    mpi_session_rank0_with_the_library_under_another_file_name_pins_only_the_worker_pool_thread: Row {
+        app: &MPI_SESSION,
+        way: Way::PreloadRenamed,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_rank0_with_the_library_under_another_file_name_spares_the_coordinator: Row {
+        app: &VISUALGEN,
+        way: Way::PreloadRenamed,
+        setting: Setting::Unconstrained,
+    };
+    leader_with_the_library_under_another_file_name_pins_rank0_not_the_session_server: Row {
+        app: &LEADER,
+        way: Way::PreloadRenamed,
+        setting: Setting::Unconstrained,
+    };
+    sequential_llms_with_the_library_under_another_file_name_stay_pinned: Row {
+        app: &TWO_LLMS,
+        way: Way::PreloadRenamed,
+        setting: Setting::Unconstrained,
+    };
     sequential_llms_without_the_library_unpin_at_the_second_llm: Row {
         app: &TWO_LLMS,
         way: Way::Upstream,
