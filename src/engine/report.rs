@@ -170,10 +170,13 @@ pub fn watch_interpreter(started: fn() -> bool) {
     let _ = INTERPRETER_STARTED.set(started);
 }
 
-/// The program set another thread's mask. Lock-free: the shims that call it may run in a signal
-/// handler.
+/// The program set another thread's mask: noted while a watched interpreter runs (a program that
+/// embeds Python sets masks of its own before it starts one). Lock-free and allocation-free: the
+/// shims that call it may run in a signal handler, and `Py_IsInitialized` only reads a word.
 pub fn note_another_threads_mask_set() {
-    ANOTHER_THREADS_MASK_SET.store(true, Ordering::Relaxed);
+    if INTERPRETER_STARTED.get().is_some_and(|started| started()) {
+        ANOTHER_THREADS_MASK_SET.store(true, Ordering::Relaxed);
+    }
 }
 
 /// `tllm_affinity_note_adapter("python", state)`: the start-up hook ran in this interpreter.
