@@ -4,7 +4,8 @@ Upstream's function pins every thread of the process and never restores it (the 
 answers). Nobody has to call this module: the start-up hook (``_tllm_affinity_hook``, installed
 by ``tllm-affinity run`` and by the pip package's ``.pth``) hands it ``tensorrt_llm.llmapi.utils``
 the moment that module has executed, and :func:`patch_upstream` replaces, there and in every
-module that already bound the names:
+module that already bound them under any name (and, through the original function objects
+themselves, wherever a reference was stored before: :func:`_replace_everywhere`):
 
 * ``configure_cpu_affinity(device_id)`` with :func:`_wrap_configure`'s wrapper. Same signature,
   returns None, never raises. The call site it is called from (the caller's module and function)
