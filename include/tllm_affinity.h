@@ -99,7 +99,9 @@ int64_t tllm_affinity_report(char *buf, uint64_t len);  /* JSON snapshot; return
 /*
  * Records what a language adapter did, for the report's "adapters" object: the Python adapter
  * notes "trtllm" as "engaged", "not-found" (no configure_cpu_affinity to wrap) or "signature",
- * so a report shows a server the library changed nothing in. Both strings are short words
+ * so a report shows a server the library changed nothing in; the Python start-up hook notes
+ * "python" as "hook" when it runs (an interpreter that started without that note is said once).
+ * Both strings are short words
  * ([A-Za-z0-9_-], 1 to 32 bytes). Returns 0, -EINVAL for anything else, -ENOSPC past 8 adapters.
  */
 int32_t tllm_affinity_note_adapter(const char *adapter, const char *state); /* 0, or -errno */

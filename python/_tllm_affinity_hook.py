@@ -1,17 +1,27 @@
 """The Python start-up hook of tllm-affinity: fixes an unmodified TensorRT-LLM server.
 
 Python runs ``install()`` at start-up, from ``tllm_affinity.pth`` (installed with the package) or
-from the ``sitecustomize`` that ``tllm-affinity run`` puts on ``PYTHONPATH``. It costs one
-environment lookup: it imports nothing and only adds an import hook, which waits for
-``tensorrt_llm.llmapi.utils`` (and each call site's module) to finish executing and then hands
-the module to ``tllm_affinity.adapters.trtllm.patch_upstream`` (docs/runtimes.md says what that wraps).
+from the ``sitecustomize`` that ``tllm-affinity run`` puts on ``PYTHONPATH``. It imports nothing
+of the package: it adds an import hook, which waits for ``tensorrt_llm.llmapi.utils`` (and each
+call site's module) to finish executing and then hands the module to
+``tllm_affinity.adapters.trtllm.patch_upstream`` (docs/runtimes.md says what that wraps).
 
-It does nothing when ``TLLM_AFFINITY_PYTHON_HOOKS=0``, or when libtllm_affinity.so is not
-preloaded into this process (the adapter checks for the library itself before it changes
-anything). It never raises: a failure is one line on stderr and the program runs on as without it.
+Whether libtllm_affinity.so is in the process is asked of the process itself, never of a file
+name: its exported function ``tllm_affinity_configure`` is in the process's global symbol scope
+(a renamed or versioned copy, a module system's path, ``/etc/ld.so.preload``, a program that
+loaded it before starting Python: all the same). It is asked once at start-up, so that the hook
+can tell the library it runs in this interpreter (the library says so, once, in a process whose
+interpreter started without the hook: ``-S``, the package not installed where ``-E``/``-I`` look),
+and again when a watched module is imported, which is when it matters. The finder is installed
+either way: it answers for five module names and lets every other import go past.
+
+It does nothing when ``TLLM_AFFINITY_PYTHON_HOOKS=0``, and the adapter is never imported in a
+process without the library. It never raises: a failure is one line on stderr and the program
+runs on as without it.
 
 This module is top-level, not part of the ``tllm_affinity`` package, so that start-up never pays
-for importing the package (ctypes, json) in programs that never import TensorRT-LLM.
+for importing the package (ctypes, json): it loads ``_ctypes`` alone, the C extension under
+ctypes (about half a millisecond), to look the symbol up.
 """
 
 import os
@@ -51,16 +61,73 @@ def enabled():
     return True
 
 
-def _library_may_be_loaded():
-    """A cheap hint that libtllm_affinity.so is preloaded; the adapter checks for real later."""
-    if "libtllm_affinity" in os.environ.get("LD_PRELOAD", ""):
-        return True
-    # A container where the library comes through /etc/ld.so.preload (tllm-affinity cdi).
-    return os.path.exists("/etc/ld.so.preload")
+# Exported by libtllm_affinity.so under any file name (include/tllm_affinity.h): the first says
+# the library is in the process; the second is how this hook tells it that it ran.
+LIBRARY_SYMBOL = "tllm_affinity_configure"
+NOTE_SYMBOL = "tllm_affinity_note_adapter"
+# The note that says so: adapter "python", state "hook".
+HOOK_NOTE = (b"python", b"hook")
+
+_library_found = False
+_registered = False
+
+
+def _symbol(name):
+    """The address of ``name`` in this process's global symbol scope (what the dynamic loader
+    resolves against: the program, its libraries, whatever was preloaded), or None."""
+    import _ctypes
+
+    try:
+        return _ctypes.dlsym(_ctypes.dlopen(None), name)
+    except OSError:
+        return None
+
+
+def library_loaded():
+    """True when libtllm_affinity.so is in this process, whatever file it came from. Asked anew
+    until it is found (a program may load it after start-up); never raises."""
+    global _library_found
+    if not _library_found:
+        try:
+            _library_found = _symbol(LIBRARY_SYMBOL) is not None
+        except Exception:
+            return False
+    return _library_found
+
+
+def _register():
+    """Tells the library that this interpreter runs the hook (``tllm_affinity_note_adapter
+    ("python", "hook")``), once; a process whose interpreter started without it gets one line from
+    the library. Called through ``_ctypes`` alone: importing ``ctypes`` would cost every
+    interpreter under the library ten times more."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    try:
+        import _ctypes
+
+        address = _symbol(NOTE_SYMBOL)
+        if address is None:
+            return
+
+        class _Int(_ctypes._SimpleCData):
+            _type_ = "i"
+
+        class _Note(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL
+            _restype_ = _Int
+
+        _Note(address)(*HOOK_NOTE)
+    except Exception:
+        pass  # the library then says the hook did not run; the adapter still works
 
 
 def _patch(module):
+    if not library_loaded():
+        return
     try:
+        _register()
         from tllm_affinity.adapters import trtllm
 
         trtllm.patch_upstream(module)
@@ -120,9 +187,11 @@ def install():
     """Installs the import hook once per interpreter; never raises."""
     global _installed
     try:
-        if _installed or not enabled() or not _library_may_be_loaded():
+        if _installed or not enabled():
             return
         _installed = True
+        if library_loaded():
+            _register()
         for name in UPSTREAM_MODULES:
             already = sys.modules.get(name)
             if already is not None:

@@ -17,6 +17,11 @@ pub const SITECUSTOMIZE_DIR: &str = "_sitecustomize";
 /// the `tllm_affinity` package (`<dir of the library>/python/`).
 pub const PYTHON_BESIDE_LIBRARY: &str = "python";
 
+/// Whether the switch's value turns the hook off (`0`, spaces aside); anything else keeps it on.
+pub fn switched_off(value: &OsStr) -> bool {
+    value.as_bytes().trim_ascii() == b"0"
+}
+
 /// `tllm_affinity/_sitecustomize` inside `python_dir`, when its `sitecustomize.py` is there.
 pub fn sitecustomize_in(python_dir: &Path) -> Option<PathBuf> {
     let dir = python_dir.join("tllm_affinity").join(SITECUSTOMIZE_DIR);
@@ -44,7 +49,7 @@ pub fn python_path_at_load(
     existing: Option<&OsStr>,
     switch: Option<&OsStr>,
 ) -> Option<OsString> {
-    if switch.is_some_and(|v| v.as_bytes().trim_ascii() == b"0") {
+    if switch.is_some_and(switched_off) {
         return None;
     }
     let hook_dir = sitecustomize_in(&library.parent()?.join(PYTHON_BESIDE_LIBRARY))?;

@@ -456,3 +456,145 @@ fn the_hook_watches_every_call_sites_module() {
         "{out:?}"
     );
 }
+
+/// The line the library gives, once, for an interpreter that started without the hook.
+const NO_HOOK_LINE: &str = "did not run the tllm-affinity start-up hook";
+
+/// `tllm-affinity run --sysfs-root <host> --report <report> -- <interpreter> <flags...> <args...>`.
+fn run_interpreter(
+    host: &Sysfs,
+    report: &std::path::Path,
+    interpreter: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+) -> Command {
+    let mut cmd = clean(cli());
+    cmd.arg("run")
+        .arg("--sysfs-root")
+        .arg(host.path())
+        .arg(format!("--report={}", report.display()))
+        .arg("--")
+        .arg(interpreter)
+        .args(args);
+    cmd
+}
+
+/// `python -S` imports no `site`, so neither `run`'s `sitecustomize` nor an installed package's
+/// `.pth` runs: upstream's own function runs with its all-thread pin, and the library, which
+/// cannot stop that, says so once in its log and in the report.
+#[test]
+fn python_dash_s_cannot_run_the_hook_and_the_library_says_so_once() {
+    let host = Sysfs::two_nodes();
+    let report = host.path().join("report.json");
+    let mut cmd = run_interpreter(
+        &host,
+        &report,
+        &python(),
+        &[
+            "-S".as_ref(),
+            program("hook_probe.py").as_os_str(),
+            "probe".as_ref(),
+            "0".as_ref(),
+        ],
+    );
+    let (v, stderr) = probe(cmd.env("PYTHONPATH", case("upstream")));
+    assert_upstream_ran(&v, "python -S");
+    let said = said_once(&stderr, NO_HOOK_LINE);
+    assert!(said.contains("-S"), "{said}");
+    assert_eq!(report_at(&report)["adapters"]["python"], "no-hook");
+}
+
+/// `python -E` ignores `PYTHONPATH`: in an environment without the package installed nothing
+/// brings the hook. The library says so once, when it matters: the program set another thread's
+/// mask (as an all-thread pin does), so the line comes at the next thread's birth.
+#[test]
+fn python_dash_e_without_the_package_installed_is_said_once_at_an_all_thread_pin() {
+    let host = Sysfs::two_nodes();
+    let bare = tempfile::tempdir().unwrap();
+    let venv = bare.path().join("venv");
+    let made = Command::new(python())
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .expect("python3 -m venv");
+    assert!(made.success(), "python3 -m venv --without-pip failed");
+    let report = host.path().join("report.json");
+    let code = [
+        "import os, sys, threading",
+        "go = threading.Event()",
+        "t = threading.Thread(target=go.wait); t.start()",
+        "sys.stderr.write('BEFORE\\n'); sys.stderr.flush()",
+        "os.sched_setaffinity(t.native_id, os.sched_getaffinity(0))",
+        "u = threading.Thread(target=lambda: None); u.start(); u.join()",
+        "sys.stderr.write('AFTER\\n'); go.set(); t.join()",
+    ]
+    .join("\n");
+    let mut cmd = run_interpreter(
+        &host,
+        &report,
+        &venv.join("bin/python"),
+        &["-E".as_ref(), "-c".as_ref(), code.as_str().as_ref()],
+    );
+    let out = succeeded(&mut cmd);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    said_once(&stderr, NO_HOOK_LINE);
+    let at = stderr.find(NO_HOOK_LINE).unwrap();
+    assert!(
+        stderr.find("BEFORE").unwrap() < at && at < stderr.find("AFTER").unwrap(),
+        "said at the next thread after the pin:\n{stderr}"
+    );
+    assert_eq!(report_at(&report)["adapters"]["python"], "no-hook");
+}
+
+/// Where the hook runs, the library hears it, says nothing, and the report says `hook`; where it
+/// is switched off, the library says nothing either.
+#[test]
+fn an_interpreter_that_ran_the_hook_is_not_said() {
+    let host = Sysfs::two_nodes();
+    let report = host.path().join("report.json");
+    let report_option = format!("--report={}", report.display());
+    let (_, stderr) = probe(&mut upstream_probe(&host, &[&report_option]));
+    assert!(lines_with(&stderr, NO_HOOK_LINE).is_empty(), "{stderr}");
+    assert_eq!(report_at(&report)["adapters"]["python"], "hook");
+    let (_, stderr) = probe(&mut upstream_probe(&host, &["--no-python-hooks"]));
+    assert!(lines_with(&stderr, NO_HOOK_LINE).is_empty(), "{stderr}");
+}
+
+/// Upstream's function and sweep held under an alias, in a list, a dict, a `functools.partial` and
+/// a default argument, and through `from tensorrt_llm.llmapi import utils as u`: every one reaches
+/// the adapter, whether the hook ran at start-up (the module was patched before anyone could hold
+/// the originals) or the adapter arrived after they were taken (the original function objects are
+/// redirected to their wrappers): upstream's function and sweep never run, each calling thread is
+/// placed, the main thread keeps its mask.
+#[test]
+fn references_held_under_aliases_and_in_containers_reach_the_adapter() {
+    let host = Sysfs::two_nodes();
+    // The probe installs the hook itself when it started without it.
+    let path = std::env::join_paths([case("upstream"), repo().join("python")]).unwrap();
+    for (how, switch) in [
+        ("hook at start-up", "1"),
+        ("adapter after the references", "0"),
+    ] {
+        let (v, _) = probe(
+            under_run(&host, "upstream", &[], &["stored", "0"])
+                .env("TLLM_AFFINITY_PYTHON_HOOKS", switch)
+                .env("PYTHONPATH", &path),
+        );
+        assert_eq!(v["adapter"]["state"], "engaged", "{how}: {v}");
+        assert_eq!(
+            v["calls"],
+            serde_json::json!([]),
+            "{how}: upstream ran: {v}"
+        );
+        let threads = v["threads"].as_object().unwrap();
+        assert_eq!(threads.len(), 6, "{v}");
+        for (shape, seen) in threads {
+            assert_eq!(seen["result"], "None", "{how}, {shape}: {v}");
+            assert_eq!(
+                mask_of(&seen["mask"]),
+                host.gpu0_local(),
+                "{how}, {shape}: {v}"
+            );
+        }
+        assert_eq!(mask_of(&v["main_mask"]), allowed_cpus(), "{how}: {v}");
+    }
+}

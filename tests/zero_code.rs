@@ -10,6 +10,12 @@
 //! * with no library at all: upstream's behaviour, which these tests also assert, so that they
 //!   prove the fixture reproduces the bug (host threads pinned, nothing restored).
 //!
+//! The TP1 server also runs where the hook must find the library or reach the interpreter by
+//! other means: the library copied to another file name (`libaffinity-site.so`), preloaded or
+//! named by `TLLM_AFFINITY_LIB` under `run` (the hook asks the process for the library's symbol,
+//! never a file name); under `run` with `python -E` and `python -I`, which ignore `PYTHONPATH`
+//! (the installed package's `.pth` brings the hook); and embedded in a C program through libpython.
+//!
 //! At each phase the app lists every thread it has (phases.py's `census`: Python threads by name,
 //! native threads by the name their library gave them) and the test reads each one's mask from
 //! `/proc`; every run prints its table (`cargo test --test zero_code -- --nocapture`).
@@ -21,7 +27,9 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::*;
@@ -34,6 +42,17 @@ enum Way {
     Run,
     /// `LD_PRELOAD=<lib>` and the pip-installed package's interpreter.
     Preload,
+    /// As `Preload`, the library copied to another file name (`libaffinity-site.so`): a site's
+    /// renamed or versioned copy.
+    PreloadRenamed,
+    /// As `Run`, with `TLLM_AFFINITY_LIB` naming the renamed copy.
+    RunRenamed,
+    /// As `Run`, the pip-installed package's interpreter started with this flag (`-E`, `-I`),
+    /// which ignores `PYTHONPATH`: only the package's `.pth` brings the hook.
+    RunIgnoringPythonPath(&'static str),
+    /// As `Run`, the app run by tests/programs/embedded_python.c, which embeds CPython through
+    /// libpython (`Py_Initialize`, `PyRun_SimpleFile`), as a C++ server's Python backend does.
+    RunEmbedded,
     /// No library: upstream's behaviour.
     Upstream,
 }
@@ -43,49 +62,139 @@ impl Way {
         self != Way::Upstream
     }
 
+    fn under_run(self) -> bool {
+        matches!(
+            self,
+            Way::Run | Way::RunRenamed | Way::RunIgnoringPythonPath(_) | Way::RunEmbedded
+        )
+    }
+
+    /// The pip-installed package's interpreter (its `.pth` runs the hook), not the build tree's.
+    fn installed(self) -> bool {
+        matches!(
+            self,
+            Way::Preload | Way::PreloadRenamed | Way::RunIgnoringPythonPath(_)
+        )
+    }
+
     fn label(self) -> &'static str {
         match self {
             Way::Run => "under `tllm-affinity run`",
             Way::Preload => "under LD_PRELOAD, package pip-installed",
+            Way::PreloadRenamed => "under LD_PRELOAD=libaffinity-site.so, package pip-installed",
+            Way::RunRenamed => "under `tllm-affinity run`, TLLM_AFFINITY_LIB=libaffinity-site.so",
+            Way::RunIgnoringPythonPath("-E") => "under `tllm-affinity run`, python -E",
+            Way::RunIgnoringPythonPath(_) => "under `tllm-affinity run`, python -I",
+            Way::RunEmbedded => "under `tllm-affinity run`, embedded in a C program",
             Way::Upstream => "without the library (upstream)",
         }
     }
 }
 
+/// The library copied to a file name that says nothing of `libtllm_affinity`, as a site's
+/// renamed or versioned copy (made once per test binary, renamed into place).
+fn renamed_library() -> PathBuf {
+    static COPY: OnceLock<PathBuf> = OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir = target_dir().join("renamed-library");
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join(format!(".libaffinity-site.so.{}", std::process::id()));
+        std::fs::copy(library(), &copy).unwrap();
+        let renamed = dir.join("libaffinity-site.so");
+        std::fs::rename(&copy, &renamed).unwrap();
+        renamed
+    })
+    .clone()
+}
+
+/// tests/programs/embedded_python.c, built with the `python3-config` of the tests' interpreter
+/// (`--includes`, `--ldflags --embed`); what is missing when it cannot be (for [`require!`]).
+fn embedded_python() -> Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let config = python().with_file_name("python3-config");
+            let missing = || {
+                format!(
+                    "{} (Python.h and libpython of {}; Debian: python3-dev, as scripts/setup \
+                     installs)",
+                    config.display(),
+                    python().display()
+                )
+            };
+            let words = |args: &[&str]| -> Result<Vec<String>, String> {
+                let out = Command::new(&config)
+                    .args(args)
+                    .output()
+                    .map_err(|_| missing())?;
+                if !out.status.success() {
+                    return Err(missing());
+                }
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                Ok(text.split_whitespace().map(str::to_string).collect())
+            };
+            let mut flags = words(&["--includes"])?;
+            flags.extend(words(&["--ldflags", "--embed"])?);
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            Ok(Program::c("embedded_python").flags(&flags).build())
+        })
+        .clone()
+}
+
 /// `script` of tests/programs/zero_code run `way` on `sysfs`, under `taskset -c <pin>` when
 /// given; stand-in and instrumentation on PYTHONPATH, nothing of `tllm_affinity` there.
 fn app(way: Way, sysfs: &Sysfs, script: &str, pin: Option<&str>) -> Command {
-    let interpreter = match way {
-        Way::Preload => installed_python(),
-        _ => python(),
+    let interpreter = if way.installed() {
+        installed_python()
+    } else if way == Way::RunEmbedded {
+        embedded_python().expect("checked by require! first")
+    } else {
+        python()
     };
     let mut argv: Vec<OsString> = Vec::new();
     if let Some(cpus) = pin {
         argv.extend(["taskset", "-c", cpus].map(OsString::from));
     }
-    if way == Way::Run {
+    if way.under_run() {
         argv.push(cli().into());
         argv.extend(["run", "--sysfs-root"].map(OsString::from));
         argv.push(sysfs.path().into());
         argv.extend(["--log", "info", "--"].map(OsString::from));
     }
     argv.push(interpreter.into());
+    if let Way::RunIgnoringPythonPath(flag) = way {
+        argv.push(flag.into());
+        argv.push(programs_dir().join("zero_code/launch_isolated.py").into());
+    }
     argv.push(programs_dir().join("zero_code").join(script).into());
     let mut cmd = clean(&argv[0]);
     cmd.args(&argv[1..]);
     let path = std::env::join_paths([programs_dir().join("upstream_trtllm"), programs_dir()]);
+    let path = path.unwrap();
     with_openmp(&mut cmd)
-        .env("PYTHONPATH", path.unwrap())
+        .env("PYTHONPATH", &path)
+        .env("RT_APP_PATH", &path)
         .env("TLLM_LOG_LEVEL", "info")
         .env_remove("VIRTUAL_ENV")
         .env_remove("PYTHONHOME");
-    if way != Way::Run {
+    if !way.under_run() {
         // `run` sets it from --sysfs-root; the stand-in reads it too, in place of NVML.
         cmd.env("TLLM_AFFINITY_SYSFS_ROOT", sysfs.path());
     }
-    if way == Way::Preload {
-        cmd.env("LD_PRELOAD", library())
-            .env("TLLM_AFFINITY_LOG", "info");
+    match way {
+        Way::Preload => {
+            cmd.env("LD_PRELOAD", library());
+        }
+        Way::PreloadRenamed => {
+            cmd.env("LD_PRELOAD", renamed_library());
+        }
+        Way::RunRenamed => {
+            cmd.env("TLLM_AFFINITY_LIB", renamed_library());
+        }
+        _ => {}
+    }
+    if way.installed() && !way.under_run() {
+        cmd.env("TLLM_AFFINITY_LOG", "info");
     }
     cmd
 }
@@ -679,6 +788,9 @@ fn check(row: &Row) {
     if let Setting::Taskset(_) = row.setting {
         require!(on_path("taskset"), "`taskset` on PATH");
     }
+    if row.way == Way::RunEmbedded {
+        require!(embedded_python());
+    }
     let app = row.app;
     let sysfs = Sysfs::two_nodes();
     let pinned = sysfs.node0.iter().next().unwrap().to_string();
@@ -809,6 +921,31 @@ table_tests! {
     tp1_under_preload_pins_only_the_worker: Row {
         app: &TP1,
         way: Way::Preload,
+        setting: Setting::Unconstrained,
+    };
+    tp1_with_the_library_under_another_file_name_pins_only_the_worker: Row {
+        app: &TP1,
+        way: Way::PreloadRenamed,
+        setting: Setting::Unconstrained,
+    };
+    tp1_under_run_with_the_library_under_another_file_name_pins_only_the_worker: Row {
+        app: &TP1,
+        way: Way::RunRenamed,
+        setting: Setting::Unconstrained,
+    };
+    tp1_under_run_with_python_dash_e_pins_only_the_worker: Row {
+        app: &TP1,
+        way: Way::RunIgnoringPythonPath("-E"),
+        setting: Setting::Unconstrained,
+    };
+    tp1_under_run_with_python_dash_i_pins_only_the_worker: Row {
+        app: &TP1,
+        way: Way::RunIgnoringPythonPath("-I"),
+        setting: Setting::Unconstrained,
+    };
+    tp1_embedded_in_a_c_program_under_run_pins_only_the_worker: Row {
+        app: &TP1,
+        way: Way::RunEmbedded,
         setting: Setting::Unconstrained,
     };
     tp1_without_the_library_pins_the_whole_server_and_never_restores: Row {
@@ -944,6 +1081,26 @@ table_tests! {
     sequential_llms_under_preload_stay_pinned_with_no_constrained_warning: Row {
         app: &TWO_LLMS,
         way: Way::Preload,
+        setting: Setting::Unconstrained,
+    };
+    mpi_session_rank0_with_the_library_under_another_file_name_pins_only_the_worker_pool_thread: Row {
+        app: &MPI_SESSION,
+        way: Way::PreloadRenamed,
+        setting: Setting::Unconstrained,
+    };
+    visualgen_rank0_with_the_library_under_another_file_name_spares_the_coordinator: Row {
+        app: &VISUALGEN,
+        way: Way::PreloadRenamed,
+        setting: Setting::Unconstrained,
+    };
+    leader_with_the_library_under_another_file_name_pins_rank0_not_the_session_server: Row {
+        app: &LEADER,
+        way: Way::PreloadRenamed,
+        setting: Setting::Unconstrained,
+    };
+    sequential_llms_with_the_library_under_another_file_name_stay_pinned: Row {
+        app: &TWO_LLMS,
+        way: Way::PreloadRenamed,
         setting: Setting::Unconstrained,
     };
     sequential_llms_without_the_library_unpin_at_the_second_llm: Row {

@@ -129,7 +129,7 @@ pub fn role(tid: i32) -> i32 {
 
 /// `tllm_affinity_report`: the report as of now (see [`report`]).
 pub fn report_json() -> String {
-    report::json(ensure_init())
+    report::json(ensure_init(), false)
 }
 
 /// `tllm_affinity_pin_step_thread` / `_result_thread` (SPEC §6).
@@ -149,7 +149,13 @@ pub fn pin_step_or_result(device_id: i32, result: bool) -> i32 {
 /// `tllm_affinity_note_adapter` (see [`report::note_adapter`]). A process whose adapter noted
 /// itself matters (it runs an inference server): its table is published first, so `ps` shows
 /// the note even before the process's first thread.
+///
+/// The start-up hook's own note (`python`, see [`report::note_python_hook`]) is the exception:
+/// every interpreter under the library gives it, so it maps nothing.
 pub fn note_adapter(name: &[u8], state: &[u8]) -> i32 {
+    if name == report::PYTHON_HOOK_ADAPTER {
+        return report::note_python_hook(state);
+    }
     publish_table_if_pending();
     report::note_adapter(name, state)
 }

@@ -32,6 +32,7 @@ use super::objects;
 use super::packets;
 use super::publish::publish_table_if_pending;
 use super::real::{self, StartRoutine};
+use super::report;
 use super::state::{load_facts, lock_registry, lock_registry_as, registry, State};
 use super::thread_key::{registered_by_trampoline, routine_ended, slot_of};
 use crate::mask::CpuMask;
@@ -106,6 +107,7 @@ pub unsafe fn pthread_create(
 
 fn plan_child(me: &PerThread, attr: *const libc::pthread_attr_t, start: StartRoutine) -> ChildPlan {
     publish_table_if_pending();
+    report::say_if_python_hook_missing(false);
     let settings = &load_facts().settings;
     let explicit = explicit_mask(attr);
     let in_worker_lib = !settings.worker_libs.is_empty()

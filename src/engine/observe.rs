@@ -20,6 +20,7 @@ use std::ffi::c_int;
 use super::fork;
 use super::init::ensure_init;
 use super::real;
+use super::report;
 use super::state::{in_own_process, queue_observed, registry, State};
 use crate::lock;
 use crate::registry::Tid;
@@ -96,6 +97,9 @@ fn observed(call: impl FnOnce() -> bool, tid: impl FnOnce() -> Tid) -> bool {
         let errno = sys::errno();
         let tid = tid();
         queue_observed(tid);
+        if tid != sys::gettid() {
+            report::note_another_threads_mask_set();
+        }
         if let Some(mut reg) = guard {
             reg.mark_explicit(tid);
         }

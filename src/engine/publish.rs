@@ -140,6 +140,7 @@ pub(super) extern "C" fn at_exit() {
     if !in_own_process() {
         return;
     }
+    report::say_if_python_hook_missing(true);
     write_report_at_exit();
     if let Some(path) = TABLE_PATH.lock().take() {
         let _ = std::fs::remove_file(path);
@@ -163,7 +164,7 @@ fn write_report_at_exit() {
             );
             return;
         }
-        if let Err(e) = crate::report::write_file(&path, &report::json(state())) {
+        if let Err(e) = crate::report::write_file(&path, &report::json(state(), true)) {
             log_error!("TLLM_AFFINITY_REPORT='{}': {e}", path.display());
         }
     });

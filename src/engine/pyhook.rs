@@ -5,11 +5,13 @@
 //! the library through `/etc/ld.so.preload`, so every interpreter reads the variable after this
 //! ran, and its children inherit it.
 
-use std::ffi::{c_void, CStr, OsStr};
+use std::ffi::{c_int, c_void, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use super::init::alone;
+use super::report;
 use super::state::{state, State};
 use crate::pyhook;
 
@@ -21,6 +23,9 @@ pub fn at_load() {
     let Some(library) = own_file() else { return };
     let existing = std::env::var_os("PYTHONPATH");
     let switch = std::env::var_os(pyhook::SWITCH);
+    if !switch.as_deref().is_some_and(pyhook::switched_off) && interpreter_yet_to_start() {
+        report::watch_interpreter(interpreter_started);
+    }
     // Decided first: on a host (no hook beside the library) this is one stat, and nothing more.
     let Some(value) =
         pyhook::python_path_at_load(Path::new(&library), existing.as_deref(), switch.as_deref())
@@ -45,4 +50,33 @@ fn own_file() -> Option<std::ffi::OsString> {
         }
         Some(OsStr::from_bytes(CStr::from_ptr(info.dli_fname).to_bytes()).to_os_string())
     }
+}
+
+/// CPython's `int Py_IsInitialized(void)`, found at load.
+type IsInitialized = unsafe extern "C" fn() -> c_int;
+static IS_INITIALIZED: OnceLock<IsInitialized> = OnceLock::new();
+
+/// Whether the program has CPython's API in its global symbol scope (the `python` executable,
+/// static or shared; a program linked to libpython) and its interpreter has not started yet.
+/// Called once, from the constructor, on the only thread.
+fn interpreter_yet_to_start() -> bool {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only reads the loader's tables;
+    // the constructor runs before the program's code, on one thread, outside any trampoline.
+    let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized".as_ptr()) };
+    if found.is_null() {
+        return false;
+    }
+    // SAFETY: the symbol is CPython's `int Py_IsInitialized(void)`, a function of that type.
+    let function = unsafe { std::mem::transmute::<*mut c_void, IsInitialized>(found) };
+    let _ = IS_INITIALIZED.set(function);
+    !interpreter_started()
+}
+
+/// `Py_IsInitialized()`: it reads one word of the runtime's state, safe from any thread at any
+/// time (before, during and after the interpreter's life).
+fn interpreter_started() -> bool {
+    // SAFETY: set only to CPython's `Py_IsInitialized`, which takes nothing and only reads.
+    IS_INITIALIZED
+        .get()
+        .is_some_and(|function| unsafe { function() } != 0)
 }

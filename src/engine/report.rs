@@ -4,7 +4,8 @@
 
 use super::state::{lock_registry, State, LOAD_FACTS};
 use super::{exec, move_memory};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use crate::lock::EngineLock;
 use crate::registry::Registry;
@@ -109,7 +110,7 @@ fn show_notes(adapters: &[AdapterNote]) {
 
 /// A JSON snapshot of the process as the library sees it in `state`, with the kernel's current
 /// masks and what the adapters said.
-pub(super) fn json(state: State) -> String {
+pub(super) fn json(state: State, at_exit: bool) -> String {
     let mut report = match (state, LOAD_FACTS.get()) {
         (State::Active, Some(p)) => {
             let reg = lock_registry();
@@ -127,9 +128,99 @@ pub(super) fn json(state: State) -> String {
                 .insert(a.name.clone(), detail.clone());
         }
     }
+    if let Some(word) = python_hook_word(at_exit) {
+        report.adapters.insert(
+            String::from_utf8_lossy(PYTHON_HOOK_ADAPTER).into_owned(),
+            word.to_string(),
+        );
+    }
     report.launch = exec::LAUNCH.get().map(|f| f.id.to_string());
     report.memory_moved = move_memory::reported();
     serde_json::to_string(&report).unwrap_or_else(|_| "{}".into())
+}
+
+// ---- The Python start-up hook's word ----
+//
+// The library cannot see inside an interpreter; the hook tells it instead. A process is watched
+// when CPython's API is in its global symbol scope and not yet initialised when the library loads
+// (the `python` executable, a program embedding libpython), with the hook not switched off: its
+// interpreter starts after the library, so the hook, if Python runs it, notes itself
+// (`tllm_affinity_note_adapter("python", "hook")`) before any of the program's code. A watched
+// process whose interpreter started without that note (`-S`; `-E`/`-I` or an embedding without
+// the package installed where they look) has `adapters.python` `no-hook` in its report, and is
+// said once in the log when it matters: once a thread's mask was set from another thread (an
+// all-thread pin, as TensorRT-LLM's own `configure_cpu_affinity` makes), at the next thread's
+// birth or at exit. Programs that use the library's API themselves, without the hook, are not
+// told at every start.
+
+/// Whether a watched process's interpreter has started (`Py_IsInitialized`, see `pyhook`).
+static INTERPRETER_STARTED: OnceLock<fn() -> bool> = OnceLock::new();
+static HOOK_RAN: AtomicBool = AtomicBool::new(false);
+static HOOK_MISSING_SAID: AtomicBool = AtomicBool::new(false);
+/// A thread's mask was set from another thread (`observe`).
+static ANOTHER_THREADS_MASK_SET: AtomicBool = AtomicBool::new(false);
+
+/// The adapter name the start-up hook notes itself under, and its state.
+pub const PYTHON_HOOK_ADAPTER: &[u8] = b"python";
+const HOOK_RAN_WORD: &str = "hook";
+const NO_HOOK_WORD: &str = "no-hook";
+
+/// At load: this process's interpreter starts after the library; `started` says whether it has.
+pub fn watch_interpreter(started: fn() -> bool) {
+    let _ = INTERPRETER_STARTED.set(started);
+}
+
+/// The program set another thread's mask: noted while a watched interpreter runs (a program that
+/// embeds Python sets masks of its own before it starts one). Lock-free and allocation-free: the
+/// shims that call it may run in a signal handler, and `Py_IsInitialized` only reads a word.
+pub fn note_another_threads_mask_set() {
+    if INTERPRETER_STARTED.get().is_some_and(|started| started()) {
+        ANOTHER_THREADS_MASK_SET.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `tllm_affinity_note_adapter("python", state)`: the start-up hook ran in this interpreter.
+/// Lock-free and allocation-free: every interpreter under the library calls it at start-up, and
+/// it maps no table (a process matters once it has a thread or calls the library).
+pub fn note_python_hook(state: &[u8]) -> i32 {
+    if state != HOOK_RAN_WORD.as_bytes() {
+        return -libc::EINVAL;
+    }
+    HOOK_RAN.store(true, Ordering::Release);
+    0
+}
+
+/// The report's `adapters.python`: `hook`, `no-hook` (a watched interpreter that started
+/// without it), or nothing (not a watched process, or its interpreter has not started).
+fn python_hook_word(at_exit: bool) -> Option<&'static str> {
+    if HOOK_RAN.load(Ordering::Acquire) {
+        return Some(HOOK_RAN_WORD);
+    }
+    let started = INTERPRETER_STARTED.get()?;
+    // At exit the interpreter has been finalised (Py_IsInitialized reads 0 again): a watched
+    // process that ran its program without the note never had the hook.
+    (at_exit || started()).then_some(NO_HOOK_WORD)
+}
+
+/// Says, once per process, that its interpreter started without the hook, once another thread's
+/// mask was set: at the next thread's birth (`at_exit` false), else at exit.
+pub fn say_if_python_hook_missing(at_exit: bool) {
+    if HOOK_MISSING_SAID.load(Ordering::Relaxed)
+        || !ANOTHER_THREADS_MASK_SET.load(Ordering::Relaxed)
+        || python_hook_word(at_exit) != Some(NO_HOOK_WORD)
+    {
+        return;
+    }
+    if HOOK_MISSING_SAID.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    crate::log_warn!(
+        "a thread's mask was set from another thread in a Python interpreter that did not run \
+         the tllm-affinity start-up hook (started with -S; or with -E, -I or embedded, where \
+         the tllm_affinity package is not installed in the interpreter's site-packages): if that \
+         was TensorRT-LLM's configure_cpu_affinity, it pinned every thread of the process, host \
+         threads included (pip install tllm-affinity in the server's environment, or drop -S)"
+    );
 }
 
 fn state_name(state: State) -> &'static str {

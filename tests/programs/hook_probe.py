@@ -9,6 +9,11 @@ Usage: hook_probe.py probe DEVICE   the hook as the interpreter started
        hook_probe.py late DEVICE    tensorrt_llm imported first, the hook installed afterwards
        hook_probe.py sites DEVICE   the call sites of hook_cases/bad_sites, each on a thread
        hook_probe.py renamed DEVICE hook_cases/renamed's renamed function, on a thread
+       hook_probe.py stored DEVICE  upstream's function and sweep held, before the adapter
+                                    arrives, under an alias, in containers, a partial and a
+                                    default argument: each called (configure on a thread of
+                                    its own), then the start-up hook installed (a no-op where
+                                    it already ran at start-up)
 """
 import builtins
 import json
@@ -105,6 +110,44 @@ def renamed(device):
     return out
 
 
+def stored(device):
+    """Each way a program can hold upstream's function or sweep, taken before the adapter arrives
+    when the test starts the interpreter without the hook (TLLM_AFFINITY_PYTHON_HOOKS=0)."""
+    import functools
+
+    from tensorrt_llm.llmapi import utils as u
+    from tensorrt_llm.llmapi.utils import _set_affinity_all_threads as sweep_alias
+    from tensorrt_llm.llmapi.utils import configure_cpu_affinity as pin
+
+    held = {
+        "module alias": lambda d: u.configure_cpu_affinity(d),
+        "name alias": pin,
+        "list": [u.configure_cpu_affinity][0],
+        "dict": {"configure": u.configure_cpu_affinity}["configure"],
+        "partial": functools.partial(u.configure_cpu_affinity),
+    }
+
+    def with_default(d, configure=u.configure_cpu_affinity):
+        return configure(d)
+
+    held["default argument"] = with_default
+    sweeps = [sweep_alias, u._set_affinity_all_threads]
+    if os.environ.get("TLLM_AFFINITY_PYTHON_HOOKS") == "0":
+        os.environ["TLLM_AFFINITY_PYTHON_HOOKS"] = "1"
+        import _tllm_affinity_hook
+
+        _tllm_affinity_hook.install()
+    out = {"threads": {name: call_on_a_thread(configure, device) for name, configure in held.items()}}
+    top = {max(os.sched_getaffinity(0))}
+    for sweep in sweeps:
+        sweep(top)
+    out["calls"] = u.CALLS
+    out["main_mask"] = sorted(os.sched_getaffinity(0))
+    adapter = sys.modules.get("tllm_affinity.adapters.trtllm")
+    out["adapter"] = adapter.status() if adapter else None
+    return out
+
+
 def spawned(queue, device):
     queue.put(probe(device))
 
@@ -135,6 +178,8 @@ def main():
         out = bad_sites(device)
     elif mode == "renamed":
         out = renamed(device)
+    elif mode == "stored":
+        out = stored(device)
     else:
         raise SystemExit("unknown mode " + mode)
     print(json.dumps(out, separators=(",", ":")), flush=True)  # short: mpirun splits long lines

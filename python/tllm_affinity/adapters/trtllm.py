@@ -4,7 +4,8 @@ Upstream's function pins every thread of the process and never restores it (the 
 answers). Nobody has to call this module: the start-up hook (``_tllm_affinity_hook``, installed
 by ``tllm-affinity run`` and by the pip package's ``.pth``) hands it ``tensorrt_llm.llmapi.utils``
 the moment that module has executed, and :func:`patch_upstream` replaces, there and in every
-module that already bound the names:
+module that already bound them under any name (and, through the original function objects
+themselves, wherever a reference was stored before: :func:`_replace_everywhere`):
 
 * ``configure_cpu_affinity(device_id)`` with :func:`_wrap_configure`'s wrapper. Same signature,
   returns None, never raises. The call site it is called from (the caller's module and function)
@@ -34,6 +35,7 @@ import inspect
 import os
 import sys
 import threading
+import types
 import weakref
 
 import tllm_affinity
@@ -407,6 +409,8 @@ def _wrap_configure(original):
     @functools.wraps(original)
     def configure_cpu_affinity(*args, **kwargs):
         caller = sys._getframe(1)
+        if caller.f_code in _TRAMPOLINES:  # called through a reference to the original
+            caller = caller.f_back
         site = _site_of(caller)
         if site is not None and _sites[site.name]["state"] == "not-imported":
             # Its module was imported before the hook: checked now, once.
@@ -564,14 +568,93 @@ def _wrap_shutdown(original):
 
 
 def _rebind(replaced):
-    """Every loaded module that bound one of the replaced functions by name gets the wrapper."""
+    """Every loaded module that bound one of the replaced functions, under its own name or any
+    other (``from ..utils import configure_cpu_affinity as pin``), gets the wrapper."""
+    wrappers = {id(original): wrapper for original, wrapper in replaced.values()}
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
             continue
-        for name, (original, wrapper) in replaced.items():
-            if namespace.get(name) is original:
-                namespace[name] = wrapper
+        try:
+            for name, value in list(namespace.items()):
+                wrapper = wrappers.get(id(value))
+                if wrapper is not None and value is not wrapper:
+                    namespace[name] = wrapper
+        except Exception:
+            continue  # a module whose namespace is not a plain mapping of names
+
+
+# Where a redirected function finds its wrapper: a dict in the function's own module namespace,
+# by qualified name (the trampoline's code looks it up as a global).
+_REDIRECTS = "__tllm_affinity_redirects__"
+# The trampolines' code objects: a wrapper called through one looks one frame further back.
+_TRAMPOLINES = set()
+
+
+def _detached(function):
+    """A copy of ``function`` (same code, globals, defaults, closure) for the wrapper to call, so
+    that the function object itself can then be redirected to the wrapper; None where it cannot
+    be: not a plain Python function, or one with free variables (a nested or decorated function:
+    its code cannot be swapped for a trampoline without any)."""
+    if type(function) is not types.FunctionType or function.__closure__:
+        return None
+    copy = types.FunctionType(function.__code__, function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
+    copy.__kwdefaults__ = dict(function.__kwdefaults__) if function.__kwdefaults__ else None
+    copy.__dict__.update(function.__dict__)
+    for attribute in ("__qualname__", "__module__", "__doc__", "__annotations__"):
+        setattr(copy, attribute, getattr(function, attribute))
+    return copy
+
+
+def _redirect(function, copy, wrapper):
+    """Makes ``function`` itself run ``wrapper``: its code becomes a trampoline that calls the
+    wrapper, so every reference taken before the adapter arrived (an alias under any name, a list,
+    a dict, a ``functools.partial``, a default argument, a class attribute) reaches it. The
+    wrapper calls ``copy`` (:func:`_detached`), the original's own code. ``inspect`` still shows
+    the original's signature (``__wrapped__``)."""
+    key = function.__qualname__
+    targets = function.__globals__.setdefault(_REDIRECTS, {})
+    targets[key] = wrapper
+    scope = {}
+    source = ("def trampoline(*args, **kwargs):\n"
+              "    return %s[%r](*args, **kwargs)\n" % (_REDIRECTS, key))
+    exec(compile(source, function.__code__.co_filename, "exec"), scope)
+    code = scope["trampoline"].__code__.replace(co_name=function.__code__.co_name)
+    if hasattr(code, "co_qualname"):
+        code = code.replace(co_qualname=function.__code__.co_qualname)
+    _TRAMPOLINES.add(code)
+    function.__code__ = code
+    function.__wrapped__ = copy
+    setattr(function, _ORIGINAL, copy)
+
+
+def _replace_everywhere(module, wrapped):
+    """``wrapped``: name -> (original, make), ``make(callable)`` building the wrapper around the
+    function it is to call. Replaces each in ``module`` and in every module that bound it, and
+    redirects the original function object itself to its wrapper where it can (:func:`_redirect`),
+    so that references stored before the adapter arrived reach the wrapper too."""
+    replaced = {}
+    redirects = []
+    for name, (original, make) in wrapped.items():
+        copy = _detached(original)
+        wrapper = make(copy if copy is not None else original)
+        replaced[name] = (original, wrapper)
+        if copy is not None:
+            redirects.append((original, copy, wrapper))
+        else:
+            _log("debug", "%s.%s cannot be redirected (%s): references to it stored before the "
+                 "adapter arrived keep it" % (getattr(module, "__name__", "?"), name,
+                                              type(original).__name__),
+                 once_key=("no-redirect", name))
+    _replace(module, replaced)
+    for original, copy, wrapper in redirects:
+        try:
+            _redirect(original, copy, wrapper)
+        except Exception as error:
+            _log("debug", "redirecting %s: %s: %s" % (original.__qualname__,
+                                                      type(error).__name__, error))
+    return replaced
 
 
 def _lookup(module, qualname):
@@ -633,7 +716,7 @@ def patch_upstream(module):
     except Exception as error:
         # Upstream's sweeps would pin host threads: where they can still be turned off, they are.
         try:
-            _replace(module, _sweeps_of(module))
+            _replace_everywhere(module, _sweeps_of(module))
         except Exception:
             pass
         _log("warn", "the TensorRT-LLM adapter could not patch %s: %s: %s; it is not covered, "
@@ -642,13 +725,14 @@ def patch_upstream(module):
 
 
 def _sweeps_of(module):
-    """Upstream's all-thread sweeps in ``module``, each with a wrapper that touches no thread."""
-    replaced = {}
+    """Upstream's all-thread sweeps in ``module``, each with how to make its wrapper, one that
+    touches no thread (see :func:`_replace_everywhere`)."""
+    found = {}
     for name in SWEEPS:
         sweep = getattr(module, name, None)
         if callable(sweep) and not hasattr(sweep, _ORIGINAL):
-            replaced[name] = (sweep, _wrap_sweep(sweep))
-    return replaced
+            found[name] = (sweep, _wrap_sweep)
+    return found
 
 
 def _replace(module, replaced):
@@ -661,7 +745,7 @@ def _patch_utils(module, where):
     original = getattr(module, CONFIGURE, None)
     if original is None or not callable(original):
         # A renamed function would still call the sweeps: they touch no thread either.
-        _replace(module, _sweeps_of(module))
+        _replace_everywhere(module, _sweeps_of(module))
         _set_status("not-found", where)
         _log("warn", "found no %s in %s: the TensorRT-LLM adapter did not engage (adapter "
              "inactive). A release from before the all-thread pin does not pin threads itself, "
@@ -676,9 +760,9 @@ def _patch_utils(module, where):
              "places the caller's worker threads for the device its callers pass (else "
              "TLLM_AFFINITY_GPU or the launcher's local rank); host threads are left alone"
              % (where, CONFIGURE, _signature_text(original)), once_key="signature")
-    replaced = {CONFIGURE: (original, _wrap_configure(original))}
-    replaced.update(_sweeps_of(module))
-    _replace(module, replaced)
+    wrapped = {CONFIGURE: (original, _wrap_configure)}
+    wrapped.update(_sweeps_of(module))
+    replaced = _replace_everywhere(module, wrapped)
     _set_status("engaged", where)
     _log("debug", "TensorRT-LLM adapter engaged in %s (%s)" % (where, ", ".join(replaced)))
 
