@@ -600,4 +600,80 @@ mod tests {
         let why = write_textfile(&missing, "a 1\n").unwrap_err();
         assert!(why.starts_with("--textfile "), "{why}");
     }
+
+    /// The `tllm_affinity_*` names in `text`.
+    fn metric_names(text: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("tllm_affinity_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            names.push(name);
+        }
+        names
+    }
+
+    /// Every string under a key `key` in `v`.
+    fn strings_under(v: &serde_json::Value, key: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, value) in map {
+                    match value {
+                        serde_json::Value::String(s) if k == key => out.push(s.clone()),
+                        _ => strings_under(value, key, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    strings_under(item, key, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The dashboard and the alert rules in docs/monitoring ask only for metrics the exporter
+    /// writes: every query of every panel names one, and every name is a family of the output.
+    #[test]
+    fn the_dashboard_and_the_rules_name_only_metrics_the_exporter_writes() {
+        let text = render(&view(), Duration::from_millis(1));
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring");
+        let dashboard: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(docs.join("dashboard.json")).unwrap())
+                .expect("dashboard.json is JSON");
+        let mut exprs = Vec::new();
+        strings_under(&dashboard["panels"], "expr", &mut exprs);
+        let panels = dashboard["panels"].as_array().unwrap();
+        assert!(exprs.len() >= panels.len(), "a panel without a query");
+        let mut variables = Vec::new();
+        strings_under(&dashboard["templating"], "definition", &mut variables);
+        for expr in exprs.iter().chain(&variables) {
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "{expr:?} names no tllm_affinity metric");
+            for name in names {
+                assert!(
+                    families.contains(&name.as_str()),
+                    "{expr:?}: no family {name}\n{text}"
+                );
+            }
+        }
+        let rules = std::fs::read_to_string(docs.join("rules.yml")).unwrap();
+        let named = metric_names(&rules);
+        assert!(named.len() >= 5, "{named:?}");
+        for name in named {
+            assert!(
+                families.contains(&name.as_str()),
+                "rules.yml: no family {name}"
+            );
+        }
+    }
 }
