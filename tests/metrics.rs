@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
+use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 /// How long Prometheus gets to show what a test waits for (it scrapes every second).
 const WAIT: Duration = Duration::from_secs(40);
@@ -319,8 +320,9 @@ fn ps_json(host: &Sysfs) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// What the metrics of process `pid` must be, from `ps --json`'s view `v`: each family's series
-/// (labels other than pid, command, job and instance) and values.
+/// What the metrics of process `pid` must be, from `ps --json`'s view `v` (and the kernel's
+/// nodes, for the share of memory off the workers' node): each family's series (labels other
+/// than pid, command, job and instance) and values.
 fn expected(v: &Value, pid: u32) -> BTreeMap<String, BTreeMap<String, f64>> {
     let p = v["processes"]
         .as_array()
@@ -372,12 +374,52 @@ fn expected(v: &Value, pid: u32) -> BTreeMap<String, BTreeMap<String, f64>> {
             1.0,
         );
     }
+    let mut resident = BTreeMap::new();
     for (node, bytes) in p["memory"]["bytes_per_node"].as_object().unwrap() {
+        let (node, bytes) = (node.parse::<usize>().unwrap(), bytes.as_u64().unwrap());
+        resident.insert(node, bytes);
         add(
             "tllm_affinity_memory_resident_bytes",
             format!("node={node}"),
-            bytes.as_f64().unwrap(),
+            bytes as f64,
         );
+    }
+    // The share off the workers' node, judged on the kernel's nodes with CPUs (whatever tree
+    // the CPUs were read from), for workers on one of them.
+    let kernel: Vec<(usize, tllm_affinity_core::mask::CpuMask)> =
+        Topology::read(&SysfsRoot::new("/"))
+            .map(|t| {
+                t.nodes
+                    .into_iter()
+                    .filter(|n| !n.cpus.is_empty())
+                    .map(|n| (n.id, n.cpus))
+                    .collect()
+            })
+            .unwrap_or_default();
+    let workers_on: Vec<usize> = kernel
+        .iter()
+        .filter(|(_, cpus)| !cpus.intersection(&workers).is_empty())
+        .map(|(id, _)| *id)
+        .collect();
+    if let [node] = workers_on[..] {
+        let on_kernel_nodes = |n: &usize| kernel.iter().any(|(id, _)| id == n);
+        let total: u64 = resident
+            .iter()
+            .filter(|(n, _)| on_kernel_nodes(n))
+            .map(|(_, b)| b)
+            .sum();
+        let off: u64 = resident
+            .iter()
+            .filter(|(n, _)| on_kernel_nodes(n) && **n != node)
+            .map(|(_, b)| b)
+            .sum();
+        if total > 0 {
+            add(
+                "tllm_affinity_memory_off_workers_node_ratio",
+                format!("node={node}"),
+                off as f64 / total as f64,
+            );
+        }
     }
     families
 }
@@ -396,6 +438,7 @@ fn scraped(
         "tllm_affinity_worker_cpus",
         "tllm_affinity_leases",
         "tllm_affinity_memory_resident_bytes",
+        "tllm_affinity_memory_off_workers_node_ratio",
     ] {
         for (labels, value) in m.query(&format!("{family}{{job=\"{job}\",pid=\"{pid}\"}}"))? {
             assert_eq!(labels["command"], command, "{family} of {pid}: {labels:?}");
@@ -481,6 +524,10 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
     require!(prometheus_installed());
     let host = Sysfs::two_nodes();
     require!(host.cpus("two GPUs on CPUs of their own"));
+    let began = Instant::now();
+    let step = |what: &str| println!("{:>6.1} s  {what}", began.elapsed().as_secs_f64());
+    cli();
+    step("library and CLI built");
     let numa = [("TLLM_AFFINITY_POLICY", "numa")];
     let first = Server::start(&host, &["--gpu", "0"], &numa, None);
     let second = Server::start(&host, &["--gpu", "1"], &numa, None);
@@ -493,7 +540,9 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
     let hostile_name = "a\"b\\c\nd";
     let hostile = Server::start(&host, &[], &numa, Some(hostile_name));
     let pids = [first.pid(), second.pid(), sharing.pid(), hostile.pid()];
+    step("four processes started");
     let m = Monitoring::start(&host);
+    step("Prometheus up, both targets scraped");
 
     // Each process, each way: what ps --json says. The figures are taken anew until a scrape
     // after ps agrees (memory may move a page between two scans).
@@ -523,6 +572,7 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
             );
         }
     }
+    step("every process as ps --json gives it, both ways");
     let v = ps_json(&host);
     let hostile_command = v["processes"]
         .as_array()
@@ -593,6 +643,7 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
         });
     }
 
+    step("the flag counted, named and alerted");
     // The hostile name: escaped in the exposition, read back whole by Prometheus (above), and
     // promtool accepts both outputs.
     let exposition = m.scrape();
@@ -618,6 +669,7 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
         "{others:?}"
     );
 
+    step("the hostile name escaped, promtool accepts the output");
     // They exit: the next scrapes have none of their series.
     for server in [first, second, sharing, hostile] {
         server.finish();
@@ -637,6 +689,7 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
             }
         });
     }
+    step("their series gone");
 }
 
 /// The alert rules pass `promtool check rules` and their unit tests (each alert fires on
