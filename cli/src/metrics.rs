@@ -73,6 +73,7 @@ pub fn run(args: &MetricsArgs) -> Result<(), String> {
         print!("{}", scan(&root));
         return Ok(());
     };
+    remove_abandoned_temporaries(dir);
     // A directory that cannot be written is a bad argument: said once, at the start.
     write_textfile(dir, &scan(&root))?;
     let Some(every) = every else {
@@ -147,6 +148,30 @@ pub fn write_textfile(dir: &Path, text: &str) -> Result<(), String> {
             target.display()
         )
     })
+}
+
+/// Removes the temporary files of writers that were stopped mid-write (`--every` ends by a
+/// signal): those whose process is gone. node_exporter never reads them, but nothing else would
+/// remove them.
+fn remove_abandoned_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!(".{TEXTFILE_NAME}.");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// Serves `/metrics` on `address` until the process is stopped: one scan per request, the
@@ -596,6 +621,17 @@ mod tests {
             std::fs::read_to_string(dir.path().join(TEXTFILE_NAME)).unwrap(),
             "a 2\n"
         );
+        // A writer stopped mid-write left its temporary: removed once its process is gone; a
+        // live writer's is left alone.
+        let gone = dir.path().join(format!(".{TEXTFILE_NAME}.999999999.tmp"));
+        let live = dir
+            .path()
+            .join(format!(".{TEXTFILE_NAME}.{}.tmp", std::process::id()));
+        std::fs::write(&gone, "a 1\n").unwrap();
+        std::fs::write(&live, "a 1\n").unwrap();
+        remove_abandoned_temporaries(dir.path());
+        assert!(!gone.exists());
+        assert!(live.exists());
         let missing = dir.path().join("nonexistent");
         let why = write_textfile(&missing, "a 1\n").unwrap_err();
         assert!(why.starts_with("--textfile "), "{why}");
