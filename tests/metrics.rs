@@ -3,9 +3,9 @@
 //! exporter both ways, node_exporter's textfile collector (`prometheus-node-exporter`, fed by
 //! `--textfile DIR --every 1`) and `--listen`; processes under the real library on the simulated
 //! two-GPU host, whose values Prometheus' HTTP API must give as `ps --json` gives them; the flag
-//! for workers of two GPUs sharing CPUs; series gone once the processes exit; a command name
-//! with quotes, backslashes and a newline escaped as the format requires; `promtool` on the
-//! output, the alert rules and their unit tests. Without Prometheus the tests fail under
+//! for workers of two GPUs sharing CPUs; a table it cannot read; series gone once the processes
+//! exit; a command name with quotes, backslashes and a newline escaped as the format requires;
+//! `promtool` on the output, the alert rules and their unit tests. Without Prometheus the tests fail under
 //! `CI=true` (require!) and say they are skipped elsewhere.
 
 mod common;
@@ -515,6 +515,34 @@ fn promtool_accepts(text: &str) {
     );
 }
 
+/// A process without the library and a file that is no table planted where its table would be:
+/// a table the host view cannot read. Both gone when dropped.
+struct Unreadable {
+    process: Child,
+    planted: PathBuf,
+}
+
+impl Unreadable {
+    fn plant() -> Unreadable {
+        use tllm_affinity_core::threadtable;
+        let process = Command::new("sleep").arg("120").spawn().unwrap();
+        let namespace =
+            threadtable::pid_namespace(Path::new(&format!("/proc/{}", process.id()))).unwrap();
+        let planted = threadtable::directory(Path::new("/tmp"))
+            .join(threadtable::file_name(process.id(), namespace));
+        std::fs::write(&planted, b"not a table").unwrap();
+        Unreadable { process, planted }
+    }
+}
+
+impl Drop for Unreadable {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.planted);
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
 /// Three servers on the simulated host (GPU 0 on node 1's CPUs; GPU 1 on node 0's; another on
 /// GPU 1 whose workers have every CPU, so they share GPU 0's) and a fourth with a hostile name:
 /// Prometheus has, through either way, what `ps --json` says of each; the one shared-CPU flag;
@@ -540,6 +568,7 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
     let hostile_name = "a\"b\\c\nd";
     let hostile = Server::start(&host, &[], &numa, Some(hostile_name));
     let pids = [first.pid(), second.pid(), sharing.pid(), hostile.pid()];
+    let unreadable = Unreadable::plant();
     step("four processes started");
     let m = Monitoring::start(&host);
     step("Prometheus up, both targets scraped");
@@ -644,6 +673,39 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
     }
 
     step("the flag counted, named and alerted");
+    // The planted table: one process the host view cannot read, counted as ps --json counts.
+    let planted = unreadable.process.id();
+    for job in JOBS {
+        m.until(&format!("{job}: the unreadable table counted"), || {
+            let v = ps_json(&host);
+            let lines = v["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p["error"].is_string())
+                .count() as f64;
+            if !v["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["pid"] == planted && p["error"].is_string())
+            {
+                return Err(format!("ps --json has no line for {planted}: {v:#}"));
+            }
+            let count = one_value(
+                &m,
+                &format!("tllm_affinity_tables_unreadable{{job=\"{job}\"}}"),
+            )
+            .ok_or("Prometheus does not answer")?;
+            if count == lines && count >= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{count} in Prometheus, {lines} in ps --json"))
+            }
+        });
+    }
+    drop(unreadable);
+    step("the unreadable table counted");
     // The hostile name: escaped in the exposition, read back whole by Prometheus (above), and
     // promtool accepts both outputs.
     let exposition = m.scrape();
