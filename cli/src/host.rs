@@ -52,7 +52,7 @@ impl Kind {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Step => "step",
             Kind::Result => "result",
@@ -109,7 +109,7 @@ impl ProcessRow {
         }
     }
 
-    fn on(&self, kind: Kind) -> CpuMask {
+    pub fn on(&self, kind: Kind) -> CpuMask {
         self.cpus.get(&kind).cloned().unwrap_or_default()
     }
 
@@ -190,6 +190,8 @@ pub struct HostView {
     pub unreachable: usize,
     pub groups: Vec<CpuGroup>,
     pub flags: Vec<Flag>,
+    /// The kernel's NUMA nodes with CPUs: where memory is judged (see [`off_node`]).
+    pub kernel_nodes: Vec<(usize, CpuMask)>,
 }
 
 pub fn run(args: &PsArgs) -> Result<(), String> {
@@ -243,6 +245,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
         unreachable,
         groups,
         flags,
+        kernel_nodes,
     }
 }
 
@@ -444,7 +447,21 @@ fn steps_share_a_core(a: &ProcessRow, b: &ProcessRow, cores: &[CpuMask]) -> Opti
     })
 }
 
-fn memory_off_node(r: &ProcessRow, kernel_nodes: &[(usize, CpuMask)]) -> Option<Flag> {
+/// A worker process's resident memory against its workers' node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffNode {
+    /// The one kernel node its workers' CPUs are on.
+    pub node: usize,
+    /// Bytes on each other node with CPUs (none of them zero).
+    pub off: BTreeMap<usize, u64>,
+    /// Bytes on every node with CPUs.
+    pub total: u64,
+}
+
+/// Where `r`'s memory lies against its workers' node (`kernel_nodes`: the kernel's nodes with
+/// CPUs; memory on nodes without CPUs, a GPU's own memory, is left out); `None` when its workers
+/// are on no node or several, or its memory is not readable.
+pub fn off_node(r: &ProcessRow, kernel_nodes: &[(usize, CpuMask)]) -> Option<OffNode> {
     let workers = r.on(Kind::Worker);
     let memory = r.memory.as_ref().ok()?;
     let nodes: Vec<usize> = kernel_nodes
@@ -467,6 +484,16 @@ fn memory_off_node(r: &ProcessRow, kernel_nodes: &[(usize, CpuMask)]) -> Option<
         .into_iter()
         .filter(|(n, b)| n != node && *b > 0)
         .collect();
+    Some(OffNode {
+        node: *node,
+        off,
+        total,
+    })
+}
+
+fn memory_off_node(r: &ProcessRow, kernel_nodes: &[(usize, CpuMask)]) -> Option<Flag> {
+    let workers = r.on(Kind::Worker);
+    let OffNode { node, off, total } = off_node(r, kernel_nodes)?;
     let off_total: u64 = off.values().sum();
     if total == 0 || off_total * 2 <= total {
         return None;
@@ -953,6 +980,7 @@ mod tests {
                 })
                 .collect(),
             flags: Vec::new(),
+            kernel_nodes: nodes,
         };
         let text = to_text(&view, false);
         let lines: Vec<&str> = text.lines().collect();

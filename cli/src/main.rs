@@ -1,4 +1,5 @@
-//! The `tllm-affinity` command line: `run`, `simulate`, `topo`, `plan`, `ps`, `probe` and `cdi`.
+//! The `tllm-affinity` command line: `run`, `simulate`, `topo`, `plan`, `ps`, `metrics`, `probe`
+//! and `cdi`.
 //!
 //! Each subcommand lives in its own module with its clap arguments and a `run` function; this
 //! module only parses and turns failures into one line on stderr (a JSON object under `--json`)
@@ -19,6 +20,7 @@ use tllm_affinity_core::topology::SysfsRoot;
 mod cdi;
 mod host;
 mod memory;
+mod metrics;
 mod plan;
 mod probe;
 mod ps;
@@ -37,7 +39,8 @@ pub const NO_GPU_HINT: &str = "no GPU found on this host; try --simulate (tllm-a
     long_about = "Role-aware CPU affinity for the threads of GPU inference servers.\n\n\
         `run` starts a program under libtllm_affinity.so; `simulate` writes a simulated host for \
         machines without a GPU; `topo`, `plan`, `ps` and `probe` show what the library sees and \
-        does; `cdi` writes the Container Device Interface spec that brings the library into \
+        does; `metrics` gives the host view to Prometheus; `cdi` writes the Container Device \
+        Interface spec that brings the library into \
         containers. Every subcommand takes --json."
 )]
 pub struct Cli {
@@ -59,6 +62,9 @@ pub enum Command {
     /// Show every thread of a live process: role, placement and CPU mask, as a picture; without
     /// a PID, every process on the host with its GPUs and CPUs, and what collides.
     Ps(ps::PsArgs),
+    /// Print the host view in Prometheus' text format: once, into node_exporter's textfile
+    /// directory (--textfile DIR, --every SECONDS), or served on /metrics (--listen ADDR:PORT).
+    Metrics(metrics::MetricsArgs),
     /// Measure thread handoff latency and read idle states; recommend TLLM_AFFINITY_STEP_CORE.
     Probe(probe::ProbeArgs),
     /// Write a Container Device Interface spec (device tllm-affinity.dev/preload=default) that
@@ -118,6 +124,7 @@ impl Command {
             Command::Topo(args) => args.json,
             Command::Plan(args) => args.json,
             Command::Ps(args) => args.json,
+            Command::Metrics(args) => args.json,
             Command::Probe(args) => args.json,
             Command::Cdi(args) => args.json,
         }
@@ -140,6 +147,10 @@ fn main() -> ExitCode {
         Command::Topo(args) => ("topo", topo::run(args).map(|()| 0).map_err(Failure::from)),
         Command::Plan(args) => ("plan", plan::run(args).map(|()| 0).map_err(Failure::from)),
         Command::Ps(args) => ("ps", ps::run(args).map(|()| 0).map_err(Failure::from)),
+        Command::Metrics(args) => (
+            "metrics",
+            metrics::run(args).map(|()| 0).map_err(Failure::from),
+        ),
         Command::Probe(args) => ("probe", probe::run(args).map(|()| 0).map_err(Failure::from)),
         Command::Cdi(args) => ("cdi", cdi::run(args).map(|()| 0)),
     };

@@ -1,0 +1,715 @@
+//! `tllm-affinity metrics`: the host view (`ps` without a PID) in Prometheus' text exposition
+//! format, for a fleet that watches Prometheus rather than logging in to each host.
+//!
+//! The numbers are the host view's own ([`host::gather`], bounded in time and bytes as `ps`
+//! is), turned into one metric family per fact with Prometheus' conventions: the
+//! `tllm_affinity_` prefix, base units in the name (`_bytes`, `_seconds`, `_ratio`), gauges
+//! throughout (every figure is a state at the scan's time, none a counter, so no `_total`), and
+//! `_info` families whose value is 1 and whose facts are labels. Three ways out: printed once,
+//! written atomically into node_exporter's textfile directory (`--textfile`, with `--every`),
+//! or served on `/metrics` (`--listen`, loopback unless `--allow-remote`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tllm_affinity_core::topology::SysfsRoot;
+
+use crate::host::{self, Entry, HostView, Kind};
+
+/// The file node_exporter's textfile collector reads (any `*.prom` file in its directory).
+pub const TEXTFILE_NAME: &str = "tllm_affinity.prom";
+
+/// The Content-Type of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The flags the host view raises, each always exported (0 when none), so that an alert on a
+/// kind sees 0 on a clean host rather than no series.
+pub const FLAG_KINDS: [&str; 3] = [
+    "workers-share-cpus",
+    "step-threads-share-a-core",
+    "memory-off-node",
+];
+
+#[derive(clap::Args, Debug)]
+pub struct MetricsArgs {
+    /// Write DIR/tllm_affinity.prom for node_exporter's textfile collector
+    /// (--collector.textfile.directory=DIR), atomically: a temporary file in DIR, then a rename.
+    #[arg(long, value_name = "DIR")]
+    pub textfile: Option<PathBuf>,
+    /// With --textfile: scan and write again every SECONDS (e.g. 15), until stopped.
+    #[arg(long, value_name = "SECONDS")]
+    pub every: Option<String>,
+    /// Serve /metrics over HTTP on ADDR:PORT (or PORT alone: 127.0.0.1:PORT), one scan per
+    /// request. Loopback addresses only, unless --allow-remote.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with = "textfile")]
+    pub listen: Option<String>,
+    /// Let --listen bind an address other hosts can reach. The metrics name every process under
+    /// the library and its command, and the server has neither TLS nor authentication.
+    #[arg(long, requires = "listen")]
+    pub allow_remote: bool,
+    /// Read the host's CPUs and nodes from this sysfs tree (a simulated host) instead of /.
+    #[arg(long, value_name = "DIR")]
+    pub sysfs_root: Option<PathBuf>,
+    /// Errors as JSON (the metrics are Prometheus' text format either way).
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &MetricsArgs) -> Result<(), String> {
+    let every = args.every.as_deref().map(parse_every).transpose()?;
+    if every.is_some() && args.textfile.is_none() {
+        return Err("--every needs --textfile DIR (where to write each scan)".into());
+    }
+    let root = crate::sysfs_root(args.sysfs_root.as_deref());
+    if let Some(listen) = &args.listen {
+        let address = listen_address(listen, args.allow_remote)?;
+        return serve(address, &root);
+    }
+    let Some(dir) = &args.textfile else {
+        print!("{}", scan(&root));
+        return Ok(());
+    };
+    remove_abandoned_temporaries(dir);
+    // A directory that cannot be written is a bad argument: said once, at the start.
+    write_textfile(dir, &scan(&root))?;
+    let Some(every) = every else {
+        return Ok(());
+    };
+    loop {
+        let started = Instant::now();
+        // Later failures (a full disk, a directory removed meanwhile) are one line each; the
+        // next round tries again, as a collector that is not to be restarted by hand should.
+        if let Err(why) = write_textfile(dir, &scan(&root)) {
+            eprintln!("tllm-affinity metrics: {why}");
+        }
+        std::thread::sleep(every.saturating_sub(started.elapsed()));
+    }
+}
+
+/// `--every`'s value: seconds above 0 (fractions allowed), below a day.
+fn parse_every(text: &str) -> Result<Duration, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| {
+            format!("--every {text:?}: expected a number of seconds above 0 and at most 86400")
+        })
+}
+
+/// `--listen`'s value as an address to bind: `PORT` is 127.0.0.1:PORT; `ADDR:PORT` (IPv6 as
+/// `[ADDR]:PORT`, or a host name) must be a loopback address unless `allow_remote`.
+pub fn listen_address(text: &str, allow_remote: bool) -> Result<SocketAddr, String> {
+    let expected = "expected ADDR:PORT (e.g. 127.0.0.1:9477, [::1]:9477) or a PORT";
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    let address = match text.parse::<SocketAddr>() {
+        Ok(address) => address,
+        Err(_) => text
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut found| found.next())
+            .ok_or_else(|| format!("--listen {text:?}: {expected}"))?,
+    };
+    if !allow_remote && !address.ip().is_loopback() {
+        return Err(format!(
+            "--listen {text:?}: {} is not a loopback address; the metrics name every process \
+             under the library and the server has no TLS or authentication, so give \
+             --allow-remote to serve them beyond this host",
+            address.ip()
+        ));
+    }
+    Ok(address)
+}
+
+/// Writes `text` to `dir`/[`TEXTFILE_NAME`] so that a reader sees the old file or the new one,
+/// never half of one: a temporary file in `dir` (a name node_exporter does not read, as it
+/// ends otherwise than `.prom`), flushed to disk, then renamed over the old one.
+pub fn write_textfile(dir: &Path, text: &str) -> Result<(), String> {
+    let target = dir.join(TEXTFILE_NAME);
+    let temporary = dir.join(format!(".{TEXTFILE_NAME}.{}.tmp", std::process::id()));
+    let written = (|| {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, &target)
+    })();
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&temporary);
+        format!(
+            "--textfile {}: cannot write {}: {e}",
+            dir.display(),
+            target.display()
+        )
+    })
+}
+
+/// Removes the temporary files of writers that were stopped mid-write (`--every` ends by a
+/// signal): those whose process is gone. node_exporter never reads them, but nothing else would
+/// remove them.
+fn remove_abandoned_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!(".{TEXTFILE_NAME}.");
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Serves `/metrics` on `address` until the process is stopped: one scan per request, the
+/// requests one at a time (a scan is bounded, and Prometheus scrapes one at a time anyway).
+fn serve(address: SocketAddr, root: &SysfsRoot) -> Result<(), String> {
+    // tiny_http parses HTTP; this function only routes.
+    let server = tiny_http::Server::http(address)
+        .map_err(|e| format!("--listen {address}: cannot listen: {e}"))?;
+    eprintln!("tllm-affinity metrics: serving http://{address}/metrics");
+    let header = |name: &str, value: &str| {
+        tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes())
+            .expect("a header made of ASCII constants")
+    };
+    for request in server.incoming_requests() {
+        let path = request
+            .url()
+            .split('?')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let method = request.method().clone();
+        let response = match (&method, path.as_str()) {
+            (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => {
+                tiny_http::Response::from_string(scan(root))
+                    .with_header(header("Content-Type", CONTENT_TYPE))
+            }
+            (tiny_http::Method::Get | tiny_http::Method::Head, "/") => {
+                tiny_http::Response::from_string("tllm-affinity metrics: see /metrics\n")
+                    .with_header(header("Content-Type", "text/plain; charset=utf-8"))
+            }
+            (tiny_http::Method::Get | tiny_http::Method::Head, _) => {
+                tiny_http::Response::from_string("not found: the metrics are at /metrics\n")
+                    .with_status_code(404)
+            }
+            _ => tiny_http::Response::from_string("only GET and HEAD\n")
+                .with_status_code(405)
+                .with_header(header("Allow", "GET, HEAD")),
+        };
+        // A scraper that went away is its loss; the next request is served.
+        let _ = request.respond(response);
+    }
+    Err(format!("--listen {address}: the server stopped"))
+}
+
+/// Scans the host as `ps` does and renders the metrics, the scan's duration included.
+pub fn scan(root: &SysfsRoot) -> String {
+    let started = Instant::now();
+    let view = host::gather(root);
+    render(&view, started.elapsed())
+}
+
+/// One metric family: its name, HELP text, type and samples.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    samples: Vec<(Vec<(&'static str, String)>, f64)>,
+}
+
+impl Family {
+    fn new(name: &'static str, help: &'static str) -> Family {
+        Family {
+            name,
+            help,
+            samples: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, labels: Vec<(&'static str, String)>, value: f64) {
+        self.samples.push((labels, value));
+    }
+}
+
+/// The `pid` and `command` labels of a process.
+fn process_labels(pid: u32, command: &str) -> Vec<(&'static str, String)> {
+    vec![("pid", pid.to_string()), ("command", command.to_string())]
+}
+
+fn with(
+    mut labels: Vec<(&'static str, String)>,
+    more: &[(&'static str, String)],
+) -> Vec<(&'static str, String)> {
+    labels.extend_from_slice(more);
+    labels
+}
+
+/// The metrics of `view`, scanned in `took`.
+pub fn render(view: &HostView, took: Duration) -> String {
+    let mut build = Family::new(
+        "tllm_affinity_build_info",
+        "The tllm-affinity version that scanned the host (value 1).",
+    );
+    build.add(vec![("version", env!("CARGO_PKG_VERSION").into())], 1.0);
+    let mut duration = Family::new(
+        "tllm_affinity_scan_duration_seconds",
+        "How long the scan of the host's thread tables took.",
+    );
+    duration.add(Vec::new(), took.as_secs_f64());
+    let mut processes = Family::new(
+        "tllm_affinity_processes",
+        "Processes whose thread table was read.",
+    );
+    let mut unreadable = Family::new(
+        "tllm_affinity_tables_unreadable",
+        "Processes with a thread table that could not be read (not believed, or the process \
+         ended while it was read).",
+    );
+    let mut unreachable = Family::new(
+        "tllm_affinity_processes_unreachable",
+        "Processes in other PID namespaces whose root could not be looked into.",
+    );
+    let mut threads = Family::new(
+        "tllm_affinity_threads",
+        "Threads of a process by role (worker, step, result, host, unknown).",
+    );
+    let mut worker_cpus = Family::new(
+        "tllm_affinity_worker_cpus",
+        "CPUs the workers of a process may run on, per NUMA node.",
+    );
+    let mut worker_cpus_info = Family::new(
+        "tllm_affinity_worker_cpus_info",
+        "The CPU list the workers of a process may run on (value 1).",
+    );
+    let mut leases = Family::new(
+        "tllm_affinity_leases",
+        "Open leases of a process per GPU (sum by gpu for the leases of each GPU).",
+    );
+    let mut memory = Family::new(
+        "tllm_affinity_memory_resident_bytes",
+        "Resident memory of a process per NUMA node.",
+    );
+    let mut off_node = Family::new(
+        "tllm_affinity_memory_off_workers_node_ratio",
+        "Share of a worker process's resident memory (on nodes with CPUs) that lies off its \
+         workers' node, the node label.",
+    );
+    let mut flags = Family::new(
+        "tllm_affinity_flags",
+        "What the host view flags, counted by kind.",
+    );
+    let mut process_flags = Family::new(
+        "tllm_affinity_process_flags",
+        "Flags naming a process, by kind.",
+    );
+
+    let node_of: BTreeMap<usize, Option<usize>> = view
+        .groups
+        .iter()
+        .flat_map(|g| g.cpus.iter().map(move |&c| (c, g.node)))
+        .collect();
+    let mut shown = 0;
+    let mut commands = BTreeMap::new();
+    for entry in &view.entries {
+        let r = match entry {
+            Entry::Row(r) => r,
+            Entry::Line(_) => continue,
+        };
+        shown += 1;
+        commands.insert(r.pid, r.command.as_str());
+        let labels = process_labels(r.pid, &r.command);
+        for (kind, n) in &r.threads {
+            threads.add(
+                with(labels.clone(), &[("role", kind.name().into())]),
+                *n as f64,
+            );
+        }
+        let workers = r.on(Kind::Worker);
+        if !workers.is_empty() {
+            let mut per_node: BTreeMap<Option<usize>, usize> = BTreeMap::new();
+            for cpu in workers.iter() {
+                *per_node
+                    .entry(node_of.get(&cpu).copied().flatten())
+                    .or_default() += 1;
+            }
+            for (node, n) in per_node {
+                let node: Vec<(&'static str, String)> =
+                    node.map(|n| ("node", n.to_string())).into_iter().collect();
+                worker_cpus.add(with(labels.clone(), &node), n as f64);
+            }
+            worker_cpus_info.add(with(labels.clone(), &[("cpus", workers.to_list())]), 1.0);
+        }
+        if let Ok(open) = &r.leases {
+            let mut per_device: BTreeMap<(Option<usize>, &str), usize> = BTreeMap::new();
+            for lease in open {
+                *per_device
+                    .entry((lease.gpu_index, lease.device.as_str()))
+                    .or_default() += 1;
+            }
+            for ((gpu, device), n) in per_device {
+                let device_labels = match gpu {
+                    Some(gpu) => vec![("gpu", gpu.to_string()), ("pci_bus_id", device.into())],
+                    // A lease whose CPUs TLLM_AFFINITY_CPUS chose names no GPU.
+                    None => vec![("device", device.into())],
+                };
+                leases.add(with(labels.clone(), &device_labels), n as f64);
+            }
+        }
+        if let Ok(m) = &r.memory {
+            for (node, bytes) in &m.bytes {
+                memory.add(
+                    with(labels.clone(), &[("node", node.to_string())]),
+                    *bytes as f64,
+                );
+            }
+        }
+        if let Some(o) = host::off_node(r, &view.kernel_nodes) {
+            if o.total > 0 {
+                let off: u64 = o.off.values().sum();
+                off_node.add(
+                    with(labels.clone(), &[("node", o.node.to_string())]),
+                    off as f64 / o.total as f64,
+                );
+            }
+        }
+    }
+    processes.add(Vec::new(), shown as f64);
+    let lines = view
+        .entries
+        .iter()
+        .filter(|e| matches!(e, Entry::Line(_)))
+        .count();
+    unreadable.add(Vec::new(), lines as f64);
+    unreachable.add(Vec::new(), view.unreachable as f64);
+    for kind in FLAG_KINDS {
+        let n = view.flags.iter().filter(|f| f.kind == kind).count();
+        flags.add(vec![("kind", kind.into())], n as f64);
+    }
+    let mut named: BTreeMap<(u32, &str), usize> = BTreeMap::new();
+    for f in &view.flags {
+        for pid in &f.pids {
+            *named.entry((*pid, f.kind)).or_default() += 1;
+        }
+    }
+    for ((pid, kind), n) in named {
+        let command = commands.get(&pid).copied().unwrap_or_default();
+        process_flags.add(
+            with(process_labels(pid, command), &[("kind", kind.into())]),
+            n as f64,
+        );
+    }
+
+    let families = [
+        build,
+        duration,
+        processes,
+        unreadable,
+        unreachable,
+        threads,
+        worker_cpus,
+        worker_cpus_info,
+        leases,
+        memory,
+        off_node,
+        flags,
+        process_flags,
+    ];
+    let mut out = String::new();
+    for family in &families {
+        // A family without samples is left out: parsers drop it anyway.
+        if family.samples.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+        let _ = writeln!(out, "# TYPE {} gauge", family.name);
+        for (labels, value) in &family.samples {
+            out.push_str(family.name);
+            if !labels.is_empty() {
+                let inner: Vec<String> = labels
+                    .iter()
+                    .map(|(name, value)| format!("{name}=\"{}\"", escape_label(value)))
+                    .collect();
+                let _ = write!(out, "{{{}}}", inner.join(","));
+            }
+            let _ = writeln!(out, " {value}");
+        }
+    }
+    out
+}
+
+/// A label value as the text format requires: `\` as `\\`, `"` as `\"`, a newline as `\n`
+/// (every other character, control characters included, stands for itself).
+pub fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{CpuGroup, Flag, ProcessLine, ProcessRow};
+    use crate::memory::NodeMemory;
+    use tllm_affinity_core::mask::CpuMask;
+    use tllm_affinity_core::threadtable::LeaseLine;
+
+    fn m(list: &str) -> CpuMask {
+        CpuMask::parse_list(list).unwrap()
+    }
+
+    fn view() -> HostView {
+        let gib = 1u64 << 30;
+        let row = ProcessRow {
+            pid: 42,
+            namespace_pid: None,
+            command: "a\"b\\c\nd".into(),
+            leases: Ok(vec![
+                LeaseLine {
+                    id: 1,
+                    gpu_index: Some(0),
+                    device: "0000:3b:00.0".into(),
+                },
+                LeaseLine {
+                    id: 2,
+                    gpu_index: Some(0),
+                    device: "0000:3b:00.0".into(),
+                },
+            ]),
+            cpus: [(Kind::Worker, m("4-7")), (Kind::Host, m("0-7"))]
+                .into_iter()
+                .collect(),
+            threads: [(Kind::Worker, 2), (Kind::Host, 3)].into_iter().collect(),
+            memory: Ok(NodeMemory {
+                bytes: [(0, 3 * gib), (1, gib), (2, 5 * gib)].into_iter().collect(),
+                source: "test".into(),
+                partial: None,
+            }),
+        };
+        HostView {
+            entries: vec![
+                Entry::Row(row),
+                Entry::Line(ProcessLine {
+                    pid: 43,
+                    command: None,
+                    why: "exited while it was read".into(),
+                }),
+            ],
+            unreachable: 0,
+            groups: vec![
+                CpuGroup {
+                    node: Some(0),
+                    cpus: (0..4).collect(),
+                },
+                CpuGroup {
+                    node: Some(1),
+                    cpus: (4..8).collect(),
+                },
+            ],
+            flags: vec![Flag {
+                kind: "memory-off-node",
+                pids: vec![42],
+                cpus: m("4-7"),
+                text: String::new(),
+            }],
+            kernel_nodes: vec![(0, m("0-3")), (1, m("4-7"))],
+        }
+    }
+
+    #[test]
+    fn every_fact_is_one_family_with_help_type_and_escaped_labels() {
+        let text = render(&view(), Duration::from_millis(250));
+        let p = r#"pid="42",command="a\"b\\c\nd""#;
+        for line in [
+            "# TYPE tllm_affinity_threads gauge".to_string(),
+            format!("tllm_affinity_threads{{{p},role=\"worker\"}} 2"),
+            format!("tllm_affinity_threads{{{p},role=\"host\"}} 3"),
+            format!("tllm_affinity_worker_cpus{{{p},node=\"1\"}} 4"),
+            format!("tllm_affinity_worker_cpus_info{{{p},cpus=\"4-7\"}} 1"),
+            format!("tllm_affinity_leases{{{p},gpu=\"0\",pci_bus_id=\"0000:3b:00.0\"}} 2"),
+            format!("tllm_affinity_memory_resident_bytes{{{p},node=\"2\"}} 5368709120"),
+            // Node 2 has no CPU (a GPU's memory): 3 GiB of 4 GiB off node 1.
+            format!("tllm_affinity_memory_off_workers_node_ratio{{{p},node=\"1\"}} 0.75"),
+            "tllm_affinity_flags{kind=\"memory-off-node\"} 1".into(),
+            "tllm_affinity_flags{kind=\"workers-share-cpus\"} 0".into(),
+            format!("tllm_affinity_process_flags{{{p},kind=\"memory-off-node\"}} 1"),
+            "tllm_affinity_processes 1".into(),
+            "tllm_affinity_tables_unreadable 1".into(),
+            "tllm_affinity_scan_duration_seconds 0.25".into(),
+            format!(
+                "tllm_affinity_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            ),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
+        // One HELP and one TYPE per family, before its samples.
+        let mut seen = Vec::new();
+        for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let name = l.split_whitespace().nth(2).unwrap();
+            assert!(!seen.contains(&name), "{name} twice\n{text}");
+            seen.push(name);
+        }
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("# HELP ")).count(),
+            seen.len()
+        );
+    }
+
+    #[test]
+    fn label_values_escape_backslash_quote_and_newline_only() {
+        assert_eq!(escape_label(r#"a\b"c"#), r#"a\\b\"c"#);
+        assert_eq!(escape_label("x\ny\tz"), "x\\ny\tz");
+    }
+
+    #[test]
+    fn listen_takes_loopback_unless_told_and_says_why_not() {
+        assert_eq!(
+            listen_address("9477", false).unwrap(),
+            "127.0.0.1:9477".parse().unwrap()
+        );
+        assert!(listen_address("[::1]:9477", false).is_ok());
+        let refused = listen_address("0.0.0.0:9477", false).unwrap_err();
+        assert!(refused.contains("--allow-remote"), "{refused}");
+        assert!(listen_address("0.0.0.0:9477", true).is_ok());
+        let bad = listen_address("nowhere:port", false).unwrap_err();
+        assert!(
+            bad.starts_with("--listen \"nowhere:port\": expected"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn every_takes_positive_seconds() {
+        assert_eq!(parse_every("15").unwrap(), Duration::from_secs(15));
+        assert_eq!(parse_every("0.5").unwrap(), Duration::from_millis(500));
+        for bad in ["0", "-1", "nan", "inf", "soon", "100000"] {
+            assert!(parse_every(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_textfile_is_replaced_whole_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        write_textfile(dir.path(), "a 1\n").unwrap();
+        write_textfile(dir.path(), "a 2\n").unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [TEXTFILE_NAME]);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(TEXTFILE_NAME)).unwrap(),
+            "a 2\n"
+        );
+        // A writer stopped mid-write left its temporary: removed once its process is gone; a
+        // live writer's is left alone.
+        let gone = dir.path().join(format!(".{TEXTFILE_NAME}.999999999.tmp"));
+        let live = dir
+            .path()
+            .join(format!(".{TEXTFILE_NAME}.{}.tmp", std::process::id()));
+        std::fs::write(&gone, "a 1\n").unwrap();
+        std::fs::write(&live, "a 1\n").unwrap();
+        remove_abandoned_temporaries(dir.path());
+        assert!(!gone.exists());
+        assert!(live.exists());
+        let missing = dir.path().join("nonexistent");
+        let why = write_textfile(&missing, "a 1\n").unwrap_err();
+        assert!(why.starts_with("--textfile "), "{why}");
+    }
+
+    /// The `tllm_affinity_*` names in `text`.
+    fn metric_names(text: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("tllm_affinity_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            names.push(name);
+        }
+        names
+    }
+
+    /// Every string under a key `key` in `v`.
+    fn strings_under(v: &serde_json::Value, key: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, value) in map {
+                    match value {
+                        serde_json::Value::String(s) if k == key => out.push(s.clone()),
+                        _ => strings_under(value, key, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    strings_under(item, key, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The dashboard and the alert rules in docs/monitoring ask only for metrics the exporter
+    /// writes: every query of every panel names one, and every name is a family of the output.
+    #[test]
+    fn the_dashboard_and_the_rules_name_only_metrics_the_exporter_writes() {
+        let text = render(&view(), Duration::from_millis(1));
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring");
+        let dashboard: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(docs.join("dashboard.json")).unwrap())
+                .expect("dashboard.json is JSON");
+        let mut exprs = Vec::new();
+        strings_under(&dashboard["panels"], "expr", &mut exprs);
+        let panels = dashboard["panels"].as_array().unwrap();
+        assert!(exprs.len() >= panels.len(), "a panel without a query");
+        let mut variables = Vec::new();
+        strings_under(&dashboard["templating"], "definition", &mut variables);
+        for expr in exprs.iter().chain(&variables) {
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "{expr:?} names no tllm_affinity metric");
+            for name in names {
+                assert!(
+                    families.contains(&name.as_str()),
+                    "{expr:?}: no family {name}\n{text}"
+                );
+            }
+        }
+        let rules = std::fs::read_to_string(docs.join("rules.yml")).unwrap();
+        let named = metric_names(&rules);
+        assert!(named.len() >= 5, "{named:?}");
+        for name in named {
+            assert!(
+                families.contains(&name.as_str()),
+                "rules.yml: no family {name}"
+            );
+        }
+    }
+}

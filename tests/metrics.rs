@@ -1,0 +1,813 @@
+//! `tllm-affinity metrics` against the real parts of a fleet's monitoring, started and stopped
+//! by the tests on loopback ports: a real Prometheus (Debian's `prometheus`) scraping the
+//! exporter both ways, node_exporter's textfile collector (`prometheus-node-exporter`, fed by
+//! `--textfile DIR --every 1`) and `--listen`; processes under the real library on the simulated
+//! two-GPU host, whose values Prometheus' HTTP API must give as `ps --json` gives them; the flag
+//! for workers of two GPUs sharing CPUs; a table it cannot read; series gone once the processes
+//! exit; a command name with quotes, backslashes and a newline escaped as the format requires;
+//! `promtool` on the output, the alert rules and their unit tests. Without Prometheus the tests fail under
+//! `CI=true` (require!) and say they are skipped elsewhere.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use tllm_affinity_core::topology::{SysfsRoot, Topology};
+
+/// How long Prometheus gets to show what a test waits for (it scrapes every second).
+const WAIT: Duration = Duration::from_secs(40);
+
+/// Debian's Prometheus, node_exporter and promtool, or what is missing (for require!).
+fn prometheus_installed() -> Result<(), String> {
+    let missing: Vec<&str> = ["prometheus", "promtool", "prometheus-node-exporter"]
+        .into_iter()
+        .filter(|p| !on_path(p))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} (Debian's prometheus and prometheus-node-exporter; scripts/setup installs them)",
+            missing.join(", ")
+        ))
+    }
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A daemon the test started (Prometheus, node_exporter, an exporter), its output in a file;
+/// killed and reaped when dropped, also when the test fails.
+struct Daemon {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(name: &'static str, mut cmd: Command, dir: &Path) -> Daemon {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: {cmd:?}: {e}"));
+        Daemon { name, child, log }
+    }
+
+    /// Its output so far, for a failure's message.
+    fn log(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        format!("--- {} ---\n{text}", self.name)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET path` on 127.0.0.1:`port`: the status and the body (HTTP/1.0: no chunks, the server
+/// closes the connection at the end of the body). `None` when nothing listens yet.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let response = String::from_utf8(response).expect("a UTF-8 response");
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// `text` percent-encoded for a query string.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// One series of an instant query: its labels and value.
+type Sample = (BTreeMap<String, String>, f64);
+
+/// The monitoring of one simulated host: an exporter on `--listen`, one writing node_exporter's
+/// textfile every second, node_exporter, and Prometheus scraping both every second (jobs
+/// `tllm` and `node`) with docs/monitoring/rules.yml loaded.
+struct Monitoring {
+    _dir: tempfile::TempDir,
+    prometheus_port: u16,
+    listen_port: u16,
+    textfile: PathBuf,
+    daemons: Vec<Daemon>,
+}
+
+/// The two ways Prometheus gets the metrics: its job names.
+const JOBS: [&str; 2] = ["tllm", "node"];
+
+impl Monitoring {
+    fn start(host: &Sysfs) -> Monitoring {
+        let dir = tempfile::tempdir().unwrap();
+        let textfile = dir.path().join("textfile");
+        std::fs::create_dir(&textfile).unwrap();
+        let (prometheus_port, listen_port, node_port) = (free_port(), free_port(), free_port());
+        let mut daemons = Vec::new();
+
+        let mut listen = clean(cli());
+        listen
+            .args(["metrics", "--listen", &format!("127.0.0.1:{listen_port}")])
+            .arg("--sysfs-root")
+            .arg(host.path());
+        daemons.push(Daemon::start("metrics --listen", listen, dir.path()));
+        let mut writer = clean(cli());
+        writer
+            .args(["metrics", "--every", "1", "--textfile"])
+            .arg(&textfile)
+            .arg("--sysfs-root")
+            .arg(host.path());
+        daemons.push(Daemon::start("metrics --textfile", writer, dir.path()));
+        let mut node = Command::new("prometheus-node-exporter");
+        node.arg(format!("--web.listen-address=127.0.0.1:{node_port}"))
+            .arg("--collector.disable-defaults")
+            .arg("--collector.textfile")
+            .arg(format!(
+                "--collector.textfile.directory={}",
+                textfile.display()
+            ));
+        daemons.push(Daemon::start("node_exporter", node, dir.path()));
+
+        let rules = repo().join("docs/monitoring/rules.yml");
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+                 rule_files:\n  - {}\n\
+                 scrape_configs:\n\
+                 \x20 - job_name: tllm\n    static_configs:\n      - targets: ['127.0.0.1:{listen_port}']\n\
+                 \x20 - job_name: node\n    static_configs:\n      - targets: ['127.0.0.1:{node_port}']\n",
+                rules.display()
+            ),
+        )
+        .unwrap();
+        let mut prometheus = Command::new("prometheus");
+        prometheus
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"));
+        daemons.push(Daemon::start("prometheus", prometheus, dir.path()));
+        let monitoring = Monitoring {
+            _dir: dir,
+            prometheus_port,
+            listen_port,
+            textfile,
+            daemons,
+        };
+        monitoring.until("Prometheus ready and both targets up", || {
+            let up = monitoring
+                .query("up == 1")
+                .ok_or("Prometheus does not answer")?;
+            if up.len() == JOBS.len() {
+                Ok(())
+            } else {
+                Err(format!("up: {up:?}"))
+            }
+        });
+        monitoring
+    }
+
+    /// Every daemon's output, for a failure's message.
+    fn logs(&self) -> String {
+        self.daemons
+            .iter()
+            .map(Daemon::log)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// An instant query at the present time, or `None` while Prometheus does not answer.
+    fn query(&self, promql: &str) -> Option<Vec<Sample>> {
+        let (status, body) = get(
+            self.prometheus_port,
+            &format!("/api/v1/query?query={}", encode(promql)),
+        )?;
+        if status != 200 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert_eq!(v["status"], "success", "{promql}: {v}");
+        let samples = v["data"]["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let labels = s["metric"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+                    .collect();
+                let value = s["value"][1].as_str().unwrap().parse().unwrap();
+                (labels, value)
+            })
+            .collect();
+        Some(samples)
+    }
+
+    /// Waits until `check` gives a value, at most [`WAIT`]; fails with `what`, what `check` said
+    /// last and the daemons' output.
+    fn until<T>(&self, what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let why = match check() {
+                Ok(found) => return found,
+                Err(why) => why,
+            };
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {WAIT:?}; last: {why}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The exposition `--listen` serves now.
+    fn scrape(&self) -> String {
+        let (status, body) = get(self.listen_port, "/metrics").expect("the exporter answers");
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+}
+
+/// `tests/programs/host_view_target.py` under the library on `host` with `args` and `env`, its
+/// process renamed `name` first when given (prctl PR_SET_NAME, the name /proc/PID/comm gives);
+/// killed when dropped.
+struct Server {
+    driver: Driver,
+}
+
+impl Server {
+    fn start(host: &Sysfs, args: &[&str], env: &[(&str, &str)], name: Option<&str>) -> Server {
+        let mut cmd = clean(python());
+        preload(&mut cmd, host).env("TLLM_AFFINITY_LOG", "warn");
+        if let Some(name) = name {
+            // The name through the environment: it holds what a command line may mangle.
+            cmd.env("METRICS_TEST_NAME", name).args([
+                "-c",
+                "import ctypes, os, runpy, sys\n\
+                 ctypes.CDLL(None).prctl(15, os.environ['METRICS_TEST_NAME'].encode(), 0, 0, 0)\n\
+                 sys.argv = sys.argv[1:]\n\
+                 runpy.run_path(sys.argv[0], run_name='__main__')",
+            ]);
+        }
+        cmd.arg(program("host_view_target.py")).args(args);
+        for (name, value) in env {
+            cmd.env(name, value);
+        }
+        let mut driver = Driver::spawn(cmd, DEADLINE);
+        let line = driver.line("{");
+        let info: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        for (thread, rc) in info["rc"].as_object().unwrap() {
+            assert!(rc.as_i64().unwrap() >= 0, "{thread} failed: {info}");
+        }
+        Server { driver }
+    }
+
+    fn pid(&self) -> u32 {
+        self.driver.pid()
+    }
+
+    /// Closes stdin: the program ends as a server does, removing its table.
+    fn finish(self) {
+        self.driver.succeed();
+    }
+}
+
+fn ps_json(host: &Sysfs) -> Value {
+    let out = succeeded(
+        clean(cli())
+            .args(["ps", "--json", "--sysfs-root"])
+            .arg(host.path()),
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// What the metrics of process `pid` must be, from `ps --json`'s view `v` (and the kernel's
+/// nodes, for the share of memory off the workers' node): each family's series (labels other
+/// than pid, command, job and instance) and values.
+fn expected(v: &Value, pid: u32) -> BTreeMap<String, BTreeMap<String, f64>> {
+    let p = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("no process {pid} in {v:#}"));
+    let mut families: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut add = |family: &str, labels: String, value: f64| {
+        *families
+            .entry(family.into())
+            .or_default()
+            .entry(labels)
+            .or_default() += value;
+    };
+    for (role, n) in p["threads"].as_object().unwrap() {
+        add(
+            "tllm_affinity_threads",
+            format!("role={role}"),
+            n.as_f64().unwrap(),
+        );
+    }
+    let workers = mask(p["worker_cpus"].as_str().unwrap());
+    if !workers.is_empty() {
+        add(
+            "tllm_affinity_worker_cpus_info",
+            format!("cpus={}", workers.to_list()),
+            1.0,
+        );
+        for node in v["nodes"].as_array().unwrap() {
+            let on = workers.intersection(&mask(node["cpus"].as_str().unwrap()));
+            if !on.is_empty() {
+                add(
+                    "tllm_affinity_worker_cpus",
+                    format!("node={}", node["node"]),
+                    on.count() as f64,
+                );
+            }
+        }
+    }
+    for lease in p["leases"].as_array().unwrap() {
+        add(
+            "tllm_affinity_leases",
+            format!(
+                "gpu={},pci_bus_id={}",
+                lease["gpu"],
+                lease["device"].as_str().unwrap()
+            ),
+            1.0,
+        );
+    }
+    let mut resident = BTreeMap::new();
+    for (node, bytes) in p["memory"]["bytes_per_node"].as_object().unwrap() {
+        let (node, bytes) = (node.parse::<usize>().unwrap(), bytes.as_u64().unwrap());
+        resident.insert(node, bytes);
+        add(
+            "tllm_affinity_memory_resident_bytes",
+            format!("node={node}"),
+            bytes as f64,
+        );
+    }
+    // The share off the workers' node, judged on the kernel's nodes with CPUs (whatever tree
+    // the CPUs were read from), for workers on one of them.
+    let kernel: Vec<(usize, tllm_affinity_core::mask::CpuMask)> =
+        Topology::read(&SysfsRoot::new("/"))
+            .map(|t| {
+                t.nodes
+                    .into_iter()
+                    .filter(|n| !n.cpus.is_empty())
+                    .map(|n| (n.id, n.cpus))
+                    .collect()
+            })
+            .unwrap_or_default();
+    let workers_on: Vec<usize> = kernel
+        .iter()
+        .filter(|(_, cpus)| !cpus.intersection(&workers).is_empty())
+        .map(|(id, _)| *id)
+        .collect();
+    if let [node] = workers_on[..] {
+        let on_kernel_nodes = |n: &usize| kernel.iter().any(|(id, _)| id == n);
+        let total: u64 = resident
+            .iter()
+            .filter(|(n, _)| on_kernel_nodes(n))
+            .map(|(_, b)| b)
+            .sum();
+        let off: u64 = resident
+            .iter()
+            .filter(|(n, _)| on_kernel_nodes(n) && **n != node)
+            .map(|(_, b)| b)
+            .sum();
+        if total > 0 {
+            add(
+                "tllm_affinity_memory_off_workers_node_ratio",
+                format!("node={node}"),
+                off as f64 / total as f64,
+            );
+        }
+    }
+    families
+}
+
+/// The same from Prometheus, for `job`, checking the command label against `command`.
+fn scraped(
+    m: &Monitoring,
+    job: &str,
+    pid: u32,
+    command: &str,
+) -> Option<BTreeMap<String, BTreeMap<String, f64>>> {
+    let mut families: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    for family in [
+        "tllm_affinity_threads",
+        "tllm_affinity_worker_cpus_info",
+        "tllm_affinity_worker_cpus",
+        "tllm_affinity_leases",
+        "tllm_affinity_memory_resident_bytes",
+        "tllm_affinity_memory_off_workers_node_ratio",
+    ] {
+        for (labels, value) in m.query(&format!("{family}{{job=\"{job}\",pid=\"{pid}\"}}"))? {
+            assert_eq!(labels["command"], command, "{family} of {pid}: {labels:?}");
+            let rest: Vec<String> = labels
+                .iter()
+                .filter(|(k, _)| {
+                    !["__name__", "pid", "command", "job", "instance"].contains(&k.as_str())
+                })
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            families
+                .entry(family.into())
+                .or_default()
+                .insert(rest.join(","), value);
+        }
+    }
+    Some(families)
+}
+
+/// The value of the one series `promql` gives, 0 for none.
+fn one_value(m: &Monitoring, promql: &str) -> Option<f64> {
+    let samples = m.query(promql)?;
+    assert!(samples.len() <= 1, "{promql}: {samples:?}");
+    Some(samples.first().map_or(0.0, |s| s.1))
+}
+
+/// The `ps --json` flags of `kind` that name only pids among `pids`.
+fn flags_among(v: &Value, kind: &str, pids: &[u32]) -> usize {
+    v["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == kind)
+        .filter(|f| {
+            f["pids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| pids.contains(&(p.as_u64().unwrap() as u32)))
+        })
+        .count()
+}
+
+/// The `command` label value as the exposition must write it.
+fn escaped(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// `promtool check metrics` on `text`: accepted, with no lint complaint.
+fn promtool_accepts(text: &str) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}\n{}{}\n{text}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A process without the library and a file that is no table planted where its table would be:
+/// a table the host view cannot read. Both gone when dropped.
+struct Unreadable {
+    process: Child,
+    planted: PathBuf,
+}
+
+impl Unreadable {
+    fn plant() -> Unreadable {
+        use tllm_affinity_core::threadtable;
+        let process = Command::new("sleep").arg("120").spawn().unwrap();
+        let namespace =
+            threadtable::pid_namespace(Path::new(&format!("/proc/{}", process.id()))).unwrap();
+        let planted = threadtable::directory(Path::new("/tmp"))
+            .join(threadtable::file_name(process.id(), namespace));
+        std::fs::write(&planted, b"not a table").unwrap();
+        Unreadable { process, planted }
+    }
+}
+
+impl Drop for Unreadable {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.planted);
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// Three servers on the simulated host (GPU 0 on node 1's CPUs; GPU 1 on node 0's; another on
+/// GPU 1 whose workers have every CPU, so they share GPU 0's) and a fourth with a hostile name:
+/// Prometheus has, through either way, what `ps --json` says of each; the one shared-CPU flag;
+/// the alert pending; the hostile name escaped; and once they exit, none of their series.
+#[test]
+fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_that_exit() {
+    require!(prometheus_installed());
+    let host = Sysfs::two_nodes();
+    require!(host.cpus("two GPUs on CPUs of their own"));
+    let began = Instant::now();
+    let step = |what: &str| println!("{:>6.1} s  {what}", began.elapsed().as_secs_f64());
+    cli();
+    step("library and CLI built");
+    let numa = [("TLLM_AFFINITY_POLICY", "numa")];
+    let first = Server::start(&host, &["--gpu", "0"], &numa, None);
+    let second = Server::start(&host, &["--gpu", "1"], &numa, None);
+    let sharing = Server::start(
+        &host,
+        &["--gpu", "1"],
+        &[("TLLM_AFFINITY_POLICY", "clear")],
+        None,
+    );
+    let hostile_name = "a\"b\\c\nd";
+    let hostile = Server::start(&host, &[], &numa, Some(hostile_name));
+    let pids = [first.pid(), second.pid(), sharing.pid(), hostile.pid()];
+    let unreadable = Unreadable::plant();
+    step("four processes started");
+    let m = Monitoring::start(&host);
+    step("Prometheus up, both targets scraped");
+
+    // Each process, each way: what ps --json says. The figures are taken anew until a scrape
+    // after ps agrees (memory may move a page between two scans).
+    for job in JOBS {
+        for pid in pids {
+            m.until(
+                &format!("{job}: process {pid} as ps --json gives it"),
+                || {
+                    let v = ps_json(&host);
+                    let command = v["processes"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|p| p["pid"] == pid)
+                        .and_then(|p| p["command"].as_str())
+                        .ok_or_else(|| format!("no row for {pid} in ps --json: {v:#}"))?
+                        .to_string();
+                    let want = expected(&v, pid);
+                    let got =
+                        scraped(&m, job, pid, &command).ok_or("Prometheus does not answer")?;
+                    if got == want {
+                        Ok(())
+                    } else {
+                        Err(format!("ps --json: {want:?}\nPrometheus: {got:?}"))
+                    }
+                },
+            );
+        }
+    }
+    step("every process as ps --json gives it, both ways");
+    let v = ps_json(&host);
+    let hostile_command = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == hostile.pid())
+        .unwrap()["command"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        hostile_command.contains('"') && hostile_command.contains('\\'),
+        "{hostile_command:?}"
+    );
+
+    // The one flag: the first's workers (GPU 0) and the sharer's (GPU 1) on the same CPUs.
+    assert_eq!(flags_among(&v, "workers-share-cpus", &pids), 1, "{v:#}");
+    for job in JOBS {
+        m.until(&format!("{job}: the shared-CPU flag counted"), || {
+            let v = ps_json(&host);
+            let on_host = v["flags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|f| f["kind"] == "workers-share-cpus")
+                .count() as f64;
+            let count = one_value(
+                &m,
+                &format!("tllm_affinity_flags{{job=\"{job}\",kind=\"workers-share-cpus\"}}"),
+            )
+            .ok_or("Prometheus does not answer")?;
+            if count == on_host && count >= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{count} in Prometheus, {on_host} in ps --json"))
+            }
+        });
+        for (pid, n) in [
+            (first.pid(), 1.0),
+            (sharing.pid(), 1.0),
+            (second.pid(), 0.0),
+            (hostile.pid(), 0.0),
+        ] {
+            let named = one_value(
+                &m,
+                &format!(
+                    "tllm_affinity_process_flags{{job=\"{job}\",pid=\"{pid}\",kind=\"workers-share-cpus\"}}"
+                ),
+            )
+            .unwrap();
+            assert_eq!(named, n, "{job}: flags naming {pid}");
+        }
+        // The alert for it is pending (its `for:` is minutes).
+        m.until(&format!("{job}: the shared-CPU alert pending"), || {
+            let alerts = m
+                .query(&format!(
+                    "ALERTS{{alertname=\"TllmAffinityWorkersShareCpus\",job=\"{job}\"}}"
+                ))
+                .ok_or("Prometheus does not answer")?;
+            if alerts
+                .iter()
+                .any(|(labels, _)| labels["alertstate"] == "pending")
+            {
+                Ok(())
+            } else {
+                Err(format!("ALERTS: {alerts:?}"))
+            }
+        });
+    }
+
+    step("the flag counted, named and alerted");
+    // The planted table: one process the host view cannot read, counted as ps --json counts.
+    let planted = unreadable.process.id();
+    for job in JOBS {
+        m.until(&format!("{job}: the unreadable table counted"), || {
+            let v = ps_json(&host);
+            let lines = v["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p["error"].is_string())
+                .count() as f64;
+            if !v["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["pid"] == planted && p["error"].is_string())
+            {
+                return Err(format!("ps --json has no line for {planted}: {v:#}"));
+            }
+            let count = one_value(
+                &m,
+                &format!("tllm_affinity_tables_unreadable{{job=\"{job}\"}}"),
+            )
+            .ok_or("Prometheus does not answer")?;
+            if count == lines && count >= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{count} in Prometheus, {lines} in ps --json"))
+            }
+        });
+    }
+    drop(unreadable);
+    step("the unreadable table counted");
+    // The hostile name: escaped in the exposition, read back whole by Prometheus (above), and
+    // promtool accepts both outputs.
+    let exposition = m.scrape();
+    let line = format!(
+        "tllm_affinity_threads{{pid=\"{}\",command=\"{}\",role=\"host\"}}",
+        hostile.pid(),
+        escaped(&hostile_command)
+    );
+    assert!(
+        exposition.lines().any(|l| l.starts_with(&line)),
+        "{line}\n{exposition}"
+    );
+    promtool_accepts(&exposition);
+    let written = std::fs::read_to_string(m.textfile.join("tllm_affinity.prom")).unwrap();
+    promtool_accepts(&written);
+    let others: Vec<_> = std::fs::read_dir(&m.textfile)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "tllm_affinity.prom")
+        .collect();
+    assert!(
+        others.iter().all(|n| n.to_string_lossy().starts_with('.')),
+        "{others:?}"
+    );
+
+    step("the hostile name escaped, promtool accepts the output");
+    // They exit: the next scrapes have none of their series.
+    for server in [first, second, sharing, hostile] {
+        server.finish();
+    }
+    let any_of = pids.map(|p| p.to_string()).join("|");
+    for job in JOBS {
+        m.until(&format!("{job}: the processes' series gone"), || {
+            let left = m
+                .query(&format!(
+                    "{{__name__=~\"tllm_affinity_.+\",job=\"{job}\",pid=~\"{any_of}\"}}"
+                ))
+                .ok_or("Prometheus does not answer")?;
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("still: {left:?}"))
+            }
+        });
+    }
+    step("their series gone");
+}
+
+/// The alert rules pass `promtool check rules` and their unit tests (each alert fires on
+/// series written for it, after its `for:`, and none on a clean host).
+#[test]
+fn the_alert_rules_are_valid_and_their_unit_tests_pass() {
+    require!(prometheus_installed());
+    let dir = repo().join("docs/monitoring");
+    let check = succeeded(
+        Command::new("promtool")
+            .args(["check", "rules"])
+            .arg(dir.join("rules.yml")),
+    );
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(said.contains("SUCCESS: 6 rules found"), "{said}");
+    let test = succeeded(
+        Command::new("promtool")
+            .args(["test", "rules"])
+            .arg(dir.join("rules_test.yml")),
+    );
+    let said = String::from_utf8_lossy(&test.stdout);
+    assert!(said.contains("SUCCESS"), "{said}");
+}
+
+/// Bad arguments are one line each, naming the argument, the value and what was expected.
+#[test]
+fn bad_arguments_are_one_line() {
+    for (args, says) in [
+        (
+            vec!["metrics", "--textfile", "/tmp", "--every", "0"],
+            "--every \"0\": expected a number of seconds",
+        ),
+        (
+            vec!["metrics", "--every", "5"],
+            "--every needs --textfile DIR",
+        ),
+        (
+            vec!["metrics", "--listen", "0.0.0.0:9477"],
+            "0.0.0.0 is not a loopback address",
+        ),
+        (
+            vec!["metrics", "--listen", "somewhere"],
+            "--listen \"somewhere\": expected ADDR:PORT",
+        ),
+        (
+            vec!["metrics", "--textfile", "/nonexistent/dir"],
+            "--textfile /nonexistent/dir: cannot write",
+        ),
+    ] {
+        let out = clean(cli()).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("tllm-affinity metrics: ") && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+}
