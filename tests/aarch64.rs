@@ -532,72 +532,7 @@ fn roles_leases_and_restoration_as_on_x86_64() {
 /// restores every mask; a worker born after it is born on the restored mask.
 #[test]
 fn the_c_population_as_on_x86_64() {
-    let a = require!(arm64());
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let workers = ["W", "C1", "G1", "C2", "C3", "C4", "C5", "C6", "P1"];
-    let nccl = arm64_shared_object("nccl");
-    let mut cmd = a.preloaded(&arm64_program("population"), &sysfs);
-    cmd.env("FAKE_NCCL", nccl).arg("0");
-    let (phases, end) = Driver::spawn(cmd, LIMIT).all_phases::<5>();
-    assert!(end.status.success(), "{}", end.stderr);
-    let [before, configured, twice, released, after] = &phases;
-    println!("{}\n{}", describe(configured), describe(released));
-    expect(before, Named(&["main", "H1"]), on(&all), "before configure");
-    expect(before, Named(&workers), on(&all), "before configure");
-    assert_eq!(
-        before.role("P1"),
-        1,
-        "a thread started in libnccl is a worker"
-    );
-    assert_eq!(before.role("W"), 0);
-    expect(
-        configured,
-        Named(&workers),
-        worker_on(&local),
-        "after configure",
-    );
-    expect(configured, Named(&["main", "H1"]), host_on(&all), "host");
-    expect(
-        twice,
-        Named(&workers),
-        on(&local),
-        "after the second configure",
-    );
-    expect(
-        twice,
-        Named(&["C7", "P2"]),
-        on(&local),
-        "born during the lease",
-    );
-    assert_eq!((twice.mask("H2"), twice.role("H2")), (all.clone(), 0));
-    never_says(&end.stderr, &["constrained"]);
-    says(
-        &end.stderr,
-        &[&format!(
-            "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (9/9 threads)"
-        )],
-    );
-    assert_eq!(
-        end.stderr
-            .matches("for optimal NUMA-aware scheduling")
-            .count(),
-        1,
-        "{}",
-        end.stderr
-    );
-    expect(released, All, on(&all), "after release");
-    says(
-        &end.stderr,
-        &[
-            "release 1 -> 0",
-            "release 2 -> 0",
-            "release again -> -2",
-            "restored 11 threads, preserved 0",
-        ],
-    );
-    assert_eq!((after.mask("C8"), after.role("C8")), (all, 1));
+    common::leases::check_c_population(require!(arm64()));
 }
 
 /// Real Python threads of the root filesystem's interpreter (tests/programs/host_and_worker.py):

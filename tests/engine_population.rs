@@ -8,10 +8,7 @@ mod common;
 
 use common::*;
 
-const ALL_THREADS_BEFORE: [&str; 11] = [
-    "main", "H1", "W", "C1", "G1", "C2", "C3", "C4", "C5", "C6", "P1",
-];
-const WORKERS: [&str; 9] = ["W", "C1", "G1", "C2", "C3", "C4", "C5", "C6", "P1"];
+use common::leases::POPULATION_WORKERS as WORKERS;
 
 fn population(sysfs: &Sysfs) -> std::process::Command {
     let program = Program::c("population").build();
@@ -21,74 +18,11 @@ fn population(sysfs: &Sysfs) -> std::process::Command {
     cmd
 }
 
+/// The C population: roles, placement, a second configure that changes nothing, restoration
+/// (tests/common/leases.rs, shared with the aarch64 tier).
 #[test]
 fn c_population_roles_placement_idempotency_and_restoration() {
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
-    let (phases, end) = Driver::spawn(population(&sysfs), DEADLINE).all_phases::<5>();
-    assert!(end.status.success(), "{}", end.stderr);
-    let [before, configured, twice, released, after] = &phases;
-
-    // Before configure: nobody has been moved; the worker-libs thread is already a worker.
-    expect(
-        before,
-        Named(&ALL_THREADS_BEFORE),
-        on(&all),
-        "before configure",
-    );
-    assert_eq!(
-        before.role("P1"),
-        1,
-        "a thread started in libnccl is a worker"
-    );
-    assert_eq!(before.role("W"), 0);
-
-    // configure on W: W, its children, its grandchild and the worker-libs thread get the
-    // GPU-local set; the main thread and the host thread started before keep their mask.
-    expect(
-        configured,
-        Named(&WORKERS),
-        worker_on(&local),
-        "after configure",
-    );
-    expect(configured, Named(&["main", "H1"]), host_on(&all), "host");
-
-    // A second configure changes nothing; threads born in between stay pinned; host threads
-    // born during the lease stay on the host mask.
-    let second = "after the second configure";
-    expect(twice, Named(&WORKERS), on(&local), second);
-    expect(twice, Named(&["C7", "P2"]), on(&local), second);
-    assert_eq!((twice.mask("H2"), twice.role("H2")), (all.clone(), 0));
-    assert!(
-        !end.stderr.contains("constrained"),
-        "false constrained warning:\n{}",
-        end.stderr
-    );
-    says(
-        &end.stderr,
-        &[&format!(
-            "CPU affinity set to [{local}] for optimal NUMA-aware scheduling (9/9 threads)"
-        )],
-    );
-    assert_eq!(
-        end.stderr
-            .matches("for optimal NUMA-aware scheduling")
-            .count(),
-        1,
-        "the second configure must log nothing new:\n{}",
-        end.stderr
-    );
-
-    // The last release restores every mask; releasing again says ENOENT.
-    expect(released, All, on(&all), "after release");
-    assert!(end.stderr.contains("release 1 -> 0"));
-    assert!(end.stderr.contains("release 2 -> 0"));
-    assert!(end.stderr.contains("release again -> -2"));
-    says(&end.stderr, &["restored 11 threads, preserved 0"]);
-
-    // A worker thread born after the last release is born on the restored mask.
-    assert_eq!((after.mask("C8"), after.role("C8")), (all, 1));
+    common::leases::check_c_population(&common::tier::Native);
 }
 
 /// Variables, worker mask unconstrained, worker mask under `taskset`, whether the server's
