@@ -8,47 +8,9 @@ mod common;
 
 use std::process::{Command, Output};
 
+use common::host_view_target::HostViewTarget as Server;
 use common::*;
 use serde_json::Value;
-
-/// `tests/programs/host_view_target.py` under the library on `host`, with `args` and `env`; its
-/// JSON line read, each thread's call checked. Killed when dropped.
-struct Server {
-    driver: Driver,
-}
-
-impl Server {
-    fn start(host: &Sysfs, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = clean(python());
-        preload(&mut cmd, host)
-            .arg(program("host_view_target.py"))
-            .args(args)
-            .env("TLLM_AFFINITY_LOG", "warn");
-        for (name, value) in env {
-            cmd.env(name, value);
-        }
-        let mut driver = Driver::spawn(cmd, DEADLINE);
-        let line = driver.line("{");
-        let info: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-        for (thread, rc) in info["rc"].as_object().unwrap() {
-            assert!(
-                rc.as_i64().unwrap() >= 0,
-                "{thread} failed: {info}\n{}",
-                driver.stderr()
-            );
-        }
-        Server { driver }
-    }
-
-    fn pid(&self) -> u32 {
-        self.driver.pid()
-    }
-
-    /// Closes stdin: the program ends as a server does, removing its table.
-    fn finish(self) {
-        self.driver.succeed();
-    }
-}
 
 /// A table given to another user, given back to root when dropped (also when a test fails): a
 /// killed process's table owned by another user would stay in /dev/shm, where only that user's

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::host_view_target::HostViewTarget as Server;
 use common::*;
 use serde_json::Value;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
@@ -267,50 +268,6 @@ impl Monitoring {
     }
 }
 
-/// `tests/programs/host_view_target.py` under the library on `host` with `args` and `env`, its
-/// process renamed `name` first when given (prctl PR_SET_NAME, the name /proc/PID/comm gives);
-/// killed when dropped.
-struct Server {
-    driver: Driver,
-}
-
-impl Server {
-    fn start(host: &Sysfs, args: &[&str], env: &[(&str, &str)], name: Option<&str>) -> Server {
-        let mut cmd = clean(python());
-        preload(&mut cmd, host).env("TLLM_AFFINITY_LOG", "warn");
-        if let Some(name) = name {
-            // The name through the environment: it holds what a command line may mangle.
-            cmd.env("METRICS_TEST_NAME", name).args([
-                "-c",
-                "import ctypes, os, runpy, sys\n\
-                 ctypes.CDLL(None).prctl(15, os.environ['METRICS_TEST_NAME'].encode(), 0, 0, 0)\n\
-                 sys.argv = sys.argv[1:]\n\
-                 runpy.run_path(sys.argv[0], run_name='__main__')",
-            ]);
-        }
-        cmd.arg(program("host_view_target.py")).args(args);
-        for (name, value) in env {
-            cmd.env(name, value);
-        }
-        let mut driver = Driver::spawn(cmd, DEADLINE);
-        let line = driver.line("{");
-        let info: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
-        for (thread, rc) in info["rc"].as_object().unwrap() {
-            assert!(rc.as_i64().unwrap() >= 0, "{thread} failed: {info}");
-        }
-        Server { driver }
-    }
-
-    fn pid(&self) -> u32 {
-        self.driver.pid()
-    }
-
-    /// Closes stdin: the program ends as a server does, removing its table.
-    fn finish(self) {
-        self.driver.succeed();
-    }
-}
-
 fn ps_json(host: &Sysfs) -> Value {
     let out = succeeded(
         clean(cli())
@@ -557,16 +514,11 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
     cli();
     step("library and CLI built");
     let numa = [("TLLM_AFFINITY_POLICY", "numa")];
-    let first = Server::start(&host, &["--gpu", "0"], &numa, None);
-    let second = Server::start(&host, &["--gpu", "1"], &numa, None);
-    let sharing = Server::start(
-        &host,
-        &["--gpu", "1"],
-        &[("TLLM_AFFINITY_POLICY", "clear")],
-        None,
-    );
+    let first = Server::start(&host, &["--gpu", "0"], &numa);
+    let second = Server::start(&host, &["--gpu", "1"], &numa);
+    let sharing = Server::start(&host, &["--gpu", "1"], &[("TLLM_AFFINITY_POLICY", "clear")]);
     let hostile_name = "a\"b\\c\nd";
-    let hostile = Server::start(&host, &[], &numa, Some(hostile_name));
+    let hostile = Server::named(&host, &[], &numa, hostile_name);
     let pids = [first.pid(), second.pid(), sharing.pid(), hostile.pid()];
     let unreadable = Unreadable::plant();
     step("four processes started");

@@ -38,6 +38,7 @@ pub mod bad_input;
 pub mod deployments;
 pub mod fork_exec;
 pub mod guest;
+pub mod host_view_target;
 pub mod leases;
 pub mod never_hang;
 pub mod slurm;
