@@ -493,12 +493,12 @@ fn the_docs_table_lists_exactly_the_written_shapes() {
 }
 
 /// Four servers on a GB200 tray written over this machine's CPUs (Grace node 0 the lower half,
-/// node 1 the rest; tests/programs/tray_servers.py, as the guest tier runs it over eight): each
-/// server's workers on its GPU's Grace node, its step and result threads where `plan --gpu N`
-/// says, and the host view with no collision among the four, GPUs 0 and 1 (and 2 and 3) sharing
-/// their node's CPUs as their NUMA-local set. Then every thread of each server pinned to its
-/// whole node, as upstream does: the workers still not flagged. (Two step cores per node need
-/// eight CPUs: tests/guest.rs shows the step cores and their collision.)
+/// node 1 the rest; tests/programs/tray_servers.py): each server's workers on its GPU's Grace
+/// node, its step and result threads where `plan --gpu N` says, and the host view with no
+/// collision among the four, GPUs 0 and 1 (and 2 and 3) sharing their node's CPUs as their
+/// NUMA-local set. Then every thread of each server pinned to its whole node, as upstream does:
+/// the workers still not flagged, and where `auto` pinned the step threads (two cores per GPU on
+/// each node: eight CPUs or more), those of each node's two servers flagged.
 #[test]
 fn four_servers_on_a_tray_over_this_machines_cpus_share_their_grace_nodes_without_a_flag() {
     require!(two_cpus("two Grace nodes with CPUs"));
@@ -579,5 +579,32 @@ fn four_servers_on_a_tray_over_this_machines_cpus_share_their_grace_nodes_withou
             "{what}: {}",
             phase["ps"]["flags"]
         );
+    }
+    let pinned = phases[0]["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["rc"]["step"].as_i64() > Some(0));
+    if pinned {
+        for pair in [[pids[0], pids[1]], [pids[2], pids[3]]] {
+            let flagged = phases[1]["ps"]["flags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| {
+                    let named: Vec<u64> = f["pids"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|p| p.as_u64().unwrap())
+                        .collect();
+                    f["kind"] == "step-threads-share-a-core"
+                        && named.contains(&pair[0])
+                        && named.contains(&pair[1])
+                });
+            assert!(flagged, "{pair:?}: {}", phases[1]["ps"]["flags"]);
+        }
+    } else {
+        println!("skipped the step-thread collision: `auto` pins no step thread on these CPUs");
     }
 }
