@@ -429,6 +429,68 @@ pub fn memory_nodes(topology: &Topology, view: &GpuView) -> Vec<Option<GpuMemory
         .collect()
 }
 
+/// How a Grace host's driver exposes GPU memory: as CPU-less NUMA nodes (NUMA mode, the
+/// driver's default) or not at all (CDMM, driver R580+, the Kubernetes default on GB200/GB300:
+/// only the CPU nodes carry memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuMemoryMode {
+    Numa,
+    Cdmm,
+}
+
+impl GpuMemoryMode {
+    /// The JSON value.
+    pub fn key(self) -> &'static str {
+        match self {
+            GpuMemoryMode::Numa => "numa",
+            GpuMemoryMode::Cdmm => "cdmm",
+        }
+    }
+}
+
+impl std::fmt::Display for GpuMemoryMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GpuMemoryMode::Numa => "NUMA mode (each GPU's memory is a CPU-less NUMA node)",
+            GpuMemoryMode::Cdmm => {
+                "CDMM mode (GPU memory is not onlined as NUMA nodes: only the nodes with CPUs \
+                 have memory)"
+            }
+        })
+    }
+}
+
+/// The mode of a host whose GPUs' memory may be NUMA nodes, from `memory_nodes` (what
+/// [`memory_nodes`] found) and the kernel's nodes: NUMA mode when a GPU's memory node is known,
+/// or when nodes with neither CPUs nor memory (the per-GPU placeholders a Grace host shows) sit
+/// beside a CPU-less node with memory; CDMM when such placeholders exist and no CPU-less node
+/// has memory. `None` on a host without placeholder nodes (an x86 or a GB10 host): there GPU
+/// memory is no NUMA node by design, and neither mode applies.
+pub fn memory_mode(
+    topology: &Topology,
+    memory_nodes: &[Option<GpuMemoryNode>],
+) -> Option<GpuMemoryMode> {
+    if memory_nodes.iter().any(Option::is_some) {
+        return Some(GpuMemoryMode::Numa);
+    }
+    let cpu_less =
+        |n: &&crate::topology::NumaNode| n.cpus.intersection(&topology.online).is_empty();
+    let placeholders = topology
+        .nodes
+        .iter()
+        .filter(cpu_less)
+        .any(|n| !n.has_memory);
+    if !placeholders || topology.gpus.is_empty() {
+        return None;
+    }
+    let memory_without_cpus = topology.nodes.iter().filter(cpu_less).any(|n| n.has_memory);
+    Some(if memory_without_cpus {
+        GpuMemoryMode::Numa
+    } else {
+        GpuMemoryMode::Cdmm
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -681,5 +743,30 @@ mod tests {
         let v = view(&root, &t.gpus, None);
         assert_eq!(memory_nodes(&t, &v), [at(2, DriverNumaStatus), None]);
         assert_eq!(v.driver.as_ref().unwrap()[1].memory_node, Some(1));
+    }
+
+    /// NUMA mode from named memory nodes, or from a CPU-less node with memory beside
+    /// placeholders; CDMM from placeholders alone; no mode without placeholders.
+    #[test]
+    fn the_memory_mode_of_grace_hosts_and_of_others() {
+        use crate::simulated::{dgx_h100_like, dgx_spark, gb200_like, gb200_tray, GpuMemoryMode};
+        let unnamed = |t: &Topology| vec![None; t.gpus.len()];
+        let t = gb200_like(&CpuMask::from_cpus([0]), &CpuMask::from_cpus([1])).topology();
+        assert_eq!(memory_mode(&t, &unnamed(&t)), Some(GpuMemoryMode::Numa));
+        let named = [
+            Some(GpuMemoryNode {
+                node: 2,
+                source: MemoryNodeSource::Nvml,
+            }),
+            None,
+        ];
+        assert_eq!(memory_mode(&t, &named), Some(GpuMemoryMode::Numa));
+        let t = gb200_tray(GpuMemoryMode::Cdmm).host.topology();
+        assert_eq!(memory_mode(&t, &unnamed(&t)), Some(GpuMemoryMode::Cdmm));
+        let t = gb200_tray(GpuMemoryMode::Numa).host.topology();
+        assert_eq!(memory_mode(&t, &unnamed(&t)), Some(GpuMemoryMode::Numa));
+        for t in [dgx_h100_like().topology(), dgx_spark().host.topology()] {
+            assert_eq!(memory_mode(&t, &unnamed(&t)), None);
+        }
     }
 }

@@ -495,6 +495,204 @@ pub fn gb200_like(node0: &CpuMask, node1: &CpuMask) -> SimulatedHost {
 /// The PCI addresses of [`gb200_like`]'s GPUs, in PCI order.
 pub const GB200_GPUS: [&str; 2] = ["0008:06:00.0", "0009:06:00.0"];
 
+pub use crate::gpus::GpuMemoryMode;
+
+/// One GPU of a [`GraceHost`], as the driver and NVML describe it.
+#[derive(Debug, Clone)]
+pub struct GraceGpu {
+    /// Its PCI address (lower case, as sysfs names it).
+    pub address: String,
+    pub uuid: String,
+    /// Its PCI device's `numa_node`: the Grace node it hangs off, `None` for -1 (GB10).
+    pub pci_node: Option<usize>,
+    /// NVML's CPU affinity (`nvidia-smi topo -m`'s "CPU Affinity"): its Grace node's CPUs.
+    pub nvml_cpus: CpuMask,
+    /// The node holding its memory (`nvmlDeviceGetNumaNodeId`, the driver's `numa_status`,
+    /// `nvidia-smi`'s "GPU NUMA ID"); `None` in CDMM mode and on GB10.
+    pub memory_node: Option<usize>,
+}
+
+/// A Grace host at full scale: the sysfs tree (with the driver's list under the same root) and
+/// what NVML says of each GPU. Shapes from public sources: 72 Neoverse V2 cores per Grace
+/// socket, no SMT; each GPU's memory a CPU-less node in NUMA mode, with per-GPU placeholder
+/// nodes (neither CPUs nor memory) after it.
+#[derive(Debug, Clone)]
+pub struct GraceHost {
+    pub name: &'static str,
+    pub host: SimulatedHost,
+    pub gpus: Vec<GraceGpu>,
+    /// `None` where GPU memory is no NUMA node by design (GB10's unified memory).
+    pub mode: Option<GpuMemoryMode>,
+}
+
+/// CPUs per Grace socket.
+pub const GRACE_CPUS: usize = 72;
+
+/// The CPUs of Grace socket `socket`: `72 * socket` to `72 * socket + 71`.
+pub fn grace_socket_cpus(socket: usize) -> CpuMask {
+    CpuMask::from_cpus(socket * GRACE_CPUS..(socket + 1) * GRACE_CPUS)
+}
+
+/// Grace nodes 0, 1, ... on `sockets`' CPUs, then for each GPU eight CPU-less nodes from
+/// `first_gpu_node`: the first holds its memory in NUMA mode (an empty placeholder in CDMM), the
+/// other seven are placeholders. GPU `g` (of `addresses`) hangs off socket `socket_of(g)`.
+fn grace_host(
+    name: &'static str,
+    sockets: &[CpuMask],
+    first_gpu_node: usize,
+    addresses: &[&str],
+    socket_of: impl Fn(usize) -> usize,
+    mode: GpuMemoryMode,
+) -> GraceHost {
+    let mut host = SimulatedHost::new();
+    for (socket, cpus) in sockets.iter().enumerate() {
+        host = host.node(socket, cpus);
+    }
+    let mut gpus = Vec::new();
+    for (g, address) in addresses.iter().enumerate() {
+        let memory = first_gpu_node + 8 * g;
+        host = match mode {
+            GpuMemoryMode::Numa => host.node(memory, &CpuMask::new()),
+            GpuMemoryMode::Cdmm => host.placeholder_node(memory),
+        };
+        for placeholder in memory + 1..memory + 8 {
+            host = host.placeholder_node(placeholder);
+        }
+        let socket = socket_of(g);
+        let uuid = format!("GPU-9a{g:06x}-0000-0000-0000-{:012x}", sockets.len());
+        host = host
+            .gpu(address, Some(socket), None)
+            .driver_gpu(address, &uuid, g as u32, true);
+        if mode == GpuMemoryMode::Numa {
+            host = host.driver_numa_status(address, memory as i64);
+        }
+        gpus.push(GraceGpu {
+            address: address.to_string(),
+            uuid,
+            pci_node: Some(socket),
+            nvml_cpus: sockets[socket].clone(),
+            memory_node: (mode == GpuMemoryMode::Numa).then_some(memory),
+        });
+    }
+    GraceHost {
+        name,
+        host,
+        gpus,
+        mode: Some(mode),
+    }
+}
+
+/// The PCI addresses of a GB200/GB300 compute tray's four GPUs (GB300's, as `nvidia-smi`
+/// shows them): the first two on Grace node 0, the others on node 1.
+pub const TRAY_GPUS: [&str; 4] = [
+    "0008:06:00.0",
+    "0009:06:00.0",
+    "0018:06:00.0",
+    "0019:06:00.0",
+];
+
+/// A GB200 compute tray: Grace nodes 0 (CPUs 0-71) and 1 (72-143), GPUs 0-1 on node 0 and 2-3
+/// on node 1; in NUMA mode their memory on nodes 2, 10, 18, 26 and placeholders 3-9, 11-17,
+/// 19-25, 27-33 (34 nodes); in CDMM mode the same 34 nodes, none of the GPUs' with memory.
+pub fn gb200_tray(mode: GpuMemoryMode) -> GraceHost {
+    let name = match mode {
+        GpuMemoryMode::Numa => "GB200 tray, NUMA mode",
+        GpuMemoryMode::Cdmm => "GB200 tray, CDMM mode",
+    };
+    let sockets = [grace_socket_cpus(0), grace_socket_cpus(1)];
+    grace_host(name, &sockets, 2, &TRAY_GPUS, |g| g / 2, mode)
+}
+
+/// A GB200 tray in NUMA mode (34 nodes, four GPUs) whose Grace nodes hold `node0` and `node1`:
+/// the tray's shape over the CPUs a machine or guest has, so that its masks are applied for real.
+pub fn gb200_tray_over(node0: &CpuMask, node1: &CpuMask) -> GraceHost {
+    let sockets = [node0.clone(), node1.clone()];
+    let name = "GB200 tray over this machine's CPUs";
+    grace_host(
+        name,
+        &sockets,
+        2,
+        &TRAY_GPUS,
+        |g| g / 2,
+        GpuMemoryMode::Numa,
+    )
+}
+
+/// A GB300 compute tray in NUMA mode: the GB200 tray's shape at GB300's bus ids.
+pub fn gb300_tray() -> GraceHost {
+    let sockets = [grace_socket_cpus(0), grace_socket_cpus(1)];
+    let numa = GpuMemoryMode::Numa;
+    grace_host("GB300 tray", &sockets, 2, &TRAY_GPUS, |g| g / 2, numa)
+}
+
+/// One GH200 superchip in NUMA mode: node 0 holds CPUs 0-71, node 1 the GPU's memory, nodes 2-8
+/// have neither CPUs nor memory. The bus id is a stand-in.
+pub fn gh200() -> GraceHost {
+    grace_host(
+        "GH200",
+        &[grace_socket_cpus(0)],
+        1,
+        &["0009:01:00.0"],
+        |_| 0,
+        GpuMemoryMode::Numa,
+    )
+}
+
+/// A quad-GH200 node in NUMA mode: four Grace nodes (0-71, 72-143, 144-215, 216-287) and 4 x 8
+/// CPU-less GPU nodes from node 4, GPU `g`'s memory on node `4 + 8g`: 36 nodes. The bus ids are
+/// stand-ins.
+pub fn quad_gh200() -> GraceHost {
+    let sockets: Vec<CpuMask> = (0..4).map(grace_socket_cpus).collect();
+    grace_host(
+        "quad GH200",
+        &sockets,
+        4,
+        &[
+            "0009:01:00.0",
+            "0019:01:00.0",
+            "0029:01:00.0",
+            "0039:01:00.0",
+        ],
+        |g| g,
+        GpuMemoryMode::Numa,
+    )
+}
+
+/// A DGX Spark (GB10): one node 0 with CPUs 0-19, no SMT, the GPU at `000f:01:00.0` with PCI
+/// `numa_node` -1 (so every online CPU in its `local_cpulist`, as the kernel writes it).
+pub fn dgx_spark() -> GraceHost {
+    let cpus = CpuMask::from_cpus(0..20);
+    let address = "000f:01:00.0";
+    let uuid = "GPU-9b100000-0000-0000-0000-000000000000";
+    GraceHost {
+        name: "DGX Spark (GB10)",
+        host: SimulatedHost::new()
+            .node(0, &cpus)
+            .gpu(address, None, None)
+            .driver_gpu(address, uuid, 0, true),
+        gpus: vec![GraceGpu {
+            address: address.to_string(),
+            uuid: uuid.to_string(),
+            pci_node: None,
+            nvml_cpus: cpus,
+            memory_node: None,
+        }],
+        mode: None,
+    }
+}
+
+/// Every full-scale Grace host, in the order docs/grace.md lists them.
+pub fn grace_hosts() -> Vec<GraceHost> {
+    vec![
+        gb200_tray(GpuMemoryMode::Numa),
+        gb200_tray(GpuMemoryMode::Cdmm),
+        gb300_tray(),
+        gh200(),
+        quad_gh200(),
+        dgx_spark(),
+    ]
+}
+
 /// A VM without NUMA information: `cpus` CPUs (each its own core), no node directory, and `gpus`
 /// GPUs at `0000:10:00.0`, `0000:11:00.0`, ... whose `numa_node` is -1.
 pub fn single_node_vm(cpus: usize, gpus: usize) -> SimulatedHost {
@@ -690,6 +888,37 @@ mod tests {
             .node_distances(vec![vec![10]]);
         let err = host.write(dir.path()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn grace_hosts_at_full_scale_have_the_documented_node_counts() {
+        let counts: Vec<(usize, usize, usize)> = grace_hosts()
+            .iter()
+            .map(|g| {
+                let t = g.host.topology();
+                let with_cpus = t.nodes.iter().filter(|n| !n.cpus.is_empty()).count();
+                let with_memory = t.nodes.iter().filter(|n| n.has_memory).count();
+                (t.nodes.len(), with_cpus, with_memory)
+            })
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                (34, 2, 6),
+                (34, 2, 2),
+                (34, 2, 6),
+                (9, 1, 2),
+                (36, 4, 8),
+                (1, 1, 1)
+            ]
+        );
+        let t = gb200_tray(GpuMemoryMode::Numa).host.topology();
+        assert_eq!(t.online, mask("0-143"));
+        assert_eq!(t.node(1).unwrap().cpus, mask("72-143"));
+        assert!(t.cpus.iter().all(|c| c.siblings.count() == 1), "no SMT");
+        let t = quad_gh200().host.topology();
+        assert_eq!(t.node(3).unwrap().cpus, mask("216-287"));
+        assert_eq!(t.gpus[3].numa_node, Some(3));
     }
 
     #[test]

@@ -239,7 +239,16 @@ pub fn gather(root: &SysfsRoot) -> HostView {
                 .collect()
         })
         .unwrap_or_default();
-    let flags = flags(&shown, &cores, &kernel_nodes);
+    let gpu_local: BTreeMap<String, CpuMask> = topology
+        .as_ref()
+        .map(|t| {
+            t.gpus
+                .iter()
+                .map(|g| (g.address.clone(), t.gpu_local_cpus(g).cpus))
+                .collect()
+        })
+        .unwrap_or_default();
+    let flags = flags(&shown, &cores, &kernel_nodes, &gpu_local);
     HostView {
         entries,
         unreachable,
@@ -348,16 +357,19 @@ fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
 /// step thread sharing a core with another process's step or result thread (`cores`: the SMT
 /// sibling sets; a CPU none lists is a core of its own); a process whose memory lies mostly off
 /// its workers' node (`kernel_nodes`: the kernel's nodes with CPUs; memory on nodes without CPUs,
-/// a GPU's own memory, is left out).
+/// a GPU's own memory, is left out). `gpu_local`: each GPU's local CPUs by PCI address; workers
+/// of two GPUs sharing CPUs local to both (two GPUs of one Grace node or socket) are where the
+/// library puts them, not a collision.
 pub fn flags(
     rows: &[&ProcessRow],
     cores: &[CpuMask],
     kernel_nodes: &[(usize, CpuMask)],
+    gpu_local: &BTreeMap<String, CpuMask>,
 ) -> Vec<Flag> {
     let mut flags = Vec::new();
     for (i, a) in rows.iter().enumerate() {
         for b in &rows[i + 1..] {
-            if let Some(flag) = workers_share(a, b) {
+            if let Some(flag) = workers_share(a, b, gpu_local) {
                 flags.push(flag);
             }
             if let Some(flag) = steps_share_a_core(a, b, cores) {
@@ -373,12 +385,25 @@ pub fn flags(
     flags
 }
 
-fn workers_share(a: &ProcessRow, b: &ProcessRow) -> Option<Flag> {
+fn workers_share(
+    a: &ProcessRow,
+    b: &ProcessRow,
+    gpu_local: &BTreeMap<String, CpuMask>,
+) -> Option<Flag> {
     let (da, db) = (a.devices(), b.devices());
     if da.is_empty() || db.is_empty() || !da.is_disjoint(&db) {
         return None;
     }
-    let shared = a.on(Kind::Worker).intersection(&b.on(Kind::Worker));
+    // The CPUs local to every GPU of both (none when one is not a GPU of this tree).
+    let local_to_all = da
+        .union(&db)
+        .map(|d| gpu_local.get(*d).cloned().unwrap_or_default())
+        .reduce(|acc, m| acc.intersection(&m))
+        .unwrap_or_default();
+    let shared = a
+        .on(Kind::Worker)
+        .intersection(&b.on(Kind::Worker))
+        .difference(&local_to_all);
     if shared.is_empty() {
         return None;
     }
@@ -854,7 +879,12 @@ mod tests {
         let b = row(2, &[GPU1], &[(Kind::Worker, "12-15")], &[]);
         let same_gpu = row(3, &[GPU0], &[(Kind::Worker, "8-15")], &[]);
         let host_only = row(4, &[], &[(Kind::Host, "0-15")], &[]);
-        let f = flags(&[&a, &b, &same_gpu, &host_only], &cores, &nodes);
+        let f = flags(
+            &[&a, &b, &same_gpu, &host_only],
+            &cores,
+            &nodes,
+            &BTreeMap::new(),
+        );
         assert_eq!(
             kinds(&f),
             [
@@ -865,6 +895,40 @@ mod tests {
         assert_eq!(
             f[0].text,
             "workers of 1 on GPU 0 (0000:3b:00.0) and 2 on GPU 1 (0000:86:00.0) share CPUs 12-15"
+        );
+    }
+
+    /// Two GPUs of one Grace node (a GB200 tray's 0 and 1, both local to CPUs 0-7 here): their
+    /// workers on that node's CPUs are where the library puts them; workers of a GPU of the
+    /// other node on them are still flagged.
+    #[test]
+    fn workers_of_two_gpus_sharing_cpus_local_to_both_are_not_flagged() {
+        let (cores, nodes) = host();
+        let tray0 = ("0008:06:00.0", 0);
+        let tray1 = ("0009:06:00.0", 1);
+        let tray2 = ("0018:06:00.0", 2);
+        let local: BTreeMap<String, CpuMask> = [
+            (tray0.0.to_string(), m("0-7")),
+            (tray1.0.to_string(), m("0-7")),
+            (tray2.0.to_string(), m("8-15")),
+        ]
+        .into();
+        let a = row(1, &[tray0], &[(Kind::Worker, "0-7")], &[]);
+        let b = row(2, &[tray1], &[(Kind::Worker, "0-7")], &[]);
+        let c = row(3, &[tray2], &[(Kind::Worker, "6-15")], &[]);
+        let f = flags(&[&a, &b, &c], &cores, &nodes, &local);
+        assert_eq!(
+            kinds(&f),
+            [
+                ("workers-share-cpus", vec![1, 3], "6-7".to_string()),
+                ("workers-share-cpus", vec![2, 3], "6-7".to_string()),
+            ]
+        );
+        // Without the tree's GPUs, every shared CPU is flagged.
+        let f = flags(&[&a, &b], &cores, &nodes, &BTreeMap::new());
+        assert_eq!(
+            kinds(&f),
+            [("workers-share-cpus", vec![1, 2], "0-7".to_string())]
         );
     }
 
@@ -879,7 +943,7 @@ mod tests {
         // Results alone on one core: not a step collision.
         let e = row(5, &[GPU0], &[(Kind::Result, "3")], &[]);
         let f5 = row(6, &[GPU1], &[(Kind::Result, "7")], &[]);
-        let f = flags(&[&a, &b, &c, &d, &e, &f5], &cores, &nodes);
+        let f = flags(&[&a, &b, &c, &d, &e, &f5], &cores, &nodes, &BTreeMap::new());
         assert_eq!(
             kinds(&f),
             [
@@ -913,7 +977,12 @@ mod tests {
         );
         // Workers on both nodes: no one node their memory belongs on.
         let spread = row(4, &[GPU0], &[(Kind::Worker, "0-15")], &[(0, 9 * gib)]);
-        let f = flags(&[&off, &half, &gpu_memory, &spread], &cores, &nodes);
+        let f = flags(
+            &[&off, &half, &gpu_memory, &spread],
+            &cores,
+            &nodes,
+            &BTreeMap::new(),
+        );
         let memory: Vec<_> = kinds(&f)
             .into_iter()
             .filter(|k| k.0 == "memory-off-node")

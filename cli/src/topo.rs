@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use tllm_affinity_core::cgroup::{self, CgroupLimits, CgroupVersion};
 use tllm_affinity_core::device::{visible_in_view, DeviceEnv};
-use tllm_affinity_core::gpus::{GpuMemoryNode, GpuSource, GpuView};
+use tllm_affinity_core::gpus::{GpuMemoryMode, GpuMemoryNode, GpuSource, GpuView};
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
@@ -29,9 +29,11 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
     let mut topology = Topology::read(&root).map_err(|e| e.to_string())?;
     let view = tllm_affinity_core::gpus::current_view(&root, &mut topology, true);
     let memory_nodes = tllm_affinity_core::gpus::memory_nodes(&topology, &view);
+    let mode = tllm_affinity_core::gpus::memory_mode(&topology, &memory_nodes);
     let host = Host {
         view: &view,
         memory_nodes,
+        mode,
         env: DeviceEnv::from_env(),
         real: root.root() == Path::new("/"),
         root: &root,
@@ -58,6 +60,8 @@ struct Host<'a> {
     view: &'a GpuView,
     /// The CPU-less node holding each GPU's memory, by index into `topology.gpus`.
     memory_nodes: Vec<Option<GpuMemoryNode>>,
+    /// NUMA or CDMM mode, where GPU memory may be a NUMA node (a Grace host).
+    mode: Option<GpuMemoryMode>,
     env: DeviceEnv,
     process_mask: Option<CpuMask>,
     limits: CgroupLimits,
@@ -187,6 +191,9 @@ fn to_text(h: &Host<'_>) -> String {
             }
         );
     }
+    if let Some(mode) = h.mode {
+        let _ = writeln!(out, "GPU memory: {mode}");
+    }
     let _ = writeln!(out, "cores and SMT siblings:");
     for n in &t.nodes {
         let cores = cores_of_node(t, n.id);
@@ -214,9 +221,14 @@ fn to_text(h: &Host<'_>) -> String {
     for (i, g) in t.gpus.iter().enumerate() {
         let local = tllm_affinity_core::gpus::pci_local_cpus(t, h.view, g);
         let node = g.numa_node.map_or("unknown".to_string(), |n| n.to_string());
-        let memory = h.memory_nodes[i].map_or(String::new(), |m| {
-            format!(", its memory on node {} (from {})", m.node, m.source)
-        });
+        let memory = match (h.memory_nodes[i], h.mode) {
+            (Some(m), _) => format!(", its memory on node {} (from {})", m.node, m.source),
+            (None, Some(GpuMemoryMode::Cdmm)) => ", its memory on no NUMA node".to_string(),
+            (None, Some(GpuMemoryMode::Numa)) => {
+                ", its memory node not named (neither NVML nor the driver names it)".to_string()
+            }
+            (None, None) => String::new(),
+        };
         let _ = writeln!(
             out,
             "  {i}: {} (device {:04x}), NUMA node {node}, local CPUs [{}] from {}{memory}",
@@ -425,6 +437,7 @@ fn to_json(h: &Host<'_>) -> Value {
         "sysfs_root": h.root.to_string(),
         "online": t.online.to_list(),
         "process_mask": h.process_mask.as_ref().map(CpuMask::to_list),
+        "gpu_memory_mode": h.mode.map(GpuMemoryMode::key),
         "nodes": nodes,
         "cpus": cpus,
         "gpus": gpus,
@@ -481,8 +494,10 @@ mod tests {
         let root = SysfsRoot::new(dir.path());
         let t = Topology::read(&root).unwrap();
         let view = tllm_affinity_core::gpus::view(&root, &t.gpus, None);
+        let memory_nodes = tllm_affinity_core::gpus::memory_nodes(&t, &view);
         let host = Host {
-            memory_nodes: tllm_affinity_core::gpus::memory_nodes(&t, &view),
+            mode: tllm_affinity_core::gpus::memory_mode(&t, &memory_nodes),
+            memory_nodes,
             view: &view,
             env: DeviceEnv::default(),
             real: false,
@@ -505,5 +520,7 @@ mod tests {
         assert_eq!(v["gpus"].as_array().unwrap().len(), 8);
         assert_eq!(v["cpus"].as_array().unwrap().len(), 224);
         assert_eq!(v["nodes"][1]["cores"].as_array().unwrap().len(), 56);
+        assert_eq!(v["gpu_memory_mode"], Value::Null, "an x86 host has no mode");
+        assert!(!text.contains("GPU memory:"), "{text}");
     }
 }

@@ -41,6 +41,25 @@ pub const GB200_UUIDS: [&str; 2] = [
     "GPU-0b200000-0000-0000-0000-000000000001",
 ];
 
+/// NVML's answer for `shape` in the test double's format (tests/programs/nvml_double.c): each
+/// GPU's bus id with NVML's 8-digit domain, its UUID, its CPU affinity and the node
+/// `nvmlDeviceGetNumaNodeId` gives ("-": not supported, as in CDMM mode).
+pub fn grace_nvml(shape: &simulated::GraceHost) -> String {
+    shape
+        .gpus
+        .iter()
+        .map(|g| {
+            let node = g.memory_node.map_or("-".to_string(), |n| n.to_string());
+            format!(
+                "gpu 0000{} {} {} {node}\n",
+                g.address.to_ascii_uppercase(),
+                g.uuid,
+                g.nvml_cpus
+            )
+        })
+        .collect()
+}
+
 /// A simulated host written to a temp dir: node0 = the lower half of the allowed CPUs, node1
 /// the rest; GPU 0 (0000:3b:00.0) local to node1, GPU 1 (0000:86:00.0) local to node0.
 pub struct Sysfs {
