@@ -907,4 +907,35 @@ mod tests {
         assert_eq!(v["table"], false);
         assert!(!v["threads"].as_array().unwrap().is_empty());
     }
+
+    /// Whatever another process names itself, its text form holds no control character, no
+    /// character that reorders the line, and tells apart what it escaped from what it did not.
+    #[test]
+    fn any_name_is_printed_without_a_control_character() {
+        use proptest::prelude::*;
+        let names = prop_oneof![
+            any::<String>(),
+            "[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}\\u{202a}-\\u{202e}a\\\\]{0,20}",
+        ];
+        proptest::test_runner::TestRunner::default()
+            .run(&names, |name| {
+                let shown = visible(&name);
+                prop_assert!(
+                    !shown
+                        .chars()
+                        .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+                    "{shown:?}"
+                );
+                if !name.contains(|c: char| c.is_control() || c == '\\' || c > '\u{ff}') {
+                    prop_assert_eq!(shown.as_ref(), name.as_str());
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            visible("\x1b]0;pwned\x07\x1b[2J"),
+            r"\x1b]0;pwned\x07\x1b[2J"
+        );
+        assert_eq!(visible("a\\x1b\u{9b}\u{fffd}"), r"a\\x1b\x9b?");
+    }
 }
