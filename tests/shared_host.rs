@@ -70,6 +70,18 @@ fn as_user(uid: u32, gid: u32, program: &Path) -> Command {
     cmd
 }
 
+/// Removes what a test left in `/dev/shm` when it ends, passed or failed: a failure must not
+/// leave another user's files in the way of later tests.
+struct RemoveAtEnd(Vec<PathBuf>);
+
+impl Drop for RemoveAtEnd {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// Opens of a file, watched with inotify from now on (the watch follows the inode across
 /// renames): `opened()` says whether anyone opened it (an `O_PATH` look is no open).
 struct OpenWatch {
@@ -204,6 +216,14 @@ fn root_ps_holds_while_another_user_swaps_their_table() {
     let table = Path::new("/dev/shm").join(threadtable::file_name(pid, namespace));
     let theirs = |what: &str| table.with_extension(what);
     let (keep, fifo, sparse) = (theirs("keep"), theirs("fifo"), theirs("sparse"));
+    let tmp = PathBuf::from(format!("{}.tmp", table.display()));
+    let _left = RemoveAtEnd(vec![
+        table.clone(),
+        keep.clone(),
+        fifo.clone(),
+        sparse.clone(),
+        tmp,
+    ]);
     mkfifo(&fifo, 0o644);
     chown(&fifo, uid, gid);
     let big = std::fs::File::create(&sparse).unwrap();
@@ -284,6 +304,14 @@ fn publishing_never_hangs_while_the_users_own_stale_table_is_swapped() {
     let table = Path::new("/dev/shm").join(threadtable::file_name(u32::MAX - 7, namespace));
     let theirs = |what: &str| table.with_extension(what);
     let (keep, fifo, sparse) = (theirs("keep"), theirs("fifo"), theirs("sparse"));
+    let tmp = PathBuf::from(format!("{}.tmp", table.display()));
+    let _left = RemoveAtEnd(vec![
+        table.clone(),
+        keep.clone(),
+        fifo.clone(),
+        sparse.clone(),
+        tmp,
+    ]);
     // No header, fresh: kept by every process (it may be a table being written), so the swaps
     // go on for the whole run.
     std::fs::write(&table, b"").unwrap();
@@ -490,6 +518,7 @@ fn a_table_name_squatted_by_another_user_still_publishes_and_ps_shows_the_roles(
         let pid = run.pid();
         let namespace = threadtable::pid_namespace(Path::new("/proc/self")).unwrap();
         let usual = Path::new("/dev/shm").join(threadtable::file_name(pid, namespace));
+        let _left = RemoveAtEnd(vec![usual.clone()]);
         let plant = match squat {
             "file" => format!("echo squatted > {}", usual.display()),
             _ => format!("ln -s /etc/passwd {}", usual.display()),
