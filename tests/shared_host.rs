@@ -6,16 +6,15 @@
 //! that is not the owner's is believed.
 
 mod common;
+mod hostile_files;
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tllm_affinity_core::identity::{Placement, Role};
+use hostile_files::*;
 use tllm_affinity_core::threadtable;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -70,88 +69,6 @@ fn as_user(uid: u32, gid: u32, program: &Path) -> Command {
     cmd
 }
 
-/// Removes what a test left in `/dev/shm` when it ends, passed or failed: a failure must not
-/// leave another user's files in the way of later tests.
-struct RemoveAtEnd(Vec<PathBuf>);
-
-impl Drop for RemoveAtEnd {
-    fn drop(&mut self) {
-        for path in &self.0 {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-/// Opens of a file, watched with inotify from now on (the watch follows the inode across
-/// renames): `opened()` says whether anyone opened it (an `O_PATH` look is no open).
-struct OpenWatch {
-    fd: i32,
-    what: Vec<PathBuf>,
-}
-
-impl OpenWatch {
-    fn new(paths: &[&Path]) -> OpenWatch {
-        // SAFETY: no pointer arguments.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        assert!(fd >= 0, "inotify_init1");
-        for path in paths {
-            let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-            // SAFETY: a NUL-terminated path that outlives the call.
-            let wd = unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_OPEN) };
-            assert!(wd >= 0, "inotify_add_watch {}", path.display());
-        }
-        OpenWatch {
-            fd,
-            what: paths.iter().map(|p| p.to_path_buf()).collect(),
-        }
-    }
-
-    /// How many opens were seen since the watch began.
-    fn opens(&self) -> usize {
-        let mut buf = [0u8; 4096];
-        let mut events = 0;
-        loop {
-            // SAFETY: reads at most buf.len() bytes into buf.
-            let n = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
-                return events;
-            }
-            let size = std::mem::size_of::<libc::inotify_event>();
-            let mut at = 0;
-            while at + size <= n as usize {
-                let len = u32::from_ne_bytes(buf[at + 12..at + 16].try_into().unwrap()) as usize;
-                events += 1;
-                at += size + len;
-            }
-        }
-    }
-}
-
-impl Drop for OpenWatch {
-    fn drop(&mut self) {
-        // SAFETY: closes the descriptor this watch owns.
-        unsafe { libc::close(self.fd) };
-    }
-}
-
-fn mkfifo(path: &Path, mode: u32) {
-    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path that outlives the call.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), mode) }, 0, "mkfifo");
-}
-
-/// A character device node (`/dev/full`'s numbers) at `path`, 0666.
-fn device_node(path: &Path) {
-    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a NUL-terminated path that outlives the call.
-    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 7)) };
-    assert_eq!(rc, 0, "mknod {}", path.display());
-}
-
-fn chown(path: &Path, uid: u32, gid: u32) {
-    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
-}
-
 /// Root's `ps` (one process, or the host view), within [`PS_LIMIT`]: its JSON.
 fn ps(args: &[&str]) -> serde_json::Value {
     let mut cmd = clean(cli());
@@ -175,19 +92,6 @@ fn placements(ps: &serde_json::Value) -> Vec<String> {
         .iter()
         .map(|t| t["placement"].as_str().unwrap_or("-").to_string())
         .collect()
-}
-
-/// A root-owned table forged for `pid` (its header, the start time right): every thread listed
-/// as a result thread, which the process never had. Believed, it would show.
-fn forge(path: &Path, pid: u32) {
-    let mut bytes = threadtable::header(pid, threadtable::start_time(pid).unwrap()).to_vec();
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    for task in tasks.flatten() {
-        let tid: i32 = task.file_name().to_str().unwrap().parse().unwrap();
-        bytes.extend(threadtable::encode(tid, Role::Worker, Placement::Result).to_le_bytes());
-    }
-    std::fs::write(path, bytes).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
 }
 
 /// The user's process (preloaded, a worker) and root's `ps` and host view in a loop while the
