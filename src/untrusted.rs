@@ -353,11 +353,13 @@ fn openat2_in_root(root: &Dir, path: &CString) -> io::Result<OwnedFd> {
 }
 
 /// 64 bits nobody can predict (`getrandom`), for a name nobody could have planted; `None`
-/// when the kernel has none to give.
+/// when the kernel has none to give yet (early at boot: `GRND_NONBLOCK`, never a wait in the
+/// host program's thread creation).
 pub fn unpredictable() -> Option<u64> {
     let mut bytes = [0u8; 8];
     // SAFETY: the kernel writes at most 8 bytes into `bytes`, which is 8 bytes long.
-    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let got =
+        unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_NONBLOCK) };
     (got == 8).then(|| u64::from_le_bytes(bytes))
 }
 
