@@ -9,7 +9,9 @@
 //! - [`engine`]: the `pthread_create` trampoline, the interposed functions resolved with
 //!   `dlsym`, the pthread key, the shared-memory thread table, the exec and spawn shims;
 //! - [`lock`]: the futex mutex's `UnsafeCell` and its fork-time `force_unlock`;
-//! - [`nvml`]: NVML's `dlopen` and the foreign calls through it.
+//! - [`nvml`]: NVML's `dlopen` and the foreign calls through it;
+//! - [`untrusted`]: the one way to open what other local users can touch (`openat`, `openat2`,
+//!   `fstat`): no link followed, nothing but a regular file of the right owner opened.
 //!
 //! Every unsafe block carries a `// SAFETY:` line, and an unsafe fn's body is checked like any
 //! other code. `tests/layers.rs` holds these modules to that list and the layers to their order.
@@ -51,3 +53,5 @@ pub mod step;
 pub mod sys;
 pub mod threadtable;
 pub mod topology;
+#[allow(unsafe_code)]
+pub mod untrusted;

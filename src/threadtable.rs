@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::identity::{Placement, Role, Tid};
+use crate::untrusted::{Dir, Rules};
 
 pub const MAGIC: &[u8; 8] = b"TLLMAFT1";
 pub const HEADER_BYTES: usize = 64;
@@ -86,13 +87,41 @@ pub fn pid_namespace(proc_dir: &Path) -> Option<u64> {
         .map(|m| m.ino())
 }
 
-/// The name's pid and namespace, for a file named by [`file_name`].
-fn parse_file_name(name: &str) -> Option<(u32, u64)> {
+/// The name a process publishes under when its usual one ([`file_name`]) is taken by someone
+/// else: the usual name with 64 unpredictable bits, which nobody could have planted ahead.
+/// `ps` finds it by its pid and namespace, then believes it by its owner and header, as the usual
+/// one.
+pub fn alternative_name(pid: u32, namespace: u64, unpredictable: u64) -> String {
+    format!("tllm-affinity.{namespace}.{pid}.{unpredictable:016x}.threads")
+}
+
+/// The name's pid and namespace, for a file named by [`file_name`] or [`alternative_name`].
+pub fn parse_file_name(name: &str) -> Option<(u32, u64)> {
     let rest = name
         .strip_prefix("tllm-affinity.")?
         .strip_suffix(".threads")?;
-    let (namespace, pid) = rest.split_once('.')?;
-    Some((pid.parse().ok()?, namespace.parse().ok()?))
+    let mut parts = rest.split('.');
+    let namespace = parts.next()?.parse().ok()?;
+    let pid = parts.next()?.parse().ok()?;
+    match parts.next() {
+        None => {}
+        Some(suffix) if suffix.len() == 16 && suffix.bytes().all(|b| b.is_ascii_hexdigit()) => {}
+        Some(_) => return None,
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((pid, namespace))
+}
+
+/// The processes (pid, PID namespace) with a table in `dir`, under either name: one listing,
+/// nothing opened.
+pub fn listed(dir: &Dir) -> std::collections::BTreeSet<(u32, u64)> {
+    dir.names()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|name| parse_file_name(name))
+        .collect()
 }
 
 /// Where a process publishes its table: `/dev/shm` when it is a directory, else `fallback`.
@@ -248,46 +277,46 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// their exit handlers (`_exit`, a signal): a table whose pid is gone, or now names a process
 /// that started at another time. Run by each process as it maps its own, so they never pile up.
 /// Only tables of `namespace`, our own PID namespace, can be judged: another namespace's pids
-/// mean other processes, and its tables are left to its own processes.
-pub fn remove_stale(dir: &Path, uid: u32, namespace: u64) -> usize {
-    use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
-    let Ok(entries) = std::fs::read_dir(dir) else {
+/// mean other processes, and its tables are left to its own processes. Each is opened by the
+/// shared rules ([`crate::untrusted`]): whatever another user (or this one) swaps in, nothing
+/// but a regular file of `uid` is opened, and nothing blocks.
+pub fn remove_stale(dir: &Dir, uid: u32, namespace: u64) -> usize {
+    use std::os::unix::fs::FileExt;
+    let Ok(names) = dir.names() else {
         return 0;
     };
+    let rules = Rules {
+        owner: uid,
+        max_bytes: FILE_BYTES as u64,
+    };
     let mut removed = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(parse_file_name)
+    for name in names {
+        let Some(pid) = parse_file_name(&name)
             .filter(|&(_, ns)| ns == namespace)
             .map(|(pid, _)| pid)
         else {
             continue;
         };
-        let path = entry.path();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
-            continue;
-        };
-        if !meta.is_file() || meta.uid() != uid {
+        // Another user's file is not ours to judge (nor, in a sticky directory, to remove).
+        if dir.owner_of(&name) != Some(uid) {
             continue;
         }
+        let Ok((file, facts)) = dir.open_file(&name, &rules) else {
+            continue;
+        };
         let mut head = [0u8; 24];
-        let readable = std::fs::File::open(&path)
-            .and_then(|mut f| f.read_exact(&mut head))
-            .is_ok();
+        let readable = file.read_exact_at(&mut head, 0).is_ok();
         let stale = if readable && &head[..8] == MAGIC {
             let recorded = u64::from_le_bytes(head[16..24].try_into().unwrap_or([0; 8]));
             start_time(pid) != Some(recorded)
         } else {
             // No header yet may be a process writing its table right now: wait a minute.
-            meta.modified()
-                .ok()
-                .and_then(|m| m.elapsed().ok())
-                .is_some_and(|age| age.as_secs() > 60)
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            now - facts.modified > 60
         };
-        if stale && std::fs::remove_file(&path).is_ok() {
+        if stale && dir.remove(&name).is_ok() {
             removed += 1;
         }
     }
@@ -308,40 +337,85 @@ pub struct Expect<'a> {
     pub tids: &'a [Tid],
 }
 
-/// Opens the table `expect` names when it is believed: a regular file of the process's owner,
-/// with the magic, and the header of this very process (not of an earlier one with its pid).
-fn open_believed(
-    dir: &Path,
-    expect: &Expect,
-) -> Result<(std::fs::File, [u8; HEADER_BYTES]), String> {
-    use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
-    let path = dir.join(file_name(expect.pid, expect.namespace));
-    let shown = path.display();
-    let meta = std::fs::symlink_metadata(&path).map_err(|e| format!("{shown}: {e}"))?;
-    if !meta.is_file() {
-        return Err(format!("{shown}: not a regular file: not believed"));
+/// A table opened and believed: a regular file of the process's owner, with the magic, and the
+/// header of this very process (not of an earlier one with its pid).
+pub struct Table {
+    file: std::fs::File,
+    /// The name it has in its directory (the usual one, or the alternative).
+    pub name: String,
+}
+
+/// Why a process has no table to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoTable {
+    /// Nothing under either name.
+    Missing,
+    /// Something is there but is not believed: why.
+    Refused(String),
+}
+
+impl std::fmt::Display for NoTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoTable::Missing => write!(f, "no thread table"),
+            NoTable::Refused(why) => write!(f, "{why}"),
+        }
     }
-    if meta.uid() != expect.owner {
-        return Err(format!(
-            "{shown}: owned by uid {}, not by the process's owner (uid {}): not believed",
-            meta.uid(),
-            expect.owner
-        ));
+}
+
+/// Opens the table `expect` names in `dir`: its usual name, else the alternatives its process
+/// may have published under when the usual one was taken (see [`alternative_name`]), each only
+/// through [`crate::untrusted`]'s rules: never a link, never anything but a regular file of the
+/// process's owner, one name, at most [`FILE_BYTES`].
+pub fn open(dir: &Dir, expect: &Expect) -> Result<Table, NoTable> {
+    let usual = file_name(expect.pid, expect.namespace);
+    let mut candidates = Vec::new();
+    let mut refused = None;
+    if dir.has(&usual) {
+        candidates.push(usual.clone());
     }
-    let mut file = std::fs::File::open(&path).map_err(|e| format!("{shown}: {e}"))?;
+    // The alternatives are looked for only when the usual name is not the owner's: another
+    // user's file there is what makes a process publish under one.
+    if dir.owner_of(&usual) != Some(expect.owner) {
+        let theirs = dir.names().unwrap_or_default().into_iter().filter(|name| {
+            *name != usual
+                && parse_file_name(name) == Some((expect.pid, expect.namespace))
+                && dir.owner_of(name) == Some(expect.owner)
+        });
+        candidates.extend(theirs);
+    }
+    for name in candidates {
+        match open_one(dir, &name, expect) {
+            Ok(file) => return Ok(Table { file, name }),
+            Err(why) => {
+                refused.get_or_insert(why);
+            }
+        }
+    }
+    Err(refused.map_or(NoTable::Missing, NoTable::Refused))
+}
+
+fn open_one(dir: &Dir, name: &str, expect: &Expect) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::FileExt;
+    let rules = Rules {
+        owner: expect.owner,
+        max_bytes: FILE_BYTES as u64,
+    };
+    let (file, _) = dir
+        .open_file(name, &rules)
+        .map_err(|why| format!("{name}: {why}"))?;
     let mut head = [0u8; HEADER_BYTES];
-    if file.read_exact(&mut head).is_err() || &head[..8] != MAGIC {
-        return Err(format!("{shown}: not a tllm-affinity thread table"));
+    if file.read_exact_at(&mut head, 0).is_err() || &head[..8] != MAGIC {
+        return Err(format!("{name}: not a tllm-affinity thread table"));
     }
     let file_pid = u32::from_le_bytes(head[8..12].try_into().unwrap_or([0; 4]));
     if file_pid != expect.pid || Some(header_word(&head, 2)) != start_time(expect.proc_pid) {
         return Err(format!(
-            "{shown}: left by an earlier process with pid {}",
+            "{name}: left by an earlier process with pid {}",
             expect.pid
         ));
     }
-    Ok((file, head))
+    Ok(file)
 }
 
 fn header_word(head: &[u8; HEADER_BYTES], index: usize) -> u64 {
@@ -349,55 +423,74 @@ fn header_word(head: &[u8; HEADER_BYTES], index: usize) -> u64 {
     u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or([0; 8]))
 }
 
-/// Roles and placements a live process published, for the threads `expect` names. Reads the
-/// header and then the records only as far as needed: never more than [`CAPACITY`] of them,
-/// whatever size the file claims (anybody may plant a sparse file of any size at the path).
-pub fn read(dir: &Path, expect: &Expect) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
-    use std::io::Read;
-    let (file, _) = open_believed(dir, expect)?;
-    let shown = dir.join(file_name(expect.pid, expect.namespace));
-    let shown = shown.display();
-    let mut reader = file.take((CAPACITY * 8) as u64);
-    let mut found = BTreeMap::new();
-    let mut chunk = vec![0u8; 64 * 1024];
-    while found.len() < expect.tids.len() {
-        let n = reader
-            .read(&mut chunk)
-            .map_err(|e| format!("{shown}: {e}"))?;
-        if n == 0 {
-            break;
-        }
-        for record in chunk[..n - n % 8].chunks_exact(8) {
-            if let Some((tid, role, placement)) =
-                decode(u64::from_le_bytes(record.try_into().unwrap_or([0; 8])))
-            {
-                if expect.tids.contains(&tid) {
-                    found.insert(tid, (role, placement));
+impl Table {
+    /// Roles and placements the process published, for the threads `tids`. Reads the records
+    /// only as far as needed: never more than [`CAPACITY`] of them (the file is at most
+    /// [`FILE_BYTES`], checked as it was opened).
+    pub fn records(&self, tids: &[Tid]) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
+        use std::io::{Read, Seek};
+        let name = &self.name;
+        let mut file = &self.file;
+        file.seek(std::io::SeekFrom::Start(HEADER_BYTES as u64))
+            .map_err(|e| format!("{name}: {e}"))?;
+        let mut reader = file.take((CAPACITY * 8) as u64);
+        let mut found = BTreeMap::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        while found.len() < tids.len() {
+            let n = reader
+                .read(&mut chunk)
+                .map_err(|e| format!("{name}: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            for record in chunk[..n - n % 8].chunks_exact(8) {
+                if let Some((tid, role, placement)) =
+                    decode(u64::from_le_bytes(record.try_into().unwrap_or([0; 8])))
+                {
+                    if tids.contains(&tid) {
+                        found.insert(tid, (role, placement));
+                    }
                 }
             }
         }
+        Ok(found)
     }
-    Ok(found)
+
+    /// The notes the process published (see [`write_notes`]): empty when it has none, an error
+    /// when they kept changing while we read them.
+    pub fn notes(&self) -> Result<String, String> {
+        read_text(&NOTES, &self.file)
+    }
+
+    /// The leases the process has open (see [`write_leases`]): none for a table of a library
+    /// from before them; an error when its lines are not ours, or they kept changing while we
+    /// read them.
+    pub fn leases(&self) -> Result<Vec<LeaseLine>, String> {
+        read_text(&LEASES, &self.file)?
+            .lines()
+            .map(|line| {
+                LeaseLine::parse(line)
+                    .ok_or_else(|| format!("{line:?} is not a lease: not believed"))
+            })
+            .collect()
+    }
 }
 
-/// The notes a live process published (see [`write_notes`]): empty when it has none, an error
-/// when the table is not believed or its notes kept changing while we read them.
-pub fn read_notes(dir: &Path, expect: &Expect) -> Result<String, String> {
-    let (file, _) = open_believed(dir, expect)?;
-    read_text(&NOTES, &file)
+/// [`open`] then [`Table::records`] for `expect.tids`.
+pub fn read(dir: &Dir, expect: &Expect) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
+    open(dir, expect)
+        .map_err(|e| e.to_string())?
+        .records(expect.tids)
 }
 
-/// The leases a live process has open (see [`write_leases`]): none for a table of a library from
-/// before them; an error when the table is not believed, its lines are not ours, or they kept
-/// changing while we read them.
-pub fn read_leases(dir: &Path, expect: &Expect) -> Result<Vec<LeaseLine>, String> {
-    let (file, _) = open_believed(dir, expect)?;
-    read_text(&LEASES, &file)?
-        .lines()
-        .map(|line| {
-            LeaseLine::parse(line).ok_or_else(|| format!("{line:?} is not a lease: not believed"))
-        })
-        .collect()
+/// [`open`] then [`Table::notes`].
+pub fn read_notes(dir: &Dir, expect: &Expect) -> Result<String, String> {
+    open(dir, expect).map_err(|e| e.to_string())?.notes()
+}
+
+/// [`open`] then [`Table::leases`].
+pub fn read_leases(dir: &Dir, expect: &Expect) -> Result<Vec<LeaseLine>, String> {
+    open(dir, expect).map_err(|e| e.to_string())?.leases()
 }
 
 fn read_text(area: &TextArea, file: &std::fs::File) -> Result<String, String> {
@@ -480,7 +573,7 @@ mod tests {
         // Another namespace's table: its pid means another process; never judged here.
         let foreign = dir.path().join(file_name(1, ns() + 1));
         std::fs::write(&foreign, header(1, 12345)).unwrap();
-        assert_eq!(remove_stale(dir.path(), uid, ns()), 2);
+        assert_eq!(remove_stale(&Dir::open(dir.path()).unwrap(), uid, ns()), 2);
         assert!(dir.path().join(name(me)).exists());
         assert!(!dir.path().join(name(1)).exists());
         assert!(foreign.exists());
@@ -517,14 +610,19 @@ mod tests {
         bytes.extend_from_slice(&0u64.to_le_bytes());
         bytes.extend_from_slice(&encode(9, Role::Worker, Placement::Worker).to_le_bytes());
         std::fs::write(&path, &bytes).unwrap();
-        let table = read(dir.path(), &expect(&[7, 9, 11])).unwrap();
+        let table = read(&Dir::open(dir.path()).unwrap(), &expect(&[7, 9, 11])).unwrap();
         assert_eq!(table.len(), 2);
         assert_eq!(table[&9], (Role::Worker, Placement::Worker));
-        assert_eq!(read(dir.path(), &expect(&[9])).unwrap().len(), 1);
+        assert_eq!(
+            read(&Dir::open(dir.path()).unwrap(), &expect(&[9]))
+                .unwrap()
+                .len(),
+            1
+        );
         let mut stale = header(std::process::id(), 1).to_vec();
         stale.extend_from_slice(&bytes[HEADER_BYTES..]);
         std::fs::write(&path, &stale).unwrap();
-        assert!(read(dir.path(), &expect(&[7]))
+        assert!(read(&Dir::open(dir.path()).unwrap(), &expect(&[7]))
             .unwrap_err()
             .contains("earlier process"));
     }
@@ -535,7 +633,7 @@ mod tests {
         std::fs::write(own_table(dir.path()), own_header()).unwrap();
         let mut other = expect(&[7]);
         other.owner = other.owner.wrapping_add(1);
-        assert!(read(dir.path(), &other)
+        assert!(read(&Dir::open(dir.path()).unwrap(), &other)
             .unwrap_err()
             .contains("not believed"));
     }
@@ -569,24 +667,27 @@ mod tests {
         let header = words(&own_header());
         let notes: Vec<AtomicU64> = (0..NOTES_BYTES / 8).map(|_| AtomicU64::new(0)).collect();
         std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
-        assert_eq!(read_notes(dir.path(), &expect(&[])).unwrap(), "");
+        assert_eq!(
+            read_notes(&Dir::open(dir.path()).unwrap(), &expect(&[])).unwrap(),
+            ""
+        );
         write_notes(&header, &notes, "trtllm: engaged; tensorrt_llm 1.2\n");
         std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
         assert_eq!(
-            read_notes(dir.path(), &expect(&[])).unwrap(),
+            read_notes(&Dir::open(dir.path()).unwrap(), &expect(&[])).unwrap(),
             "trtllm: engaged; tensorrt_llm 1.2\n"
         );
         let line = format!("{}\n", "x".repeat(1000));
         write_notes(&header, &notes, &line.repeat(9));
         std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
         assert_eq!(
-            read_notes(dir.path(), &expect(&[])).unwrap(),
+            read_notes(&Dir::open(dir.path()).unwrap(), &expect(&[])).unwrap(),
             line.repeat(8)
         );
         // A writer caught in the middle (odd sequence number) is never believed.
         header[NOTES.sequence_word].fetch_add(1, Ordering::Relaxed);
         std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
-        assert!(read_notes(dir.path(), &expect(&[]))
+        assert!(read_notes(&Dir::open(dir.path()).unwrap(), &expect(&[]))
             .unwrap_err()
             .contains("kept changing"));
     }
@@ -610,7 +711,10 @@ mod tests {
         // A library from before the leases: zeros in the header's last words, no room after the
         // notes.
         std::fs::write(&path, file_bytes(&header, &notes)).unwrap();
-        assert_eq!(read_leases(dir.path(), &expect(&[])).unwrap(), vec![]);
+        assert_eq!(
+            read_leases(&Dir::open(dir.path()).unwrap(), &expect(&[])).unwrap(),
+            vec![]
+        );
         let open = vec![
             LeaseLine {
                 id: 1,
@@ -626,20 +730,26 @@ mod tests {
         write_leases(&header, &leases, &open);
         write_notes(&header, &notes, "trtllm: engaged\n");
         std::fs::write(&path, whole(&header, &leases)).unwrap();
-        assert_eq!(read_leases(dir.path(), &expect(&[])).unwrap(), open);
+        assert_eq!(
+            read_leases(&Dir::open(dir.path()).unwrap(), &expect(&[])).unwrap(),
+            open
+        );
         // The notes keep their own words.
         assert_eq!(
-            read_notes(dir.path(), &expect(&[])).unwrap(),
+            read_notes(&Dir::open(dir.path()).unwrap(), &expect(&[])).unwrap(),
             "trtllm: engaged\n"
         );
         // The table only ever shows what is open now.
         write_leases(&header, &leases, &open[1..]);
         std::fs::write(&path, whole(&header, &leases)).unwrap();
-        assert_eq!(read_leases(dir.path(), &expect(&[])).unwrap(), &open[1..]);
+        assert_eq!(
+            read_leases(&Dir::open(dir.path()).unwrap(), &expect(&[])).unwrap(),
+            &open[1..]
+        );
         // Lines that are not ours are not believed.
         write_text(&LEASES, &header, &leases, "garbage\n");
         std::fs::write(&path, whole(&header, &leases)).unwrap();
-        assert!(read_leases(dir.path(), &expect(&[]))
+        assert!(read_leases(&Dir::open(dir.path()).unwrap(), &expect(&[]))
             .unwrap_err()
             .contains("not a lease"));
     }
@@ -650,6 +760,9 @@ mod tests {
         let mut bytes = own_header().to_vec();
         bytes[40..48].copy_from_slice(&100u64.to_le_bytes());
         std::fs::write(own_table(dir.path()), bytes).unwrap();
-        assert_eq!(read_notes(dir.path(), &expect(&[])).unwrap(), "");
+        assert_eq!(
+            read_notes(&Dir::open(dir.path()).unwrap(), &expect(&[])).unwrap(),
+            ""
+        );
     }
 }

@@ -15,6 +15,7 @@
 //! CPUs: node0 = {0}, node1 = {1}.
 
 mod common;
+mod hostile_files;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::*;
+use hostile_files::*;
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -1069,4 +1071,107 @@ fn the_zero_code_fixture_runs_unmodified_in_a_container() {
         describe(first)
     );
     never_says(&end.stderr, &["Removing CPU affinity constraints"]);
+}
+
+/// Inside a container's root, whatever lies at the table's name (in the container's own
+/// `/dev/shm`, which its root user controls): the name swapped, as fast as it goes, between the
+/// real table, a FIFO, a 1 TiB sparse file, absolute symbolic links to host paths (a device
+/// node, a FIFO the host holds, a table forged with the process's header) and a hard link, while
+/// root on the host runs `ps PID` and the host view. An absolute link is never resolved against
+/// the host's root: nothing on the host is opened (inotify), the forged table is never
+/// believed, every run ends in time, and afterwards the roles show.
+#[test]
+fn ps_on_the_host_follows_no_link_planted_in_a_containers_root() {
+    let glibc = require!(Glibc::new("psswap", "a worker set narrower than the host"));
+    let name = container_name("psswap");
+    let in_container = population_in_container(&glibc.device, &glibc.sysfs, &name, &[], &[]);
+    let mut run = Driver::spawn(in_container, LIMIT);
+    run.line("PHASE ");
+    let pid = host_pid(&name);
+    run.proceed();
+    let configured = container_phase(&mut run, pid);
+    let namespace_tids: Vec<i32> = (1..=256).collect();
+    let shm = PathBuf::from(format!("/proc/{pid}/root/dev/shm"));
+    let namespace =
+        tllm_affinity_core::threadtable::pid_namespace(Path::new(&format!("/proc/{pid}"))).unwrap();
+    let table = shm.join(tllm_affinity_core::threadtable::file_name(1, namespace));
+    assert!(table.exists(), "{}", table.display());
+    let theirs = |what: &str| table.with_extension(what);
+    let (keep, fifo, sparse) = (theirs("keep"), theirs("fifo"), theirs("sparse"));
+    mkfifo(&fifo, 0o644);
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let host_dir = tempfile::tempdir().unwrap();
+    let device = host_dir.path().join("device");
+    device_node(&device);
+    let held = host_dir.path().join("held-fifo");
+    mkfifo(&held, 0o666);
+    let forged = host_dir.path().join("forged-table");
+    forge_as(&forged, 1, pid, &namespace_tids);
+    let watch = OpenWatch::new(&[&fifo, &sparse, &device, &held, &forged]);
+    let mut swap = Command::new(Program::c("table_swapper").build());
+    swap.arg(&table)
+        .arg(&keep)
+        .arg(&fifo)
+        .arg(&sparse)
+        .arg(&device)
+        .arg(&held)
+        .arg(&forged)
+        .arg("5");
+    let mut swapping = Driver::spawn(swap, LIMIT);
+    let ps = |args: &[&str]| -> Value {
+        let mut cmd = clean(cli());
+        cmd.arg("ps").args(args).arg("--json");
+        let out = run_bounded(cmd, Duration::from_secs(20));
+        assert!(out.status.success(), "ps {args:?}: {}", out.stderr);
+        serde_json::from_str(&out.stdout).unwrap()
+    };
+    let pid_arg = pid.to_string();
+    let mut runs = 0;
+    while !swapping.exited_within(Duration::ZERO) {
+        let one = ps(&[&pid_arg]);
+        for t in one["threads"].as_array().unwrap() {
+            assert_ne!(
+                t["placement"], "result",
+                "the forged table was believed: {one}"
+            );
+        }
+        let host = ps(&[]);
+        if let Some(row) = host["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+        {
+            assert!(row["threads"].get("result").is_none(), "{row}");
+        }
+        runs += 1;
+    }
+    let swapped = swapping.finish();
+    let opens = watch.opens();
+    let _ = std::fs::remove_file(&fifo);
+    let _ = std::fs::remove_file(&sparse);
+    assert!(swapped.status.success(), "{}", swapped.stderr);
+    assert_eq!(
+        opens,
+        0,
+        "{opens} opens of {:?} over {runs} runs of ps ({})",
+        watch.what,
+        swapped.stdout.trim()
+    );
+    let after = ps(&[&pid_arg]);
+    let workers = after["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["role"] == "worker")
+        .count();
+    assert_eq!(
+        workers,
+        configured.threads.values().filter(|t| t.role == 1).count(),
+        "{after}"
+    );
+    run.finish();
 }

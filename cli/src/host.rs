@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -210,10 +211,7 @@ pub fn run(args: &PsArgs) -> Result<(), String> {
 /// on the kernel's own nodes: where pages lie is a kernel fact, whatever tree `root` is.
 pub fn gather(root: &SysfsRoot) -> HostView {
     let (found, unreachable) = processes_with_a_table();
-    let mut entries: Vec<Entry> = found
-        .into_iter()
-        .map(|(pid, start)| entry_of(pid, start))
-        .collect();
+    let mut entries = read_bounded(found, PROCESS_LIMIT, VIEW_LIMIT);
     entries.sort_by_key(Entry::pid);
     let topology = Topology::read(root).ok();
     let kernel = if root.root() == Path::new("/") {
@@ -258,8 +256,105 @@ pub fn gather(root: &SysfsRoot) -> HostView {
     }
 }
 
+/// The most time the host view gives one process: past it (its `/proc` files block: a process
+/// stopped with its memory-map lock held), it is one line.
+pub const PROCESS_LIMIT: Duration = Duration::from_secs(5);
+/// The most time the host view takes over all processes: those not read by then are one line
+/// each.
+pub const VIEW_LIMIT: Duration = Duration::from_secs(30);
+/// How many processes are read at once.
+const READERS: usize = 8;
+
+/// Reads each process of `found` ([`entry_of`]) on a thread of its own, [`READERS`] at a time:
+/// one that takes longer than `each` is one line and its reader is left behind (a read of
+/// `/proc` that blocks cannot be interrupted; the threads end with this process), and once
+/// `all` has passed every process not yet read is one line.
+pub fn read_bounded(found: Vec<(u32, Option<u64>)>, each: Duration, all: Duration) -> Vec<Entry> {
+    let view_deadline = Instant::now() + all;
+    let (done_tx, done) = std::sync::mpsc::channel::<(u32, Entry)>();
+    let mut pending = found.into_iter();
+    let mut reading: BTreeMap<u32, Instant> = BTreeMap::new();
+    let mut entries = Vec::new();
+    let late = |pid: u32, why: String| {
+        Entry::Line(ProcessLine {
+            pid,
+            command: None,
+            why,
+        })
+    };
+    loop {
+        while reading.len() < READERS && Instant::now() < view_deadline {
+            let Some((pid, start)) = pending.next() else {
+                break;
+            };
+            let tx = done_tx.clone();
+            let started = std::thread::Builder::new()
+                .name("ps-reader".into())
+                .spawn(move || {
+                    let _ = tx.send((pid, entry_of(pid, start)));
+                });
+            match started {
+                Ok(_) => {
+                    reading.insert(pid, Instant::now() + each);
+                }
+                Err(e) => entries.push(late(pid, format!("not read: no thread to read it ({e})"))),
+            }
+        }
+        let Some(next_deadline) = reading.values().min().copied() else {
+            break;
+        };
+        let wait_until = next_deadline.min(view_deadline);
+        match done.recv_timeout(wait_until.saturating_duration_since(Instant::now())) {
+            Ok((pid, entry)) => {
+                if reading.remove(&pid).is_some() {
+                    entries.push(entry);
+                }
+            }
+            Err(_) => {
+                let now = Instant::now();
+                let overdue: Vec<u32> = reading
+                    .iter()
+                    .filter(|(_, &deadline)| deadline <= now || view_deadline <= now)
+                    .map(|(&pid, _)| pid)
+                    .collect();
+                for pid in overdue {
+                    reading.remove(&pid);
+                    entries.push(late(
+                        pid,
+                        format!(
+                            "not read within {} s (its /proc files do not answer)",
+                            each.as_secs_f64()
+                        ),
+                    ));
+                }
+            }
+        }
+        if Instant::now() >= view_deadline {
+            for (pid, _) in std::mem::take(&mut reading) {
+                entries.push(late(
+                    pid,
+                    format!(
+                        "not read within {} s (its /proc files do not answer)",
+                        each.as_secs_f64()
+                    ),
+                ));
+            }
+            for (pid, _) in pending.by_ref() {
+                entries.push(late(
+                    pid,
+                    format!("not read: the view's {} s had passed", all.as_secs_f64()),
+                ));
+            }
+            break;
+        }
+    }
+    entries
+}
+
 /// Every process (but this one) whose table exists where it would publish it, with its start
-/// time; and how many processes in other PID namespaces could not be looked into.
+/// time; and how many processes in other PID namespaces could not be looked into. Of each
+/// process only `/proc/PID/status` is read (by [`ps::locate`]); the table directory is listed
+/// once for the host's processes and once per container's root, and nothing is opened.
 fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
     let me = std::process::id();
     let mut found = Vec::new();
@@ -267,6 +362,7 @@ fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return (found, unreachable);
     };
+    let mut host_listing = None;
     for entry in dir.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -284,7 +380,23 @@ fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
         };
         if location.unreachable.is_some() {
             unreachable += 1;
-        } else if std::fs::symlink_metadata(&location.file).is_ok() {
+            continue;
+        }
+        let key = (location.published_pid, location.namespace);
+        let listed = match location.namespace_pid {
+            None => host_listing
+                .get_or_insert_with(|| {
+                    location
+                        .open_dir()
+                        .map(|d| threadtable::listed(&d))
+                        .unwrap_or_default()
+                })
+                .contains(&key),
+            Some(_) => location
+                .open_dir()
+                .is_ok_and(|d| threadtable::listed(&d).contains(&key)),
+        };
+        if listed {
             found.push((pid, threadtable::start_time(pid)));
         }
     }
@@ -620,16 +732,20 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
     }
     for e in &v.entries {
         if let Entry::Row(r) = e {
-            table.push([
-                r.pid.to_string(),
-                command_of(r),
-                r.gpus(),
-                list_or_dash(&r.on(Kind::Worker)),
-                list_or_dash(&r.on(Kind::Step)),
-                list_or_dash(&r.on(Kind::Result)),
-                threads_of(r),
-                memory_of(r),
-            ]);
+            // Commands and errors are another process's strings: escaped (no colour here).
+            table.push(
+                [
+                    r.pid.to_string(),
+                    command_of(r),
+                    r.gpus(),
+                    list_or_dash(&r.on(Kind::Worker)),
+                    list_or_dash(&r.on(Kind::Step)),
+                    list_or_dash(&r.on(Kind::Result)),
+                    threads_of(r),
+                    memory_of(r),
+                ]
+                .map(|cell| ps::visible(&cell).into_owned()),
+            );
         }
     }
     let widths: Vec<usize> = (0..8)
@@ -650,8 +766,9 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
     }
     for e in &v.entries {
         if let Entry::Line(l) = e {
-            let command = l.command.as_deref().unwrap_or("?");
-            let _ = writeln!(out, "{:>8}  {command}: not shown: {}", l.pid, l.why);
+            let command = ps::visible(l.command.as_deref().unwrap_or("?"));
+            let why = ps::visible(&l.why);
+            let _ = writeln!(out, "{:>8}  {command}: not shown: {why}", l.pid);
         }
     }
     if shown > 0 {
@@ -662,7 +779,7 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
         let _ = writeln!(out, "flags: none");
     }
     for f in &v.flags {
-        let _ = writeln!(out, "flag: {}", f.text);
+        let _ = writeln!(out, "flag: {}", ps::visible(&f.text));
     }
     if v.unreachable > 0 {
         let _ = writeln!(
@@ -682,7 +799,7 @@ fn grid(v: &HostView, colour: bool) -> String {
     let shown: Vec<&ProcessRow> = rows(&v.entries).collect();
     let w_name = shown
         .iter()
-        .map(|r| r.command.chars().count())
+        .map(|r| ps::visible(&r.command).chars().count())
         .max()
         .unwrap_or(0)
         .max(7);
@@ -728,7 +845,11 @@ fn grid(v: &HostView, colour: bool) -> String {
                 }
             }
         }
-        let _ = writeln!(out, "{}{cells}", prefix(&r.pid.to_string(), &r.command));
+        let _ = writeln!(
+            out,
+            "{}{cells}",
+            prefix(&r.pid.to_string(), &ps::visible(&r.command))
+        );
     }
     let legend: Vec<String> = Kind::ALL
         .iter()

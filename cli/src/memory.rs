@@ -18,6 +18,8 @@ use tllm_affinity_core::kernel_text::node_count;
 pub const READ_LIMIT: usize = 16 << 20;
 /// The longest `ps` spends in `numa_maps`.
 pub const TIME_LIMIT: Duration = Duration::from_secs(2);
+/// The most read of a process's `cgroup`, its cgroup's `cgroup.procs` and `memory.numa_stat`.
+const SMALL_FILE_BYTES: u64 = 64 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeMemory {
@@ -47,14 +49,15 @@ pub fn read(proc_dir: &Path, pid: u32) -> Result<NodeMemory, String> {
 /// `memory.numa_stat` of the process's cgroup v2, when the process is the only one in it: its
 /// anonymous and mapped file pages there (`anon` + `file_mapped`).
 fn from_own_cgroup(proc_dir: &Path, pid: u32) -> Option<NodeMemory> {
-    let cgroups = std::fs::read_to_string(proc_dir.join("cgroup")).ok()?;
+    let cgroups = crate::ps::read_capped(&proc_dir.join("cgroup"), SMALL_FILE_BYTES).ok()?;
     let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
     let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).ok()?;
+    // A cgroup of more processes than fit here is not one process's own.
+    let procs = crate::ps::read_capped(&dir.join("cgroup.procs"), SMALL_FILE_BYTES).ok()?;
     if procs.split_whitespace().collect::<Vec<_>>() != [pid.to_string()] {
         return None;
     }
-    let stat = std::fs::read_to_string(dir.join("memory.numa_stat")).ok()?;
+    let stat = crate::ps::read_capped(&dir.join("memory.numa_stat"), SMALL_FILE_BYTES).ok()?;
     let bytes = parse_numa_stat(&stat).ok()?;
     Some(NodeMemory {
         bytes,
@@ -118,11 +121,13 @@ pub fn from_numa_maps(
             break;
         }
         read += n;
+        let before = pending.len();
         pending.extend_from_slice(&chunk[..n]);
-        let whole = pending
+        // Only the new bytes can end a line: a long line without one is not scanned again.
+        let whole = pending[before..]
             .iter()
             .rposition(|&b| b == b'\n')
-            .map_or(0, |at| at + 1);
+            .map_or(0, |at| before + at + 1);
         for line in pending[..whole]
             .split(|&b| b == b'\n')
             .filter(|l| !l.is_empty())
@@ -279,5 +284,70 @@ mod tests {
     fn this_process_has_memory_on_a_node() {
         let m = read(Path::new("/proc/self"), std::process::id()).unwrap();
         assert!(m.bytes.values().sum::<u64>() > 0, "{m:?}");
+    }
+
+    /// Any bytes, of any length (an endless stream included), never panic the reader, and it
+    /// reads at most [`READ_LIMIT`] and one chunk more.
+    #[test]
+    fn numa_maps_reader_takes_any_bytes_and_stops_at_its_cap() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config, TestRunner};
+        /// `pattern` repeated until `length` bytes were served (`None`: forever).
+        struct Repeating {
+            pattern: Vec<u8>,
+            length: Option<u64>,
+            served: u64,
+        }
+        impl Read for Repeating {
+            fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+                let left = self.length.map_or(u64::MAX, |l| l - self.served);
+                let n = (out.len() as u64).min(left) as usize;
+                if self.pattern.is_empty() {
+                    return Ok(0);
+                }
+                for (i, b) in out[..n].iter_mut().enumerate() {
+                    *b = self.pattern[(self.served as usize + i) % self.pattern.len()];
+                }
+                self.served += n as u64;
+                Ok(n)
+            }
+        }
+        let lines = prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..300),
+            "([0-9a-f]{1,12} [a-z=]{0,12}( N[0-9]{1,3}=[0-9]{1,20}| kernelpagesize_kB=[0-9]{1,20}| [a-z]+=[0-9]{1,20}){0,6}\n){1,20}"
+                .prop_map(String::into_bytes),
+        ];
+        let length = prop_oneof![
+            4 => (0u64..100_000).prop_map(Some),
+            1 => Just(None),
+        ];
+        let cases = std::env::var("TLLM_AFFINITY_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200);
+        let mut runner = TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner
+            .run(&(lines, length), |(pattern, length)| {
+                let mut source = Repeating {
+                    pattern,
+                    length,
+                    served: 0,
+                };
+                let _ = from_numa_maps(&mut source, "fuzz", far());
+                prop_assert!(source.served <= (READ_LIMIT + 64 * 1024) as u64);
+                Ok(())
+            })
+            .unwrap();
+        let stats = prop::collection::vec(any::<String>(), 0..10);
+        runner
+            .run(&stats, |texts| {
+                let _ = parse_numa_stat(&texts.join("\n"));
+                Ok(())
+            })
+            .unwrap();
     }
 }

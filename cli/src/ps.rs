@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 use tllm_affinity_core::kernel_text::keyed_value;
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::registry::{Placement, Role, Tid};
-use tllm_affinity_core::threadtable::{self, LeaseLine};
+use tllm_affinity_core::threadtable::{self, LeaseLine, NoTable};
+use tllm_affinity_core::untrusted;
 
 #[derive(clap::Args, Debug)]
 pub struct PsArgs {
@@ -90,12 +91,12 @@ pub struct Location {
 }
 
 /// Finds where process `pid` published its table (whether or not it did); an error when the
-/// process is gone.
+/// process is gone. Reads its `status` and nothing else of it.
 pub fn locate(pid: u32) -> Result<Location, String> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
     // A process in another PID namespace (a container) published its table under its own pid,
     // in its own /dev/shm, with its own tids: found through its root and its NSpid lines.
-    let status = std::fs::read_to_string(proc_dir.join("status"))
+    let status = read_capped(&proc_dir.join("status"), STATUS_BYTES)
         .map_err(|e| format!("no process {pid}: {e}"))?;
     let namespace_pid = nspid_last(&status).filter(|&inner| inner != pid);
     let root = match namespace_pid {
@@ -104,10 +105,13 @@ pub fn locate(pid: u32) -> Result<Location, String> {
     };
     // Looking into another process's root takes the right to trace it.
     let unreachable = namespace_pid
-        .and_then(|_| std::fs::read_dir(&root).err())
+        .and_then(|_| untrusted::Dir::open(&root).err())
         .map(|e| format!("{}: {e}", root.display()));
     let published_pid = namespace_pid.unwrap_or(pid);
-    let dir = threadtable::directory_in(&root, &lock_dir(pid));
+    let dir = match namespace_pid {
+        Some(_) => root.join("dev/shm"),
+        None => threadtable::directory(&lock_dir()),
+    };
     let namespace = threadtable::pid_namespace(&proc_dir).unwrap_or(0);
     let file = dir.join(threadtable::file_name(published_pid, namespace));
     Ok(Location {
@@ -119,6 +123,45 @@ pub fn locate(pid: u32) -> Result<Location, String> {
         file,
         unreachable,
     })
+}
+
+impl Location {
+    /// The directory the table is in, held open: in a container, resolved inside its root with
+    /// no link followed (its `/dev/shm`, else the lock directory there); on the host, our
+    /// `/dev/shm`, else our lock directory.
+    pub fn open_dir(&self) -> Result<untrusted::Dir, String> {
+        let shown = |e: std::io::Error| format!("{}: {e}", self.dir.display());
+        match self.namespace_pid {
+            Some(_) => {
+                let root = self.proc_dir.join("root");
+                untrusted::Dir::open_in_root(&root, Path::new("/dev/shm"))
+                    .or_else(|_| untrusted::Dir::open_in_root(&root, &lock_dir()))
+                    .map_err(shown)
+            }
+            None => untrusted::Dir::open(&self.dir).map_err(shown),
+        }
+    }
+}
+
+/// The most `ps` reads of a `status` file (a process with thousands of supplementary groups
+/// has a long one).
+pub const STATUS_BYTES: u64 = 64 * 1024;
+/// The most `ps` reads of a process's `maps`, to see whether the library is mapped: past it,
+/// the answer is "not known".
+pub const MAPS_BYTES: u64 = 4 << 20;
+/// The most `ps` reads of a thread's `comm` (the kernel's are 16 bytes).
+const COMM_BYTES: u64 = 256;
+
+/// At most `cap` bytes of `path`, as text (invalid UTF-8 replaced: kept visible, escaped when
+/// shown).
+pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(cap)
+        .read_to_end(&mut bytes)?;
+    Ok(String::from_utf8(bytes)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 /// One adapter's line in the table's notes: `name: state; detail`.
@@ -161,7 +204,7 @@ pub fn run(args: &PsArgs) -> Result<(), String> {
     let Some(pid) = args.pid else {
         return crate::host::run(args);
     };
-    let snapshot = read(pid)?;
+    let snapshot = read_within(pid, crate::host::PROCESS_LIMIT)?;
     if args.json {
         let text = serde_json::to_string_pretty(&to_json(&snapshot)).map_err(|e| e.to_string())?;
         println!("{text}");
@@ -169,6 +212,24 @@ pub fn run(args: &PsArgs) -> Result<(), String> {
         print!("{}", to_text(&snapshot, colour(args)));
     }
     Ok(())
+}
+
+/// [`read`] on a thread of its own, given up after `limit`: a process whose `/proc` files block
+/// (stopped with its memory-map lock held) is an error, never a hang.
+pub fn read_within(pid: u32, limit: std::time::Duration) -> Result<Snapshot, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("ps-reader".into())
+        .spawn(move || {
+            let _ = tx.send(read(pid));
+        })
+        .map_err(|e| format!("process {pid}: no thread to read it: {e}"))?;
+    rx.recv_timeout(limit).unwrap_or_else(|_| {
+        Err(format!(
+            "process {pid}: not read within {} s (its /proc files do not answer)",
+            limit.as_secs_f64()
+        ))
+    })
 }
 
 /// Whether to paint: not under `--no-color` or `NO_COLOR`, and only on a terminal.
@@ -181,19 +242,20 @@ pub fn colour(args: &PsArgs) -> bool {
 /// Reads `/proc/<pid>/task` and joins it with the process's thread table.
 pub fn read(pid: u32) -> Result<Snapshot, String> {
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-    let name = std::fs::read_to_string(proc_dir.join("comm"))
+    let name = read_capped(&proc_dir.join("comm"), COMM_BYTES)
         .map_err(|e| format!("no process {pid}: {e}"))?
-        .trim_end()
+        .trim_end_matches('\n')
         .to_string();
+    let location = locate(pid)?;
     let Location {
-        proc_dir,
+        ref proc_dir,
         namespace_pid,
         published_pid,
         namespace,
-        dir,
-        file,
-        unreachable,
-    } = locate(pid)?;
+        ref file,
+        ref unreachable,
+        ..
+    } = location;
     let mut tids: Vec<Tid> = std::fs::read_dir(proc_dir.join("task"))
         .map_err(|e| format!("cannot list the threads of process {pid}: {e}"))?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -203,54 +265,55 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         .iter()
         .filter_map(|&tid| {
             // A thread may exit while we read: it is simply not shown.
-            let status = std::fs::read_to_string(proc_dir.join(format!("task/{tid}/status")));
+            let status = read_capped(&proc_dir.join(format!("task/{tid}/status")), STATUS_BYTES);
             Some((tid, status.ok()?))
         })
         .collect();
-    let table_refused = std::fs::symlink_metadata(&file).is_ok();
-    let (table, no_table) = if !table_refused {
-        let reason = match unreachable {
-            Some(why) => format!("its root cannot be looked into: {why}"),
-            None => format!("no thread table at {}", file.display()),
-        };
-        (BTreeMap::new(), Some(reason))
-    } else {
-        let wanted: Vec<Tid> = statuses
-            .iter()
-            .map(|(tid, status)| {
-                namespace_pid
-                    .and_then(|_| nspid_last(status))
-                    .map_or(*tid, |t| t as Tid)
-            })
-            .collect();
-        let expect = threadtable::Expect {
-            pid: published_pid,
-            proc_pid: pid,
-            namespace,
-            owner: owner_of(&proc_dir).unwrap_or(u32::MAX),
-            tids: &wanted,
-        };
-        match threadtable::read(&dir, &expect) {
-            Ok(t) => (t, None),
-            Err(reason) => (BTreeMap::new(), Some(reason)),
-        }
-    };
-    let table_refused = table_refused && no_table.is_some();
+    let wanted: Vec<Tid> = statuses
+        .iter()
+        .map(|(tid, status)| {
+            namespace_pid
+                .and_then(|_| nspid_last(status))
+                .map_or(*tid, |t| t as Tid)
+        })
+        .collect();
     let expect = threadtable::Expect {
         pid: published_pid,
         proc_pid: pid,
         namespace,
-        owner: owner_of(&proc_dir).unwrap_or(u32::MAX),
-        tids: &[],
+        owner: owner_of(proc_dir).unwrap_or(u32::MAX),
+        tids: &wanted,
     };
-    let (adapters, leases) = if no_table.is_some() {
-        (Ok(Vec::new()), Ok(Vec::new()))
-    } else {
-        (
-            threadtable::read_notes(&dir, &expect)
-                .map(|notes| notes.lines().filter_map(AdapterLine::parse).collect()),
-            threadtable::read_leases(&dir, &expect),
-        )
+    // Err: whether something is there but not believed (another owner, an earlier process,
+    // not a table), and why there is no table to read.
+    let opened = match unreachable {
+        Some(why) => Err((false, format!("its root cannot be looked into: {why}"))),
+        None => location
+            .open_dir()
+            .map_err(|why| (false, why))
+            .and_then(|dir| match threadtable::open(&dir, &expect) {
+                Ok(table) => Ok(table),
+                Err(NoTable::Missing) => {
+                    Err((false, format!("no thread table at {}", file.display())))
+                }
+                Err(NoTable::Refused(why)) => Err((true, why)),
+            }),
+    };
+    let table_refused = matches!(opened, Err((true, _)));
+    let opened = opened.map_err(|(_, why)| why);
+    let (table, no_table, adapters, leases) = match opened {
+        Ok(table) => match table.records(&wanted) {
+            Ok(records) => (
+                records,
+                None,
+                table
+                    .notes()
+                    .map(|notes| notes.lines().filter_map(AdapterLine::parse).collect()),
+                table.leases(),
+            ),
+            Err(why) => (BTreeMap::new(), Some(why), Ok(Vec::new()), Ok(Vec::new())),
+        },
+        Err(why) => (BTreeMap::new(), Some(why), Ok(Vec::new()), Ok(Vec::new())),
     };
     let mut threads = Vec::with_capacity(statuses.len());
     for (tid, status) in statuses {
@@ -258,8 +321,8 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         let Some(mask_text) = keyed_value(&status, "Cpus_allowed_list").map(str::to_string) else {
             continue;
         };
-        let name = std::fs::read_to_string(task.join("comm"))
-            .map(|c| c.trim_end().to_string())
+        let name = read_capped(&task.join("comm"), COMM_BYTES)
+            .map(|c| c.trim_end_matches('\n').to_string())
             .unwrap_or_default();
         let namespace_tid = namespace_pid
             .and_then(|_| nspid_last(&status))
@@ -280,7 +343,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
     for t in &threads {
         cpus = cpus.union(&t.mask);
     }
-    let library_loaded = std::fs::read_to_string(proc_dir.join("maps"))
+    let library_loaded = read_capped(&proc_dir.join("maps"), MAPS_BYTES)
         .ok()
         .map(|maps| {
             maps.lines()
@@ -296,7 +359,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         library_loaded,
         cpus: cpus.iter().collect(),
         threads,
-        memory: crate::memory::read(&proc_dir, pid),
+        memory: crate::memory::read(proc_dir, pid),
         adapters,
         leases,
     })
@@ -305,7 +368,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
 /// The effective uid of the process (`Uid:` in `/proc/<pid>/status`, as our namespace sees it):
 /// the library creates its table as that user.
 fn owner_of(proc_dir: &Path) -> Option<u32> {
-    let status = std::fs::read_to_string(proc_dir.join("status")).ok()?;
+    let status = read_capped(&proc_dir.join("status"), STATUS_BYTES).ok()?;
     keyed_value(&status, "Uid")?
         .split_whitespace()
         .nth(1)?
@@ -322,20 +385,42 @@ fn nspid_last(status: &str) -> Option<u32> {
         .ok()
 }
 
-/// Where the process published its table when `/dev/shm` is missing: its own
-/// `TLLM_AFFINITY_LOCK_DIR` (read from `/proc/<pid>/environ` when we may), else ours, else `/tmp`.
-fn lock_dir(pid: u32) -> PathBuf {
-    let theirs = std::fs::read(format!("/proc/{pid}/environ"))
-        .ok()
-        .and_then(|env| {
-            env.split(|&b| b == 0)
-                .find_map(|var| var.strip_prefix(b"TLLM_AFFINITY_LOCK_DIR="))
-                .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
-        });
-    theirs
-        .or_else(|| std::env::var_os("TLLM_AFFINITY_LOCK_DIR").map(PathBuf::from))
+/// Where a process publishes its table when `/dev/shm` is missing: its `TLLM_AFFINITY_LOCK_DIR`,
+/// which `ps` takes to be its own (another process's environment is never read: that would
+/// read every process on the host, and take each one's memory-map lock), else `/tmp`.
+fn lock_dir() -> PathBuf {
+    std::env::var_os("TLLM_AFFINITY_LOCK_DIR")
+        .map(PathBuf::from)
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or_else(|| Path::new("/tmp").to_path_buf())
+}
+
+/// `text` (a name or a line another process wrote) safe to print on a terminal: every control
+/// character — C0, DEL and C1 — is written `\xNN` (its code point), a backslash `\\`, the
+/// characters that reorder text on screen (bidirectional overrides and isolates) `\u{NNNN}`,
+/// and a byte that was not UTF-8 (read as U+FFFD) `?`, as procps shows it. The JSON output
+/// carries the text exactly (JSON escapes what it must).
+pub fn visible(text: &str) -> std::borrow::Cow<'_, str> {
+    let reorders = |c: char| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    let clean = |c: char| !c.is_control() && c != '\\' && c != '\u{fffd}' && !reorders(c);
+    if text.chars().all(clean) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if clean(c) => out.push(c),
+            '\\' => out.push_str("\\\\"),
+            '\u{fffd}' => out.push('?'),
+            c if c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => {
+                let _ = write!(out, "\\u{{{:04x}}}", c as u32);
+            }
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 pub fn role_name(known: Option<(Role, Placement)>) -> &'static str {
@@ -449,12 +534,12 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         out,
         "process {} ({}{namespace}): {} thread{}; {source}",
         s.pid,
-        s.name,
+        visible(&s.name),
         s.threads.len(),
         if s.threads.len() == 1 { "" } else { "s" }
     );
     if let Some(note) = note(s) {
-        let _ = writeln!(out, "note: {note}");
+        let _ = writeln!(out, "note: {}", visible(&note));
     }
     match &s.adapters {
         Ok(lines) => {
@@ -465,31 +550,37 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
                     .map(|d| format!("; {d}"))
                     .unwrap_or_default();
                 let meaning = a.meaning().map(|m| format!(" ({m})")).unwrap_or_default();
-                let _ = writeln!(out, "adapter {}: {}{detail}{meaning}", a.name, a.state);
+                let _ = writeln!(
+                    out,
+                    "adapter {}: {}{}{meaning}",
+                    visible(&a.name),
+                    visible(&a.state),
+                    visible(&detail)
+                );
             }
         }
         Err(why) => {
-            let _ = writeln!(out, "adapters: not readable ({why})");
+            let _ = writeln!(out, "adapters: not readable ({})", visible(why));
         }
     }
-    let _ = writeln!(out, "{}", memory_line(&s.memory));
+    let _ = writeln!(out, "{}", visible(&memory_line(&s.memory)));
     match &s.leases {
         Ok(leases) if leases.is_empty() => {}
         Ok(leases) => {
             let each: Vec<String> = leases
                 .iter()
-                .map(|l| format!("{} on {}", l.id, lease_device(l)))
+                .map(|l| format!("{} on {}", l.id, visible(&lease_device(l))))
                 .collect();
             let _ = writeln!(out, "leases open: {}", each.join(", "));
         }
         Err(why) => {
-            let _ = writeln!(out, "leases: not readable ({why})");
+            let _ = writeln!(out, "leases: not readable ({})", visible(why));
         }
     }
     let w_name = s
         .threads
         .iter()
-        .map(|t| t.name.chars().count())
+        .map(|t| visible(&t.name).chars().count())
         .max()
         .unwrap_or(0)
         .max(4);
@@ -535,7 +626,7 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         };
         let row = prefix(
             &t.tid.to_string(),
-            &t.name,
+            &visible(&t.name),
             &role_cell,
             placement_name(t.known),
             &t.mask_text,
@@ -815,5 +906,36 @@ mod tests {
         let v = to_json(&s);
         assert_eq!(v["table"], false);
         assert!(!v["threads"].as_array().unwrap().is_empty());
+    }
+
+    /// Whatever another process names itself, its text form holds no control character, no
+    /// character that reorders the line, and tells apart what it escaped from what it did not.
+    #[test]
+    fn any_name_is_printed_without_a_control_character() {
+        use proptest::prelude::*;
+        let names = prop_oneof![
+            any::<String>(),
+            "[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}\\u{202a}-\\u{202e}a\\\\]{0,20}",
+        ];
+        proptest::test_runner::TestRunner::default()
+            .run(&names, |name| {
+                let shown = visible(&name);
+                prop_assert!(
+                    !shown
+                        .chars()
+                        .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
+                    "{shown:?}"
+                );
+                if !name.contains(|c: char| c.is_control() || c == '\\' || c > '\u{ff}') {
+                    prop_assert_eq!(shown.as_ref(), name.as_str());
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            visible("\x1b]0;pwned\x07\x1b[2J"),
+            r"\x1b]0;pwned\x07\x1b[2J"
+        );
+        assert_eq!(visible("a\\x1b\u{9b}\u{fffd}"), r"a\\x1b\x9b?");
     }
 }

@@ -2,9 +2,8 @@
 //! mapped when the process first starts to matter, its path, and what happens at exit (the
 //! report `TLLM_AFFINITY_REPORT` asks for, the table's removal).
 
-use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::panic::catch_unwind;
 use std::path::{Path, PathBuf};
@@ -19,6 +18,7 @@ use crate::threadtable::{
     self, CAPACITY, FILE_BYTES, HEADER_BYTES, LEASES_BYTES, LEASES_OFFSET, NOTES_BYTES,
     NOTES_OFFSET,
 };
+use crate::untrusted::{self, Dir};
 use crate::{log_debug, log_error};
 
 /// A mapped table: the records and lease words the registry publishes into, and the header and
@@ -31,28 +31,51 @@ pub struct MappedTable {
     pub path: PathBuf,
 }
 
-/// Creates (or takes over, if this uid left it) the table file for this pid and maps it.
-/// `None` when the directory refuses, or something else holds the path (a symbolic
-/// link, a FIFO, a directory, a hard link, another user's file): `ps` then shows masks without
-/// roles.
+/// Creates the table file for this pid and maps it. The file is created exclusively
+/// (`O_CREAT | O_EXCL | O_NOFOLLOW`): nothing planted at its name is ever opened, truncated or
+/// written through. A name this uid left behind (an earlier process with this pid) is removed
+/// and created afresh; a name someone else holds (a file, a link, a FIFO, squatted ahead of
+/// this pid) makes the process publish under [`threadtable::alternative_name`], which nobody
+/// could have planted. `None` when the directory refuses: `ps` then shows masks without roles.
 pub fn map_table(fallback_dir: &Path) -> Option<MappedTable> {
     let pid = std::process::id();
-    let dir = threadtable::directory(fallback_dir);
+    let dir_path = threadtable::directory(fallback_dir);
+    let dir = Dir::open(&dir_path).ok()?;
+    let uid = sys::effective_uid();
     let namespace = threadtable::pid_namespace(Path::new("/proc/self")).unwrap_or(0);
-    threadtable::remove_stale(&dir, sys::effective_uid(), namespace);
-    let path = dir.join(threadtable::file_name(pid, namespace));
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .mode(0o644)
-        .open(&path)
-        .ok()?;
+    threadtable::remove_stale(&dir, uid, namespace);
+    let usual = threadtable::file_name(pid, namespace);
+    let created = dir.create_new(&usual, 0o644).map(|f| (f, usual.clone()));
+    let created = match created {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            // A table of ours (a regular file of this uid with one name, left by an earlier
+            // process with this pid, which remove_stale keeps while it is too fresh to judge):
+            // taken back. Anything else, anyone else's: left as it is, and an alternative name.
+            let ours = untrusted::Rules {
+                owner: uid,
+                max_bytes: FILE_BYTES as u64,
+            };
+            let again = (dir.open_file(&usual, &ours).is_ok() && dir.remove(&usual).is_ok())
+                .then(|| dir.create_new(&usual, 0o644).ok())
+                .flatten()
+                .map(|f| (f, usual.clone()));
+            again.or_else(|| {
+                let name =
+                    threadtable::alternative_name(pid, namespace, untrusted::unpredictable()?);
+                log_debug!(
+                    "{}: taken by someone else; the thread table is published as {name}",
+                    dir_path.join(&usual).display()
+                );
+                dir.create_new(&name, 0o644).ok().map(|f| (f, name))
+            })
+        }
+        other => other.ok(),
+    };
+    let (mut file, name) = created?;
+    let path = dir_path.join(name);
     let meta = file.metadata().ok()?;
-    // Only a regular file of ours with no other name: never truncate and map a file that a
-    // hard link planted at the predictable path shares with something else.
-    if !meta.is_file() || meta.nlink() != 1 || meta.uid() != sys::effective_uid() {
+    // Only a regular file of ours with no other name (created just now, so it is).
+    if !meta.is_file() || meta.nlink() != 1 || meta.uid() != uid {
         return None;
     }
     file.set_permissions(std::fs::Permissions::from_mode(0o644))
