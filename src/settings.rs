@@ -179,7 +179,9 @@ fn parse_move_memory(value: &str) -> Option<u64> {
         "1" | "" => return Some(DEFAULT_MOVE_MEMORY_CAP),
         _ => {}
     }
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    // The last character (a multibyte one is no unit: split where it starts).
+    let (at, _) = value.char_indices().last()?;
+    let (digits, unit) = value.split_at(at);
     let shift = match unit.to_ascii_uppercase().as_str() {
         "K" => 10,
         "M" => 20,
@@ -436,6 +438,7 @@ mod tests {
             ("TLLM_AFFINITY_MOVE_MEMORY", "-1G"),
             ("TLLM_AFFINITY_MOVE_MEMORY", "0G"),
             ("TLLM_AFFINITY_MOVE_MEMORY", "99999999999T"),
+            ("TLLM_AFFINITY_MOVE_MEMORY", "64é"),
         ];
         for (var, value) in cases {
             let (_, errors) = parse(&[(var, value)]);

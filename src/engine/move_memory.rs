@@ -182,6 +182,8 @@ struct Walker<'a> {
     /// moves only while one is there, so the kernel never splits one for want of room.
     huge_free: u64,
     huge_order: u32,
+    /// The walked mapping's page size.
+    page_bytes: u64,
     moved: u64,
     huge_pages: u64,
     huge_left: u64,
@@ -225,6 +227,7 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         huge_bytes,
         huge_free,
         huge_order: order,
+        page_bytes: base_page,
         moved: 0,
         huge_pages: 0,
         huge_left: 0,
@@ -342,6 +345,7 @@ impl Walker<'_> {
     /// Moves the movable pages of `start..start+len` that lie on a source node.
     fn batch(&mut self, walk: &Walk, start: u64, len: u64) -> Result<(), StoppedShort> {
         let page = walk.page_bytes;
+        self.page_bytes = page;
         let mut allowed = self.allowance(page)?;
         let count = (len / page) as usize;
         let mut entries = vec![0u64; count];
@@ -362,7 +366,7 @@ impl Walker<'_> {
         if sys::page_nodes(&addresses, &mut status).is_err() {
             return Ok(());
         }
-        self.resolve_hinting_faults(&addresses, &mut status);
+        self.resolve_hinting_faults(&addresses, &mut status, allowed / page);
         let mut chosen: Vec<usize> = memory_move::to_move(&status, self.from)
             .into_iter()
             .map(|i| addresses[i])
@@ -423,6 +427,29 @@ impl Walker<'_> {
             sys::move_pages_to(&chosen, self.to, &mut moved).map_err(StoppedShort::Refused)?;
             let landed = moved.iter().filter(|&&s| s == self.to as i32).count() as u64;
             self.moved += landed * page;
+            // NUMA balancing's scan may mark pages between the question and the move (it runs
+            // as the thread returns from a call): those are read and moved again, twice at most.
+            for _ in 0..2 {
+                let hidden: Vec<usize> = (0..chosen.len())
+                    .filter(|&i| moved[i] == -libc::ENOENT || moved[i] == -libc::EFAULT)
+                    .collect();
+                if hidden.is_empty() {
+                    break;
+                }
+                let again: Vec<usize> = hidden.iter().map(|&i| chosen[i]).collect();
+                match sys::read_one_byte_of_each(&again) {
+                    Ok(n) => self.read += n as u64,
+                    Err(_) => break,
+                }
+                let mut status = vec![0i32; again.len()];
+                sys::move_pages_to(&again, self.to, &mut status).map_err(StoppedShort::Refused)?;
+                for (&i, s) in hidden.iter().zip(status) {
+                    if s == self.to as i32 {
+                        self.moved += page;
+                    }
+                    moved[i] = s;
+                }
+            }
             for &s in &moved {
                 match -s {
                     libc::ENOENT | libc::EFAULT => self.hidden += 1,
@@ -450,9 +477,12 @@ impl Walker<'_> {
     /// of each through `process_vm_readv` takes that fault as the program's own access would,
     /// after which `move_pages` sees the page; their status is asked again. Where that read is
     /// refused (a seccomp profile), they stay and count as not moved.
-    fn resolve_hinting_faults(&mut self, addresses: &[usize], status: &mut [i32]) {
+    /// The kernel's fault path may itself move a page it finds misplaced: at most `limit` pages
+    /// are read (the budget left), and those that land on the target count as moved.
+    fn resolve_hinting_faults(&mut self, addresses: &[usize], status: &mut [i32], limit: u64) {
         let hidden: Vec<usize> = (0..addresses.len())
             .filter(|&i| status[i] == -libc::ENOENT || status[i] == -libc::EFAULT)
+            .take(limit as usize)
             .collect();
         if hidden.is_empty() {
             return;
@@ -471,6 +501,9 @@ impl Walker<'_> {
         let mut again = vec![0i32; at.len()];
         if sys::page_nodes(&at, &mut again).is_ok() {
             for (&i, s) in hidden.iter().zip(again) {
+                if s == self.to as i32 {
+                    self.moved += self.page_bytes;
+                }
                 status[i] = s;
             }
         }
