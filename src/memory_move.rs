@@ -141,12 +141,29 @@ impl Stay {
     }
 }
 
-/// One mapping of `/proc/self/smaps`: its range and whether it is locked (`VmFlags: lo`).
+/// Why a mapping's pages are never moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// `mlock`, `MAP_LOCKED` (`VmFlags: lo`): a program locks memory to keep it still.
+    Locked,
+    /// A shared mapping (`s` in the permissions: shmem, `/dev/shm`, a shared file): its pages
+    /// and its shared policy are every mapper's.
+    Shared,
+    /// A device or I/O mapping (`VmFlags: io`, `pf`, `dd`): a driver's memory, not the page
+    /// allocator's to move.
+    Device,
+    /// hugetlbfs pages (`VmFlags: ht`): a reserved pool per node, not the buddy allocator's.
+    Hugetlb,
+}
+
+/// One mapping of `/proc/self/smaps`: its range, why it is kept if it is, and its transparent
+/// huge pages (`AnonHugePages`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Range {
     pub start: u64,
     pub end: u64,
-    pub locked: bool,
+    pub kept: Option<Kept>,
+    pub anon_huge_bytes: u64,
 }
 
 /// The mappings of `/proc/self/smaps` text. A mapping whose header cannot be read is skipped.
@@ -155,22 +172,43 @@ pub fn smaps_ranges(text: &str) -> Vec<Range> {
     for line in text.lines() {
         if let Some(flags) = line.strip_prefix("VmFlags:") {
             if let Some(last) = ranges.last_mut() {
-                last.locked = flags.split_whitespace().any(|f| f == "lo");
+                let has = |flag: &str| flags.split_whitespace().any(|f| f == flag);
+                if has("io") || has("pf") || has("dd") {
+                    last.kept = Some(Kept::Device);
+                } else if has("ht") {
+                    last.kept = Some(Kept::Hugetlb);
+                } else if has("lo") {
+                    last.kept = last.kept.or(Some(Kept::Locked));
+                }
             }
             continue;
         }
-        let Some(first) = line.split_whitespace().next() else {
+        if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+            if let (Some(last), Some(kb)) = (
+                ranges.last_mut(),
+                kb.split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok()),
+            ) {
+                last.anon_huge_bytes = kb * 1024;
+            }
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else {
             continue;
         };
-        // A header starts with `start-end`; a field line with `Name:`.
+        // A header starts with `start-end perms`; a field line with `Name:`.
         if let Some((start, end)) = first.split_once('-') {
             if let (Ok(start), Ok(end)) =
                 (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
             {
+                let shared = words.next().is_some_and(|perms| perms.ends_with('s'));
                 ranges.push(Range {
                     start,
                     end,
-                    locked: false,
+                    kept: shared.then_some(Kept::Shared),
+                    anon_huge_bytes: 0,
                 });
             }
         }
@@ -215,31 +253,40 @@ pub fn numa_maps_pages(text: &str) -> Vec<NodePages> {
         .collect()
 }
 
-/// A mapping to move: its range, its page size, the bytes it has on the source nodes, and
-/// whether it also has pages on a node that is neither a source nor the target (a CPU-less node:
-/// such a mapping is moved page by page, so that those pages stay).
+/// A mapping to walk: its range, its page size, the bytes it has on the source nodes, and
+/// whether it holds transparent huge pages (walked huge page by huge page where it can be).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Walk {
     pub start: u64,
     pub end: u64,
     pub page_bytes: u64,
     pub on_sources: u64,
-    pub mixed: bool,
+    pub huge: bool,
 }
 
-/// What the engine does over the process's mappings: the mappings to move, and the bytes on the
-/// source nodes it leaves because they are locked (`mlock`: kept still on purpose) or under a
-/// policy of their own (`mbind`).
+/// What the engine does over the process's mappings: the mappings to walk, and the bytes on the
+/// source nodes it leaves, by why: locked, shared, a device's, hugetlbfs, or under a policy of
+/// their own (`mbind`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MovePlan {
     pub walks: Vec<Walk>,
     pub locked_bytes: u64,
+    pub shared_bytes: u64,
+    pub device_bytes: u64,
+    pub hugetlb_bytes: u64,
     pub bound_bytes: u64,
+}
+
+impl MovePlan {
+    /// The bytes on the sources the walk never touches, a policy of the process's own aside.
+    pub fn kept_bytes(&self) -> u64 {
+        self.locked_bytes + self.shared_bytes + self.device_bytes + self.hugetlb_bytes
+    }
 }
 
 /// The mappings with resident pages on `from`, from `smaps` and `numa_maps` read one after the
 /// other: a mapping in only one of them (mapped or unmapped between the reads) is left out.
-pub fn plan(ranges: &[Range], nodes: &[NodePages], from: &[usize], to: usize) -> MovePlan {
+pub fn plan(ranges: &[Range], nodes: &[NodePages], from: &[usize]) -> MovePlan {
     let mut plan = MovePlan::default();
     for mapping in nodes {
         let on_sources = sources_bytes(mapping, from);
@@ -249,21 +296,19 @@ pub fn plan(ranges: &[Range], nodes: &[NodePages], from: &[usize], to: usize) ->
         let Some(range) = ranges.iter().find(|r| r.start == mapping.start) else {
             continue;
         };
-        if range.locked {
-            plan.locked_bytes += on_sources;
-        } else if !mapping.default_policy {
-            plan.bound_bytes += on_sources;
-        } else {
-            plan.walks.push(Walk {
+        match range.kept {
+            Some(Kept::Locked) => plan.locked_bytes += on_sources,
+            Some(Kept::Shared) => plan.shared_bytes += on_sources,
+            Some(Kept::Device) => plan.device_bytes += on_sources,
+            Some(Kept::Hugetlb) => plan.hugetlb_bytes += on_sources,
+            None if !mapping.default_policy => plan.bound_bytes += on_sources,
+            None => plan.walks.push(Walk {
                 start: range.start,
                 end: range.end,
                 page_bytes: mapping.page_bytes,
                 on_sources,
-                mixed: mapping
-                    .pages
-                    .iter()
-                    .any(|(node, n)| *n > 0 && *node != to && !from.contains(node)),
-            });
+                huge: range.anon_huge_bytes > 0,
+            }),
         }
     }
     plan
@@ -281,8 +326,7 @@ fn sources_bytes(mapping: &NodePages, from: &[usize]) -> u64 {
 
 /// What a move did, from `numa_maps` read again afterwards: (bytes moved, bytes still on the
 /// sources) over the mappings of `walks`, each counted over every mapping that now starts inside
-/// its range (moving may split a mapping the kernel did not merge back). A range with no mapping
-/// left (unmapped meanwhile) counts as neither.
+/// its range. A range with no mapping left (unmapped meanwhile) counts as neither.
 pub fn outcome(walks: &[Walk], after: &[NodePages], from: &[usize]) -> (u64, u64) {
     walks.iter().fold((0, 0), |(moved, left), walk| {
         let inside: Vec<&NodePages> = after
@@ -301,23 +345,46 @@ pub fn outcome(walks: &[Walk], after: &[NodePages], from: &[usize]) -> (u64, u64
     })
 }
 
-/// The steps a mapping is moved in: `step` bytes at most (rounded to whole pages), so that the
-/// process's memory map, which the kernel holds for writing while it moves a step, is never held
-/// for the whole of a large mapping.
-pub fn steps(walk: &Walk, step: u64) -> Vec<(u64, u64)> {
-    let page = walk.page_bytes.max(1);
-    let step = (step / page).max(1) * page;
+/// The bytes of one batch of the walk: about 4096 pages (bounds the buffers and one
+/// `move_pages` call), and a whole number of transparent huge pages (`huge_bytes`,
+/// `hpage_pmd_size`), at least one.
+pub fn batch_bytes(page_bytes: u64, huge_bytes: u64) -> u64 {
+    let huge = huge_bytes.max(page_bytes).max(1);
+    (4096 * page_bytes / huge).max(1) * huge
+}
+
+/// The batches a mapping is walked in: `(start, bytes)` with every boundary inside the mapping
+/// on a multiple of `batch` (itself a multiple of the huge page size), so no batch ends inside a
+/// transparent huge page, which the kernel aligns to its size.
+pub fn batches(walk: &Walk, batch: u64) -> Vec<(u64, u64)> {
+    let batch = batch.max(1);
     let mut out = Vec::new();
     let mut at = walk.start;
     while at < walk.end {
-        let len = step.min(walk.end - at);
-        out.push((at, len));
-        at += len;
+        let next = ((at / batch) + 1).saturating_mul(batch).min(walk.end);
+        out.push((at, next - at));
+        at = next;
     }
     out
 }
 
-/// The pages of a chunk to move: the indices whose queried node (`status`, `move_pages` with no
+/// `/proc/self/pagemap`'s bits this walk reads.
+pub mod pagemap {
+    pub const PRESENT: u64 = 1 << 63;
+    /// A page-cache page or shared anonymous memory.
+    pub const FILE_OR_SHARED: u64 = 1 << 61;
+    /// Mapped by this process alone (mapcount 1).
+    pub const EXCLUSIVE: u64 = 1 << 56;
+
+    /// A page the walk may move: present, anonymous and private, mapped by this process alone.
+    /// A page shared with a fork child (copy-on-write), a page-cache page of a file, the zero
+    /// page and anything not present stay.
+    pub fn movable(entry: u64) -> bool {
+        entry & (PRESENT | FILE_OR_SHARED | EXCLUSIVE) == PRESENT | EXCLUSIVE
+    }
+}
+
+/// The pages of a batch to move: the indices whose queried node (`status`, `move_pages` with no
 /// target) is one of `from`. A negative status (not present, an error) is no page to move.
 pub fn to_move(status: &[i32], from: &[usize]) -> Vec<usize> {
     status
@@ -326,6 +393,107 @@ pub fn to_move(status: &[i32], from: &[usize]) -> Vec<usize> {
         .filter(|(_, &s)| s >= 0 && from.contains(&(s as usize)))
         .map(|(i, _)| i)
         .collect()
+}
+
+/// `MemFree` and `MemTotal` (bytes) of `/sys/devices/system/node/nodeN/meminfo` text.
+pub fn node_free_and_total(meminfo: &str) -> Option<(u64, u64)> {
+    let field = |name: &str| {
+        meminfo.lines().find_map(|line| {
+            let (_, rest) = line.split_once(name)?;
+            rest.split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+                .map(|kb| kb * 1024)
+        })
+    };
+    Some((field("MemFree:")?, field("MemTotal:")?))
+}
+
+/// What the move leaves free on the target node: 1/32 of the node's memory, at least 128 MiB,
+/// so that moving never pushes the node under the kernel's watermarks into reclaiming other
+/// tenants' pages, and allocations made meanwhile still find room.
+pub fn headroom(node_total: u64) -> u64 {
+    (node_total / 32).max(128 << 20)
+}
+
+/// The free blocks on `node` of at least `order` (pages of 2^order), in blocks of that order,
+/// from `/proc/buddyinfo` text (`Node 1, zone Normal  c0 c1 ... cN`, counts by order).
+pub fn free_blocks_of_order(buddyinfo: &str, node: usize, order: u32) -> u64 {
+    let prefix = format!("Node {node},");
+    buddyinfo
+        .lines()
+        .filter(|line| line.starts_with(&prefix))
+        .map(|line| {
+            line.split_whitespace()
+                .skip(4)
+                .filter_map(|w| w.parse::<u64>().ok())
+                .enumerate()
+                .filter(|&(o, _)| o as u32 >= order)
+                .map(|(o, count)| count << (o as u32 - order))
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Why a move stopped before every movable page had moved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoppedShort {
+    /// `TLLM_AFFINITY_MOVE_MEMORY`'s cap (bytes) was reached.
+    Budget(u64),
+    /// The target node's free memory came down to the headroom: (free, headroom) bytes.
+    NodeFull { free: u64, headroom: u64 },
+    /// `move_pages` refused the whole call (errno): the node is not in the cpuset's `mems`.
+    Refused(i32),
+}
+
+impl StoppedShort {
+    pub fn describe(&self) -> String {
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20));
+        match self {
+            StoppedShort::Budget(cap) => {
+                format!(
+                    "TLLM_AFFINITY_MOVE_MEMORY's budget of {} reached",
+                    mib(*cap)
+                )
+            }
+            StoppedShort::NodeFull { free, headroom } => format!(
+                "the node's free memory ({}) is down to the headroom kept free ({})",
+                mib(*free),
+                mib(*headroom)
+            ),
+            StoppedShort::Refused(errno) => format!(
+                "move_pages refused (errno {errno}{})",
+                if *errno == libc::EACCES {
+                    ": the node is not in this cpuset's mems"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
+
+/// How many more bytes the move may take: the cap less what moved, and the target's free memory
+/// less the headroom (`None`: the node's meminfo could not be read, so only the cap bounds it).
+/// Less than one page left is a stop.
+pub fn allowance(
+    cap: u64,
+    moved: u64,
+    page_bytes: u64,
+    free_and_headroom: Option<(u64, u64)>,
+) -> Result<u64, StoppedShort> {
+    let by_cap = cap.saturating_sub(moved);
+    if by_cap < page_bytes.max(1) {
+        return Err(StoppedShort::Budget(cap));
+    }
+    match free_and_headroom {
+        Some((free, headroom)) if free < headroom + page_bytes.max(1) => {
+            Err(StoppedShort::NodeFull { free, headroom })
+        }
+        Some((free, headroom)) => Ok(by_cap.min(free - headroom)),
+        None => Ok(by_cap),
+    }
 }
 
 #[cfg(test)]
@@ -527,9 +695,16 @@ Locked:            65536 kB
 VmFlags: rd wr mr mw me lo ac
 7f1c08000000-7f1c0c000000 rw-p 00000000 00:00 0
 Size:              65536 kB
+AnonHugePages:     49152 kB
 VmFlags: rd wr mr mw me ac
 7f1c10000000-7f1c10200000 rw-p 00000000 00:00 0
 VmFlags: rd wr mr mw me ac ht
+7f1c20000000-7f1c24000000 rw-s 00000000 00:01 1234                       /dev/shm/x
+VmFlags: rd wr sh mr mw me ms
+7f1c30000000-7f1c30100000 rw-s 00000000 00:05 77                         /dev/nvidia0
+VmFlags: rd wr sh mr mw me ms io pf dd
+7f1c40000000-7f1c40100000 rw-p 00000000 00:05 78                         /dev/dri/x
+VmFlags: rd wr mr mw me dc de dd
 ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
 VmFlags: ex
 ";
@@ -538,41 +713,57 @@ VmFlags: ex
 55d4c0a00000 default heap anon=2 dirty=2 N0=1 N1=1 kernelpagesize_kB=4
 7f1c00000000 default anon=16384 dirty=16384 N0=16384 kernelpagesize_kB=4
 7f1c08000000 default anon=16384 dirty=16384 N0=12000 N1=4384 kernelpagesize_kB=4
-7f1c10000000 bind:0 anon=1 dirty=1 N0=1 kernelpagesize_kB=2048
-7f1c20000000 default file=/usr/lib/libc.so.6 mapped=10 mapmax=40 N1=10 kernelpagesize_kB=4
-7f1c30000000 default
+7f1c10000000 default anon=1 dirty=1 N0=1 kernelpagesize_kB=2048
+7f1c20000000 bind:1 file=/dev/shm/x dirty=8 N0=8 kernelpagesize_kB=4
+7f1c30000000 default file=/dev/nvidia0 N0=2 kernelpagesize_kB=4
+7f1c40000000 default file=/dev/dri/x N0=3 kernelpagesize_kB=4
+7f1c50000000 default
 ";
 
     #[test]
-    fn smaps_gives_ranges_and_their_lock() {
+    fn smaps_gives_ranges_why_they_are_kept_and_their_huge_pages() {
         let ranges = smaps_ranges(SMAPS);
-        assert_eq!(ranges.len(), 5);
+        assert_eq!(ranges.len(), 8);
         assert_eq!(
             ranges[0],
             Range {
                 start: 0x55d4c0a00000,
                 end: 0x55d4c0a21000,
-                locked: false
+                kept: None,
+                anon_huge_bytes: 0,
             }
         );
-        assert!(ranges[1].locked);
-        assert!(!ranges[2].locked);
-        assert_eq!(ranges[4].start, 0xffffffffff600000);
+        let kept: Vec<Option<Kept>> = ranges.iter().map(|r| r.kept).collect();
+        assert_eq!(
+            kept,
+            [
+                None,
+                Some(Kept::Locked),
+                None,
+                Some(Kept::Hugetlb),
+                Some(Kept::Shared),
+                Some(Kept::Device),
+                Some(Kept::Device),
+                None
+            ]
+        );
+        assert_eq!(ranges[2].anon_huge_bytes, 48 << 20);
+        assert_eq!(ranges[7].start, 0xffffffffff600000);
     }
 
     #[test]
     fn numa_maps_gives_pages_per_node_and_policy() {
         let pages = numa_maps_pages(NUMA_MAPS);
-        assert_eq!(pages.len(), 5, "the mapping without pages is left out");
+        assert_eq!(pages.len(), 7, "the mapping without pages is left out");
         assert_eq!(pages[0].pages, vec![(0, 1), (1, 1)]);
         assert!(pages[0].default_policy);
-        assert!(!pages[3].default_policy);
+        assert!(!pages[4].default_policy);
         assert_eq!(pages[3].page_bytes, 2 << 20);
     }
 
     #[test]
-    fn the_plan_walks_unlocked_default_mappings_with_pages_on_the_sources() {
-        let plan = plan(&smaps_ranges(SMAPS), &numa_maps_pages(NUMA_MAPS), &[0], 1);
+    fn the_plan_walks_private_unlocked_default_mappings_and_counts_what_it_keeps() {
+        let plan = plan(&smaps_ranges(SMAPS), &numa_maps_pages(NUMA_MAPS), &[0]);
         assert_eq!(
             plan.walks,
             vec![
@@ -581,35 +772,37 @@ VmFlags: ex
                     end: 0x55d4c0a21000,
                     page_bytes: 4096,
                     on_sources: 4096,
-                    mixed: false,
+                    huge: false,
                 },
                 Walk {
                     start: 0x7f1c08000000,
                     end: 0x7f1c0c000000,
                     page_bytes: 4096,
                     on_sources: 12000 * 4096,
-                    mixed: false,
+                    huge: true,
                 },
             ]
         );
         assert_eq!(plan.locked_bytes, 16384 * 4096, "the mlock'd mapping");
-        assert_eq!(plan.bound_bytes, 2 << 20, "the mbind'd mapping");
-        // From node 1 to node 0: the heap and the second buffer; libc's pages are in no smaps
-        // range here.
-        let from_1 = super::plan(&smaps_ranges(SMAPS), &numa_maps_pages(NUMA_MAPS), &[1], 0);
-        assert_eq!(from_1.walks.len(), 2);
-        assert_eq!(from_1.locked_bytes, 0);
-        // A mapping with pages on a node that is neither (a CPU-less node 2) is moved page by
-        // page.
-        let gpu = "7f1c08000000 default anon=3 N0=1 N1=1 N2=1 kernelpagesize_kB=4\n";
-        let mixed = super::plan(&smaps_ranges(SMAPS), &numa_maps_pages(gpu), &[0], 1);
-        assert!(mixed.walks[0].mixed, "{mixed:?}");
+        assert_eq!(plan.hugetlb_bytes, 2 << 20, "hugetlbfs");
+        assert_eq!(
+            plan.shared_bytes,
+            8 * 4096,
+            "the shmem mapping, its policy another's"
+        );
+        assert_eq!(plan.device_bytes, 5 * 4096, "the device mappings");
+        assert_eq!(plan.bound_bytes, 0);
+        assert_eq!(plan.kept_bytes(), (16384 + 8 + 5) * 4096 + (2 << 20));
+        // A private mapping the process mbind'd itself keeps its pages.
+        let bound = "7f1c08000000 bind:0 anon=1 N0=1 kernelpagesize_kB=4\n";
+        let own = super::plan(&smaps_ranges(SMAPS), &numa_maps_pages(bound), &[0]);
+        assert_eq!((own.walks.len(), own.bound_bytes), (0, 4096));
     }
 
     #[test]
     fn the_outcome_is_read_from_numa_maps_after_the_move() {
         let before = numa_maps_pages(NUMA_MAPS);
-        let plan = plan(&smaps_ranges(SMAPS), &before, &[0], 1);
+        let plan = plan(&smaps_ranges(SMAPS), &before, &[0]);
         let after = numa_maps_pages(
             "55d4c0a00000 default heap anon=2 dirty=2 N1=2 kernelpagesize_kB=4\n\
              7f1c08000000 default anon=16384 N0=100 N1=16284 kernelpagesize_kB=4\n",
@@ -620,7 +813,7 @@ VmFlags: ex
         );
         // A mapping unmapped meanwhile: neither moved nor left.
         assert_eq!(outcome(&plan.walks, &after[..1], &[0]), (4096, 0));
-        // A mapping left split in two by the move: both halves count.
+        // A mapping split in two meanwhile: both halves count.
         let split = numa_maps_pages(
             "7f1c08000000 default anon=8192 N0=50 N1=8142 kernelpagesize_kB=4\n\
              7f1c0a000000 default anon=8192 N0=50 N1=8142 kernelpagesize_kB=4\n",
@@ -632,28 +825,50 @@ VmFlags: ex
     }
 
     #[test]
-    fn a_large_mapping_moves_in_steps_of_whole_pages() {
-        let walk = |end: u64, page_bytes: u64| Walk {
-            start: 0x1000_0000,
+    fn batches_end_on_huge_page_boundaries_never_inside_one() {
+        // x86_64: 4 KiB pages, 2 MiB huge pages: 16 MiB batches. Grace: 64 KiB pages, 512 MiB
+        // huge pages: one huge page a batch. 16 KiB pages, 32 MiB huge pages: 64 MiB.
+        assert_eq!(batch_bytes(4096, 2 << 20), 16 << 20);
+        assert_eq!(batch_bytes(64 << 10, 512 << 20), 512 << 20);
+        assert_eq!(batch_bytes(16 << 10, 32 << 20), 64 << 20);
+        let walk = |start: u64, end: u64| Walk {
+            start,
             end,
-            page_bytes,
+            page_bytes: 4096,
             on_sources: 1,
-            mixed: false,
+            huge: true,
         };
-        let small = walk(0x1000_0000 + (1 << 20), 4096);
-        assert_eq!(steps(&small, 64 << 20), vec![(0x1000_0000, 1 << 20)]);
-        let big = walk(0x1000_0000 + (160 << 20), 4096);
+        // A mapping that starts 1 MiB past a huge page boundary: the first batch ends on one.
+        let at = 0x7f00_0010_0000u64;
+        let b = batches(&walk(at, at + (40 << 20)), 16 << 20);
+        assert_eq!(b[0], (at, 15 << 20));
+        for (start, len) in &b[1..] {
+            assert_eq!(start % (16 << 20), 0, "{b:?}");
+            assert!(*len <= 16 << 20);
+        }
+        assert_eq!(b.iter().map(|(_, l)| l).sum::<u64>(), 40 << 20);
         assert_eq!(
-            steps(&big, 64 << 20),
-            vec![
-                (0x1000_0000, 64 << 20),
-                (0x1000_0000 + (64 << 20), 64 << 20),
-                (0x1000_0000 + (128 << 20), 32 << 20)
-            ]
+            batches(&walk(0x1000, 0x3000), 16 << 20),
+            vec![(0x1000, 0x2000)]
         );
-        // 1 GiB huge pages: a step is one page.
-        let huge = walk(0x1000_0000 + (2 << 30), 1 << 30);
-        assert_eq!(steps(&huge, 64 << 20).len(), 2);
+        // Grace: a 1.5 GiB mapping aligned on 512 MiB: three batches, one huge page each.
+        let grace = Walk {
+            page_bytes: 64 << 10,
+            ..walk(0x4000_0000_0000, 0x4000_0000_0000 + (1536 << 20))
+        };
+        assert_eq!(batches(&grace, 512 << 20).len(), 3);
+    }
+
+    #[test]
+    fn only_private_anonymous_pages_of_this_process_alone_are_movable() {
+        use pagemap::*;
+        assert!(movable(PRESENT | EXCLUSIVE | 0x1234));
+        assert!(!movable(EXCLUSIVE), "not present");
+        assert!(!movable(PRESENT), "shared with a fork child");
+        assert!(
+            !movable(PRESENT | EXCLUSIVE | FILE_OR_SHARED),
+            "a file's page"
+        );
     }
 
     #[test]
@@ -663,5 +878,48 @@ VmFlags: ex
             vec![0, 3, 4]
         );
         assert!(to_move(&[], &[0]).is_empty());
+    }
+
+    #[test]
+    fn the_budget_is_the_cap_and_the_nodes_free_memory_less_the_headroom() {
+        let meminfo = "Node 1 MemTotal:        1048576 kB\nNode 1 MemFree:          524288 kB\nNode 1 MemUsed: 1 kB\n";
+        assert_eq!(node_free_and_total(meminfo), Some((512 << 20, 1 << 30)));
+        assert_eq!(node_free_and_total("nothing"), None);
+        assert_eq!(headroom(1 << 30), 128 << 20);
+        assert_eq!(headroom(480 << 30), 15 << 30);
+        let page = 4096;
+        assert_eq!(allowance(64 << 20, 0, page, None), Ok(64 << 20));
+        assert_eq!(
+            allowance(64 << 20, 0, page, Some((512 << 20, 128 << 20))),
+            Ok(64 << 20)
+        );
+        assert_eq!(
+            allowance(1 << 30, 0, page, Some((512 << 20, 128 << 20))),
+            Ok(384 << 20)
+        );
+        assert_eq!(
+            allowance(64 << 20, 64 << 20, page, None),
+            Err(StoppedShort::Budget(64 << 20))
+        );
+        assert_eq!(
+            allowance(1 << 30, 0, page, Some((100 << 20, 128 << 20))),
+            Err(StoppedShort::NodeFull {
+                free: 100 << 20,
+                headroom: 128 << 20
+            })
+        );
+        assert!(StoppedShort::Budget(32 << 20)
+            .describe()
+            .contains("TLLM_AFFINITY_MOVE_MEMORY's budget of 32.0 MiB"));
+    }
+
+    #[test]
+    fn free_huge_blocks_are_counted_from_buddyinfo() {
+        let buddy = "Node 0, zone      DMA      1      1      1      0      2      1      1      0      1      1      3\n\
+                     Node 1, zone   Normal    100     50     20     10      5      4      3      2      1      3      2\n";
+        // Order 9 (2 MiB of 4 KiB pages): 3 blocks of order 9 and 2 of order 10 (two each).
+        assert_eq!(free_blocks_of_order(buddy, 1, 9), 3 + 2 * 2);
+        assert_eq!(free_blocks_of_order(buddy, 1, 10), 2);
+        assert_eq!(free_blocks_of_order(buddy, 2, 9), 0);
     }
 }

@@ -78,6 +78,8 @@ pub struct MemoryMoved {
     /// Pages on the other nodes with CPUs that stayed: locked (`mlock`), shared with another
     /// process, busy.
     pub bytes_not_moved: u64,
+    /// Transparent huge pages moved whole.
+    pub huge_pages_moved: u64,
     pub millis: f64,
 }
 

@@ -106,8 +106,9 @@ pub struct Settings {
     pub process_role: ProcessRole,
     pub step_core: StepCore,
     pub lock_dir: PathBuf,
-    /// `TLLM_AFFINITY_MOVE_MEMORY`: a dedicated worker's memory follows it to its node.
-    pub move_memory: bool,
+    /// `TLLM_AFFINITY_MOVE_MEMORY`: the most bytes of a dedicated worker's memory one configure
+    /// moves to its node (`0`: never moved; `1`: [`DEFAULT_MOVE_MEMORY_CAP`]).
+    pub move_memory: u64,
 }
 
 impl Default for Settings {
@@ -124,7 +125,7 @@ impl Default for Settings {
             process_role: ProcessRole::Host,
             step_core: StepCore::Off,
             lock_dir: PathBuf::from("/tmp"),
-            move_memory: true,
+            move_memory: DEFAULT_MOVE_MEMORY_CAP,
         }
     }
 }
@@ -162,6 +163,37 @@ impl fmt::Display for SettingError {
             self.expected
         )
     }
+}
+
+/// What `TLLM_AFFINITY_MOVE_MEMORY=1` (and unset) moves at most at one configure: 16 GiB, a few
+/// seconds of copying on a current host, so that a retarget after a large model is loaded does
+/// not stall its configure for long.
+pub const DEFAULT_MOVE_MEMORY_CAP: u64 = 16 << 30;
+
+/// `TLLM_AFFINITY_MOVE_MEMORY`: `0`, `1` (or empty: the default cap) or a size with a unit of
+/// powers of 1024 (`64G`, `512M`, `1T`, `4096K`); `None` for anything else.
+fn parse_move_memory(value: &str) -> Option<u64> {
+    let value = value.trim();
+    match value {
+        "0" => return Some(0),
+        "1" | "" => return Some(DEFAULT_MOVE_MEMORY_CAP),
+        _ => {}
+    }
+    // The last character (a multibyte one is no unit: split where it starts).
+    let (at, _) = value.char_indices().last()?;
+    let (digits, unit) = value.split_at(at);
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    n.checked_mul(1u64 << shift).filter(|&bytes| bytes > 0)
 }
 
 impl Settings {
@@ -315,10 +347,13 @@ impl Settings {
             }
         }
         if let Some(v) = lookup("TLLM_AFFINITY_MOVE_MEMORY") {
-            match v.trim() {
-                "1" | "" => s.move_memory = true,
-                "0" => s.move_memory = false,
-                _ => fail("TLLM_AFFINITY_MOVE_MEMORY", &v, "1 or 0"),
+            match parse_move_memory(&v) {
+                Some(cap) => s.move_memory = cap,
+                None => fail(
+                    "TLLM_AFFINITY_MOVE_MEMORY",
+                    &v,
+                    "0, 1 or a size such as 64G or 512M (K, M, G, T: powers of 1024)",
+                ),
             }
         }
         (s, errors)
@@ -359,7 +394,7 @@ mod tests {
         assert_eq!(s.log, LogLevel::Warn);
         assert_eq!(s.step_core, StepCore::Off);
         assert_eq!(s.numa_aware, NumaAwareFlag::Unset);
-        assert!(s.move_memory);
+        assert_eq!(s.move_memory, DEFAULT_MOVE_MEMORY_CAP);
         assert!(s.is_worker_lib("libnccl.so.2"));
         assert!(s.is_worker_lib("libopen-pal.so.40"));
         assert!(!s.is_worker_lib("libpython3.11.so.1.0"));
@@ -398,6 +433,12 @@ mod tests {
             ("TLLM_AFFINITY_GPU", "zz:qq:00.0"),
             ("TLLM_AFFINITY_GPU", "-1"),
             ("TLLM_AFFINITY_MOVE_MEMORY", "no"),
+            ("TLLM_AFFINITY_MOVE_MEMORY", "64"),
+            ("TLLM_AFFINITY_MOVE_MEMORY", "64GB"),
+            ("TLLM_AFFINITY_MOVE_MEMORY", "-1G"),
+            ("TLLM_AFFINITY_MOVE_MEMORY", "0G"),
+            ("TLLM_AFFINITY_MOVE_MEMORY", "99999999999T"),
+            ("TLLM_AFFINITY_MOVE_MEMORY", "64é"),
         ];
         for (var, value) in cases {
             let (_, errors) = parse(&[(var, value)]);
@@ -458,10 +499,15 @@ mod tests {
     }
 
     #[test]
-    fn move_memory_is_on_unless_0() {
-        assert!(!parse(&[("TLLM_AFFINITY_MOVE_MEMORY", "0")]).0.move_memory);
-        assert!(parse(&[("TLLM_AFFINITY_MOVE_MEMORY", "1")]).0.move_memory);
-        assert!(parse(&[("TLLM_AFFINITY_MOVE_MEMORY", "")]).0.move_memory);
+    fn move_memory_is_0_1_or_a_size() {
+        let cap = |v: &str| parse(&[("TLLM_AFFINITY_MOVE_MEMORY", v)]).0.move_memory;
+        assert_eq!(cap("0"), 0);
+        assert_eq!(cap("1"), DEFAULT_MOVE_MEMORY_CAP);
+        assert_eq!(cap(""), DEFAULT_MOVE_MEMORY_CAP);
+        assert_eq!(cap("64G"), 64 << 30);
+        assert_eq!(cap("512m"), 512 << 20);
+        assert_eq!(cap(" 2T "), 2 << 40);
+        assert_eq!(cap("4096K"), 4 << 20);
     }
 
     #[test]

@@ -194,53 +194,101 @@ pub fn move_pages_to(addresses: &[usize], node: usize, status: &mut [i32]) -> Re
     move_pages(addresses, Some(&nodes), status)
 }
 
-/// `MPOL_BIND` of `mbind(2)`.
-const MPOL_BIND: libc::c_int = 2;
+/// The `/proc/self/pagemap` entries of this process's pages from `start` (page aligned, pages of
+/// `page_bytes`): one 64-bit word per page into `out` (bit 63 present, bit 61 a file page or
+/// shared anonymous memory, bit 56 mapped by this process alone). Reading it changes nothing.
+pub fn pagemap_entries(
+    pagemap: &std::fs::File,
+    start: usize,
+    page_bytes: usize,
+    out: &mut [u64],
+) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0u8; out.len() * 8];
+    pagemap.read_exact_at(&mut bytes, (start / page_bytes.max(1)) as u64 * 8)?;
+    for (word, chunk) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+        *word = u64::from_ne_bytes(chunk.try_into().expect("chunks of 8"));
+    }
+    Ok(())
+}
 
-/// Moves the pages of this process's mapping `start..start+len` that lie off `node` onto it
-/// (`mbind(MPOL_BIND, node, MPOL_MF_MOVE)`, then `mbind(MPOL_DEFAULT)` so that the mapping keeps
-/// no policy). Pages shared with another process, pinned or busy stay where they are, silently:
-/// the caller reads where they lie afterwards. Unlike `move_pages`, it walks the page tables
-/// itself, so it also moves pages automatic NUMA balancing has marked for a hinting fault, which
-/// `move_pages` answers `-ENOENT` for on kernels 6.1 to 6.4. The range must lie in mappings
-/// with no policy of their own (it is left with none). Errors are positive errno values.
-pub fn bind_move_and_unbind(start: usize, len: usize, node: usize) -> Result<(), i32> {
-    if node >= NODE_MASK_WORDS * 64 {
+/// Reads one byte of each of this process's pages at `addresses` through `process_vm_readv(2)`
+/// on itself: the kernel faults each page in as a read access would, so a page automatic NUMA
+/// balancing marked for a hinting fault is made accessible again (after which `move_pages` sees
+/// it), while an address unmapped meanwhile is an error, never a signal. Nothing is written.
+/// Returns the bytes read; errors are positive errno values (`EPERM` under a seccomp profile).
+pub fn read_one_byte_of_each(addresses: &[usize]) -> Result<usize, i32> {
+    // IOV_MAX: the most iovecs one call takes.
+    const IOV_MAX: usize = 1024;
+    let mut sink = [0u8; IOV_MAX];
+    let mut total = 0;
+    for chunk in addresses.chunks(IOV_MAX) {
+        let local = libc::iovec {
+            iov_base: sink.as_mut_ptr().cast(),
+            iov_len: chunk.len(),
+        };
+        let remote: Vec<libc::iovec> = chunk
+            .iter()
+            .map(|&address| libc::iovec {
+                iov_base: address as *mut libc::c_void,
+                iov_len: 1,
+            })
+            .collect();
+        // SAFETY: the kernel writes at most `chunk.len()` bytes into `sink` (the one local
+        // iovec, of that length, inside the live array) and reads the remote addresses itself,
+        // answering EFAULT for one not mapped; `remote` lives across the call.
+        let rc = unsafe {
+            libc::process_vm_readv(
+                getpid(),
+                &local,
+                1,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(errno());
+        }
+        total += rc as usize;
+    }
+    Ok(total)
+}
+
+/// Moves every page of this process that lies on one of `from` and is mapped by it alone to
+/// `to` (`migrate_pages(2)` on itself, `MPOL_MF_MOVE` semantics): the kernel walks the page
+/// tables itself and writes no memory policy. Returns the pages it could not move; errors are
+/// positive errno values.
+pub fn migrate_own_pages(from: &[usize], to: usize) -> Result<u64, i32> {
+    let mut old = [0u64; NODE_MASK_WORDS];
+    let mut new = [0u64; NODE_MASK_WORDS];
+    for &node in from {
+        if node >= NODE_MASK_WORDS * 64 {
+            return Err(libc::EINVAL);
+        }
+        old[node / 64] |= 1 << (node % 64);
+    }
+    if to >= NODE_MASK_WORDS * 64 {
         return Err(libc::EINVAL);
     }
-    let mut words = [0u64; NODE_MASK_WORDS];
-    words[node / 64] |= 1 << (node % 64);
-    // SAFETY: mbind changes the policy and placement of pages in `start..start+len`, never their
-    // contents; the kernel reads NODE_MASK_WORDS * 64 bits from `words`, a live array of that
-    // many. An address range that is not mapped answers an error.
-    let moved = unsafe {
+    new[to / 64] |= 1 << (to % 64);
+    // SAFETY: pid 0 is this process; the kernel reads NODE_MASK_WORDS * 64 bits from each of
+    // `old` and `new`, live arrays of that many, and changes where pages lie, never their
+    // contents nor any memory policy.
+    let rc = unsafe {
         libc::syscall(
-            libc::SYS_mbind,
-            start,
-            len,
-            MPOL_BIND,
-            words.as_ptr(),
+            libc::SYS_migrate_pages,
+            0 as libc::pid_t,
             (NODE_MASK_WORDS * 64) as libc::c_ulong,
-            MPOL_MF_MOVE as libc::c_uint,
+            old.as_ptr(),
+            new.as_ptr(),
         )
     };
-    let moved = if moved < 0 { Err(errno()) } else { Ok(()) };
-    // SAFETY: as above, with no node mask (MPOL_DEFAULT): the range's policy is removed.
-    let unbound = unsafe {
-        libc::syscall(
-            libc::SYS_mbind,
-            start,
-            len,
-            MPOL_DEFAULT,
-            std::ptr::null::<u64>(),
-            0 as libc::c_ulong,
-            0 as libc::c_uint,
-        )
-    };
-    if unbound < 0 {
-        return Err(errno());
+    if rc < 0 {
+        Err(errno())
+    } else {
+        Ok(rc as u64)
     }
-    moved
 }
 
 fn move_pages(addresses: &[usize], nodes: Option<&[i32]>, status: &mut [i32]) -> Result<(), i32> {
@@ -487,11 +535,17 @@ mod tests {
         let node = status[0] as usize;
         move_pages_to(&[address], node, &mut status).unwrap();
         assert_eq!(status[0], node as i32);
-        let start = page.as_ptr() as usize & !4095;
-        assert_eq!(bind_move_and_unbind(start, 4096, node), Ok(()));
         assert_eq!(memory_policy().map(|(mode, _)| mode), Ok(MPOL_DEFAULT));
-        assert_eq!(bind_move_and_unbind(start, 4096, 4096), Err(libc::EINVAL));
         assert_eq!(page_nodes(&[address], &mut []), Err(libc::EINVAL));
+        // pagemap: the touched page is present and this process's alone; reading a byte of it
+        // through process_vm_readv changes nothing; an unmapped address is an error.
+        let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let mut entry = [0u64; 1];
+        pagemap_entries(&pagemap, address, 4096, &mut entry).unwrap();
+        assert_eq!(entry[0] >> 63, 1, "present: {:#x}", entry[0]);
+        assert_eq!((entry[0] >> 56) & 1, 1, "exclusive: {:#x}", entry[0]);
+        assert_eq!(read_one_byte_of_each(&[address, address + 4096]), Ok(2));
+        assert_eq!(read_one_byte_of_each(&[8]), Err(libc::EFAULT));
         assert_eq!(page.iter().map(|&b| b as usize).sum::<usize>(), 1 << 16);
     }
 

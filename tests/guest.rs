@@ -962,6 +962,157 @@ fn locked_pages_stay_and_are_counted_the_rest_moves() {
     );
 }
 
+/// The first number after `prefix` (`WINDOW 0 12` → 0).
+fn number(run: &Scenario, prefix: &str, at: usize) -> i64 {
+    run.lines(prefix)
+        .first()
+        .and_then(|w| w.get(at))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix}:\n{}\n{}", run.text(), run.stderr()))
+}
+
+/// The info line of the move.
+fn move_line(run: &Scenario) -> &str {
+    run.err
+        .iter()
+        .find(|l| l.contains("dedicated worker: moved"))
+        .unwrap_or_else(|| panic!("no line of the move:\n{}", run.stderr()))
+}
+
+/// No policy window: while the move runs, a thread allocating and touching memory in a loop and
+/// asking the policy of its chunks and of the buffer never sees one, a thread forking in a loop
+/// leaves no child with a mapping under a policy, and afterwards `numa_maps` shows none; nothing
+/// is killed (the scenario exits 0).
+#[test]
+fn the_move_writes_no_policy_a_concurrent_allocator_or_a_fork_child_could_see() {
+    let guest = require!(memory());
+    let run = guest.ok("window");
+    println!("window: {:?}", run.out);
+    move_line(run);
+    assert!(
+        number(run, "WINDOW ", 1) > 0,
+        "the allocator ran:\n{}",
+        run.text()
+    );
+    assert!(number(run, "FORKS ", 1) > 0, "forks ran:\n{}", run.text());
+    assert_eq!(
+        number(run, "WINDOW ", 0),
+        0,
+        "policies seen during the move:\n{}",
+        run.text()
+    );
+    assert_eq!(
+        number(run, "FORKS ", 0),
+        0,
+        "fork children with a policy:\n{}",
+        run.text()
+    );
+    assert_eq!(number(run, "POLICIES ", 0), 0, "{}", run.text());
+}
+
+/// A shmem object mapped shared with a child that bound its second half to node 0: after the
+/// move the child's policy is exactly as it set it (first half default, second half bind to
+/// node 0), and none of the object's pages moved; the process's private buffer did.
+#[test]
+fn a_shared_shmem_mapping_keeps_its_policy_and_its_pages() {
+    let guest = require!(memory());
+    let run = guest.ok("shared_shm");
+    let (before, after) = (
+        buffer_pages(run, "shm_before"),
+        buffer_pages(run, "shm_after"),
+    );
+    println!("shared_shm: shm pages before {before:?}, after {after:?}");
+    assert_eq!(after, before, "the shared pages moved:\n{}", run.stderr());
+    assert_eq!(
+        run.lines("SHM_POLICY "),
+        [["0", "2", "1"]],
+        "the child's policy (first half, second half, its nodes):\n{}\n{}",
+        run.text(),
+        run.stderr()
+    );
+    assert!(!run.text().contains("SHM_CHILD"), "{}", run.text());
+    let moved = buffer_pages(run, "after");
+    assert!(mostly_on(&moved, 1, BUFFER_PAGES), "{moved:?}");
+}
+
+/// Transparent huge pages (`always`, a 68 MiB buffer 1 MiB past a huge page boundary): none is
+/// split (the buffer's `AnonHugePages` after is what it was), they lie on the target node, and
+/// the line counts them.
+#[test]
+fn transparent_huge_pages_move_whole() {
+    let guest = require!(memory());
+    let run = guest.ok("thp");
+    let huge = |phase: &str| {
+        run.lines("HUGE ")
+            .into_iter()
+            .find(|w| w[0] == phase)
+            .and_then(|w| w[1].parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no HUGE {phase}:\n{}", run.text()))
+    };
+    let (before, after) = (huge("before"), huge("after"));
+    let pages = buffer_pages(run, "after");
+    println!("thp: AnonHugePages {before} kB before, {after} kB after; pages {pages:?}");
+    println!("thp: {}", move_line(run));
+    assert!(before >= 32 << 10, "huge pages before: {before} kB");
+    assert_eq!(after, before, "huge pages split:\n{}", run.stderr());
+    assert!(mostly_on(&pages, 1, 68 << 8), "{pages:?}\n{}", run.stderr());
+    let moved = run.report()["memory_moved"]["huge_pages_moved"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        moved * 2048 >= before,
+        "{moved} huge pages moved of {before} kB"
+    );
+    assert!(
+        move_line(run).contains(&format!("({moved} huge pages)")),
+        "{}",
+        move_line(run)
+    );
+}
+
+/// A budget smaller than the memory (`TLLM_AFFINITY_MOVE_MEMORY=16M` for 64 MiB): about 16 MiB
+/// moves and the line says where it stopped and why. A target node another process holds down to
+/// 32 MiB above the headroom: the move stops there, nothing is killed, the line says why.
+#[test]
+fn a_move_stops_at_its_budget_and_at_the_target_nodes_headroom_and_says_so() {
+    let guest = require!(memory());
+    let run = guest.ok("budget");
+    let after = buffer_pages(run, "after");
+    let on_1 = after.get(&1).copied().unwrap_or(0);
+    println!("budget: after {after:?}; {}", move_line(run));
+    // 16 MiB of 4 KiB pages, within a batch.
+    assert!((3800..=4400).contains(&on_1), "{after:?}");
+    let line = move_line(run);
+    assert!(
+        line.contains("stopped short") && line.contains("budget of 16.0 MiB"),
+        "{line}"
+    );
+
+    let holder = guest.ok("holder");
+    println!("holder: {:?}", holder.out);
+    assert!(holder.text().contains("HELD "), "{}", holder.text());
+    assert!(
+        holder.out.contains(&"alive=1".to_string()),
+        "{}",
+        holder.text()
+    );
+    assert!(
+        holder.out.contains(&"oom_kills=0".to_string()),
+        "{}",
+        holder.text()
+    );
+    let run = guest.ok("node_full");
+    let after = buffer_pages(run, "after");
+    println!("node_full: after {after:?}; {}", move_line(run));
+    let on_1 = after.get(&1).copied().unwrap_or(0);
+    assert!(on_1 < BUFFER_PAGES * 3 / 4, "{after:?}");
+    let line = move_line(run);
+    assert!(
+        line.contains("stopped short") && line.contains("headroom"),
+        "{line}"
+    );
+}
+
 /// The move's cost at configure, printed (`MEASURED`, medians of three runs each): a dedicated
 /// worker's configure with the move and without it (`TLLM_AFFINITY_MOVE_MEMORY=0`), for 64 MiB
 /// and 1 GiB touched on node 0.
@@ -993,11 +1144,33 @@ fn the_moves_rate_and_its_cost_at_configure_are_measured() {
         let millis = median(millis);
         let with = median(runs("moved").map(configure_micros).collect());
         let without = median(runs("stays").map(configure_micros).collect());
+        let rate = mib_moved / (millis / 1000.0);
         println!(
-            "MEASURED {mib} MiB: moved {mib_moved:.1} MiB in {millis:.1} ms ({:.0} MiB/s); configure {:.1} ms with the move, {:.1} ms without (medians of 3)",
-            mib_moved / (millis / 1000.0),
+            "MEASURED {mib} MiB: moved {mib_moved:.1} MiB in {millis:.1} ms ({rate:.0} MiB/s); configure {:.1} ms with the move, {:.1} ms without (medians of 3)",
             with / 1000.0,
             without / 1000.0
+        );
+        if mib != 1024 {
+            continue;
+        }
+        // numactl's migratepages on the same memory, in the same boot, alternating with the
+        // library's runs: pages it moved to node 1 over the time it ran.
+        let (mut kernel_mib, mut kernel_millis) = (Vec::new(), Vec::new());
+        for name in runs("migratepages") {
+            let run = guest.ok(&name);
+            let on_1 = buffer_pages(run, "after").get(&1).copied().unwrap_or(0);
+            assert!(
+                on_1 as u64 * 4096 >= (mib << 20) * 95 / 100,
+                "{name}: {on_1} pages moved"
+            );
+            kernel_mib.push(on_1 as f64 * 4096.0 / f64::from(1u32 << 20));
+            kernel_millis.push(number(run, "MIGRATE_US ", 0) as f64 / 1000.0);
+        }
+        let (kernel_mib, kernel_millis) = (median(kernel_mib), median(kernel_millis));
+        let kernel_rate = kernel_mib / (kernel_millis / 1000.0);
+        println!(
+            "MEASURED {mib} MiB: migratepages moved {kernel_mib:.1} MiB in {kernel_millis:.1} ms ({kernel_rate:.0} MiB/s); the library's rate is {:.2}x (medians of 3)",
+            rate / kernel_rate
         );
     }
 }

@@ -2,18 +2,22 @@
 //! put the process on one node's CPUs, its pages on the other nodes with CPUs move there, on the
 //! configuring thread (never in a fork handler or a signal handler: configure is neither), once
 //! per configure that changes the node. [`crate::memory_move`] decides; this file reads
-//! `/proc/self/smaps` and `numa_maps`, moves each mapping with `mbind(MPOL_MF_MOVE)` (page by
-//! page with `move_pages(2)` where a CPU-less node's pages must stay), and reads `numa_maps`
-//! again to count what moved and what could not.
+//! `/proc/self/smaps` and `numa_maps`, walks each private mapping in batches aligned to the
+//! transparent huge page size, picks the pages to move from `/proc/self/pagemap` (present,
+//! anonymous, this process's alone) and `move_pages(2)`'s answer of where each lies, moves those
+//! on a source node with `move_pages(2)` (which writes no memory policy: no other thread's fault
+//! and no fork child ever sees one), within a budget of bytes and of the target node's free
+//! memory, and reads `numa_maps` again to count what moved and what could not.
 //!
 //! Counters are atomics, not a lock: the report reads them at any time, and a fork child
 //! inherits them as they were (its pages are the parent's copies, already moved).
 
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::mask::CpuMask;
-use crate::memory_move::{self, MoveDecision, MoveInput, Stay, Walk};
+use crate::memory_move::{self, pagemap, MoveDecision, MoveInput, Stay, StoppedShort, Walk};
 use crate::policy::Rule;
 use crate::report::MemoryMoved;
 use crate::{log_debug, log_info, log_warn, sys};
@@ -28,13 +32,12 @@ static MOVES: AtomicU64 = AtomicU64::new(0);
 static BYTES_MOVED: AtomicU64 = AtomicU64::new(0);
 static BYTES_NOT_MOVED: AtomicU64 = AtomicU64::new(0);
 static MICROS: AtomicU64 = AtomicU64::new(0);
+static HUGE_PAGES_MOVED: AtomicU64 = AtomicU64::new(0);
 
-/// The most bytes one `mbind` moves: the kernel holds the process's memory map for writing while
-/// it moves them, so other threads' page faults wait at most one step.
-const STEP: u64 = 64 << 20;
-/// Pages per `move_pages` call: bounds the buffers (56 KiB) and how long one call holds the
-/// process's memory map.
-const CHUNK: usize = 4096;
+/// A move that runs longer than this says how far it got, and again each time as long.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+/// Free blocks of a huge page's size the target must have for one more huge page to move.
+const HUGE_FREE_MARGIN: u64 = 4;
 
 /// What a configure knows, for [`follow_the_worker`].
 pub(super) struct Configured<'a> {
@@ -59,7 +62,7 @@ pub(super) fn follow_the_worker(c: Configured<'_>) {
     };
     let decision = memory_move::decide(&MoveInput {
         dedicated: c.dedicated,
-        enabled: settings.move_memory,
+        enabled: settings.move_memory > 0,
         kernels_topology: settings.sysfs_root.as_os_str() == "/",
         rule: c.rule,
         worker_mask: c.mask,
@@ -102,22 +105,41 @@ pub(super) fn follow_the_worker(c: Configured<'_>) {
     }
     let _moving = Moving;
     let started = Instant::now();
-    let outcome = move_to(&from, to);
+    let outcome = move_to(&from, to, settings.move_memory, started);
     let micros = started.elapsed().as_micros() as u64;
+    let from_words = format!(
+        "NUMA node{} {}",
+        if from.len() > 1 { "s" } else { "" },
+        from.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     match outcome {
         Ok(done) => {
             MOVED_TO.store(to, Ordering::Release);
             MOVES.fetch_add(1, Ordering::Relaxed);
             BYTES_MOVED.fetch_add(done.moved, Ordering::Relaxed);
-            BYTES_NOT_MOVED.fetch_add(done.not_moved, Ordering::Relaxed);
+            BYTES_NOT_MOVED.fetch_add(done.kept + done.left, Ordering::Relaxed);
+            HUGE_PAGES_MOVED.fetch_add(done.huge_pages, Ordering::Relaxed);
             MICROS.fetch_add(micros, Ordering::Relaxed);
+            let rest = match &done.stopped {
+                Some(why) => format!(
+                    "; stopped short, {} left on {from_words}: {}",
+                    mib(done.left),
+                    why.describe()
+                ),
+                None if done.left > 0 => {
+                    format!("; {} could not move (busy, pinned, shared)", mib(done.left))
+                }
+                None => String::new(),
+            };
             log_info!(
-                "dedicated worker: moved {} of its memory from NUMA node{} {} to node {to} in {:.1} ms; {} could not move (locked, shared, busy){}",
+                "dedicated worker: moved {} of its memory ({} huge pages) from {from_words} to node {to} in {:.1} ms; {} stays (locked, shared, a device's){}{rest}",
                 mib(done.moved),
-                if from.len() > 1 { "s" } else { "" },
-                from.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+                done.huge_pages,
                 micros as f64 / 1000.0,
-                mib(done.not_moved),
+                mib(done.kept),
                 if done.bound > 0 {
                     format!("; {} under a policy of its own left", mib(done.bound))
                 } else {
@@ -138,11 +160,43 @@ fn mib(bytes: u64) -> String {
 
 struct Done {
     moved: u64,
-    not_moved: u64,
+    huge_pages: u64,
+    /// On the sources in mappings never walked: locked, shared, a device's, hugetlbfs.
+    kept: u64,
+    /// Still on the sources in the walked mappings afterwards.
+    left: u64,
     bound: u64,
+    stopped: Option<StoppedShort>,
 }
 
-fn move_to(from: &[usize], to: usize) -> Result<Done, String> {
+/// What the walk keeps between batches.
+struct Walker<'a> {
+    from: &'a [usize],
+    to: usize,
+    cap: u64,
+    started: Instant,
+    last_said: Instant,
+    pagemap: File,
+    huge_bytes: u64,
+    /// Free blocks of a huge page's size left on the target (`/proc/buddyinfo`): a huge page
+    /// moves only while one is there, so the kernel never splits one for want of room.
+    huge_free: u64,
+    huge_order: u32,
+    /// The walked mapping's page size.
+    page_bytes: u64,
+    moved: u64,
+    huge_pages: u64,
+    huge_left: u64,
+    node_meminfo: String,
+    /// Pages `move_pages` refused, by why: still hidden by a hinting fault, shared, busy.
+    hidden: u64,
+    shared: u64,
+    busy: u64,
+    read: u64,
+    read_refused: u64,
+}
+
+fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done, String> {
     let numa_maps = || {
         std::fs::read_to_string("/proc/self/numa_maps")
             .map(|text| memory_move::numa_maps_pages(&text))
@@ -150,58 +204,310 @@ fn move_to(from: &[usize], to: usize) -> Result<Done, String> {
     };
     let smaps = std::fs::read_to_string("/proc/self/smaps")
         .map_err(|e| format!("/proc/self/smaps: {e}"))?;
-    let plan = memory_move::plan(&memory_move::smaps_ranges(&smaps), &numa_maps()?, from, to);
-    let mut done = Done {
+    let plan = memory_move::plan(&memory_move::smaps_ranges(&smaps), &numa_maps()?, from);
+    let pagemap =
+        File::open("/proc/self/pagemap").map_err(|e| format!("/proc/self/pagemap: {e}"))?;
+    let base_page = page_size();
+    let huge_bytes = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .filter(|&b| b >= base_page && b.is_power_of_two())
+        .unwrap_or(base_page * 512);
+    let order = (huge_bytes / base_page).trailing_zeros();
+    let huge_free = std::fs::read_to_string("/proc/buddyinfo")
+        .map(|t| memory_move::free_blocks_of_order(&t, to, order))
+        .unwrap_or(0);
+    let mut walker = Walker {
+        from,
+        to,
+        cap,
+        started,
+        last_said: started,
+        pagemap,
+        huge_bytes,
+        huge_free,
+        huge_order: order,
+        page_bytes: base_page,
         moved: 0,
-        not_moved: plan.locked_bytes,
-        bound: plan.bound_bytes,
+        huge_pages: 0,
+        huge_left: 0,
+        node_meminfo: format!("/sys/devices/system/node/node{to}/meminfo"),
+        hidden: 0,
+        shared: 0,
+        busy: 0,
+        read: 0,
+        read_refused: 0,
     };
-    for walk in &plan.walks {
-        if walk.mixed {
-            move_page_by_page(walk, from, to)?;
-        } else {
-            for (start, len) in memory_move::steps(walk, STEP) {
-                match sys::bind_move_and_unbind(start as usize, len as usize, to) {
-                    Ok(()) => {}
-                    // Unmapped since smaps was read (another thread's munmap): nothing to move.
-                    Err(libc::EFAULT) | Err(libc::ENOMEM) => {}
-                    Err(errno) => return Err(format!("mbind failed (errno {errno})")),
-                }
+    let mut stopped = None;
+    'walks: for walk in &plan.walks {
+        // Huge pages only where the mapping's pages are the base size (not hugetlbfs).
+        let batch = memory_move::batch_bytes(walk.page_bytes, walker.huge_bytes);
+        for (start, len) in memory_move::batches(walk, batch) {
+            if let Err(why) = walker.batch(walk, start, len) {
+                stopped = Some(why);
+                break 'walks;
             }
         }
     }
-    let (moved, left) = memory_move::outcome(&plan.walks, &numa_maps()?, from);
-    done.moved = moved;
-    done.not_moved += left;
-    Ok(done)
+    if walker.huge_left > 0 {
+        log_debug!(
+            "dedicated worker: {} huge pages stay: no free block of their size on NUMA node {to}",
+            walker.huge_left
+        );
+    }
+    let (mut moved, mut left) = memory_move::outcome(&plan.walks, &numa_maps()?, from);
+    // Pages move_pages could not see even after the read (a hinting fault it did not take):
+    // migrate_pages(2) walks the page tables itself and writes no policy either, but moves every
+    // page of the process alone on the sources, locked, shared-memory and bound ones included.
+    // So only where the process has none of those on a source, and the rest fits the budget.
+    let mut swept = 0;
+    if stopped.is_none()
+        && walker.hidden > 0
+        && plan.kept_bytes() == 0
+        && plan.bound_bytes == 0
+        && walker
+            .allowance(base_page)
+            .is_ok_and(|allowed| allowed >= left)
+    {
+        match sys::migrate_own_pages(from, to) {
+            Ok(_) => {
+                let before = moved;
+                (moved, left) = memory_move::outcome(&plan.walks, &numa_maps()?, from);
+                swept = moved.saturating_sub(before);
+            }
+            Err(errno) => log_debug!("dedicated worker: migrate_pages failed (errno {errno})"),
+        }
+    }
+    // Pages left that the budget or the target's headroom would not have taken: said as a stop.
+    if stopped.is_none() && left > 0 {
+        match walker.allowance(base_page) {
+            Err(why) => stopped = Some(why),
+            Ok(allowed) if allowed < left => stopped = Some(walker.short_of(allowed)),
+            Ok(_) => {}
+        }
+    }
+    if walker.hidden + walker.shared + walker.busy > 0 {
+        log_info!(
+            "dedicated worker: move_pages refused {} pages hidden by a hinting fault ({} read to take it, {} reads refused), {} shared, {} busy; {} moved by migrate_pages",
+            walker.hidden,
+            walker.read,
+            walker.read_refused,
+            walker.shared,
+            walker.busy,
+            mib(swept)
+        );
+    }
+    Ok(Done {
+        moved,
+        huge_pages: walker.huge_pages,
+        kept: plan.kept_bytes(),
+        left,
+        bound: plan.bound_bytes,
+        stopped,
+    })
 }
 
-/// A mapping that also has pages on a node that is neither a source nor the target (a CPU-less
-/// node): only the pages on the sources move, chosen one by one with `move_pages`.
-fn move_page_by_page(walk: &Walk, from: &[usize], to: usize) -> Result<(), String> {
-    let mut addresses = Vec::with_capacity(CHUNK);
-    let mut status = vec![0i32; CHUNK];
-    let mut at = walk.start;
-    while at < walk.end {
-        addresses.clear();
-        while at < walk.end && addresses.len() < CHUNK {
-            addresses.push(at as usize);
-            at += walk.page_bytes;
+fn page_size() -> u64 {
+    // SAFETY: sysconf reads a constant of the process.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        size as u64
+    } else {
+        4096
+    }
+}
+
+impl Walker<'_> {
+    /// The bytes this batch may still move, or why the move stops here.
+    fn allowance(&self, page_bytes: u64) -> Result<u64, StoppedShort> {
+        let free_and_headroom = std::fs::read_to_string(&self.node_meminfo)
+            .ok()
+            .and_then(|t| memory_move::node_free_and_total(&t))
+            .map(|(free, total)| (free, memory_move::headroom(total)));
+        memory_move::allowance(self.cap, self.moved, page_bytes, free_and_headroom)
+    }
+
+    /// Why `allowed` bytes are all the move may still take: the cap, or the node's headroom.
+    fn short_of(&self, allowed: u64) -> StoppedShort {
+        if self.cap.saturating_sub(self.moved) <= allowed {
+            return StoppedShort::Budget(self.cap);
         }
-        let status = &mut status[..addresses.len()];
-        sys::page_nodes(&addresses, status)
-            .map_err(|errno| format!("move_pages failed (errno {errno})"))?;
-        let chosen: Vec<usize> = memory_move::to_move(status, from)
+        let (free, total) = std::fs::read_to_string(&self.node_meminfo)
+            .ok()
+            .and_then(|t| memory_move::node_free_and_total(&t))
+            .unwrap_or((0, 0));
+        StoppedShort::NodeFull {
+            free,
+            headroom: memory_move::headroom(total),
+        }
+    }
+
+    /// Moves the movable pages of `start..start+len` that lie on a source node.
+    fn batch(&mut self, walk: &Walk, start: u64, len: u64) -> Result<(), StoppedShort> {
+        let page = walk.page_bytes;
+        self.page_bytes = page;
+        let mut allowed = self.allowance(page)?;
+        let count = (len / page) as usize;
+        let mut entries = vec![0u64; count];
+        if sys::pagemap_entries(&self.pagemap, start as usize, page as usize, &mut entries).is_err()
+        {
+            return Ok(());
+        }
+        let mut addresses: Vec<usize> = Vec::with_capacity(count);
+        for (i, &entry) in entries.iter().enumerate() {
+            if pagemap::movable(entry) {
+                addresses.push((start + i as u64 * page) as usize);
+            }
+        }
+        if addresses.is_empty() {
+            return Ok(());
+        }
+        let mut status = vec![0i32; addresses.len()];
+        if sys::page_nodes(&addresses, &mut status).is_err() {
+            return Ok(());
+        }
+        self.resolve_hinting_faults(&addresses, &mut status, allowed / page);
+        let mut chosen: Vec<usize> = memory_move::to_move(&status, self.from)
             .into_iter()
             .map(|i| addresses[i])
             .collect();
-        if chosen.is_empty() {
-            continue;
+        // Transparent huge pages: a whole aligned block of this process's pages on one source
+        // node, in a mapping that has huge pages, moves by its first address alone (the kernel
+        // moves the folio whole); afterwards its last page says whether it was one.
+        if walk.huge && page < self.huge_bytes {
+            let per_huge = (self.huge_bytes / page) as usize;
+            let mut rest = Vec::with_capacity(chosen.len());
+            let mut i = 0;
+            while i < chosen.len() {
+                let first = chosen[i] as u64;
+                let whole = first.is_multiple_of(self.huge_bytes)
+                    && i + per_huge <= chosen.len()
+                    && chosen[i + per_huge - 1] as u64 == first + self.huge_bytes - page;
+                if !whole {
+                    rest.push(chosen[i]);
+                    i += 1;
+                    continue;
+                }
+                let block = &chosen[i..i + per_huge];
+                i += per_huge;
+                // Read again for each: other allocations take blocks meanwhile, and the kernel
+                // splits a huge page it finds no free block of its size for; a margin of a few
+                // blocks keeps the allocation above the watermarks.
+                self.huge_free = std::fs::read_to_string("/proc/buddyinfo")
+                    .map(|t| memory_move::free_blocks_of_order(&t, self.to, self.huge_order))
+                    .unwrap_or(0);
+                if self.huge_free < HUGE_FREE_MARGIN || allowed < self.huge_bytes {
+                    self.huge_left += 1;
+                    continue;
+                }
+                let last = [block[per_huge - 1]];
+                let mut one = [0i32; 1];
+                sys::move_pages_to(&block[..1], self.to, &mut one)
+                    .map_err(StoppedShort::Refused)?;
+                let mut tail = [0i32; 1];
+                let _ = sys::page_nodes(&last, &mut tail);
+                if tail[0] == self.to as i32 {
+                    self.huge_pages += 1;
+                    self.moved += self.huge_bytes;
+                    allowed -= self.huge_bytes;
+                } else {
+                    // Not a huge page: the rest of the block moves as base pages.
+                    if one[0] == self.to as i32 {
+                        self.moved += page;
+                        allowed = allowed.saturating_sub(page);
+                    }
+                    rest.extend_from_slice(&block[1..]);
+                }
+            }
+            chosen = rest;
         }
-        sys::move_pages_to(&chosen, to, &mut status[..chosen.len()])
-            .map_err(|errno| format!("move_pages failed (errno {errno})"))?;
+        chosen.truncate((allowed / page) as usize);
+        if !chosen.is_empty() {
+            let mut moved = vec![0i32; chosen.len()];
+            sys::move_pages_to(&chosen, self.to, &mut moved).map_err(StoppedShort::Refused)?;
+            let landed = moved.iter().filter(|&&s| s == self.to as i32).count() as u64;
+            self.moved += landed * page;
+            // NUMA balancing's scan may mark pages between the question and the move (it runs
+            // as the thread returns from a call): those are read and moved again, twice at most.
+            for _ in 0..2 {
+                let hidden: Vec<usize> = (0..chosen.len())
+                    .filter(|&i| moved[i] == -libc::ENOENT || moved[i] == -libc::EFAULT)
+                    .collect();
+                if hidden.is_empty() {
+                    break;
+                }
+                let again: Vec<usize> = hidden.iter().map(|&i| chosen[i]).collect();
+                match sys::read_one_byte_of_each(&again) {
+                    Ok(n) => self.read += n as u64,
+                    Err(_) => break,
+                }
+                let mut status = vec![0i32; again.len()];
+                sys::move_pages_to(&again, self.to, &mut status).map_err(StoppedShort::Refused)?;
+                for (&i, s) in hidden.iter().zip(status) {
+                    if s == self.to as i32 {
+                        self.moved += page;
+                    }
+                    moved[i] = s;
+                }
+            }
+            for &s in &moved {
+                match -s {
+                    libc::ENOENT | libc::EFAULT => self.hidden += 1,
+                    libc::EACCES => self.shared += 1,
+                    libc::EBUSY | libc::EAGAIN | libc::ENOMEM => self.busy += 1,
+                    _ => {}
+                }
+            }
+        }
+        if self.last_said.elapsed() >= PROGRESS_EVERY {
+            self.last_said = Instant::now();
+            log_info!(
+                "dedicated worker: moving its memory to NUMA node {}: {} moved in {:.1} s so far",
+                self.to,
+                mib(self.moved),
+                self.started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Pages present by `pagemap` that `move_pages` answers `-ENOENT` for: on kernels 6.1 to
+    /// 6.4 it does so for every page automatic NUMA balancing has marked for a hinting fault
+    /// (measured in the guest: most of a buffer a second after it was touched). Reading a byte
+    /// of each through `process_vm_readv` takes that fault as the program's own access would,
+    /// after which `move_pages` sees the page; their status is asked again. Where that read is
+    /// refused (a seccomp profile), they stay and count as not moved.
+    /// The kernel's fault path may itself move a page it finds misplaced: at most `limit` pages
+    /// are read (the budget left), and those that land on the target count as moved.
+    fn resolve_hinting_faults(&mut self, addresses: &[usize], status: &mut [i32], limit: u64) {
+        let hidden: Vec<usize> = (0..addresses.len())
+            .filter(|&i| status[i] == -libc::ENOENT || status[i] == -libc::EFAULT)
+            .take(limit as usize)
+            .collect();
+        if hidden.is_empty() {
+            return;
+        }
+        let at: Vec<usize> = hidden.iter().map(|&i| addresses[i]).collect();
+        match sys::read_one_byte_of_each(&at) {
+            Ok(n) => {
+                self.read += n as u64;
+                self.read_refused += (at.len() - n) as u64;
+            }
+            Err(_) => {
+                self.read_refused += at.len() as u64;
+                return;
+            }
+        }
+        let mut again = vec![0i32; at.len()];
+        if sys::page_nodes(&at, &mut again).is_ok() {
+            for (&i, s) in hidden.iter().zip(again) {
+                if s == self.to as i32 {
+                    self.moved += self.page_bytes;
+                }
+                status[i] = s;
+            }
+        }
+    }
 }
 
 /// What the report says: `None` until a move ran.
@@ -212,6 +518,7 @@ pub(super) fn reported() -> Option<MemoryMoved> {
         moves: MOVES.load(Ordering::Relaxed),
         bytes_moved: BYTES_MOVED.load(Ordering::Relaxed),
         bytes_not_moved: BYTES_NOT_MOVED.load(Ordering::Relaxed),
+        huge_pages_moved: HUGE_PAGES_MOVED.load(Ordering::Relaxed),
         millis: MICROS.load(Ordering::Relaxed) as f64 / 1000.0,
     })
 }

@@ -37,3 +37,27 @@ visualgen visualgen_thread thread
 # the GPU on node 1 as its one visible GPU (-x: how a launcher hands a rank its device).
 under_run worker_main_rank mpirun -np 1 --bind-to none --allow-run-as-root \
   -x CUDA_VISIBLE_DEVICES=1 "$python" "$programs/memory_follows_worker_main.py"
+# What runs beside the move (tests/guest.rs, issue of the move's safety): a thread allocating and
+# a thread forking while it runs; an 8 MiB shmem object shared with a child that set its own
+# policy on half of it; transparent huge pages (`always`) in a buffer 1 MiB past a huge page
+# boundary; a budget smaller than the buffer; and a target node another process has nearly
+# filled (it holds node 1 down to 160 MiB free: 32 MiB above the headroom of a 1 GiB node).
+scenario window run MF_WATCH=1 "$follows" main 1
+scenario shared_shm run MF_SHM=1 "$follows" main 1
+thp=/sys/kernel/mm/transparent_hugepage
+thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/enabled)
+echo always >$thp/enabled
+scenario thp run MF_THP=1 MF_MIB=68 "$follows" main 1
+echo "$thp_was" >$thp/enabled
+scenario budget run TLLM_AFFINITY_MOVE_MEMORY=16M "$follows" main 1
+held=$(mktemp)
+"$follows" hold 1 160 >"$held" 2>&1 &
+holder=$!
+for _ in $(seq 600); do grep -q HELD "$held" && break; sleep 0.1; done
+scenario node_full run "$follows" main 1
+echo "alive=$(kill -0 $holder 2>/dev/null && echo 1 || echo 0)" >>"$held"
+kill $holder
+wait $holder 2>/dev/null
+echo "oom_kills=$(dmesg | grep -c 'Killed process')" >>"$held"
+emit holder "$held" /dev/null 0
+rm -f "$held"

@@ -2,7 +2,8 @@
 # Inside the guest of tests/guest.rs with a device on each node (memory.sh's machine, booted
 # apart): the move's cost, a dedicated worker's configure for GPU 1 (node 1) after it touched
 # 64 MiB or 1 GiB on node 0, with the move and with TLLM_AFFINITY_MOVE_MEMORY=0, three times each,
-# alternating (the test takes the medians). Arguments: the preload library, the CLI, the double's
+# alternating (the test takes the medians); for 1 GiB also numactl's `migratepages PID 0 1` on a
+# process that touched as much on node 0 (the kernel's own tool, timed around its run). Arguments: the preload library, the CLI, the double's
 # directory, memory_follows.
 lib=$1 cli=$2 nvml_dir=$3 follows=$4
 here=$(dirname "$0")
@@ -14,5 +15,19 @@ for mib in 64 1024; do
   for i in 1 2 3; do
     scenario "bench_${mib}_moved_$i" run MF_MIB=$mib "$follows" main 1
     scenario "bench_${mib}_stays_$i" run MF_MIB=$mib TLLM_AFFINITY_MOVE_MEMORY=0 "$follows" main 1
+    [ "$mib" = 1024 ] || continue
+    go=$(mktemp -u) out=$(mktemp)
+    MF_MIB=$mib "$follows" wait "$go" >"$out" 2>&1 &
+    pid=$!
+    for _ in $(seq 3000); do grep -q READY "$out" && break; sleep 0.1; done
+    t0=$(date +%s%N)
+    migratepages $pid 0 1
+    t1=$(date +%s%N)
+    touch "$go"
+    wait $pid
+    status=$?
+    echo "MIGRATE_US $(((t1 - t0) / 1000))" >>"$out"
+    emit "bench_${mib}_migratepages_$i" "$out" /dev/null $status
+    rm -f "$go" "$out"
   done
 done

@@ -12,10 +12,28 @@
  *   setenv VALUE      setenv("CUDA_VISIBLE_DEVICES", VALUE) (a TLLM_AFFINITY_PROCESS_ROLE=worker
  *                     process follows the device variables)
  *   none              nothing (the library not loaded: the bench's baseline)
+ *   wait FILE         prints READY, then waits until FILE exists (another program moves the
+ *                     pages meanwhile: numactl's migratepages, the bench's comparison)
+ *   hold NODE MIB     takes node NODE's free memory down to MIB (bound there), prints HELD and
+ *                     sleeps until killed: another tenant filling the target node
  *
  * MF_MIB sets the buffer's size (default 64). With MF_GPU_NODE=N the main thread also maps a
  * second buffer of 16 MiB bound to node N for good (mbind MPOL_BIND: what a program that puts
- * data in a GPU's memory node does) and touches it before ACTION. Lines:
+ * data in a GPU's memory node does) and touches it before ACTION.
+ *
+ * What runs beside the move (each prints its line after ACTION):
+ *   MF_WATCH=1  a thread allocating and touching 1 MiB private chunks in a loop, asking the policy
+ *               of its chunks and of the buffer (get_mempolicy MPOL_F_ADDR) each time, and a
+ *               thread forking in a loop, each child counting the mappings of its numa_maps with
+ *               a policy: WINDOW <policies seen> <chunks>, FORKS <children with a policy> <forks>,
+ *               then POLICIES <numa_maps lines with a policy> after ACTION.
+ *   MF_SHM=1    an 8 MiB shmem object (memfd) mapped shared with a child, which binds its second
+ *               half to node 0 (its own shared policy) and touches it all on node 0: after
+ *               ACTION the child prints SHM_POLICY <mode of the first half> <mode of the second>
+ *               <node mask of the second> and the parent SHM_PAGES <node>=<pages> ...
+ *   MF_THP=1    the buffer starts 1 MiB past a 2 MiB boundary, advised MADV_HUGEPAGE: HUGE
+ *               before|after <AnonHugePages kB of the buffer's mappings>.
+ * Lines:
  *
  *   PAGES before|after <node>=<pages> ... fail=0     the buffer's 4 KiB pages per node
  *   PAGES gpu_before|gpu_after <node>=<pages> ...    the bound buffer's (MF_GPU_NODE only)
@@ -30,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -119,6 +138,121 @@ static void *configure_on_thread(void *arg) {
     return NULL;
 }
 
+static int flag(const char *name) { return getenv(name) && strcmp(getenv(name), "1") == 0; }
+
+static volatile int action_done;
+
+static int policy_at(const void *address) {
+    int mode = -1;
+    unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
+    if (syscall(SYS_get_mempolicy, &mode, mask, 1024UL, address, 2UL /* MPOL_F_ADDR */) != 0)
+        return -1;
+    return mode;
+}
+
+/* numa_maps lines of this process whose policy is not "default" (the gpu buffer's own bind
+ * aside, when there is one). */
+static int policies(void) {
+    FILE *maps = fopen("/proc/self/numa_maps", "r");
+    if (!maps) return -1;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, maps)) {
+        unsigned long begin = strtoul(line, NULL, 16);
+        if (gpu_buf && begin >= (unsigned long)gpu_buf && begin < (unsigned long)gpu_buf + gpu_size)
+            continue;
+        char *policy = strchr(line, ' ');
+        if (policy && strncmp(policy + 1, "default", 7) != 0) n++;
+    }
+    fclose(maps);
+    return n;
+}
+
+static long window_seen, window_chunks, fork_policies, forks;
+
+static void *allocate_in_a_loop(void *arg) {
+    (void)arg;
+    long page = sysconf(_SC_PAGESIZE);
+    while (!action_done) {
+        char *chunk = mmap(NULL, 1u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (chunk == MAP_FAILED) break;
+        for (size_t i = 0; i < (1u << 20); i += (size_t)page) chunk[i] = 1;
+        if (policy_at(chunk) > 0) window_seen++;
+        for (size_t at = 0; at < size; at += 1u << 20)
+            if (policy_at(buf + at) > 0) window_seen++;
+        window_chunks++;
+        if (window_chunks % 16 == 0) munmap(chunk, 1u << 20);
+    }
+    return NULL;
+}
+
+static void *fork_in_a_loop(void *arg) {
+    (void)arg;
+    while (!action_done) {
+        pid_t child = fork();
+        if (child == 0) {
+            int n = policies();
+            _exit(n < 0 ? 100 : n > 99 ? 99 : n);
+        }
+        if (child < 0) break;
+        int status = 0;
+        waitpid(child, &status, 0);
+        forks++;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fork_policies++;
+    }
+    return NULL;
+}
+
+static long huge_kb(void) {
+    FILE *smaps = fopen("/proc/self/smaps", "r");
+    if (!smaps) return -1;
+    char line[4096];
+    long kb = 0;
+    int inside = 0;
+    while (fgets(line, sizeof line, smaps)) {
+        unsigned long begin, end;
+        if (sscanf(line, "%lx-%lx ", &begin, &end) == 2) {
+            inside = begin >= (unsigned long)buf && begin < (unsigned long)buf + size;
+            continue;
+        }
+        long n;
+        if (inside && sscanf(line, "AnonHugePages: %ld kB", &n) == 1) kb += n;
+    }
+    fclose(smaps);
+    return kb;
+}
+
+static long node_free_mib(int node) {
+    char path[128], line[256];
+    snprintf(path, sizeof path, "/sys/devices/system/node/node%d/meminfo", node);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    long kb = -1;
+    while (fgets(line, sizeof line, f)) {
+        char *at = strstr(line, "MemFree:");
+        if (at) kb = atol(at + strlen("MemFree:"));
+    }
+    fclose(f);
+    return kb / 1024;
+}
+
+/* hold NODE MIB: bind to NODE and touch until its free memory is down to MIB. */
+static int hold(int node, long keep_mib) {
+    set_policy(2 /* MPOL_BIND */, 1UL << node);
+    long page = sysconf(_SC_PAGESIZE);
+    long held = 0;
+    while (node_free_mib(node) > keep_mib) {
+        char *chunk = mmap(NULL, 4u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (chunk == MAP_FAILED) break;
+        for (size_t i = 0; i < (4u << 20); i += (size_t)page) chunk[i] = 1;
+        held += 4;
+    }
+    printf("HELD %ld free=%ld\n", held, node_free_mib(node));
+    fflush(stdout);
+    while (1) pause();
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: memory_follows main|thread DEVICE | setenv VALUE | none\n");
@@ -126,16 +260,72 @@ int main(int argc, char **argv) {
     }
     tllm_abi_load();
     const char *action = argv[1];
+    if (strcmp(action, "hold") == 0)
+        return hold(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atol(argv[3]) : 0);
     const char *mib = getenv("MF_MIB");
     size = (size_t)(mib ? atol(mib) : 64) << 20;
     long page = sysconf(_SC_PAGESIZE);
+    /* The shmem object's child first: forked after the buffer is touched it would share its
+     * pages copy-on-write, and a page two processes map is not moved. */
+    int shm_pipe[2] = {-1, -1}, shm_done[2] = {-1, -1};
+    pid_t shm_child = -1;
+    char *shm = NULL;
+    const size_t shm_size = 8u << 20;
+    if (flag("MF_SHM")) {
+        int fd = memfd_create("memory_follows_shm", 0);
+        if (fd < 0 || ftruncate(fd, (off_t)shm_size) != 0 || pipe(shm_pipe) != 0 ||
+            pipe(shm_done) != 0) {
+            perror("memfd");
+            return 2;
+        }
+        fflush(stdout);
+        shm_child = fork();
+        if (shm_child == 0) {
+            char *mine = mmap(NULL, shm_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            unsigned long node0[1024 / (8 * sizeof(unsigned long))] = {1UL};
+            if (mine == MAP_FAILED ||
+                syscall(SYS_mbind, mine + shm_size / 2, shm_size / 2, 2 /* MPOL_BIND */, node0,
+                        1024UL, 0U) != 0) {
+                perror("child mbind");
+                _exit(2);
+            }
+            set_policy(2 /* MPOL_BIND */, 1UL);
+            for (size_t i = 0; i < shm_size; i += (size_t)page) mine[i] = 1;
+            if (write(shm_pipe[1], "r", 1) != 1) _exit(2);
+            char c;
+            if (read(shm_done[0], &c, 1) != 1) _exit(2);
+            int mode = -1;
+            unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
+            syscall(SYS_get_mempolicy, &mode, mask, 1024UL, mine + shm_size / 2, 2UL);
+            printf("SHM_POLICY %d %d %lu\n", policy_at(mine), mode, mask[0]);
+            fflush(stdout);
+            _exit(0);
+        }
+        char c;
+        if (shm_child < 0 || read(shm_pipe[0], &c, 1) != 1) {
+            perror("shm child");
+            return 2;
+        }
+        shm = mmap(NULL, shm_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (shm == MAP_FAILED) {
+            perror("mmap shm");
+            return 2;
+        }
+        for (size_t i = 0; i < shm_size; i += (size_t)page) (void)*(volatile char *)(shm + i);
+        pages_of("shm_before", shm, shm_size);
+    }
     /* On a 2 MiB boundary between inaccessible pages: no other mapping merges into the buffer's,
      * and no transparent huge page straddles its mlock'd half and the rest (moving the rest would
      * move the whole huge page). */
     const uintptr_t huge = 2u << 20;
-    char *guarded = mmap(NULL, size + 2 * huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    int thp = flag("MF_THP");
+    char *guarded = mmap(NULL, size + 3 * huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     buf = (char *)(((uintptr_t)guarded + huge) & ~(huge - 1));
-    if (guarded == MAP_FAILED || mprotect(buf, size, PROT_READ | PROT_WRITE) != 0) {
+    /* Huge pages: 1 MiB past a boundary, so a walk in steps from the mapping's start ends its
+     * steps inside huge pages. */
+    if (thp) buf += huge / 2;
+    if (guarded == MAP_FAILED || mprotect(buf, size, PROT_READ | PROT_WRITE) != 0 ||
+        (thp && madvise(buf, size, MADV_HUGEPAGE) != 0)) {
         perror("mmap");
         return 2;
     }
@@ -159,6 +349,13 @@ int main(int argc, char **argv) {
         }
         printf("LOCKED %lu\n", (unsigned long)(size / 2 / (size_t)page));
     }
+    if (thp) printf("HUGE before %ld\n", huge_kb());
+    pthread_t allocator, forker;
+    int watch = flag("MF_WATCH");
+    if (watch) {
+        pthread_create(&allocator, NULL, allocate_in_a_loop, NULL);
+        pthread_create(&forker, NULL, fork_in_a_loop, NULL);
+    }
     pages("before");
     fflush(stdout);
     long started = now_us();
@@ -177,11 +374,31 @@ int main(int argc, char **argv) {
     } else if (strcmp(action, "setenv") == 0) {
         tllm_abi_require(tllm_report != NULL);
         rc = setenv("CUDA_VISIBLE_DEVICES", argc > 2 ? argv[2] : "", 1);
+    } else if (strcmp(action, "wait") == 0 && argc > 2) {
+        printf("READY\n");
+        fflush(stdout);
+        while (access(argv[2], F_OK) != 0) usleep(10000);
     } else if (strcmp(action, "none") != 0) {
         fprintf(stderr, "unknown action %s\n", action);
         return 2;
     }
     printf("CONFIGURE %lld %ld\n", (long long)rc, now_us() - started);
+    action_done = 1;
+    if (watch) {
+        pthread_join(allocator, NULL);
+        pthread_join(forker, NULL);
+        printf("WINDOW %ld %ld\nFORKS %ld %ld\nPOLICIES %d\n", window_seen, window_chunks,
+               fork_policies, forks, policies());
+    }
+    if (thp) printf("HUGE after %ld\n", huge_kb());
+    if (shm) {
+        pages_of("shm_after", shm, shm_size);
+        fflush(stdout);
+        int status = 0;
+        if (write(shm_done[1], "d", 1) != 1 || waitpid(shm_child, &status, 0) != shm_child ||
+            !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            printf("SHM_CHILD failed %d\n", status);
+    }
     pages("after");
     if (tllm_report) {
         static char json[1 << 16];
