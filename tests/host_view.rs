@@ -58,7 +58,7 @@ fn json(host: &Sysfs) -> Value {
 
 /// The host view's entry for `pid`.
 fn process(v: &Value, pid: u32) -> &Value {
-    row(&v, "processes", "pid", pid)
+    row(v, "processes", "pid", pid)
 }
 
 /// The flags of `kind` that name exactly the pids `pids` (in any order).
