@@ -3,7 +3,7 @@
 //! under the same root and NVML answered by the test double (`tests/programs/nvml_double.c`) as
 //! the driver would. Each is checked against the table of docs/grace.md, read here: `topo`,
 //! `plan` over every CPU of the written host, `configure` for every GPU in a real preloaded
-//! process.
+//! process, `auto` step placement in one real process per GPU, and the host view of those.
 //!
 //! A written host has up to 288 CPUs; this machine may have far fewer. The kernel applies masks
 //! over the CPUs that exist only, so the plan's numbers are checked for every CPU of the written
@@ -12,6 +12,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -313,6 +314,140 @@ fn check_configure(w: &Written, rows: &[Row]) {
     }
 }
 
+/// One server per GPU (tests/programs/host_view_target.py under `tllm-affinity run --step-core
+/// auto`): a worker thread configured for the GPU, a step and a result thread pinned for it.
+struct Server {
+    driver: Driver,
+    info: Value,
+}
+
+impl Server {
+    fn start(w: &Written, gpu: usize) -> Server {
+        let mut cmd = w.command(cli());
+        let gpu = gpu.to_string();
+        cmd.args([
+            "run",
+            "--step-core",
+            "auto",
+            "--policy",
+            "numa",
+            "--log",
+            "info",
+        ])
+        .arg("--sysfs-root")
+        .arg(w.root())
+        .arg("--lock-dir")
+        .arg(w.locks.path())
+        .arg("--")
+        .arg(python())
+        .arg(program("host_view_target.py"))
+        .args(["--gpu", &gpu, "--step", &gpu, "--result", &gpu]);
+        let mut driver = Driver::spawn(cmd, DEADLINE);
+        let line = driver.line("{");
+        let info: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        Server { driver, info }
+    }
+
+    fn pid(&self) -> u32 {
+        self.driver.pid()
+    }
+
+    fn mask_of(&self, thread: &str) -> CpuMask {
+        kernel_mask(self.pid(), self.info[thread].as_i64().unwrap() as i32)
+    }
+
+    fn rc(&self, thread: &str) -> i64 {
+        self.info["rc"][thread].as_i64().unwrap()
+    }
+}
+
+/// `auto` in one real process per GPU, all at once: each step and result thread where `plan
+/// --gpu N` over this process's real CPUs says (pinned, or not with its reason), never two on
+/// one CPU; then the host view of the four: each row's GPU, workers and step CPUs, and no flag
+/// among them.
+fn check_servers(w: &Written, rows: &[Row]) {
+    let name = w.shape.name;
+    let servers: Vec<Server> = rows.iter().map(|r| Server::start(w, r.gpu)).collect();
+    let mut pinned: BTreeMap<usize, u32> = BTreeMap::new();
+    for (s, row) in servers.iter().zip(rows) {
+        let plan = w.cli_json(
+            &["plan", "--gpu", &row.gpu.to_string(), "--json"],
+            &[("TLLM_AFFINITY_STEP_CORE", "auto")],
+        );
+        let stderr = s.driver.stderr();
+        assert!(
+            s.rc("worker") > 0,
+            "{name} GPU {}: {}\n{stderr}",
+            row.gpu,
+            s.info
+        );
+        match plan["placement"]["step_cpus"].as_str() {
+            Some(step) => {
+                assert_eq!(s.mask_of("step"), mask(step), "{name} GPU {}", row.gpu);
+                let result = plan["placement"]["result_cpu"].as_u64().unwrap() as usize;
+                assert_eq!(s.mask_of("result"), CpuMask::from_cpus([result]));
+                for cpu in mask(step).iter().chain([result]) {
+                    let other = pinned.insert(cpu, s.pid());
+                    assert_eq!(other, None, "{name}: CPU {cpu} pinned twice");
+                }
+            }
+            None => {
+                let why = plan["placement"]["not_pinned"].as_str().unwrap();
+                assert_eq!(s.rc("step"), 0, "{name} GPU {}: {stderr}", row.gpu);
+                says(&stderr, &[why.split(':').next().unwrap()]);
+            }
+        }
+    }
+
+    let out = w
+        .command(cli())
+        .args(["ps", "--json", "--sysfs-root"])
+        .arg(w.root())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ours: Vec<u32> = servers.iter().map(Server::pid).collect();
+    for (s, row) in servers.iter().zip(rows) {
+        let p = v["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == s.pid())
+            .unwrap_or_else(|| panic!("{name}: no process {} in {v:#}", s.pid()));
+        assert_eq!(p["leases"][0]["device"], row.address.as_str(), "{p:#}");
+        assert_eq!(p["leases"][0]["gpu"], row.gpu, "{p:#}");
+        assert_eq!(
+            mask(p["worker_cpus"].as_str().unwrap()),
+            s.mask_of("worker"),
+            "{name}: {p:#}"
+        );
+        if s.rc("step") > 0 {
+            assert_eq!(mask(p["step_cpus"].as_str().unwrap()), s.mask_of("step"));
+        }
+    }
+    let ours_flagged: Vec<&Value> = v["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| {
+            let pids = f["pids"].as_array().unwrap();
+            pids.iter()
+                .all(|p| ours.contains(&(p.as_u64().unwrap() as u32)))
+        })
+        .filter(|f| f["kind"] != "memory-off-node")
+        .collect();
+    // Where this machine lacks a GPU's Grace node, its server's workers stay on the CPUs
+    // that exist, which the other servers' workers may use: that overlap is real here.
+    let all_real = rows.iter().all(|r| !real_part(&r.worker).is_empty());
+    if all_real {
+        assert!(ours_flagged.is_empty(), "{name}: {ours_flagged:#?}");
+    }
+    for s in servers {
+        s.driver.succeed();
+    }
+}
+
 fn check(shape: &fn() -> GraceHost) {
     let w = Written::new(shape());
     let rows = documented(w.shape.name);
@@ -320,6 +455,7 @@ fn check(shape: &fn() -> GraceHost) {
     check_topo(&w, &rows);
     check_plan(&w, &rows);
     check_configure(&w, &rows);
+    check_servers(&w, &rows);
 }
 
 fn gb200_numa() -> GraceHost {
@@ -354,4 +490,37 @@ fn the_docs_table_lists_exactly_the_written_shapes() {
         let written: Vec<&str> = shape.gpus.iter().map(|g| g.address.as_str()).collect();
         assert_eq!(addresses, written, "{}", shape.name);
     }
+}
+
+/// Four servers on a GB200 tray written over this machine's CPUs (Grace node 0 the lower half,
+/// node 1 the rest), checked by [`common::tray::check_tray_servers`]. With fewer than eight
+/// CPUs `auto` pins no step thread here, so the step-thread collision that upstream's
+/// process-wide pin makes is checked in the eight-CPU guest of tests/guest.rs, which runs the same
+/// servers and the same check.
+#[test]
+fn four_servers_on_a_tray_over_this_machines_cpus_share_their_grace_nodes_without_a_flag() {
+    require!(two_cpus("two Grace nodes with CPUs"));
+    let cpus: Vec<usize> = allowed_cpus().iter().collect();
+    let half = cpus.len() / 2;
+    let node0 = CpuMask::from_cpus(cpus[..half].iter().copied());
+    let node1 = CpuMask::from_cpus(cpus[half..].iter().copied());
+    let tray = tempfile::tempdir().unwrap();
+    common::tray::write_tray(tray.path(), &node0, &node1);
+    let out = clean(python())
+        .arg(program("tray_servers.py"))
+        .arg(cli())
+        .arg(python())
+        .arg(programs_dir())
+        .arg(tray.path())
+        .arg(nvml_double())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pinned = common::tray::check_tray_servers(&stdout, &node0, &node1);
+    println!("`auto` pinned every server's step thread: {pinned}");
 }

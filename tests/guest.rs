@@ -22,6 +22,7 @@
 mod common;
 
 use common::guest::*;
+use common::tray;
 use common::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -35,6 +36,9 @@ const BOOT_LIMIT: Duration = Duration::from_secs(200);
 /// The seed deployments' boot: four Python apps under `tllm-affinity run`, each 30–60 s under
 /// TCG on a quiet machine (and up to three times that on a loaded one).
 const DEPLOYMENTS_LIMIT: Duration = Duration::from_secs(540);
+/// The SMT machine's boot: eight vCPUs, and four Python servers on a tray before its scenarios
+/// (about 190 s in all with two other builds on this machine's two cores).
+const SMT_LIMIT: Duration = Duration::from_secs(400);
 /// The move's cost: 1 GiB first-touched and moved three times under TCG, about 3 minutes with
 /// the boot on a quiet machine (and past `BOOT_LIMIT` on a loaded one).
 const MEMORY_BENCH_LIMIT: Duration = Duration::from_secs(540);
@@ -88,16 +92,8 @@ fn boot_machine(machine: &Machine, limit: Duration) -> Result<Booted, NoBoot> {
         nvml_dir.display(),
         program.display()
     );
-    if machine.deployments {
-        for path in [
-            python(),
-            programs_dir(),
-            openmp_library(),
-            Program::c("nccl").shared().build(),
-            Program::c("progress_threads").shared().build(),
-        ] {
-            exec.push_str(&format!(" {}", path.display()));
-        }
+    for path in script_extra_args(machine) {
+        exec.push_str(&format!(" {}", path.display()));
     }
     let args = machine.vng_args().into_iter().map(Into::into).collect();
     boot(
@@ -112,6 +108,25 @@ fn boot_machine(machine: &Machine, limit: Duration) -> Result<Booted, NoBoot> {
     )
 }
 
+/// What a machine's script takes after the library, the CLI, the double and the program: the
+/// seed deployments' Python, programs and native libraries; the SMT machine's Python, programs
+/// and the GB200 tray written over its sockets.
+fn script_extra_args(machine: &Machine) -> Vec<std::path::PathBuf> {
+    if machine.deployments {
+        return vec![
+            python(),
+            programs_dir(),
+            openmp_library(),
+            Program::c("nccl").shared().build(),
+            Program::c("progress_threads").shared().build(),
+        ];
+    }
+    if machine.script == SMT_SCRIPT {
+        return vec![python(), programs_dir(), tray_over_the_smt_sockets()];
+    }
+    Vec::new()
+}
+
 /// The boot of `machine`, once per test binary, shared by its tests.
 fn booted_once(
     cell: &'static OnceLock<Result<Booted, NoBoot>>,
@@ -121,6 +136,8 @@ fn booted_once(
         let machine = machine();
         let limit = if machine.deployments {
             DEPLOYMENTS_LIMIT
+        } else if machine.script == SMT_SCRIPT {
+            SMT_LIMIT
         } else {
             BOOT_LIMIT
         };
@@ -539,10 +556,24 @@ fn smt_machine() -> Machine {
         ),
         distances: Vec::new(),
         nodes: "0-1",
-        script: "smt_offline.sh",
+        script: SMT_SCRIPT,
         program: "step_result_hotplug",
         deployments: false,
     }
+}
+
+const SMT_SCRIPT: &str = "smt_offline.sh";
+
+/// The SMT machine's sockets as the Grace nodes of a GB200 tray (tests/programs/tray_servers.py).
+const TRAY_NODES: [&str; 2] = ["0-3", "4-7"];
+
+/// The tray written under the build directory, which the guest sees (its /tmp is its own).
+fn tray_over_the_smt_sockets() -> std::path::PathBuf {
+    let dir = target_dir().join("guest-tray");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    tray::write_tray(&dir, &mask(TRAY_NODES[0]), &mask(TRAY_NODES[1]));
+    dir
 }
 
 fn smt() -> Result<&'static Booted, String> {
@@ -596,6 +627,19 @@ fn step_and_result_threads_are_on_distinct_physical_cores_from_the_kernels_sibli
     let plan = guest.ok("plan").json();
     assert_eq!(plan["placement"]["step_cpus"], "4-5", "{plan}");
     assert_eq!(plan["placement"]["result_cpu"], result_cpu, "{plan}");
+}
+
+/// Four servers on a GB200 tray over the guest's eight CPUs, one per GPU, each under
+/// `tllm-affinity run --step-core auto` (tests/common/tray.rs): each on its GPU's Grace node,
+/// every step and result thread pinned where `plan` says and no CPU pinned for two servers, the
+/// host view with no flag among them; then every thread of each server pinned to its whole node
+/// as upstream does: the step threads of each node's two servers flagged.
+#[test]
+fn four_servers_on_a_tray_get_distinct_step_cores_and_upstreams_pin_is_flagged() {
+    let guest = require!(smt());
+    let run = guest.ok("tray");
+    let pinned = tray::check_tray_servers(&run.text(), &mask(TRAY_NODES[0]), &mask(TRAY_NODES[1]));
+    assert!(pinned, "`auto` pinned no step thread:\n{}", run.text());
 }
 
 #[test]

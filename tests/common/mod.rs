@@ -43,6 +43,7 @@ pub mod leases;
 pub mod never_hang;
 pub mod slurm;
 pub mod tier;
+pub mod tray;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};

@@ -2,11 +2,16 @@
 # Inside the guest of tests/guest.rs: two sockets of two cores of two SMT threads (an Intel CPU
 # model), one NUMA node per socket (0-3, 4-7), QEMU's pci-testdev at 0000:81:00.0 on node 1,
 # named GPU 0 by the NVML test double. CPU 7 goes offline here, and comes back online while a
-# process whose worker masks the library restored is still running. Arguments: the preload
-# library, the CLI, the double's directory, step_result_hotplug.
-lib=$1 cli=$2 nvml_dir=$3 program=$4
+# process whose worker masks the library restored is still running. Before that, with every CPU
+# online, four servers on a GB200 tray the host test wrote over the two sockets (its Grace node 0
+# = CPUs 0-3, node 1 = 4-7; the written tree says each CPU is a core of its own, as on Grace):
+# eight CPUs give `auto` the two cores per GPU it needs. Arguments: the preload library, the
+# CLI, the double's directory, step_result_hotplug, Python, the test programs' directory, the
+# written tray.
+lib=$1 cli=$2 nvml_dir=$3 program=$4 python=$5 programs=$6 tray=$7
 . "$(dirname "$0")/scenario.sh"
 scenario guest identity
+scenario tray "$python" "$programs/tray_servers.py" "$cli" "$python" "$programs" "$tray" "$nvml_dir"
 scenario siblings sh -c 'for c in /sys/devices/system/cpu/cpu[0-9]*; do
   echo "${c##*/} $(cat $c/topology/thread_siblings_list) $(cat $c/topology/physical_package_id)"
 done'

@@ -169,8 +169,22 @@ static int valid(nvmlDevice_t d) {
         if (code_ != NVML_SUCCESS) return code_;                        \
     } while (0)
 
+/* Real NVML is thread-safe and counts its initialisations: the first loads the driver's state,
+ * later ones only count, so a thread's handles stay valid while another thread initialises. The
+ * double does the same (reading its file on the first nvmlInit_v2 only), under a spin lock: a
+ * server's worker, step and result threads ask NVML at once. */
+static char state_lock;
+
+static void lock_state(void) {
+    while (__atomic_test_and_set(&state_lock, __ATOMIC_ACQUIRE)) {
+    }
+}
+
+static void unlock_state(void) { __atomic_clear(&state_lock, __ATOMIC_RELEASE); }
+
 nvmlReturn_t nvmlInit_v2(void) {
-    load();
+    lock_state();
+    if (!initialised) load();
     const char *path = getenv("TLLM_NVML_DOUBLE");
     if (path) {
         char calls[4096];
@@ -178,15 +192,18 @@ nvmlReturn_t nvmlInit_v2(void) {
         FILE *f = fopen(calls, "a");
         if (f) { fputs("init\n", f); fclose(f); }
     }
-    if (init_code != NVML_SUCCESS) return init_code;
-    initialised++;
-    return NVML_SUCCESS;
+    nvmlReturn_t rc = init_code;
+    if (rc == NVML_SUCCESS) initialised++;
+    unlock_state();
+    return rc;
 }
 
 nvmlReturn_t nvmlShutdown(void) {
-    if (!initialised) return NVML_ERROR_UNINITIALIZED;
-    initialised--;
-    return NVML_SUCCESS;
+    lock_state();
+    nvmlReturn_t rc = initialised ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (initialised) initialised--;
+    unlock_state();
+    return rc;
 }
 
 const char *nvmlErrorString(nvmlReturn_t result) {
