@@ -39,12 +39,15 @@ bound_to_gpu_memory=""
 [ "$gpu_memory_node" = - ] || bound_to_gpu_memory="MF_GPU_NODE=$gpu_memory_node"
 scenario dedicated env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info $bound_to_gpu_memory "$follows" main 0
 scenario shared env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" thread 0
-# Transparent huge pages (`always`): a 100 MiB buffer half a huge page past a huge page boundary,
-# moved by a dedicated worker's configure.
+# Transparent huge pages (`always`): a buffer half a huge page past a huge page boundary, moved
+# by a dedicated worker's configure: 68 MiB with 2 MiB huge pages (as tests/guest.rs's), three
+# huge pages and 4 MiB with bigger ones (100 MiB with the 32 MiB of 16 KiB pages).
 thp=/sys/kernel/mm/transparent_hugepage
 thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/enabled)
+thp_mib=$(($(cat $thp/hpage_pmd_size) * 3 / 1048576 + 4))
+[ $thp_mib -ge 68 ] || thp_mib=68
 echo always >$thp/enabled
-scenario thp env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info MF_THP=1 MF_MIB=100 "$follows" main 0
+scenario thp env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info MF_THP=1 MF_MIB=$thp_mib "$follows" main 0
 echo "$thp_was" >$thp/enabled
 # `tllm-affinity ps` of a live configured process: its memory per node, from numa_maps.
 held ps_numa_maps ""
