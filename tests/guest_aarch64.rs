@@ -220,6 +220,7 @@ fn gb200_machine(shape: Shape, qemu_opts: String) -> Machine {
         name: shape.name(),
         cpus: 4,
         memory,
+        // Machine holds 'static lists: a few bytes per boot.
         numa: numa.leak(),
         qemu_opts: format!(
             "{}-device pci-testdev,bus=pcie.0,addr=0x2 {qemu_opts}",
