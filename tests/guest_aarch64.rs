@@ -10,16 +10,25 @@
 //! in /var/cache/tllm-affinity. This checkout and its target directory are bound read-only at
 //! their own paths inside, so the script and the programs are where they are here.
 //!
+//! Two kernels: Debian's arm64 kernel with 4 KiB pages (bookworm, 6.1) and its kernel with
+//! 16 KiB pages (`linux-image-arm64-16k`, 6.12 from bookworm-backports; QEMU's
+//! `-cpu neoverse-n1`, since vng's default Cortex-A57 has no 16 KiB granule). Both boot over the
+//! same root filesystem, which holds both kernels' modules. The 4 KiB kernel boots the tray in
+//! NUMA mode (the GPU's memory a node of its own); the 16 KiB kernel boots it in CDMM mode (no
+//! GPU-memory node, NVML's NUMA-node query not supported): the same scenarios
+//! (tests/guest/gb200.sh) and the same checks, each test run on both boots.
+//!
 //! Under device-tree boot QEMU's `virt` gives its PCI devices no NUMA node. For the GPU on a
 //! Grace node the test dumps the machine's device tree, gives the PCI host bridge a
-//! `numa-node-id` with `dtc`, and boots with that tree; a second boot keeps QEMU's own tree,
-//! where the device's `numa_node` is -1 (as on a DGX Spark) and NVML's CPU affinity must decide.
+//! `numa-node-id` with `dtc`, and boots with that tree; a third boot (4 KiB pages) keeps QEMU's
+//! own tree, where the device's `numa_node` is -1 (as on a DGX Spark) and NVML's CPU affinity
+//! must decide.
 //!
 //! What is real: the arm64 kernel, its masks, NUMA nodes, memory and page placement, PCI
 //! locality. What is a test double: NVML alone (`tests/programs/nvml_double.c`).
 //!
 //! Needs root (the root filesystem is made with debootstrap and chroot), `qemu-system-aarch64`,
-//! `dtc`, virtme-ng and the arm64 kernel `scripts/setup` unpacks; without them the tests skip,
+//! `dtc`, virtme-ng and the arm64 kernels `scripts/setup` unpacks; without them the tests skip,
 //! and fail in CI.
 //!
 //! Run alone: `cargo test --release --test guest_aarch64 -- --nocapture`.
@@ -39,25 +48,144 @@ use std::time::Duration;
 /// its scenarios run emulated too, and the machine is shared.
 const BOOT_LIMIT: Duration = Duration::from_secs(480);
 
-/// Where `scripts/setup` unpacks Debian's arm64 kernel package (boot/, lib/modules/).
+/// Where `scripts/setup` unpacks Debian's arm64 kernel packages (boot/, lib/modules/): the
+/// 4 KiB-page kernel and the 16 KiB-page one.
 const ARM64_KERNEL: &str = "/var/cache/tllm-affinity/arm64-kernel";
+const ARM64_16K_KERNEL: &str = "/var/cache/tllm-affinity/arm64-16k-kernel";
 
 /// The GPU's PCI address in the guest: `pci-testdev` at slot 2 of the root bus.
 const GUEST_GPU: &str = "0000:00:02.0";
 /// The Grace node the GPU is attached to, and its CPUs.
 const GRACE_NODE: usize = 1;
 const GRACE_CPUS: &str = "2-3";
-/// The GPU's memory: a CPU-less node with memory, at a sparse id. QEMU 7.2 wants every node id
-/// below the highest to exist ("numa: Node ID missing: 9"), so nodes 2-9 are given with neither
-/// CPUs nor memory: the kernel shows them online and empty, as a tray shows its per-GPU
-/// placeholder nodes.
+/// The GPU's memory in NUMA mode: a CPU-less node with memory, at a sparse id. QEMU 7.2 wants
+/// every node id below the highest to exist ("numa: Node ID missing: 9"), so nodes 2-9 are given
+/// with neither CPUs nor memory: the kernel shows them online and empty, as a tray shows its
+/// per-GPU placeholder nodes. In CDMM mode node 10 is such a placeholder too.
 const GPU_MEMORY_NODE: usize = 10;
 const ALL4: &str = "0-3";
 
+/// The kernel a guest boots: its page size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PageSize {
+    K4,
+    K16,
+}
+
+impl PageSize {
+    fn kernel_dir(self) -> &'static str {
+        match self {
+            PageSize::K4 => ARM64_KERNEL,
+            PageSize::K16 => ARM64_16K_KERNEL,
+        }
+    }
+
+    fn package(self) -> &'static str {
+        match self {
+            PageSize::K4 => "linux-image-arm64",
+            PageSize::K16 => "linux-image-arm64-16k (bookworm-backports)",
+        }
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            PageSize::K4 => 4096,
+            PageSize::K16 => 16384,
+        }
+    }
+
+    /// The PMD-sized transparent huge page: 512 base pages of 4 KiB, 2048 of 16 KiB.
+    fn huge_page_kib(self) -> u64 {
+        match self {
+            PageSize::K4 => 2 << 10,
+            PageSize::K16 => 32 << 10,
+        }
+    }
+
+    /// QEMU's CPU: vng's default for arm64 under TCG (Cortex-A57) has no 16 KiB translation
+    /// granule, and the 16 KiB kernel then hangs before its first line. Neoverse N1 has it, and
+    /// costs less to emulate than `max` (no SVE, no pointer authentication).
+    fn qemu_cpu(self) -> &'static str {
+        match self {
+            PageSize::K4 => "",
+            PageSize::K16 => "-cpu neoverse-n1 ",
+        }
+    }
+}
+
+/// Where the GPU's memory is: NUMA mode (node 10, named by NVML) or CDMM (no node; NVML's
+/// NUMA-node query answers NOT_SUPPORTED, as the driver does then).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum GpuMemory {
+    Numa,
+    Cdmm,
+}
+
+/// One boot's shape: the kernel, the GPU-memory mode and how the GPU's PCI device gets its node.
+#[derive(Clone, Copy)]
+struct Shape {
+    page: PageSize,
+    gpu_memory: GpuMemory,
+    device_node: DeviceNode,
+    /// The guest script (tests/guest/).
+    script: &'static str,
+}
+
+const NUMA_4K: Shape = Shape {
+    page: PageSize::K4,
+    gpu_memory: GpuMemory::Numa,
+    device_node: DeviceNode::Grace,
+    script: "gb200.sh",
+};
+const NO_NODE_4K: Shape = Shape {
+    page: PageSize::K4,
+    gpu_memory: GpuMemory::Numa,
+    device_node: DeviceNode::None,
+    script: "gb200_no_node.sh",
+};
+const CDMM_16K: Shape = Shape {
+    page: PageSize::K16,
+    gpu_memory: GpuMemory::Cdmm,
+    device_node: DeviceNode::Grace,
+    script: "gb200.sh",
+};
+
+impl Shape {
+    /// The GPU's memory node, in NUMA mode.
+    fn gpu_memory_node(self) -> Option<usize> {
+        (self.gpu_memory == GpuMemory::Numa).then_some(GPU_MEMORY_NODE)
+    }
+
+    fn name(self) -> &'static str {
+        match (self.page, self.gpu_memory, self.device_node) {
+            (PageSize::K4, GpuMemory::Numa, DeviceNode::Grace) => {
+                "GB200-like aarch64 (4 KiB pages, NUMA mode), the GPU on Grace node 1"
+            }
+            (PageSize::K4, GpuMemory::Numa, DeviceNode::None) => {
+                "GB200-like aarch64 (4 KiB pages, NUMA mode), the GPU without a NUMA node"
+            }
+            (PageSize::K16, GpuMemory::Cdmm, DeviceNode::Grace) => {
+                "GB200-like aarch64 (16 KiB pages, CDMM mode), the GPU on Grace node 1"
+            }
+            _ => "GB200-like aarch64",
+        }
+    }
+
+    /// A short tag for the files made for this shape's boot.
+    fn tag(self) -> String {
+        format!(
+            "{:?}-{:?}-{:?}",
+            self.page, self.gpu_memory, self.device_node
+        )
+        .to_lowercase()
+    }
+}
+
 /// The guest machine: node 0 = CPUs 0-1, node 1 = CPUs 2-3 (1 GiB each), node 10 = 512 MiB and
-/// no CPU; distances of a tray: 40 between the Grace nodes, 80 from a Grace node to the memory
-/// of its own GPU, 120 to another's (and to the placeholders).
-fn gb200_machine(name: &'static str, qemu_opts: String, script: &'static str) -> Machine {
+/// no CPU in NUMA mode (an empty placeholder in CDMM mode); distances of a tray: 40 between the
+/// Grace nodes, 80 from a Grace node to the memory of its own GPU, 120 to another's (and to the
+/// placeholders).
+fn gb200_machine(shape: Shape, qemu_opts: String) -> Machine {
     let nodes = 0..=GPU_MEMORY_NODE;
     let mut distances = Vec::new();
     for a in nodes.clone() {
@@ -70,27 +198,37 @@ fn gb200_machine(name: &'static str, qemu_opts: String, script: &'static str) ->
             distances.push(format!("{a},{b}={d}"));
         }
     }
+    let (gpu_memory_node, memory) = match shape.gpu_memory {
+        GpuMemory::Numa => ("512M,nodeid=10", "2560M"),
+        GpuMemory::Cdmm => ("0,nodeid=10", "2048M"),
+    };
+    let numa: Vec<&'static str> = [
+        "1G,cpus=0-1",
+        "1G,cpus=2-3",
+        "0,nodeid=2",
+        "0,nodeid=3",
+        "0,nodeid=4",
+        "0,nodeid=5",
+        "0,nodeid=6",
+        "0,nodeid=7",
+        "0,nodeid=8",
+        "0,nodeid=9",
+        gpu_memory_node,
+    ]
+    .into();
     Machine {
-        name,
+        name: shape.name(),
         cpus: 4,
-        memory: "2560M",
-        numa: &[
-            "1G,cpus=0-1",
-            "1G,cpus=2-3",
-            "0,nodeid=2",
-            "0,nodeid=3",
-            "0,nodeid=4",
-            "0,nodeid=5",
-            "0,nodeid=6",
-            "0,nodeid=7",
-            "0,nodeid=8",
-            "0,nodeid=9",
-            "512M,nodeid=10",
-        ],
-        qemu_opts: format!("-device pci-testdev,bus=pcie.0,addr=0x2 {qemu_opts}"),
+        memory,
+        // Machine holds 'static lists: a few bytes per boot.
+        numa: numa.leak(),
+        qemu_opts: format!(
+            "{}-device pci-testdev,bus=pcie.0,addr=0x2 {qemu_opts}",
+            shape.page.qemu_cpu()
+        ),
         distances,
         nodes: "0-10",
-        script,
+        script: shape.script,
         program: "numa_placement",
         deployments: false,
     }
@@ -103,7 +241,9 @@ struct Tools {
     rootfs: PathBuf,
 }
 
-fn tools() -> Result<Tools, String> {
+/// What a boot on the kernel with `page`-sized pages needs. The root filesystem is the 4 KiB
+/// kernel's (made with its modules), with the 16 KiB kernel's modules added.
+fn tools(page: PageSize) -> Result<Tools, String> {
     if !root() {
         return Err(
             "root (the guest's root filesystem is made with debootstrap and chroot)".into(),
@@ -120,11 +260,23 @@ fn tools() -> Result<Tools, String> {
         }
     }
     let vng = vng()?;
-    let kernel = newest_kernel(&Path::new(ARM64_KERNEL).join("boot")).ok_or(format!(
-        "the arm64 kernel: no {ARM64_KERNEL}/boot/vmlinuz-* (scripts/setup unpacks Debian's \
-         linux-image-arm64 there)"
-    ))?;
-    let rootfs = guest_rootfs(&kernel)?;
+    let unpacked = |page: PageSize| {
+        let dir = page.kernel_dir();
+        newest_kernel(&Path::new(dir).join("boot")).ok_or(format!(
+            "the arm64 kernel: no {dir}/boot/vmlinuz-* (scripts/setup unpacks Debian's {} there)",
+            page.package()
+        ))
+    };
+    let base = unpacked(PageSize::K4)?;
+    let rootfs = guest_rootfs(&base)?;
+    let kernel = match page {
+        PageSize::K4 => base,
+        _ => {
+            let kernel = unpacked(page)?;
+            with_modules_of(&rootfs, &kernel, page.kernel_dir())?;
+            kernel
+        }
+    };
     Ok(Tools {
         vng,
         kernel,
@@ -133,8 +285,9 @@ fn tools() -> Result<Tools, String> {
 }
 
 /// Debian bookworm for arm64 with what the guest's init needs (udev, kmod, busybox-static for
-/// its initramfs and `poweroff`) and the kernel's modules, made once per kernel release: debootstrap's second
-/// stage runs under qemu-user (binfmt_misc, as for tests/aarch64.rs).
+/// its initramfs and `poweroff`) and the 4 KiB kernel's modules, made once per release of that
+/// kernel: debootstrap's second stage runs under qemu-user (binfmt_misc, as for
+/// tests/aarch64.rs), about 5 minutes.
 fn guest_rootfs(kernel: &Kernel) -> Result<PathBuf, String> {
     let release = &kernel.release;
     let rootfs = debootstrapped(
@@ -170,6 +323,48 @@ fn guest_rootfs(kernel: &Kernel) -> Result<PathBuf, String> {
     Ok(rootfs)
 }
 
+/// `kernel`'s modules (from `kernel_dir`, where scripts/setup unpacked its package) added to the
+/// guest's root filesystem, once: a second kernel boots over the same root filesystem instead of
+/// a second debootstrap. They are decompressed there (Debian compresses the 6.12 kernel's with
+/// xz, which the emulated guest's udev would undo at every boot). Its `modules.dep`, written
+/// last, says they are there.
+fn with_modules_of(rootfs: &Path, kernel: &Kernel, kernel_dir: &str) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let release = &kernel.release;
+    let lock = std::fs::File::create(format!("{}.modules.lock", rootfs.display())).unwrap();
+    // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    if rootfs
+        .join(format!("lib/modules/{release}/modules.dep"))
+        .is_file()
+    {
+        return Ok(());
+    }
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(
+            r#"set -e; rootfs=$1 modules=$2 release=$3
+            rm -rf "$rootfs/lib/modules/$release"
+            cp -a "$modules/$release" "$rootfs/lib/modules/"
+            find "$rootfs/lib/modules/$release" -name '*.ko.xz' -print0 | xargs -0r -n 64 xz -d
+            depmod -b "$rootfs" "$release""#,
+        )
+        .arg("sh")
+        .arg(rootfs)
+        .arg(Path::new(kernel_dir).join("lib/modules"))
+        .arg(release)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(format!(
+            "the modules of {release} in {}: {}",
+            rootfs.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
 /// The aarch64 files the guest runs: the library, the command, the NVML double's directory,
 /// numa_placement and memory_follows, in the order tests/guest/gb200*.sh take them; built once
 /// for both boots.
@@ -197,7 +392,7 @@ fn build_aarch64_files() -> Vec<PathBuf> {
 }
 
 /// How the GPU's PCI device gets its node.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum DeviceNode {
     /// The host bridge's `numa-node-id` in an edited device tree: the Grace node.
     Grace,
@@ -205,8 +400,8 @@ enum DeviceNode {
     None,
 }
 
-fn boot_gb200(device_node: DeviceNode, script: &'static str) -> Result<Booted, NoBoot> {
-    let tools = tools().map_err(NoBoot::Missing)?;
+fn boot_gb200(shape: Shape) -> Result<Booted, NoBoot> {
+    let tools = tools(shape.page).map_err(NoBoot::Missing)?;
     let files = aarch64_files();
     // The checkout (the scripts, target/zig) and cargo's target directory (the programs), bound
     // read-only at their paths; their mount points exist in the root filesystem.
@@ -222,23 +417,24 @@ fn boot_gb200(device_node: DeviceNode, script: &'static str) -> Result<Booted, N
         // GUEST=HOST: a bare path must lie inside the guest's root.
         guest_args.push(format!("--rodir={0}={0}", dir.display()).into());
     }
-    let exec = std::iter::once(repo().join("tests/guest").join(script))
+    let exec = std::iter::once(repo().join("tests/guest").join(shape.script))
         .chain(files.iter().cloned())
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(" ");
-    let exec = format!("sh {exec}");
-    let name = match device_node {
-        DeviceNode::Grace => "GB200-like aarch64, the GPU on Grace node 1",
-        DeviceNode::None => "GB200-like aarch64, the GPU without a NUMA node",
-    };
-    let plain = gb200_machine(name, String::new(), script);
-    let machine = match device_node {
+    // gb200.sh's last argument: the GPU's memory node, or "-" in CDMM mode.
+    let gpu_memory_node = shape
+        .gpu_memory_node()
+        .map_or("-".to_string(), |n| n.to_string());
+    let exec = format!("sh {exec} {gpu_memory_node}");
+    let plain = gb200_machine(shape, String::new());
+    let machine = match shape.device_node {
         DeviceNode::None => plain,
         DeviceNode::Grace => {
-            let dtb = device_tree_with_the_bridge_on(&plain, &tools, &guest_args, GRACE_NODE)
-                .map_err(NoBoot::Failed)?;
-            gb200_machine(name, format!("-dtb {}", dtb.display()), script)
+            let dtb =
+                device_tree_with_the_bridge_on(&plain, shape, &tools, &guest_args, GRACE_NODE)
+                    .map_err(NoBoot::Failed)?;
+            gb200_machine(shape, format!("-dtb {}", dtb.display()))
         }
     };
     let mut args: Vec<OsString> = machine.vng_args().into_iter().map(Into::into).collect();
@@ -260,13 +456,14 @@ fn boot_gb200(device_node: DeviceNode, script: &'static str) -> Result<Booted, N
 /// then has that `numa_node`.
 fn device_tree_with_the_bridge_on(
     machine: &Machine,
+    shape: Shape,
     tools: &Tools,
     guest_args: &[OsString],
     node: usize,
 ) -> Result<PathBuf, String> {
     let dir = target_dir().join("guest-aarch64");
     std::fs::create_dir_all(&dir).unwrap();
-    let dumped = dir.join("virt.dtb");
+    let dumped = dir.join(format!("virt-{}.dtb", shape.tag()));
     let _ = std::fs::remove_file(&dumped);
     let mut args = machine.vng_args();
     let opts = args.pop().unwrap();
@@ -309,7 +506,7 @@ fn device_tree_with_the_bridge_on(
         &format!("{bridge}\t\tnuma-node-id = <{node:#x}>;\n"),
         1,
     );
-    let dts = dir.join(format!("virt-pci-node{node}.dts"));
+    let dts = dir.join(format!("virt-{}-pci-node{node}.dts", shape.tag()));
     let dtb = dts.with_extension("dtb");
     std::fs::write(&dts, edited).unwrap();
     succeeded(
@@ -321,16 +518,31 @@ fn device_tree_with_the_bridge_on(
     Ok(dtb)
 }
 
-/// The GB200-like guest, the GPU on Grace node 1: scenarios 1-4 (tests/guest/gb200.sh).
-fn gb200() -> Result<&'static Booted, String> {
+/// The GB200-like guest in NUMA mode on the 4 KiB kernel, the GPU on Grace node 1
+/// (tests/guest/gb200.sh).
+fn numa_4k() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted(&BOOT, || boot_gb200(DeviceNode::Grace, "gb200.sh"))
+    booted(&BOOT, || boot_gb200(NUMA_4K))
 }
 
-/// The same machine with the GPU's `numa_node` -1 (tests/guest/gb200_no_node.sh).
+/// The same scenarios in CDMM mode on the 16 KiB kernel.
+fn cdmm_16k() -> Result<&'static Booted, String> {
+    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
+    booted(&BOOT, || boot_gb200(CDMM_16K))
+}
+
+/// The 4 KiB NUMA-mode machine with the GPU's `numa_node` -1 (tests/guest/gb200_no_node.sh).
 fn no_node() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted(&BOOT, || boot_gb200(DeviceNode::None, "gb200_no_node.sh"))
+    booted(&BOOT, || boot_gb200(NO_NODE_4K))
+}
+
+/// The boot of gb200.sh's `shape` (NUMA_4K or CDMM_16K).
+fn gb200(shape: &Shape) -> Result<&'static Booted, String> {
+    match shape.page {
+        PageSize::K4 => numa_4k(),
+        PageSize::K16 => cdmm_16k(),
+    }
 }
 
 /// `key=value` lines of a scenario, as a map.
@@ -347,32 +559,61 @@ fn mostly_on(nodes: &BTreeMap<usize, usize>, node: usize, pages: usize) -> bool 
     nodes.get(&node).copied().unwrap_or(0) * 100 >= pages * 95
 }
 
-/// The 64 MiB buffer's and the 16 MiB bound buffer's 4 KiB pages.
+/// The 64 MiB buffer's and the 16 MiB bound buffer's size in 4 KiB units (memory_follows counts
+/// in those whatever the kernel's page size).
 const BUFFER_PAGES: usize = 16384;
 const GPU_BUFFER_PAGES: usize = 4096;
 
-#[test]
-fn the_guest_is_aarch64_with_two_grace_nodes_a_gpu_memory_node_and_the_gpu_on_node_1() {
-    let guest = require!(gb200());
+table_tests! {
+    check_the_guests_shape;
+    /// 4 KiB pages, NUMA mode: two Grace nodes, placeholders 2-9, node 10 the GPU's memory.
+    the_guest_is_aarch64_with_4k_pages_two_grace_nodes_and_a_gpu_memory_node: NUMA_4K;
+    /// 16 KiB pages (32 MiB huge pages), CDMM mode: the Grace nodes, placeholders 2-10 and no
+    /// node with memory but the Grace nodes.
+    the_guest_is_aarch64_with_16k_pages_two_grace_nodes_and_no_gpu_memory_node: CDMM_16K;
+}
+
+fn check_the_guests_shape(shape: &Shape) {
+    let guest = require!(gb200(shape));
     let nodes = values(guest.ok("nodes"));
     println!(
-        "tier: {} booted in {:.0} s\n{nodes:#?}",
+        "tier: {} ({}) booted in {:.0} s\n{nodes:#?}",
         guest.machine,
+        guest.kernel_release,
         guest.wall.as_secs_f64()
     );
     assert_eq!(nodes["arch"], "aarch64");
+    assert_eq!(nodes["page_size"], shape.page.bytes().to_string());
+    assert_eq!(
+        nodes["hpage_pmd_kib"],
+        shape.page.huge_page_kib().to_string()
+    );
     assert_eq!(nodes["online"], "0-10", "placeholders 2-9 included");
     assert_eq!(nodes["has_cpu"], "0-1", "node 10 has no CPUs");
-    assert_eq!(nodes["has_memory"], "0-1,10", "node 10 has memory");
     assert_eq!(nodes["node0_cpus"], "0-1");
     assert_eq!(nodes["node1_cpus"], GRACE_CPUS);
     assert_eq!(nodes["node10_cpus"], "");
     let node10_kib: u64 = nodes["node10_memory_kib"].parse().unwrap();
-    assert!(node10_kib > 400 << 10, "node 10's memory: {node10_kib} KiB");
-    assert_eq!(
-        nodes["node1_distance"], "40 10 120 120 120 120 120 120 120 120 80",
-        "{nodes:?}"
-    );
+    match shape.gpu_memory {
+        GpuMemory::Numa => {
+            assert_eq!(nodes["has_memory"], "0-1,10", "node 10 has memory");
+            assert!(node10_kib > 400 << 10, "node 10's memory: {node10_kib} KiB");
+        }
+        GpuMemory::Cdmm => {
+            assert_eq!(
+                nodes["has_memory"], "0-1",
+                "only the Grace nodes have memory"
+            );
+            assert_eq!(node10_kib, 0, "node 10's memory");
+        }
+    }
+    // Linux 6.1 keeps the device tree's distances to every node; 6.12 keeps them only between
+    // nodes with memory and gives the others its default remote distance, 20.
+    let node1_distance = match shape.page {
+        PageSize::K4 => "40 10 120 120 120 120 120 120 120 120 80",
+        PageSize::K16 => "40 10 20 20 20 20 20 20 20 20 20",
+    };
+    assert_eq!(nodes["node1_distance"], node1_distance, "{nodes:?}");
     // No SMT: each CPU is its own only sibling.
     assert_eq!(nodes["siblings"].trim_end(), "0 1 2 3", "{nodes:?}");
     assert_eq!(
@@ -382,9 +623,17 @@ fn the_guest_is_aarch64_with_two_grace_nodes_a_gpu_memory_node_and_the_gpu_on_no
     );
 }
 
-#[test]
-fn workers_go_to_the_gpus_grace_node_host_threads_stay_and_release_restores() {
-    let guest = require!(gb200());
+table_tests! {
+    check_placement;
+    /// Workers and their children go to the GPU's Grace node, host threads stay, release
+    /// restores; pages the workers first touched lie on the Grace node (4 KiB pages, NUMA mode).
+    workers_go_to_the_gpus_grace_node_and_release_restores_4k_numa: NUMA_4K;
+    /// The same on 16 KiB pages in CDMM mode, where NVML names no memory node.
+    workers_go_to_the_gpus_grace_node_and_release_restores_16k_cdmm: CDMM_16K;
+}
+
+fn check_placement(shape: &Shape) {
+    let guest = require!(gb200(shape));
     let run = guest.ok("placement");
     check_placement_and_release(run, GRACE_CPUS, ALL4, GUEST_GPU);
     // Pages the workers first touched: on their Grace node, none on the GPU's memory node.
@@ -400,11 +649,17 @@ fn workers_go_to_the_gpus_grace_node_host_threads_stay_and_release_restores() {
     }
 }
 
-/// The scope's caller prefers the workers' node while its scope is open: a Grace node (node
-/// mask 2: node 1), never the GPU's memory node; host threads keep MPOL_DEFAULT.
-#[test]
-fn the_worker_scopes_memory_preference_is_the_grace_node_never_the_gpu_memory_node() {
-    let guest = require!(gb200());
+table_tests! {
+    check_the_scopes_memory_preference;
+    /// The scope's caller prefers the workers' node while its scope is open: a Grace node (node
+    /// mask 2: node 1), never the GPU's memory node; host threads keep MPOL_DEFAULT.
+    the_worker_scopes_memory_preference_is_the_grace_node_never_the_gpu_memory_node_4k_numa: NUMA_4K;
+    /// The same in CDMM mode on 16 KiB pages.
+    the_worker_scopes_memory_preference_is_the_grace_node_16k_cdmm: CDMM_16K;
+}
+
+fn check_the_scopes_memory_preference(shape: &Shape) {
+    let guest = require!(gb200(shape));
     let run = guest.ok("placement");
     let words = |thread: &str, phase: &str| -> String {
         run.lines(&format!("POLICY {thread} "))
@@ -429,23 +684,29 @@ fn the_worker_scopes_memory_preference_is_the_grace_node_never_the_gpu_memory_no
     }
 }
 
-/// A dedicated worker that touched 64 MiB on Grace node 0 and bound 16 MiB to the GPU's memory
-/// node: after its configure for the GPU on node 1, ≥ 95 % of the 64 MiB is on node 1 and none
-/// on node 10; the bound buffer stays on node 10, every page. In a shared process (configure on
-/// another thread) nothing moves.
-#[test]
-fn a_dedicated_workers_memory_goes_to_the_grace_node_and_gpu_memory_stays_where_it_was_put() {
-    let guest = require!(gb200());
+table_tests! {
+    check_the_dedicated_workers_memory_move;
+    /// A dedicated worker that touched 64 MiB on Grace node 0 and bound 16 MiB to the GPU's
+    /// memory node: after its configure for the GPU on node 1, ≥ 95 % of the 64 MiB is on node 1
+    /// and none on node 10; the bound buffer stays on node 10, every page. In a shared process
+    /// (configure on another thread) nothing moves.
+    a_dedicated_workers_memory_goes_to_the_grace_node_and_gpu_memory_stays_4k_numa: NUMA_4K;
+    /// The same on 16 KiB pages (numa_maps counts pages of 16 KiB) in CDMM mode, where there is
+    /// no GPU-memory node to bind to.
+    a_dedicated_workers_memory_goes_to_the_grace_node_16k_cdmm: CDMM_16K;
+}
+
+fn check_the_dedicated_workers_memory_move(shape: &Shape) {
+    let guest = require!(gb200(shape));
     let run = guest.ok("dedicated");
     let pages = |phase: &str| {
         let (nodes, failed) = run.pages(phase);
         assert_eq!(failed, 0, "{phase}:\n{}", run.text());
         nodes
     };
+    check_numa_maps_page_size(run, shape.page);
     let (before, after) = (pages("before"), pages("after"));
-    let (gpu_before, gpu_after) = (pages("gpu_before"), pages("gpu_after"));
-    println!("dedicated: 64 MiB before {before:?}, after {after:?}");
-    println!("dedicated: 16 MiB bound to node 10 before {gpu_before:?}, after {gpu_after:?}");
+    println!("dedicated: 64 MiB before {before:?}, after {after:?} (4 KiB units)");
     assert!(mostly_on(&before, 0, BUFFER_PAGES), "before {before:?}");
     assert!(
         mostly_on(&after, GRACE_NODE, BUFFER_PAGES),
@@ -453,12 +714,26 @@ fn a_dedicated_workers_memory_goes_to_the_grace_node_and_gpu_memory_stays_where_
         run.stderr()
     );
     assert_eq!(after.get(&GPU_MEMORY_NODE), None, "after {after:?}");
-    assert_eq!(
-        gpu_before,
-        BTreeMap::from([(GPU_MEMORY_NODE, GPU_BUFFER_PAGES)]),
-        "the program's own placement"
-    );
-    assert_eq!(gpu_after, gpu_before, "{}", run.stderr());
+    match shape.gpu_memory_node() {
+        Some(gpu_node) => {
+            let (gpu_before, gpu_after) = (pages("gpu_before"), pages("gpu_after"));
+            println!(
+                "dedicated: 16 MiB bound to node {gpu_node} before {gpu_before:?}, after \
+                 {gpu_after:?}"
+            );
+            assert_eq!(
+                gpu_before,
+                BTreeMap::from([(gpu_node, GPU_BUFFER_PAGES)]),
+                "the program's own placement"
+            );
+            assert_eq!(gpu_after, gpu_before, "{}", run.stderr());
+        }
+        None => assert!(
+            run.lines("PAGES gpu_").is_empty(),
+            "no bound buffer without a GPU-memory node:\n{}",
+            run.text()
+        ),
+    }
     let moved = &run.report()["memory_moved"];
     assert_eq!(moved["node"], GRACE_NODE, "{moved}");
 
@@ -470,26 +745,176 @@ fn a_dedicated_workers_memory_goes_to_the_grace_node_and_gpu_memory_stays_where_
     assert_eq!(shared.report()["worker_mask"], GRACE_CPUS);
 }
 
-#[test]
-fn topo_plan_and_configure_agree_on_the_grace_node() {
-    let guest = require!(gb200());
+/// numa_maps gave memory_follows' buffer in pages of the kernel's size, before and after.
+fn check_numa_maps_page_size(run: &Scenario, page: PageSize) {
+    for phase in ["before", "after"] {
+        let kib = run
+            .lines("PAGE_KB ")
+            .into_iter()
+            .find(|w| w[0] == phase)
+            .unwrap_or_else(|| panic!("no PAGE_KB {phase}:\n{}", run.text()));
+        assert_eq!(kib[1], (page.bytes() / 1024).to_string(), "{phase}");
+    }
+}
+
+table_tests! {
+    check_transparent_huge_pages;
+    /// Transparent huge pages of 2 MiB (`always`, a 68 MiB buffer 1 MiB past a huge page
+    /// boundary): none is split, they lie on the Grace node after the move, the report counts
+    /// them.
+    transparent_huge_pages_move_whole_to_the_grace_node_4k_numa: NUMA_4K;
+    /// The same with the 32 MiB huge pages of 16 KiB pages (a 100 MiB buffer 16 MiB past a
+    /// boundary).
+    transparent_huge_pages_move_whole_to_the_grace_node_16k_cdmm: CDMM_16K;
+}
+
+fn check_transparent_huge_pages(shape: &Shape) {
+    let guest = require!(gb200(shape));
+    let run = guest.ok("thp");
+    let huge = |phase: &str| {
+        run.lines("HUGE ")
+            .into_iter()
+            .find(|w| w[0] == phase)
+            .and_then(|w| w[1].parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no HUGE {phase}:\n{}", run.text()))
+    };
+    check_numa_maps_page_size(run, shape.page);
+    let (before, after) = (huge("before"), huge("after"));
+    let buffer_pages: usize = run.pages("before").0.values().sum();
+    let (pages, failed) = run.pages("after");
+    let moved = run.report()["memory_moved"]["huge_pages_moved"]
+        .as_u64()
+        .unwrap_or(0);
+    println!(
+        "thp: AnonHugePages {before} kB before, {after} kB after; {moved} huge pages moved; \
+         pages {pages:?} (4 KiB units)"
+    );
+    let huge_kib = shape.page.huge_page_kib();
+    assert!(
+        before >= 2 * huge_kib,
+        "two huge pages of {huge_kib} kB before: {before} kB\n{}",
+        run.text()
+    );
+    assert_eq!(after, before, "huge pages split:\n{}", run.stderr());
+    assert_eq!(failed, 0);
+    assert!(
+        mostly_on(&pages, GRACE_NODE, buffer_pages),
+        "{pages:?}\n{}",
+        run.stderr()
+    );
+    assert!(
+        moved * huge_kib >= before,
+        "{moved} huge pages moved of {before} kB\n{}",
+        run.stderr()
+    );
+}
+
+table_tests! {
+    check_ps_memory_per_node;
+    /// `tllm-affinity ps` of a live configured process shows its memory per node, from
+    /// numa_maps: the worker's and its child's buffers on the Grace node, in bytes.
+    ps_shows_the_workers_memory_on_the_grace_node_4k_numa: NUMA_4K;
+    /// The same where numa_maps counts pages of 16 KiB.
+    ps_shows_the_workers_memory_on_the_grace_node_16k_cdmm: CDMM_16K;
+}
+
+fn check_ps_memory_per_node(shape: &Shape) {
+    let guest = require!(gb200(shape));
+    let held = guest.ok("ps_numa_maps");
+    let ps = guest.ok("ps_numa_maps_ps").json();
+    let memory = &ps["memory"];
+    println!("ps: {memory}");
+    assert!(
+        memory["source"]
+            .as_str()
+            .is_some_and(|s| s.contains("numa_maps")),
+        "{memory}"
+    );
+    // What the held process itself counted there (move_pages, in the kernel's pages).
+    let touched_pages: usize = ["worker", "child"]
+        .iter()
+        .map(|buffer| held.pages(buffer).0.get(&GRACE_NODE).copied().unwrap_or(0))
+        .sum();
+    let touched = (touched_pages * shape.page.bytes()) as u64;
+    assert!(touched >= 8 << 20, "{}", held.text());
+    let on_grace = memory["bytes_per_node"][GRACE_NODE.to_string()]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(on_grace >= touched, "{on_grace} < {touched}: {memory}");
+    assert!(
+        memory["bytes_per_node"][GPU_MEMORY_NODE.to_string()].is_null(),
+        "{memory}"
+    );
+    let threads = ps["threads"].as_array().unwrap();
+    assert!(
+        threads
+            .iter()
+            .any(|t| t["role"] == "worker" && t["mask"] == GRACE_CPUS),
+        "{ps}"
+    );
+}
+
+table_tests! {
+    check_topo_plan_and_configure;
+    /// NUMA mode: topo names it and node 10 as the GPU's memory (from NVML); topo, plan and
+    /// configure agree on the Grace node's CPUs.
+    topo_plan_and_configure_agree_on_the_grace_node_4k_numa: NUMA_4K;
+    /// CDMM mode: topo names it and no memory node for the GPU; workers still go to the Grace
+    /// node, from the PCI bridge's node and NVML's CPU affinity.
+    topo_plan_and_configure_agree_on_the_grace_node_16k_cdmm: CDMM_16K;
+}
+
+fn check_topo_plan_and_configure(shape: &Shape) {
+    let guest = require!(gb200(shape));
     let configured = guest.ok("placement").mask("configured", "W").0;
     let topo = guest.ok("topo").json();
     let plan = guest.ok("plan").json();
-    println!("topo nodes: {}\nplan: {plan}", topo["nodes"]);
+    let text = guest.ok("topo_text").text();
+    println!("topo nodes: {}\nplan: {plan}\n{text}", topo["nodes"]);
     assert_eq!(topo["online"], ALL4, "{topo}");
     let device = &topo["visible"]["devices"][0];
     assert_eq!(device["address"], GUEST_GPU, "{topo}");
     assert_eq!(plan["gpu"]["address"], GUEST_GPU, "{plan}");
     assert_eq!(plan["gpu"]["numa_node"], GRACE_NODE, "{plan}");
-    // NVML names node 10 as the GPU's memory: topo says so, and nothing runs there.
     let gpu = &topo["gpus"][0];
-    assert_eq!(gpu["memory_node"], GPU_MEMORY_NODE, "{gpu}");
-    assert_eq!(gpu["memory_node_from"], "nvml", "{gpu}");
     let node10 = row(&topo, "nodes", "id", GPU_MEMORY_NODE);
     assert_eq!(node10["cpus"], "", "{node10}");
-    assert_eq!(node10["has_memory"], true, "{node10}");
-    assert_eq!(node10["gpu_memory_of"][0]["address"], GUEST_GPU, "{node10}");
+    let mode_line = text.lines().find(|l| l.starts_with("GPU memory: "));
+    let gpu_line = text
+        .lines()
+        .find(|l| l.contains(GUEST_GPU) && l.contains("its memory on"));
+    match shape.gpu_memory {
+        GpuMemory::Numa => {
+            // NVML names node 10 as the GPU's memory: topo says so, and nothing runs there.
+            assert_eq!(topo["gpu_memory_mode"], "numa", "{topo}");
+            assert_eq!(gpu["memory_node"], GPU_MEMORY_NODE, "{gpu}");
+            assert_eq!(gpu["memory_node_from"], "nvml", "{gpu}");
+            assert_eq!(node10["has_memory"], true, "{node10}");
+            assert_eq!(node10["gpu_memory_of"][0]["address"], GUEST_GPU, "{node10}");
+            assert!(
+                mode_line.is_some_and(|l| l.starts_with("GPU memory: NUMA mode")),
+                "{text}"
+            );
+            assert!(
+                gpu_line.is_some_and(|l| l.contains("its memory on node 10 (from NVML)")),
+                "{text}"
+            );
+        }
+        GpuMemory::Cdmm => {
+            assert_eq!(topo["gpu_memory_mode"], "cdmm", "{topo}");
+            assert!(gpu["memory_node"].is_null(), "{gpu}");
+            assert_eq!(node10["has_memory"], false, "{node10}");
+            assert_eq!(node10["gpu_memory_of"], serde_json::json!([]), "{node10}");
+            assert!(
+                mode_line.is_some_and(|l| l.starts_with("GPU memory: CDMM mode")),
+                "{text}"
+            );
+            assert!(
+                gpu_line.is_some_and(|l| l.contains("its memory on no NUMA node")),
+                "{text}"
+            );
+        }
+    }
     for (who, cpus) in [
         ("topo", device["local_cpus"].clone()),
         ("plan", plan["worker"]["cpus"].clone()),

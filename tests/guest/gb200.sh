@@ -1,17 +1,22 @@
 #!/bin/sh
 # Inside the aarch64 guest of tests/guest_aarch64.rs, a GB200 compute tray at small scale: Grace
-# nodes 0 (CPUs 0-1) and 1 (CPUs 2-3), the GPU's memory as node 10 (memory, no CPU), and QEMU's
+# nodes 0 (CPUs 0-1) and 1 (CPUs 2-3), placeholder nodes 2-9 (no CPUs, no memory), node 10 the
+# GPU's memory (memory, no CPU) in NUMA mode or one more placeholder in CDMM mode, and QEMU's
 # pci-testdev at 0000:00:02.0 on node 1 (the device tree's PCI host bridge), which the NVML test
-# double names GPU 0 with node 1's CPUs as its CPU affinity and node 10 as its memory's node
-# (nvmlDeviceGetNumaNodeId). Arguments (aarch64 builds): the
-# preload library, the CLI, the double's directory, numa_placement, memory_follows.
-lib=$1 cli=$2 nvml_dir=$3 placement=$4 follows=$5
+# double names GPU 0 with node 1's CPUs as its CPU affinity and, in NUMA mode, node 10 as its
+# memory's node (nvmlDeviceGetNumaNodeId; in CDMM mode that query is not supported). Run on the
+# 4 KiB-page kernel (NUMA mode) and on the 16 KiB-page one (CDMM mode). Arguments (aarch64
+# builds): the preload library, the CLI, the double's directory, numa_placement, memory_follows;
+# then the GPU's memory node, or "-" in CDMM mode.
+lib=$1 cli=$2 nvml_dir=$3 placement=$4 follows=$5 gpu_memory_node=$6
 . "$(dirname "$0")/scenario.sh"
 work=$(mktemp -d)
 scenario guest identity
 node=/sys/devices/system/node
 scenario nodes sh -c 'node=$0
   echo "arch=$(uname -m)"
+  echo "page_size=$(getconf PAGESIZE)"
+  echo "hpage_pmd_kib=$(($(cat /sys/kernel/mm/transparent_hugepage/hpage_pmd_size) / 1024))"
   echo "online=$(cat $node/online)"
   echo "has_cpu=$(cat $node/has_cpu)"
   echo "has_memory=$(cat $node/has_memory)"
@@ -20,15 +25,32 @@ scenario nodes sh -c 'node=$0
   echo "node1_distance=$(cat $node/node1/distance)"
   echo "siblings=$(cat /sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list | tr "\n" " ")"' "$node"
 scenario pci cat /sys/bus/pci/devices/0000:00:02.0/numa_node /sys/bus/pci/devices/0000:00:02.0/local_cpulist
-# NVML as on a tray: CPU affinity the Grace node's CPUs, the GPU's NUMA node id its memory node.
-echo "gpu 00000000:00:02.0 GPU-00020002-0000-1111-2222-333344445555 2-3 10" >"$work/nvml"
+# NVML as on a tray: CPU affinity the Grace node's CPUs, the GPU's NUMA node id its memory node
+# ("-": NOT_SUPPORTED, as in CDMM mode).
+echo "gpu 00000000:00:02.0 GPU-00020002-0000-1111-2222-333344445555 2-3 $gpu_memory_node" >"$work/nvml"
 export LD_LIBRARY_PATH="$nvml_dir" TLLM_NVML_DOUBLE="$work/nvml"
 # Workers and their children on node 1's CPUs, host threads on all four, release restores; the
 # scope's caller's memory preference; pages first touched by workers.
 scenario placement env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$placement" 0
-# A dedicated worker (configure on its main thread) that touched 64 MiB on node 0 and bound
-# 16 MiB to the GPU's memory node; then a shared process (configure on another thread).
-scenario dedicated env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info MF_GPU_NODE=10 "$follows" main 0
+# A dedicated worker (configure on its main thread) that touched 64 MiB on node 0 and, in NUMA
+# mode, bound 16 MiB to the GPU's memory node; then a shared process (configure on another
+# thread).
+bound_to_gpu_memory=""
+[ "$gpu_memory_node" = - ] || bound_to_gpu_memory="MF_GPU_NODE=$gpu_memory_node"
+scenario dedicated env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info $bound_to_gpu_memory "$follows" main 0
 scenario shared env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" thread 0
+# Transparent huge pages (`always`): a buffer half a huge page past a huge page boundary, moved
+# by a dedicated worker's configure: 68 MiB with 2 MiB huge pages (as tests/guest.rs's), three
+# huge pages and 4 MiB with bigger ones (100 MiB with the 32 MiB of 16 KiB pages).
+thp=/sys/kernel/mm/transparent_hugepage
+thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/enabled)
+thp_mib=$(($(cat $thp/hpage_pmd_size) * 3 / 1048576 + 4))
+[ $thp_mib -ge 68 ] || thp_mib=68
+echo always >$thp/enabled
+scenario thp env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info MF_THP=1 MF_MIB=$thp_mib "$follows" main 0
+echo "$thp_was" >$thp/enabled
+# `tllm-affinity ps` of a live configured process: its memory per node, from numa_maps.
+held ps_numa_maps ""
 scenario topo "$cli" topo --json
+scenario topo_text "$cli" topo
 scenario plan "$cli" plan --gpu 0 --json

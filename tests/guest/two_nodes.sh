@@ -21,25 +21,6 @@ scenario placement_membind numactl --membind=0 env LD_PRELOAD="$lib" "$placement
 
 # `tllm-affinity ps` of a live, configured process: its memory per node, from numa_maps (a
 # process among others in the root cgroup) and from memory.numa_stat (alone in its cgroup).
-# held NAME CGROUP: numa_placement waits at HOLD while ps reads it from outside.
-held() {
-  # Names of their own: `scenario` sets name, out and err.
-  held_name=$1 held_cgroup=$2
-  held_fifo="$work/$1.go" held_out="$work/$1.out" held_err="$work/$1.err"
-  mkfifo "$held_fifo"
-  sh -c '[ -z "$3" ] || echo $$ >"$3/cgroup.procs" || exit 90
-    exec env LD_PRELOAD="$0" NUMA_PLACEMENT_HOLD="$2" "$1" 0' "$lib" "$placement" "$held_fifo" \
-    "$held_cgroup" >"$held_out" 2>"$held_err" &
-  held_pid=$!
-  tries=0
-  while ! grep -q '^HOLD' "$held_out" && [ $tries -lt 600 ] && kill -0 $held_pid 2>/dev/null; do
-    sleep 0.1; tries=$((tries + 1))
-  done
-  scenario "${held_name}_ps" "$cli" ps --json $held_pid
-  echo go >"$held_fifo"
-  wait $held_pid
-  emit "$held_name" "$held_out" "$held_err" $?
-}
 held ps_numa_maps ""
 
 # The host view (`tllm-affinity ps` with no PID) of a held process whose memory is bound to node 0

@@ -31,11 +31,14 @@
  *               half to node 0 (its own shared policy) and touches it all on node 0: after
  *               ACTION the child prints SHM_POLICY <mode of the first half> <mode of the second>
  *               <node mask of the second> and the parent SHM_PAGES <node>=<pages> ...
- *   MF_THP=1    the buffer starts 1 MiB past a 2 MiB boundary, advised MADV_HUGEPAGE: HUGE
- *               before|after <AnonHugePages kB of the buffer's mappings>.
+ *   MF_THP=1    the buffer starts half a huge page past a huge page boundary (2 MiB on 4 KiB
+ *               pages, 32 MiB on 16 KiB pages: the kernel's hpage_pmd_size), advised
+ *               MADV_HUGEPAGE: HUGE before|after <AnonHugePages kB of the buffer's mappings>.
  * Lines:
  *
- *   PAGES before|after <node>=<pages> ... fail=0     the buffer's 4 KiB pages per node
+ *   PAGES before|after <node>=<pages> ... fail=0     the buffer's memory per node, in 4 KiB
+ *                                                    units whatever the kernel's page size
+ *   PAGE_KB before|after <kB>                        numa_maps' kernelpagesize_kB= for it
  *   PAGES gpu_before|gpu_after <node>=<pages> ...    the bound buffer's (MF_GPU_NODE only)
  *   LOCKED <pages>                                   pages mlock'd
  *   CONFIGURE <rc> <microseconds>                    the action's return and how long it took
@@ -63,6 +66,7 @@
 #endif
 #include <unistd.h>
 #include "abi.h"
+#include "huge_page.h"
 
 #define MAX_NODES 64
 
@@ -98,12 +102,12 @@ static void pages_of(const char *phase, const char *start, size_t length) {
         return;
     }
     long counts[MAX_NODES] = {0};
+    long page_kb = 4;
     char line[4096];
     while (fgets(line, sizeof line, maps)) {
         char *end;
         unsigned long begin = strtoul(line, &end, 16);
         if (begin < (unsigned long)start || begin >= (unsigned long)start + length) continue;
-        long page_kb = 4;
         char *at = strstr(line, "kernelpagesize_kB=");
         if (at) page_kb = atol(at + strlen("kernelpagesize_kB="));
         for (char *word = strtok(end, " \n"); word; word = strtok(NULL, " \n")) {
@@ -114,6 +118,7 @@ static void pages_of(const char *phase, const char *start, size_t length) {
         }
     }
     fclose(maps);
+    printf("PAGE_KB %s %ld\n", phase, page_kb);
     printf("PAGES %s", phase);
     for (int node = 0; node < MAX_NODES; node++)
         if (counts[node]) printf(" %d=%ld", node, counts[node]);
@@ -324,15 +329,15 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < shm_size; i += (size_t)page) (void)*(volatile char *)(shm + i);
         pages_of("shm_before", shm, shm_size);
     }
-    /* On a 2 MiB boundary between inaccessible pages: no other mapping merges into the buffer's,
-     * and no transparent huge page straddles its mlock'd half and the rest (moving the rest would
-     * move the whole huge page). */
-    const uintptr_t huge = 2u << 20;
+    /* On a huge page boundary between inaccessible pages: no other mapping merges into the
+     * buffer's, and no transparent huge page straddles its mlock'd half and the rest (moving the
+     * rest would move the whole huge page). */
+    const uintptr_t huge = pmd_huge_page_bytes();
     int thp = flag("MF_THP");
     char *guarded = mmap(NULL, size + 3 * huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     buf = (char *)(((uintptr_t)guarded + huge) & ~(huge - 1));
-    /* Huge pages: 1 MiB past a boundary, so a walk in steps from the mapping's start ends its
-     * steps inside huge pages. */
+    /* Huge pages: half a huge page past a boundary, so a walk in steps from the mapping's start
+     * ends its steps inside huge pages. */
     if (thp) buf += huge / 2;
     if (guarded == MAP_FAILED || mprotect(buf, size, PROT_READ | PROT_WRITE) != 0 ||
         (thp && madvise(buf, size, MADV_HUGEPAGE) != 0)) {

@@ -38,6 +38,7 @@
 #include <unistd.h>
 #include "abi.h"
 #include "cpulist.h"
+#include "huge_page.h"
 #include "park.h"
 
 #define BUF (4u << 20)
@@ -78,11 +79,11 @@ static void policy_line(const char *thread, const char *phase) {
     printf("POLICY %s %s %d %lx\n", thread, phase, mode, nodes);
 }
 
-/* A buffer starting on a 2 MiB boundary: a transparent huge page then never spans two buffers
- * (adjacent mappings merge, and a huge page faulted in by one buffer's toucher would hold pages
- * of its neighbour, on the first toucher's node). */
+/* A buffer starting on a huge page boundary: a transparent huge page then never spans two
+ * buffers (adjacent mappings merge, and a huge page faulted in by one buffer's toucher would hold
+ * pages of its neighbour, on the first toucher's node). */
 static char *buffer(void) {
-    const uintptr_t huge = 2u << 20;
+    const uintptr_t huge = pmd_huge_page_bytes();
     char *b = mmap(NULL, BUF + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (b == MAP_FAILED) {
         perror("mmap");
