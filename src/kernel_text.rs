@@ -2,7 +2,8 @@
 //! `vendor`'s `0x10de`), a number where a negative one means "unknown" (`numa_node`'s `-1`), a
 //! row of numbers (a node's `distance`), a `N<node>=<count>` token (`memory.numa_stat`,
 //! `numa_maps`), a field of `/proc/<pid>/stat`, the value of a `Key: value` line
-//! (`/proc/<pid>/status`, the NVIDIA driver's `information`), and a file that may be absent.
+//! (`/proc/<pid>/status`, the NVIDIA driver's `information`), a file that may be absent, and
+//! another process's file read with a cap on its size.
 //!
 //! Cpulists (`0-3,8`) and hex masks (`ff,ffffffff`) make a mask, so they are the mask's own text
 //! forms, both ways: `CpuMask::parse_list` / `to_list` and `parse_hex` / `to_hex` in `mask.rs`.
@@ -26,6 +27,16 @@ pub fn read_if_present(path: &Path) -> io::Result<Option<String>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// At most `cap` bytes of `path`, as text (invalid UTF-8 replaced: kept visible, escaped when
+/// shown): another process's `/proc` file, whose size is not ours to trust.
+pub fn read_capped(path: &Path, cap: u64) -> io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    fs::File::open(path)?.take(cap).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8(bytes)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 /// A hex number, with or without `0x` (`0x10de`, `0x030200`, `3b`).

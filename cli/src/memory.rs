@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tllm_affinity_core::kernel_text::node_count;
+use tllm_affinity_core::kernel_text::{node_count, read_capped};
 
 /// The most of `numa_maps` read: about 100 000 mappings.
 pub const READ_LIMIT: usize = 16 << 20;
@@ -49,15 +49,15 @@ pub fn read(proc_dir: &Path, pid: u32) -> Result<NodeMemory, String> {
 /// `memory.numa_stat` of the process's cgroup v2, when the process is the only one in it: its
 /// anonymous and mapped file pages there (`anon` + `file_mapped`).
 fn from_own_cgroup(proc_dir: &Path, pid: u32) -> Option<NodeMemory> {
-    let cgroups = crate::ps::read_capped(&proc_dir.join("cgroup"), SMALL_FILE_BYTES).ok()?;
+    let cgroups = read_capped(&proc_dir.join("cgroup"), SMALL_FILE_BYTES).ok()?;
     let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
     let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
     // A cgroup of more processes than fit here is not one process's own.
-    let procs = crate::ps::read_capped(&dir.join("cgroup.procs"), SMALL_FILE_BYTES).ok()?;
+    let procs = read_capped(&dir.join("cgroup.procs"), SMALL_FILE_BYTES).ok()?;
     if procs.split_whitespace().collect::<Vec<_>>() != [pid.to_string()] {
         return None;
     }
-    let stat = crate::ps::read_capped(&dir.join("memory.numa_stat"), SMALL_FILE_BYTES).ok()?;
+    let stat = read_capped(&dir.join("memory.numa_stat"), SMALL_FILE_BYTES).ok()?;
     let bytes = parse_numa_stat(&stat).ok()?;
     Some(NodeMemory {
         bytes,
@@ -176,34 +176,6 @@ fn add_mapping(line: &str, bytes: &mut BTreeMap<usize, u64>) -> Result<(), Strin
     Ok(())
 }
 
-/// `node 0 12.0 MiB, node 1 1.5 GiB`.
-pub fn describe(bytes: &BTreeMap<usize, u64>) -> String {
-    if bytes.is_empty() {
-        return "no resident pages".into();
-    }
-    bytes
-        .iter()
-        .map(|(node, b)| format!("node {node} {}", human(*b)))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `1.5 GiB`.
-pub fn human(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", units[unit])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,7 +196,6 @@ mod tests {
         assert_eq!(m.bytes[&0], 3 * 4096);
         assert_eq!(m.bytes[&1], 2 * 2048 * 1024 + 2 * 4096);
         assert_eq!(m.partial, None);
-        assert_eq!(describe(&m.bytes), "node 0 12.0 KiB, node 1 4.0 MiB");
     }
 
     #[test]
