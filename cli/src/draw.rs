@@ -11,7 +11,7 @@ use tllm_affinity_core::registry::{Placement, Role};
 use tllm_affinity_core::threadtable::LeaseLine;
 use tllm_affinity_core::topology::Topology;
 
-use crate::memory::NodeMemory;
+use crate::memory_reading::NodeMemory;
 
 /// ANSI colours, one per thing the grid tells apart.
 pub const BLUE: &str = "\x1b[34m";

@@ -21,7 +21,7 @@ use tllm_affinity_core::threadtable::{self, LeaseLine};
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 use crate::draw::{self, visible};
-use crate::memory::NodeMemory;
+use crate::memory_reading::NodeMemory;
 use crate::ps::{self, PsArgs};
 
 /// What a thread does, as the host view tells them apart; in the grid's order of precedence

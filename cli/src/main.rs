@@ -20,7 +20,7 @@ use tllm_affinity_core::topology::SysfsRoot;
 mod cdi;
 mod draw;
 mod host;
-mod memory;
+mod memory_reading;
 mod metrics;
 mod plan;
 mod probe;

@@ -469,7 +469,7 @@ pub fn escape_label(value: &str) -> String {
 mod tests {
     use super::*;
     use crate::host::{CpuGroup, Flag, ProcessLine, ProcessRow};
-    use crate::memory::NodeMemory;
+    use crate::memory_reading::NodeMemory;
     use tllm_affinity_core::mask::CpuMask;
     use tllm_affinity_core::threadtable::LeaseLine;
 

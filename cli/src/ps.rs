@@ -71,7 +71,7 @@ pub struct Snapshot {
     pub cpus: Vec<usize>,
     pub threads: Vec<ThreadRow>,
     /// Resident memory per NUMA node, or why it cannot be read.
-    pub memory: Result<crate::memory::NodeMemory, String>,
+    pub memory: Result<crate::memory_reading::NodeMemory, String>,
     /// What the language adapters noted (one line each), or why the notes cannot be read.
     pub adapters: Result<Vec<AdapterLine>, String>,
     /// The leases open in the process, or why they cannot be read.
@@ -351,7 +351,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         library_loaded,
         cpus: cpus.iter().collect(),
         threads,
-        memory: crate::memory::read(proc_dir, pid),
+        memory: crate::memory_reading::read(proc_dir, pid),
         adapters,
         leases,
     })

@@ -1,5 +1,8 @@
-//! A process's resident memory per NUMA node, for `tllm-affinity ps`: where its pages are, so
-//! worker memory on the remote node shows as plainly as a wrong mask.
+//! Reading a process's resident memory per NUMA node, for `tllm-affinity ps`: where its pages
+//! are, so worker memory on the remote node shows as plainly as a wrong mask. (The library's own
+//! memory: `memory_decision` in the core decides a move, the engine's `memory_effects` makes it
+//! and `memory_preference` holds a worker scope's preference; each `numa_maps` line is read by
+//! `kernel_text::numa_maps_line` for both.)
 //!
 //! Two sources. The cheap one is the cgroup v2 `memory.numa_stat` of a process alone in its
 //! cgroup (a server in its own container): counters the kernel keeps, read in one small file.
@@ -12,7 +15,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tllm_affinity_core::kernel_text::{node_count, read_capped};
+use tllm_affinity_core::kernel_text::{node_count, numa_maps_line, read_capped};
 
 /// The most of `numa_maps` read: about 100 000 mappings.
 pub const READ_LIMIT: usize = 16 << 20;
@@ -150,28 +153,12 @@ pub fn from_numa_maps(
     })
 }
 
-/// Adds one `numa_maps` line (`7f00... default anon=3 N0=2 N1=1 kernelpagesize_kB=4`).
+/// Adds one `numa_maps` line's resident bytes per node.
 fn add_mapping(line: &str, bytes: &mut BTreeMap<usize, u64>) -> Result<(), String> {
-    let mut words = line.split_whitespace();
-    let address = words.next().unwrap_or_default();
-    if u64::from_str_radix(address, 16).is_err() {
-        return Err(format!("{address:?} is not a mapping's address"));
-    }
-    let mut page_kb = None;
-    let mut pages = Vec::new();
-    for word in words {
-        if let Some(kb) = word.strip_prefix("kernelpagesize_kB=") {
-            page_kb = Some(kb.parse::<u64>().map_err(|_| format!("page size {kb:?}"))?);
-        } else if word.starts_with('N') && word.contains('=') {
-            pages.push(node_count(word).ok_or_else(|| format!("{word:?} is not N<node>=<pages>"))?);
+    if let Some(mapping) = numa_maps_line(line)? {
+        for (node, count) in mapping.pages {
+            *bytes.entry(node).or_insert(0) += count.saturating_mul(mapping.page_bytes);
         }
-    }
-    if pages.is_empty() {
-        return Ok(());
-    }
-    let page = page_kb.ok_or("pages without kernelpagesize_kB")? * 1024;
-    for (node, count) in pages {
-        *bytes.entry(node).or_insert(0) += count * page;
     }
     Ok(())
 }
