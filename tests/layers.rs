@@ -117,12 +117,13 @@ fn named_after(code: &str, prefix: &str) -> BTreeSet<String> {
     names
 }
 
-fn rust_files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+/// The files named `*.<extension>` under `dir`, at any depth.
+fn files_under(dir: &Path, extension: &str, out: &mut Vec<PathBuf>) {
     for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            rust_files_under(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            files_under(&path, extension, out);
+        } else if path.extension().is_some_and(|e| e == extension) {
             out.push(path);
         }
     }
@@ -154,7 +155,7 @@ fn modules_declared_in(src: &Path, root: &str) -> BTreeMap<String, String> {
             files.push(file);
         }
         if src.join(&name).is_dir() {
-            rust_files_under(&src.join(&name), &mut files);
+            files_under(&src.join(&name), "rs", &mut files);
         }
         assert!(
             !files.is_empty(),
@@ -307,7 +308,7 @@ fn violations(src: &Path) -> Vec<String> {
         }
     }
     let mut files = Vec::new();
-    rust_files_under(src, &mut files);
+    files_under(src, "rs", &mut files);
     for file in files.iter().filter(|f| !f.ends_with("lib.rs")) {
         let text = code_of(&fs::read_to_string(file).unwrap());
         if text.contains("allow(unsafe_code)") {
@@ -354,7 +355,7 @@ fn the_layers_hold_in_this_crates_sources() {
 fn the_cli_crate_names_the_core_not_the_engine_and_allows_no_unsafe() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("cli/src");
     let mut files = Vec::new();
-    rust_files_under(&src, &mut files);
+    files_under(&src, "rs", &mut files);
     assert!(files.len() > 3, "{files:?}");
     let mut found = Vec::new();
     for file in &files {
@@ -429,18 +430,8 @@ fn python_code_of(text: &str) -> String {
 /// the same sources it imports, at the top or inside a function: `import a.b`, `from a import
 /// b` (the module `a.b` when there is one, else `a`) and the relative `from .b import c`.
 fn python_graph(root: &Path) -> Graph {
-    fn py_files(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                py_files(&path, out);
-            } else if path.extension().is_some_and(|e| e == "py") {
-                out.push(path);
-            }
-        }
-    }
     let mut files = Vec::new();
-    py_files(root, &mut files);
+    files_under(root, "py", &mut files);
     let texts: BTreeMap<String, (bool, String)> = files
         .iter()
         .map(|f| {

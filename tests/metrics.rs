@@ -343,16 +343,9 @@ fn expected(v: &Value, pid: u32) -> BTreeMap<String, BTreeMap<String, f64>> {
     }
     // The share off the workers' node, judged on the kernel's nodes with CPUs (whatever tree
     // the CPUs were read from), for workers on one of them.
-    let kernel: Vec<(usize, tllm_affinity_core::mask::CpuMask)> =
-        Topology::read(&SysfsRoot::new("/"))
-            .map(|t| {
-                t.nodes
-                    .into_iter()
-                    .filter(|n| !n.cpus.is_empty())
-                    .map(|n| (n.id, n.cpus))
-                    .collect()
-            })
-            .unwrap_or_default();
+    let kernel = Topology::read(&SysfsRoot::new("/"))
+        .map(|t| t.nodes_with_cpus())
+        .unwrap_or_default();
     let workers_on: Vec<usize> = kernel
         .iter()
         .filter(|(_, cpus)| !cpus.intersection(&workers).is_empty())
@@ -424,18 +417,8 @@ fn one_value(m: &Monitoring, promql: &str) -> Option<f64> {
 
 /// The `ps --json` flags of `kind` that name only pids among `pids`.
 fn flags_among(v: &Value, kind: &str, pids: &[u32]) -> usize {
-    v["flags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["kind"] == kind)
-        .filter(|f| {
-            f["pids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|p| pids.contains(&(p.as_u64().unwrap() as u32)))
-        })
+    flags_of_kind(v, kind)
+        .filter(|(_, named)| named.iter().all(|p| pids.contains(p)))
         .count()
 }
 

@@ -114,18 +114,13 @@ impl Host {
 
     /// `tllm-affinity plan --gpu <gpu> --json` on this host, NVML as [`Host::command`] has it.
     fn plan(&self, gpu: usize, nvml: Option<(&str, &Path)>) -> serde_json::Value {
-        let out = self
-            .command(&cli(), nvml)
-            .args(["plan", "--gpu", &gpu.to_string(), "--json"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "plan: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(&text).unwrap()
+        let out = succeeded(self.command(&cli(), nvml).args([
+            "plan",
+            "--gpu",
+            &gpu.to_string(),
+            "--json",
+        ]));
+        serde_json::from_slice(&out.stdout).unwrap()
     }
 
     /// NVML answering `cmd` from `text` through the double in `lib_dir`.

@@ -307,21 +307,16 @@ fn pip_installs_the_pure_python_package() {
         "pip install failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = clean(python())
-        .args([
-            "-c",
-            "import tllm_affinity, tllm_affinity.adapters.trtllm as t; \
-             print(tllm_affinity.__file__, tllm_affinity.available())",
-        ])
-        .env("PYTHONPATH", &target)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        clean(python())
+            .args([
+                "-c",
+                "import tllm_affinity, tllm_affinity.adapters.trtllm as t; \
+                 print(tllm_affinity.__file__, tllm_affinity.available())",
+            ])
+            .env("PYTHONPATH", &target),
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.starts_with(target.to_str().unwrap()) && stdout.trim_end().ends_with("False"),
         "{stdout}"

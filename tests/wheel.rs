@@ -199,13 +199,7 @@ fn tree(dir: &Path) -> BTreeSet<PathBuf> {
 fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() {
     let wheel = require!(wheel());
     let work = tempfile::tempdir().unwrap();
-    let venv = work.path().join("venv");
-    let status = Command::new(python())
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .unwrap();
-    assert!(status.success(), "python3 -m venv (Debian: python3-venv)");
+    let venv = new_venv(work.path(), &[]);
     let bin = venv.join("bin");
     // A user's shell: the venv's bin/ and the system's, no cargo, no build tree, no variables
     // of the build, run from a directory of its own.
@@ -463,14 +457,8 @@ fn the_sdist_builds_with_cargo_and_installs_the_same_layout() {
         sdist.display()
     );
     let work = tempfile::tempdir().unwrap();
-    let venv = work.path().join("venv");
     // The system's setuptools and wheel build the Python part with no index.
-    let status = Command::new(python())
-        .args(["-m", "venv", "--system-site-packages"])
-        .arg(&venv)
-        .status()
-        .unwrap();
-    assert!(status.success(), "python3 -m venv");
+    let venv = new_venv(work.path(), &["--system-site-packages"]);
     let bin = venv.join("bin");
     // pip unpacks the sdist in a fresh directory; one target directory for every run keeps
     // cargo's dependencies built.

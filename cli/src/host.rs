@@ -229,15 +229,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
     }
     let groups = groups(topology.as_ref(), &masks);
     let cores = topology.as_ref().map(Topology::cores).unwrap_or_default();
-    let kernel_nodes: Vec<(usize, CpuMask)> = kernel
-        .map(|t| {
-            t.nodes
-                .into_iter()
-                .filter(|n| !n.cpus.is_empty())
-                .map(|n| (n.id, n.cpus))
-                .collect()
-        })
-        .unwrap_or_default();
+    let kernel_nodes = kernel.map(|t| t.nodes_with_cpus()).unwrap_or_default();
     let gpu_local: BTreeMap<String, CpuMask> = topology
         .as_ref()
         .map(|t| {
