@@ -48,12 +48,7 @@ fn container_tools() -> Result<(), String> {
 }
 
 fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    output_text(out)
 }
 
 /// A CDI spec written by `tllm-affinity cdi --name <unique>` into /var/run/cdi, removed on drop.

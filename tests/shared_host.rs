@@ -84,6 +84,23 @@ fn ps(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
 }
 
+/// What both swap tests need: `/dev/shm`, `setpriv` and the hostile user (its uid and gid), a
+/// two-node host the user may read, and the `calls` and `table_swapper` programs.
+fn swap_ready() -> Result<(u32, u32, Sysfs, PathBuf, PathBuf), String> {
+    if !Path::new("/dev/shm").is_dir() {
+        return Err("/dev/shm".into());
+    }
+    if !on_path("setpriv") {
+        return Err("`setpriv` on PATH".into());
+    }
+    let (uid, gid) = hostile_user()?;
+    let sysfs = Sysfs::two_nodes();
+    std::fs::set_permissions(sysfs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let calls = Program::c("calls").build();
+    let swapper = Program::c("table_swapper").build();
+    Ok((uid, gid, sysfs, calls, swapper))
+}
+
 /// The placements `ps PID --json` shows.
 fn placements(ps: &serde_json::Value) -> Vec<String> {
     ps_column(ps, "placement")
@@ -95,13 +112,7 @@ fn placements(ps: &serde_json::Value) -> Vec<String> {
 /// table is never believed, and once the swaps end `ps` shows the process's own roles.
 #[test]
 fn root_ps_holds_while_another_user_swaps_their_table() {
-    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    require!(on_path("setpriv"), "`setpriv` on PATH");
-    let (uid, gid) = require!(hostile_user());
-    let sysfs = Sysfs::two_nodes();
-    std::fs::set_permissions(sysfs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let calls = Program::c("calls").build();
-    let swapper = Program::c("table_swapper").build();
+    let (uid, gid, sysfs, calls, swapper) = require!(swap_ready());
     let mut victim_cmd = as_user(uid, gid, &calls);
     victim_cmd.args(["thread", "configure", "0", "wait"]);
     preload(&mut victim_cmd, &sysfs);
@@ -146,13 +157,7 @@ fn root_ps_holds_while_another_user_swaps_their_table() {
 /// of theirs: no start ever hangs, and the FIFO and the sparse file are never opened.
 #[test]
 fn publishing_never_hangs_while_the_users_own_stale_table_is_swapped() {
-    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    require!(on_path("setpriv"), "`setpriv` on PATH");
-    let (uid, gid) = require!(hostile_user());
-    let sysfs = Sysfs::two_nodes();
-    std::fs::set_permissions(sysfs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let calls = Program::c("calls").build();
-    let swapper = Program::c("table_swapper").build();
+    let (uid, gid, sysfs, calls, swapper) = require!(swap_ready());
     let namespace = threadtable::pid_namespace(Path::new("/proc/self")).unwrap();
     // A pid no process has: its table is stale to every process of the user.
     let table = Path::new("/dev/shm").join(threadtable::file_name(u32::MAX - 7, namespace));

@@ -106,13 +106,7 @@ pub(crate) use table_tests;
 #[allow(unused_macros)]
 macro_rules! tier_tests {
     ($tier:expr; $($(#[$doc:meta])* $name:ident: $check:path;)*) => {
-        $(
-            $(#[$doc])*
-            #[test]
-            fn $name() {
-                $check(require!($tier));
-            }
-        )*
+        $( $(#[$doc])* #[test] fn $name() { $check(require!($tier)); } )*
     };
 }
 #[allow(unused_imports)]
