@@ -387,7 +387,9 @@ fn lock_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new("/tmp").to_path_buf())
 }
 
-pub fn to_text(s: &Snapshot, colour: bool) -> String {
+/// The lines above the grid: the process and where its roles come from, why it has none, what
+/// its adapters said, its memory per node and its open leases.
+fn describe_process(s: &Snapshot) -> String {
     let mut out = String::new();
     let source = match &s.no_table {
         None => "roles from the library's thread table".to_string(),
@@ -444,6 +446,13 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
             let _ = writeln!(out, "leases: not readable ({})", visible(why));
         }
     }
+    out
+}
+
+/// The process's threads as text: what it is and what is known of it ([`describe_process`]),
+/// then the grid, one row a thread, and its legend.
+pub fn to_text(s: &Snapshot, colour: bool) -> String {
+    let mut out = describe_process(s);
     let w_name = s
         .threads
         .iter()
@@ -496,6 +505,20 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         );
         let _ = writeln!(out, "{row}{grid}");
     }
+    out.push_str(&legend(colour));
+    if s.no_table.is_none() && s.threads.iter().any(|t| t.known.is_none()) {
+        let _ = writeln!(
+            out,
+            "unknown: threads the library never saw (created before it loaded, by raw clone, or \
+             inside glibc); treated as host, never touched"
+        );
+    }
+    out
+}
+
+/// The grid's legend: each mark and what it stands for.
+fn legend(colour: bool) -> String {
+    let mut out = String::new();
     let mut legend = vec![
         ('h', BLUE, "host"),
         ('w', GREEN, "worker"),
@@ -517,13 +540,6 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         "legend: {}  {NOT_ALLOWED} not allowed",
         items.join("  ")
     );
-    if s.no_table.is_none() && s.threads.iter().any(|t| t.known.is_none()) {
-        let _ = writeln!(
-            out,
-            "unknown: threads the library never saw (created before it loaded, by raw clone, or \
-             inside glibc); treated as host, never touched"
-        );
-    }
     out
 }
 
