@@ -1,8 +1,9 @@
 //! The shapes of the kernel's small text files, parsed in one place: a hex number (a PCI
 //! `vendor`'s `0x10de`), a number where a negative one means "unknown" (`numa_node`'s `-1`), a
 //! row of numbers (a node's `distance`), a `N<node>=<count>` token (`memory.numa_stat`,
-//! `numa_maps`), a field of `/proc/<pid>/stat`, the value of a `Key: value` line
-//! (`/proc/<pid>/status`, the NVIDIA driver's `information`), and a file that may be absent.
+//! `numa_maps`), a line of `numa_maps` (for the engine's memory move and the CLI's `ps`), a field of `/proc/<pid>/stat`, the value of a `Key: value` line
+//! (`/proc/<pid>/status`, the NVIDIA driver's `information`), a file that may be absent, and
+//! another process's file read with a cap on its size.
 //!
 //! Cpulists (`0-3,8`) and hex masks (`ff,ffffffff`) make a mask, so they are the mask's own text
 //! forms, both ways: `CpuMask::parse_list` / `to_list` and `parse_hex` / `to_hex` in `mask.rs`.
@@ -26,6 +27,16 @@ pub fn read_if_present(path: &Path) -> io::Result<Option<String>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// At most `cap` bytes of `path`, as text (invalid UTF-8 replaced: kept visible, escaped when
+/// shown): another process's `/proc` file, whose size is not ours to trust.
+pub fn read_capped(path: &Path, cap: u64) -> io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    fs::File::open(path)?.take(cap).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8(bytes)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 /// A hex number, with or without `0x` (`0x10de`, `0x030200`, `3b`).
@@ -64,6 +75,46 @@ pub fn keyed_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
 pub fn node_count(word: &str) -> Option<(usize, u64)> {
     let (node, count) = word.strip_prefix('N')?.split_once('=')?;
     Some((node.parse().ok()?, count.parse().ok()?))
+}
+
+/// One mapping of `/proc/<pid>/numa_maps`: its start, whether its policy is the default, its page
+/// size and its resident pages per node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePages {
+    pub start: u64,
+    pub default_policy: bool,
+    pub page_bytes: u64,
+    pub pages: Vec<(usize, u64)>,
+}
+
+/// One line of `/proc/<pid>/numa_maps` (`7f00... default anon=3 N0=2 N1=1 kernelpagesize_kB=4`):
+/// `Ok(None)` for a mapping without a resident page, an error naming what the kernel would not
+/// write there.
+pub fn numa_maps_line(line: &str) -> Result<Option<NodePages>, String> {
+    let mut words = line.split_whitespace();
+    let address = words.next().unwrap_or_default();
+    let start = u64::from_str_radix(address, 16)
+        .map_err(|_| format!("{address:?} is not a mapping's address"))?;
+    let policy = words.next().unwrap_or_default();
+    let mut page_kb = None;
+    let mut pages = Vec::new();
+    for word in words {
+        if let Some(kb) = word.strip_prefix("kernelpagesize_kB=") {
+            page_kb = Some(kb.parse::<u64>().map_err(|_| format!("page size {kb:?}"))?);
+        } else if word.starts_with('N') && word.contains('=') {
+            pages.push(node_count(word).ok_or_else(|| format!("{word:?} is not N<node>=<pages>"))?);
+        }
+    }
+    if pages.is_empty() {
+        return Ok(None);
+    }
+    let page_kb = page_kb.ok_or("pages without kernelpagesize_kB")?;
+    Ok(Some(NodePages {
+        start,
+        default_policy: policy == "default",
+        page_bytes: page_kb.saturating_mul(1024),
+        pages,
+    }))
 }
 
 /// Field `n` of a `/proc/<pid>/stat` line, numbered from 1 as proc(5) does. Counted from the

@@ -35,7 +35,7 @@ pub mod load_facts;
 pub mod lock;
 pub mod log;
 pub mod mask;
-pub mod memory_move;
+pub mod memory_decision;
 #[allow(unsafe_code)]
 pub mod nvml;
 pub mod per_thread;

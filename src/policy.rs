@@ -128,12 +128,12 @@ impl Rule {
     }
 }
 
-/// The NUMA node whose memory a worker scope's caller prefers while the scope is open: the caller
-/// keeps its host mask, so without this what it allocates for the workers lands wherever the
-/// scheduler runs it. `memory_nodes` are the host's nodes with memory, with their CPUs; the
+/// The NUMA node of a worker's memory: the node a worker scope's caller prefers while the scope
+/// is open (the engine's `memory_preference`), and the node a dedicated worker's pages move to
+/// (`memory_decision`). `memory_nodes` are the host's nodes with memory, with their CPUs; the
 /// answer is the one among them that the worker mask lies on, and `None` on a host of one node
 /// or a mask that spans several (no single node to prefer).
-pub fn scope_memory_node(
+pub fn worker_memory_node(
     memory_nodes: &[(usize, CpuMask)],
     worker_mask: &CpuMask,
 ) -> Option<usize> {
@@ -213,16 +213,16 @@ mod tests {
     }
 
     #[test]
-    fn a_scopes_caller_prefers_the_one_node_the_worker_mask_lies_on() {
+    fn a_workers_memory_node_is_the_one_node_the_worker_mask_lies_on() {
         let m = |l: &str| CpuMask::parse_list(l).unwrap();
         let two = [(0, m("0-1")), (1, m("2-3"))];
-        assert_eq!(scope_memory_node(&two, &m("2-3")), Some(1));
-        assert_eq!(scope_memory_node(&two, &m("3")), Some(1));
-        assert_eq!(scope_memory_node(&two, &m("1-2")), None, "spans two nodes");
-        assert_eq!(scope_memory_node(&two, &CpuMask::default()), None);
-        assert_eq!(scope_memory_node(&two[..1], &m("0-1")), None, "one node");
+        assert_eq!(worker_memory_node(&two, &m("2-3")), Some(1));
+        assert_eq!(worker_memory_node(&two, &m("3")), Some(1));
+        assert_eq!(worker_memory_node(&two, &m("1-2")), None, "spans two nodes");
+        assert_eq!(worker_memory_node(&two, &CpuMask::default()), None);
+        assert_eq!(worker_memory_node(&two[..1], &m("0-1")), None, "one node");
         // A memory-only node has no CPUs: never the one the mask lies on.
         let gb200 = [(0, m("0-3")), (1, CpuMask::default())];
-        assert_eq!(scope_memory_node(&gb200, &m("0-3")), Some(0));
+        assert_eq!(worker_memory_node(&gb200, &m("0-3")), Some(0));
     }
 }

@@ -212,6 +212,15 @@ impl Topology {
         self.nodes.iter().find(|n| n.id == id)
     }
 
+    /// The nodes with CPUs, each with its CPUs (a GPU's memory node in NUMA mode has none).
+    pub fn nodes_with_cpus(&self) -> Vec<(usize, CpuMask)> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.cpus.is_empty())
+            .map(|n| (n.id, n.cpus.clone()))
+            .collect()
+    }
+
     pub fn node_of_cpu(&self, cpu: usize) -> Option<usize> {
         self.nodes
             .iter()

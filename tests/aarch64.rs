@@ -516,23 +516,19 @@ fn a_pin_equal_to_the_worker_mask_is_explicit_in_ps_and_survives_release() {
 
 // ---- Roles, placement, leases, restoration ------------------------------------------------
 
-/// A worker's threads during a lease are workers on the GPU-local set, the main thread a host
-/// on every CPU; a thread made with an attribute mask keeps it (`explicit`) through a second
-/// configure, the release and a configure after it; the release restores the rest. The
-/// library's table lists every live thread but qemu's own.
-#[test]
-fn roles_leases_and_restoration_as_on_x86_64() {
-    common::leases::check_explicit_masks_through_leases(require!(arm64()));
-}
-
-/// The C population of the x86_64 tier (tests/programs/population.c, its worker-libs thread
-/// started in a stand-in libnccl): before configure nobody moved and the libnccl thread is
-/// already a worker; configure pins the worker, its descendants and the libnccl threads, the
-/// hosts keep every CPU; a second configure changes nothing and says nothing; the last release
-/// restores every mask; a worker born after it is born on the restored mask.
-#[test]
-fn the_c_population_as_on_x86_64() {
-    common::leases::check_c_population(require!(arm64()));
+tier_tests! {
+    arm64();
+    /// A worker's threads during a lease are workers on the GPU-local set, the main thread a host
+    /// on every CPU; a thread made with an attribute mask keeps it (`explicit`) through a second
+    /// configure, the release and a configure after it; the release restores the rest. The
+    /// library's table lists every live thread but qemu's own.
+    roles_leases_and_restoration_as_on_x86_64: common::leases::check_explicit_masks_through_leases;
+    /// The C population of the x86_64 tier (tests/programs/population.c, its worker-libs thread
+    /// started in a stand-in libnccl): before configure nobody moved and the libnccl thread is
+    /// already a worker; configure pins the worker, its descendants and the libnccl threads, the
+    /// hosts keep every CPU; a second configure changes nothing and says nothing; the last release
+    /// restores every mask; a worker born after it is born on the restored mask.
+    the_c_population_as_on_x86_64: common::leases::check_c_population;
 }
 
 /// Real Python threads of the root filesystem's interpreter (tests/programs/host_and_worker.py):
@@ -557,31 +553,21 @@ fn python_host_and_worker_threads_as_on_x86_64() {
 // new image is a new qemu, with an RCU thread of its own, which the checks account for as
 // before ([`QemuThread::among`]).
 
-/// Threads ending by return, `pthread_exit`, cancellation and detached, from a host and from a
-/// worker during a lease: the registry equals the live threads, as on x86_64, and the process
-/// ends well. The aarch64 library, as the wheel links it, once crashed the process at the first
-/// `pthread_exit` (its thread-start frame's personality routine, called by libgcc_s's forced
-/// unwind, ran LLVM's unwinder on libgcc_s's context).
-#[test]
-fn every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads() {
-    let a = require!(arm64());
-    fork_exec::check_every_way_out(a);
-}
-
-/// A fork from the host main thread and from a worker thread during a lease: each child's
-/// registry holds only the forking thread, with its role, as on x86_64 (tests/lifecycle.rs).
-#[test]
-fn a_fork_child_holds_only_the_forking_thread_with_its_role() {
-    let a = require!(arm64());
-    fork_exec::check_fork_children(a);
-}
-
-/// exec during a lease from the main thread and from a worker: the new image starts clean; its
-/// live threads are its main thread, the one it makes and the new qemu's own.
-#[test]
-fn exec_starts_the_new_image_clean() {
-    let a = require!(arm64());
-    fork_exec::check_exec(a);
+tier_tests! {
+    arm64();
+    /// Threads ending by return, `pthread_exit`, cancellation and detached, from a host and from a
+    /// worker during a lease: the registry equals the live threads, as on x86_64, and the process
+    /// ends well. The aarch64 library, as the wheel links it, once crashed the process at the first
+    /// `pthread_exit` (its thread-start frame's personality routine, called by libgcc_s's forced
+    /// unwind, ran LLVM's unwinder on libgcc_s's context).
+    every_way_out_of_a_thread_leaves_the_registry_equal_to_the_live_threads:
+        fork_exec::check_every_way_out;
+    /// A fork from the host main thread and from a worker thread during a lease: each child's
+    /// registry holds only the forking thread, with its role, as on x86_64 (tests/lifecycle.rs).
+    a_fork_child_holds_only_the_forking_thread_with_its_role: fork_exec::check_fork_children;
+    /// exec during a lease from the main thread and from a worker: the new image starts clean; its
+    /// live threads are its main thread, the one it makes and the new qemu's own.
+    exec_starts_the_new_image_clean: fork_exec::check_exec;
 }
 
 // ---- Not in this tier: fork storms --------------------------------------------------------
@@ -595,34 +581,17 @@ fn exec_starts_the_new_image_clean() {
 
 // ---- Bad input (tests/common/bad_input.rs) -----------------------------------------------
 
-#[test]
-fn malformed_load_time_variables_give_one_line_and_the_program_runs_on() {
-    let a = require!(arm64());
-    bad_input::check_malformed_load_time_variables(a);
-}
-
-#[test]
-fn malformed_configure_time_variables_give_one_line_and_an_errno() {
-    let a = require!(arm64());
-    bad_input::check_malformed_configure_time_variables(a);
-}
-
-#[test]
-fn a_malformed_gpu_is_refused_at_load_even_when_nothing_needs_it() {
-    let a = require!(arm64());
-    bad_input::check_malformed_gpu_refused_at_load(a);
-}
-
-#[test]
-fn every_valid_gpu_form_is_accepted_at_load_and_used_by_configure() {
-    let a = require!(arm64());
-    bad_input::check_every_valid_gpu_form(a);
-}
-
-#[test]
-fn a_repeated_empty_configure_warns_once() {
-    let a = require!(arm64());
-    bad_input::check_repeated_empty_configure(a);
+tier_tests! {
+    arm64();
+    malformed_load_time_variables_give_one_line_and_the_program_runs_on:
+        bad_input::check_malformed_load_time_variables;
+    malformed_configure_time_variables_give_one_line_and_an_errno:
+        bad_input::check_malformed_configure_time_variables;
+    a_malformed_gpu_is_refused_at_load_even_when_nothing_needs_it:
+        bad_input::check_malformed_gpu_refused_at_load;
+    every_valid_gpu_form_is_accepted_at_load_and_used_by_configure:
+        bad_input::check_every_valid_gpu_form;
+    a_repeated_empty_configure_warns_once: bad_input::check_repeated_empty_configure;
 }
 
 // ---- The four shared-process deployments (tests/common/deployments.rs) ---------------------

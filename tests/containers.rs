@@ -48,12 +48,7 @@ fn container_tools() -> Result<(), String> {
 }
 
 fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    output_text(out)
 }
 
 /// A CDI spec written by `tllm-affinity cdi --name <unique>` into /var/run/cdi, removed on drop.
@@ -807,19 +802,27 @@ fn the_users_policy_variables_decide_inside_the_container() {
     }
 }
 
-/// `tllm-affinity ps <host pid>` on the host shows a containerised process's roles: its table
-/// is in the container's own /dev/shm, under its pid in its own namespace, with its own tids;
-/// `tllm-affinity ps` without a PID lists it under its host pid.
-#[test]
-fn ps_on_the_host_shows_the_roles_of_a_containerised_process() {
-    let glibc = require!(Glibc::new("ps", "a worker set narrower than the host"));
-    let name = container_name("ps");
+/// The population (tests/programs/population.c) started in a container of its own, named after
+/// `case`, and configured: the container's library and host, the run, the process's host pid and
+/// the phase after its configure.
+fn configured_in_container(case: &str) -> Result<(Glibc, Driver, u32, Phase), String> {
+    let glibc = Glibc::new(case, "a worker set narrower than the host")?;
+    let name = container_name(case);
     let in_container = population_in_container(&glibc.device, &glibc.sysfs, &name, &[], &[]);
     let mut run = Driver::spawn(in_container, LIMIT);
     run.line("PHASE ");
     let pid = host_pid(&name);
     run.proceed();
     let configured = container_phase(&mut run, pid);
+    Ok((glibc, run, pid, configured))
+}
+
+/// `tllm-affinity ps <host pid>` on the host shows a containerised process's roles: its table
+/// is in the container's own /dev/shm, under its pid in its own namespace, with its own tids;
+/// `tllm-affinity ps` without a PID lists it under its host pid.
+#[test]
+fn ps_on_the_host_shows_the_roles_of_a_containerised_process() {
+    let (glibc, run, pid, configured) = require!(configured_in_container("ps"));
     let out = clean(cli())
         .args(["ps", "--json", &pid.to_string()])
         .output()
@@ -1082,44 +1085,23 @@ fn the_zero_code_fixture_runs_unmodified_in_a_container() {
 /// believed, every run ends in time, and afterwards the roles show.
 #[test]
 fn ps_on_the_host_follows_no_link_planted_in_a_containers_root() {
-    let glibc = require!(Glibc::new("psswap", "a worker set narrower than the host"));
-    let name = container_name("psswap");
-    let in_container = population_in_container(&glibc.device, &glibc.sysfs, &name, &[], &[]);
-    let mut run = Driver::spawn(in_container, LIMIT);
-    run.line("PHASE ");
-    let pid = host_pid(&name);
-    run.proceed();
-    let configured = container_phase(&mut run, pid);
+    let (_glibc, run, pid, configured) = require!(configured_in_container("psswap"));
     let namespace_tids: Vec<i32> = (1..=256).collect();
     let shm = PathBuf::from(format!("/proc/{pid}/root/dev/shm"));
     let namespace =
         tllm_affinity_core::threadtable::pid_namespace(Path::new(&format!("/proc/{pid}"))).unwrap();
     let table = shm.join(tllm_affinity_core::threadtable::file_name(1, namespace));
     assert!(table.exists(), "{}", table.display());
-    let theirs = |what: &str| table.with_extension(what);
-    let (keep, fifo, sparse) = (theirs("keep"), theirs("fifo"), theirs("sparse"));
-    mkfifo(&fifo, 0o644);
-    std::fs::File::create(&sparse)
-        .unwrap()
-        .set_len(1 << 40)
-        .unwrap();
-    let host_dir = tempfile::tempdir().unwrap();
-    let device = host_dir.path().join("device");
-    device_node(&device);
-    let held = host_dir.path().join("held-fifo");
-    mkfifo(&held, 0o666);
-    let forged = host_dir.path().join("forged-table");
+    let t = SwapTargets::plant(&table, None);
+    let forged = t.held_dir.path().join("forged-table");
     forge_as(&forged, 1, pid, &namespace_tids);
-    let watch = OpenWatch::new(&[&fifo, &sparse, &device, &held, &forged]);
-    let mut swap = Command::new(Program::c("table_swapper").build());
-    swap.arg(&table)
-        .arg(&keep)
-        .arg(&fifo)
-        .arg(&sparse)
-        .arg(&device)
-        .arg(&held)
-        .arg(&forged)
-        .arg("5");
+    let [fifo, sparse, device, held] = t.never_opened();
+    let watch = OpenWatch::new(&[fifo, sparse, device, held, &forged]);
+    let swap = t.swapper(
+        Command::new(Program::c("table_swapper").build()),
+        &forged,
+        "5",
+    );
     let mut swapping = Driver::spawn(swap, LIMIT);
     let ps = |args: &[&str]| -> Value {
         let mut cmd = clean(cli());
@@ -1129,30 +1111,11 @@ fn ps_on_the_host_follows_no_link_planted_in_a_containers_root() {
         serde_json::from_str(&out.stdout).unwrap()
     };
     let pid_arg = pid.to_string();
-    let mut runs = 0;
-    while !swapping.exited_within(Duration::ZERO) {
-        let one = ps(&[&pid_arg]);
-        for t in one["threads"].as_array().unwrap() {
-            assert_ne!(
-                t["placement"], "result",
-                "the forged table was believed: {one}"
-            );
-        }
-        let host = ps(&[]);
-        if let Some(row) = host["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["pid"] == pid)
-        {
-            assert!(row["threads"].get("result").is_none(), "{row}");
-        }
-        runs += 1;
-    }
+    let runs = ps_while_swapping(&mut swapping, pid, ps);
     let swapped = swapping.finish();
     let opens = watch.opens();
-    let _ = std::fs::remove_file(&fifo);
-    let _ = std::fs::remove_file(&sparse);
+    let _ = std::fs::remove_file(&t.fifo);
+    let _ = std::fs::remove_file(&t.sparse);
     assert!(swapped.status.success(), "{}", swapped.stderr);
     assert_eq!(
         opens,

@@ -17,8 +17,11 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// The masks of the simulated host (GPU 0's local set, GPU 1's the other node's); the error
 /// (for `require!`) on a host with one CPU.
-fn cpus(sysfs: &Sysfs) -> Result<HostCpus, String> {
-    sysfs.cpus("two GPUs with different local CPUs")
+/// A two-node host whose two GPUs have different local CPUs, and its CPUs.
+fn two_gpus_host() -> Result<(Sysfs, HostCpus), String> {
+    let sysfs = Sysfs::two_nodes();
+    let cpus = sysfs.cpus("two GPUs with different local CPUs")?;
+    Ok((sysfs, cpus))
 }
 
 fn follow_cmd(sysfs: &Sysfs, steps: &[&str]) -> Command {
@@ -56,8 +59,7 @@ fn run_steps(cmd: Command, steps: usize) -> (Vec<Phase>, String) {
 /// says "retargeting" for each move, and never "constrained".
 #[test]
 fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
+    let (sysfs, c) = require!(two_gpus_host());
     let steps = [
         "set:CUDA_VISIBLE_DEVICES=1",
         "set:CUDA_VISIBLE_DEVICES=1,0",
@@ -94,8 +96,7 @@ fn a_dedicated_worker_follows_the_device_variables_set_after_load() {
 /// own hands: a later assignment moves nothing (the masks are restored and stay so).
 #[test]
 fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
+    let (sysfs, c) = require!(two_gpus_host());
     let steps = ["release", "set:CUDA_VISIBLE_DEVICES=1"];
     let mut cmd = follow_cmd(&sysfs, &steps);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
@@ -127,8 +128,7 @@ fn a_dedicated_worker_that_released_its_lease_no_longer_follows() {
 /// here (the program chose its device by calling configure), and host threads never move.
 #[test]
 fn configure_reads_the_device_variables_as_they_are_at_the_call() {
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
+    let (sysfs, c) = require!(two_gpus_host());
     let steps = [
         "set:CUDA_VISIBLE_DEVICES=1",
         "configure:-1",
@@ -162,8 +162,7 @@ fn configure_reads_the_device_variables_as_they_are_at_the_call() {
 /// threads). A failing `setenv`/`unsetenv` keeps its return code and `errno` (EINVAL).
 #[test]
 fn a_vfork_child_setting_the_variables_moves_nothing_and_errno_passes_through() {
-    let sysfs = Sysfs::two_nodes();
-    let c = require!(cpus(&sysfs));
+    let (sysfs, c) = require!(two_gpus_host());
     let mut cmd = preloaded(Program::c("dv_vfork").build(), &sysfs);
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
     let mut run = Driver::spawn(cmd, LIMIT);

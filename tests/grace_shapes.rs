@@ -130,19 +130,9 @@ impl Written {
     }
 
     fn cli_json(&self, args: &[&str], env: &[(&str, &str)]) -> Value {
-        let out = self
-            .command(cli())
-            .args(args)
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
+        println!("{}: {args:?}", self.shape.name);
+        let out = succeeded(self.command(cli()).args(args).envs(env.iter().copied()));
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}: {args:?}: {text}{}",
-            self.shape.name,
-            String::from_utf8_lossy(&out.stderr)
-        );
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
     }
 

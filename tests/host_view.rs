@@ -31,18 +31,12 @@ impl Drop for GivenAway {
 }
 
 fn ps(host: &Sysfs, extra: &[&str]) -> Output {
-    let out = clean(cli())
-        .args(["ps", "--sysfs-root"])
-        .arg(host.path())
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    succeeded(
+        clean(cli())
+            .args(["ps", "--sysfs-root"])
+            .arg(host.path())
+            .args(extra),
+    )
 }
 
 fn text(host: &Sysfs) -> String {
@@ -65,22 +59,11 @@ fn process(v: &Value, pid: u32) -> &Value {
 fn flags_naming(v: &Value, kind: &str, pids: &[u32]) -> Vec<Value> {
     let mut wanted: Vec<u32> = pids.to_vec();
     wanted.sort_unstable();
-    v["flags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["kind"] == kind)
-        .filter(|f| {
-            let mut named: Vec<u32> = f["pids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_u64().unwrap() as u32)
-                .collect();
+    flags_of_kind(v, kind)
+        .filter_map(|(f, mut named)| {
             named.sort_unstable();
-            named == wanted
+            (named == wanted).then(|| f.clone())
         })
-        .cloned()
         .collect()
 }
 

@@ -28,6 +28,15 @@ fn start(sysfs: &Sysfs, args: &[&str], limit: Duration) -> Driver {
     Driver::spawn(cmd, limit)
 }
 
+/// [`start`] on a two-node host with a worker mask narrower than the host's, within [`LIMIT`]:
+/// the host (to outlive the run), its CPUs and the run.
+fn started(args: &[&str]) -> Result<(Sysfs, HostCpus, Driver), String> {
+    let sysfs = Sysfs::two_nodes();
+    let cpus = all_and_local(&sysfs)?;
+    let run = start(&sysfs, args, LIMIT);
+    Ok((sysfs, cpus, run))
+}
+
 /// The thread an exiting worker created (from a destructor): a worker on the worker mask
 /// while the lease is open, as its creator was.
 fn orphan_is_a_worker(configured: &Phase, local: &str) {
@@ -59,9 +68,7 @@ fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
 /// `worker`, not `explicit`) and the last release restores it.
 #[test]
 fn vfork_and_clone_vm_children_leave_their_parent_as_it_was() {
-    let sysfs = Sysfs::two_nodes();
-    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
-    let mut run = start(&sysfs, &["vfork"], LIMIT);
+    let (_sysfs, HostCpus { all, local, .. }, mut run) = require!(started(&["vfork"]));
     let report = run.report("children");
     let children = run.phase();
     let w = children.thread("W").tid;
@@ -95,9 +102,7 @@ fn a_chain_of_short_lived_threads_keeps_memory_bounded() {
 /// them the launch mask back; a thread that was there before the lease is untouched.
 #[test]
 fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
-    let sysfs = Sysfs::two_nodes();
-    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
-    let mut run = start(&sysfs, &["glibc"], LIMIT);
+    let (_sysfs, HostCpus { all, local, .. }, mut run) = require!(started(&["glibc"]));
     let unnamed = run.line("UNNAMED");
     let configured = run.phase();
     let helpers: Vec<&str> = configured
@@ -127,9 +132,7 @@ fn glibc_helper_threads_born_on_the_worker_mask_get_the_launch_mask_back() {
 /// mask during the lease and on its own mask after the release.
 #[test]
 fn a_timers_callback_runs_with_its_creators_role_not_glibcs_helpers() {
-    let sysfs = Sysfs::two_nodes();
-    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
-    let mut run = start(&sysfs, &["timers"], LIMIT);
+    let (_sysfs, HostCpus { all, local, .. }, mut run) = require!(started(&["timers"]));
     let line = run.line("TIMERS");
     run.succeed();
     assert_eq!(field(&line, "worker"), local, "{line}");
@@ -147,9 +150,7 @@ fn a_timers_callback_runs_with_its_creators_role_not_glibcs_helpers() {
 /// worker mask, and the last release restores it.
 #[test]
 fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
-    let sysfs = Sysfs::two_nodes();
-    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
-    let mut run = start(&sysfs, &["tsd"], LIMIT);
+    let (_sysfs, HostCpus { all, local, .. }, mut run) = require!(started(&["tsd"]));
     let configured = run.phase();
     orphan_is_a_worker(&configured, &local);
     run.proceed();
@@ -164,9 +165,7 @@ fn a_thread_created_from_a_tsd_destructor_is_its_exiting_creators_child() {
 /// last release), and unregistered once it is gone (the registry holds the live threads alone).
 #[test]
 fn a_thread_created_from_a_thread_local_destructor_is_its_exiting_creators_child() {
-    let sysfs = Sysfs::two_nodes();
-    let HostCpus { all, local, .. } = require!(all_and_local(&sysfs));
-    let mut run = start(&sysfs, &["tlsdtor"], LIMIT);
+    let (_sysfs, HostCpus { all, local, .. }, mut run) = require!(started(&["tlsdtor"]));
     let exited = run.after("EXITED ");
     let (tid, role) = exited.split_once(" role=").unwrap();
     assert!(

@@ -180,20 +180,24 @@ fn the_report_belongs_to_the_program_not_its_wrapper() {
     assert!(report.exists());
 }
 
-/// `fork_without_handlers <mode>` under the library: its child is made by `_Fork()`.
-fn without_handlers(sysfs: &Sysfs, mode: &str) -> Driver {
-    let mut cmd = preloaded(Program::c("fork_without_handlers").build(), sysfs);
+/// `fork_without_handlers <mode>` under the library on a two-node host (which it returns, to
+/// outlive the run), its table in `/dev/shm`: its child is made by `_Fork()`.
+fn without_handlers(mode: &str) -> Result<(Sysfs, Driver), String> {
+    if !Path::new("/dev/shm").is_dir() {
+        return Err("/dev/shm".into());
+    }
+    let sysfs = Sysfs::two_nodes();
+    let mut cmd = preloaded(Program::c("fork_without_handlers").build(), &sysfs);
     cmd.arg(mode);
-    Driver::spawn(cmd, LIMIT)
+    let run = Driver::spawn(cmd, LIMIT);
+    Ok((sysfs, run))
 }
 
 /// A child made by `_Fork()` (no fork handlers) that exits through `exit()` runs the exit
 /// handlers it inherited: the parent's thread table stays.
 #[test]
 fn a_child_that_skipped_the_fork_handlers_leaves_the_parents_table() {
-    let sysfs = Sysfs::two_nodes();
-    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    let mut run = without_handlers(&sysfs, "exit");
+    let (_sysfs, mut run) = require!(without_handlers("exit"));
     let line = run.line("TABLE");
     says(&line, &["before=1", "after=1"]);
     run.succeed();
@@ -203,9 +207,7 @@ fn a_child_that_skipped_the_fork_handlers_leaves_the_parents_table() {
 /// in no record of the parent's table, which the child still has mapped.
 #[test]
 fn a_child_that_skipped_the_fork_handlers_never_writes_the_parents_table() {
-    let sysfs = Sysfs::two_nodes();
-    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    let mut run = without_handlers(&sysfs, "thread");
+    let (_sysfs, mut run) = require!(without_handlers("thread"));
     let child = run.line("CHILD");
     let child_thread: i32 = child.split_whitespace().nth(2).unwrap().parse().unwrap();
     let table = run.line("TABLE");

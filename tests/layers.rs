@@ -1,8 +1,9 @@
-//! The layers, read from the sources (issues 16, 30): no core module names the engine, no top-level
-//! modules depend on each other in a cycle, no file of the engine names another round a cycle,
-//! `unsafe` is allowed only on the modules `src/lib.rs` lists for it, and the CLI crate (`cli/`,
-//! which the compiler already keeps the core from naming) names the core but never the engine,
-//! and has no `unsafe`.
+//! The layers, read from the sources (issues 16, 30, 49): no core module names the engine, no
+//! top-level modules depend on each other in a cycle, no file of the engine names another round a
+//! cycle, `unsafe` is allowed only on the modules `src/lib.rs` lists for it, the CLI crate
+//! (`cli/`, which the compiler already keeps the core from naming) names the core but never the
+//! engine, has no `unsafe` and no cycle among its modules, and the Python package (`python/`)
+//! imports round no cycle.
 //!
 //! A module's dependencies are the `crate::<module>` paths its code names, over its file and, for
 //! a directory module, every file under it; inside the engine, a file's are the `super::<file>`
@@ -116,12 +117,13 @@ fn named_after(code: &str, prefix: &str) -> BTreeSet<String> {
     names
 }
 
-fn rust_files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+/// The files named `*.<extension>` under `dir`, at any depth.
+fn files_under(dir: &Path, extension: &str, out: &mut Vec<PathBuf>) {
     for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            rust_files_under(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            files_under(&path, extension, out);
+        } else if path.extension().is_some_and(|e| e == extension) {
             out.push(path);
         }
     }
@@ -129,13 +131,20 @@ fn rust_files_under(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The top-level modules `lib.rs` declares, each with the text of all its files.
 fn modules(src: &Path) -> BTreeMap<String, String> {
-    let lib = fs::read_to_string(src.join("lib.rs")).expect("src/lib.rs");
+    modules_declared_in(src, "lib.rs")
+}
+
+/// The top-level modules the crate root `root` (`lib.rs`, `main.rs`) declares in files of their
+/// own, each with the text of all its files.
+fn modules_declared_in(src: &Path, root: &str) -> BTreeMap<String, String> {
+    let lib = fs::read_to_string(src.join(root)).unwrap_or_else(|e| panic!("{root}: {e}"));
     let mut found = BTreeMap::new();
     for line in lib.lines() {
         let Some(name) = line
             .trim()
             .strip_prefix("pub mod ")
             .or(line.trim().strip_prefix("mod "))
+            .filter(|declared| declared.ends_with(';'))
         else {
             continue;
         };
@@ -146,11 +155,11 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
             files.push(file);
         }
         if src.join(&name).is_dir() {
-            rust_files_under(&src.join(&name), &mut files);
+            files_under(&src.join(&name), "rs", &mut files);
         }
         assert!(
             !files.is_empty(),
-            "lib.rs declares {name}, which has no file"
+            "{root} declares {name}, which has no file"
         );
         let text = files
             .iter()
@@ -299,7 +308,7 @@ fn violations(src: &Path) -> Vec<String> {
         }
     }
     let mut files = Vec::new();
-    rust_files_under(src, &mut files);
+    files_under(src, "rs", &mut files);
     for file in files.iter().filter(|f| !f.ends_with("lib.rs")) {
         let text = code_of(&fs::read_to_string(file).unwrap());
         if text.contains("allow(unsafe_code)") {
@@ -346,7 +355,7 @@ fn the_layers_hold_in_this_crates_sources() {
 fn the_cli_crate_names_the_core_not_the_engine_and_allows_no_unsafe() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("cli/src");
     let mut files = Vec::new();
-    rust_files_under(&src, &mut files);
+    files_under(&src, "rs", &mut files);
     assert!(files.len() > 3, "{files:?}");
     let mut found = Vec::new();
     for file in &files {
@@ -363,6 +372,178 @@ fn the_cli_crate_names_the_core_not_the_engine_and_allows_no_unsafe() {
         found.push("cli/src/main.rs does not deny unsafe_code".into());
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// The CLI's modules name each other without a cycle: what two subcommands share (the drawing,
+/// the reading of a process) lives in a module both name, never in one of them.
+#[test]
+fn the_cli_modules_name_each_other_without_a_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("cli/src");
+    let graph = graph(&modules_declared_in(&src, "main.rs"));
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("CLI import cycle: {}\n{graph:#?}", cycle.join(" -> "));
+    }
+    // The arrows this test was written for are read, not assumed.
+    assert!(graph["host"].contains("ps"), "{graph:#?}");
+    assert!(graph["ps"].contains("draw"), "{graph:#?}");
+}
+
+/// A Python module's name from its path under the package root: `a/b.py` is `a.b`, a package's
+/// `a/__init__.py` is `a`.
+fn python_module_name(relative: &Path) -> String {
+    let mut parts: Vec<String> = relative
+        .with_extension("")
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "__init__") {
+        parts.pop();
+    }
+    parts.join(".")
+}
+
+/// Python code without its comments and triple-quoted strings (docstrings show imports as
+/// examples; they import nothing).
+fn python_code_of(text: &str) -> String {
+    let mut code = String::new();
+    let mut rest = text;
+    loop {
+        let next = ["\"\"\"", "'''"]
+            .iter()
+            .filter_map(|q| rest.find(q).map(|at| (at, *q)))
+            .min();
+        let Some((at, quote)) = next else {
+            code.push_str(rest);
+            break;
+        };
+        code.push_str(&rest[..at]);
+        let after = &rest[at + 3..];
+        rest = after.find(quote).map_or("", |end| &after[end + 3..]);
+    }
+    code.lines()
+        .map(|line| line.split('#').next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The modules of the Python sources under `root` (every `.py` file), each with the modules of
+/// the same sources it imports, at the top or inside a function: `import a.b`, `from a import
+/// b` (the module `a.b` when there is one, else `a`) and the relative `from .b import c`.
+fn python_graph(root: &Path) -> Graph {
+    let mut files = Vec::new();
+    files_under(root, "py", &mut files);
+    let texts: BTreeMap<String, (bool, String)> = files
+        .iter()
+        .map(|f| {
+            let relative = f.strip_prefix(root).unwrap();
+            let is_package = f.ends_with("__init__.py");
+            let text = python_code_of(&fs::read_to_string(f).unwrap());
+            (python_module_name(relative), (is_package, text))
+        })
+        .collect();
+    // The known module a dotted name stands for: itself, else its longest known prefix.
+    let known = |dotted: &str| -> Option<String> {
+        let mut name = dotted.to_string();
+        loop {
+            if texts.contains_key(&name) {
+                return Some(name);
+            }
+            name.truncate(name.rfind('.')?);
+        }
+    };
+    texts
+        .iter()
+        .map(|(module, (is_package, code))| {
+            let mut deps = BTreeSet::new();
+            // Joined lines: `from a import (b,\n c)` is one statement.
+            let code = code.replace("(\n", "(").replace(",\n", ",");
+            for line in code.lines().map(str::trim) {
+                if let Some(names) = line.strip_prefix("import ") {
+                    for name in names.split(',') {
+                        let name = name.split_whitespace().next().unwrap_or("");
+                        deps.extend(known(name));
+                    }
+                } else if let Some(rest) = line.strip_prefix("from ") {
+                    let Some((from, names)) = rest.split_once(" import ") else {
+                        continue;
+                    };
+                    let dots = from.len() - from.trim_start_matches('.').len();
+                    let from = if dots == 0 {
+                        from.to_string()
+                    } else {
+                        // `.` is this module's package (the module itself when it is one).
+                        let mut base: Vec<&str> = module.split('.').collect();
+                        let up = dots - usize::from(*is_package);
+                        base.truncate(base.len().saturating_sub(up));
+                        let tail = from.trim_start_matches('.');
+                        base.extend((!tail.is_empty()).then_some(tail));
+                        base.join(".")
+                    };
+                    let names = names.trim_matches(|c| c == '(' || c == ')' || c == ' ');
+                    for name in names.split(',') {
+                        let name = name.split_whitespace().next().unwrap_or("");
+                        deps.extend(known(&format!("{from}.{name}")));
+                    }
+                }
+            }
+            deps.remove(module);
+            (module.clone(), deps)
+        })
+        .collect()
+}
+
+/// The Python package and its start-up hook (`python/`) import round no cycle.
+#[test]
+fn the_python_modules_import_each_other_without_a_cycle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let graph = python_graph(&root);
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("Python import cycle: {}\n{graph:#?}", cycle.join(" -> "));
+    }
+    // The imports this test was written for are read, not assumed.
+    assert!(
+        graph["_tllm_affinity_hook"].contains("tllm_affinity.adapters.trtllm"),
+        "{graph:#?}"
+    );
+    assert!(
+        graph["tllm_affinity.adapters.trtllm"].contains("tllm_affinity"),
+        "{graph:#?}"
+    );
+}
+
+/// The Python reading finds a cycle through each way of importing, and none in a docstring.
+#[test]
+fn the_python_check_names_a_cycle() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    };
+    write("pkg/__init__.py", "from .sub import thing\n");
+    write("pkg/sub/__init__.py", "");
+    write(
+        "pkg/sub/thing.py",
+        "def f():\n    from .. import other  # lazy, still an arrow\n",
+    );
+    write(
+        "pkg/other.py",
+        "\"\"\"\nimport pkg.sub.thing\n\"\"\"\nimport os, pkg.sub as s\n",
+    );
+    write("top.py", "import pkg.other\n");
+    let graph = python_graph(dir.path());
+    assert_eq!(graph["pkg"], BTreeSet::from(["pkg.sub.thing".to_string()]));
+    assert_eq!(
+        graph["pkg.sub.thing"],
+        BTreeSet::from(["pkg.other".to_string()])
+    );
+    assert_eq!(graph["pkg.other"], BTreeSet::from(["pkg.sub".to_string()]));
+    assert!(find_cycle(&graph).is_none(), "{graph:#?}");
+    write("pkg/sub/__init__.py", "from pkg import other as o\n");
+    let graph = python_graph(dir.path());
+    let cycle = find_cycle(&graph).expect("a cycle");
+    assert_eq!(cycle.first(), cycle.last(), "{cycle:?}");
+    assert!(cycle.contains(&"pkg.sub".to_string()), "{cycle:?}");
 }
 
 #[test]

@@ -567,10 +567,8 @@ fn cuda_visible_devices_maps_configure_end_to_end() {
 fn a_child_that_moved_while_a_release_swept_is_born_as_if_after_it() {
     require!(two_cpus("a worker mask narrower than the host mask"));
     let sysfs = Sysfs::two_nodes();
-    let program = Program::c("birth_during_release").build();
-    let worker_lib = worker_library();
-    let mut cmd = preloaded(program, &sysfs);
-    cmd.arg(&worker_lib).args(["20", "1000"]);
+    let mut cmd = preloaded(Program::c("birth_during_release").build(), &sysfs);
+    cmd.arg(worker_library()).args(["20", "1000"]);
     let end = run_bounded(cmd, LIMIT);
     assert!(end.status.success(), "{:?}\n{}", end.status, end.stderr);
     says(&end.stdout, &["DONE"]);

@@ -343,16 +343,9 @@ fn expected(v: &Value, pid: u32) -> BTreeMap<String, BTreeMap<String, f64>> {
     }
     // The share off the workers' node, judged on the kernel's nodes with CPUs (whatever tree
     // the CPUs were read from), for workers on one of them.
-    let kernel: Vec<(usize, tllm_affinity_core::mask::CpuMask)> =
-        Topology::read(&SysfsRoot::new("/"))
-            .map(|t| {
-                t.nodes
-                    .into_iter()
-                    .filter(|n| !n.cpus.is_empty())
-                    .map(|n| (n.id, n.cpus))
-                    .collect()
-            })
-            .unwrap_or_default();
+    let kernel = Topology::read(&SysfsRoot::new("/"))
+        .map(|t| t.nodes_with_cpus())
+        .unwrap_or_default();
     let workers_on: Vec<usize> = kernel
         .iter()
         .filter(|(_, cpus)| !cpus.intersection(&workers).is_empty())
@@ -416,6 +409,16 @@ fn scraped(
 }
 
 /// The value of the one series `promql` gives, 0 for none.
+/// Prometheus's `value` against `in_ps`, what `ps --json` counts: equal, and at least 1.
+fn as_in_ps(value: Option<f64>, in_ps: f64) -> Result<(), String> {
+    let count = value.ok_or("Prometheus does not answer")?;
+    if count == in_ps && count >= 1.0 {
+        Ok(())
+    } else {
+        Err(format!("{count} in Prometheus, {in_ps} in ps --json"))
+    }
+}
+
 fn one_value(m: &Monitoring, promql: &str) -> Option<f64> {
     let samples = m.query(promql)?;
     assert!(samples.len() <= 1, "{promql}: {samples:?}");
@@ -424,18 +427,8 @@ fn one_value(m: &Monitoring, promql: &str) -> Option<f64> {
 
 /// The `ps --json` flags of `kind` that name only pids among `pids`.
 fn flags_among(v: &Value, kind: &str, pids: &[u32]) -> usize {
-    v["flags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["kind"] == kind)
-        .filter(|f| {
-            f["pids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|p| pids.contains(&(p.as_u64().unwrap() as u32)))
-        })
+    flags_of_kind(v, kind)
+        .filter(|(_, named)| named.iter().all(|p| pids.contains(p)))
         .count()
 }
 
@@ -465,10 +458,8 @@ fn promtool_accepts(text: &str) {
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool check metrics: {}\n{}{}\n{text}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        "promtool check metrics: {}\n{text}",
+        output_text(&out)
     );
 }
 
@@ -580,16 +571,13 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
                 .iter()
                 .filter(|f| f["kind"] == "workers-share-cpus")
                 .count() as f64;
-            let count = one_value(
-                &m,
-                &format!("tllm_affinity_flags{{job=\"{job}\",kind=\"workers-share-cpus\"}}"),
+            as_in_ps(
+                one_value(
+                    &m,
+                    &format!("tllm_affinity_flags{{job=\"{job}\",kind=\"workers-share-cpus\"}}"),
+                ),
+                on_host,
             )
-            .ok_or("Prometheus does not answer")?;
-            if count == on_host && count >= 1.0 {
-                Ok(())
-            } else {
-                Err(format!("{count} in Prometheus, {on_host} in ps --json"))
-            }
         });
         for (pid, n) in [
             (first.pid(), 1.0),
@@ -644,16 +632,13 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
             {
                 return Err(format!("ps --json has no line for {planted}: {v:#}"));
             }
-            let count = one_value(
-                &m,
-                &format!("tllm_affinity_tables_unreadable{{job=\"{job}\"}}"),
+            as_in_ps(
+                one_value(
+                    &m,
+                    &format!("tllm_affinity_tables_unreadable{{job=\"{job}\"}}"),
+                ),
+                lines,
             )
-            .ok_or("Prometheus does not answer")?;
-            if count == lines && count >= 1.0 {
-                Ok(())
-            } else {
-                Err(format!("{count} in Prometheus, {lines} in ps --json"))
-            }
         });
     }
     drop(unreadable);

@@ -42,6 +42,24 @@ impl RankPhase {
     }
 }
 
+/// Each progress thread on its role's set: a worker on `local`, a host on `all` (`what` names
+/// the case in the message).
+fn progress_on_their_roles_sets(
+    progress: &[(&String, &ThreadSeen)],
+    local: &str,
+    all: &str,
+    what: &str,
+) {
+    for (name, t) in progress {
+        let expected = if t.role == 1 { local } else { all };
+        assert_eq!(
+            t.mask.to_list(),
+            expected,
+            "{what}: progress thread {name} {t:?}"
+        );
+    }
+}
+
 /// A running `mpirun`: its ranks' PHASE lines arrive on stdout; a rank waits at each phase
 /// until the test creates the file of that name in the go directory.
 struct MpiRun {
@@ -327,6 +345,15 @@ fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
     [configured, released, rank1]
 }
 
+/// A two-node host for two ranks on two GPU-local sets: the host, every allowed CPU and GPU 0's
+/// local set, as lists.
+fn two_ranks_host() -> Result<(Sysfs, String, String), String> {
+    two_cpus("two ranks on two GPU-local sets")?;
+    let sysfs = Sysfs::two_nodes();
+    let local = local_of(&sysfs, 0);
+    Ok((sysfs, allowed_cpus().to_list(), local))
+}
+
 /// The multi-node leader: rank 0's main thread (MPI_Init), the session server thread and the
 /// second pool thread are host threads and keep the launch mask; rank 0's worker on pool0
 /// (configure(-1): local rank 0 → GPU 0) and its engine thread get GPU 0's set, and so do the
@@ -336,10 +363,7 @@ fn leader_launch(sysfs: &Sysfs, worker_libs: Option<&str>) -> [RankPhase; 3] {
 /// 0's masks back; rank 1 stays a dedicated worker on GPU 1's set.
 #[test]
 fn multi_node_leader_rank0_worker_on_a_pool_thread() {
-    require!(two_cpus("two ranks on two GPU-local sets"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = local_of(&sysfs, 0);
+    let (sysfs, all, local) = require!(two_ranks_host());
     let with_pmix = format!("{DEFAULT_WORKER_LIBS},libpmix*.so*");
     for libs in [None, Some(with_pmix.as_str())] {
         let [configured, released, rank1] = leader_launch(&sysfs, libs);
@@ -362,14 +386,7 @@ fn multi_node_leader_rank0_worker_on_a_pool_thread() {
         let progress = configured.progress();
         assert!(progress.len() >= 2, "{case}: {phase:?}");
         let workers: Vec<_> = progress.iter().filter(|(_, t)| t.role == 1).collect();
-        for (name, t) in &progress {
-            let expected = if t.role == 1 { &local } else { &all };
-            assert_eq!(
-                &t.mask.to_list(),
-                expected,
-                "{case}: progress thread {name} {t:?}"
-            );
-        }
+        progress_on_their_roles_sets(&progress, &local, &all, &case);
         let pmix_covered = libs.is_some() || DEFAULT_WORKER_LIBS.contains("libpmix");
         let expected_workers = if pmix_covered { progress.len() } else { 1 };
         assert_eq!(
@@ -389,10 +406,7 @@ fn multi_node_leader_rank0_worker_on_a_pool_thread() {
 /// libpmix exactly the other one, and an empty list none.
 #[test]
 fn open_mpi_progress_threads_start_in_open_pal_and_pmix() {
-    require!(two_cpus("two ranks on two GPU-local sets"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = local_of(&sysfs, 0);
+    let (sysfs, all, local) = require!(two_ranks_host());
     let mut found = BTreeMap::new();
     for libs in ["libopen-pal*.so*", "libpmix*.so*", ""] {
         let [configured, _, _] = leader_launch(&sysfs, Some(libs));
@@ -402,14 +416,12 @@ fn open_mpi_progress_threads_start_in_open_pal_and_pmix() {
             2,
             "Open MPI 4.1 starts two progress threads in MPI_Init: {progress:?}"
         );
-        for (name, t) in &progress {
-            let expected = if t.role == 1 { &local } else { &all };
-            assert_eq!(
-                &t.mask.to_list(),
-                expected,
-                "TLLM_AFFINITY_WORKER_LIBS={libs:?}: {name}"
-            );
-        }
+        progress_on_their_roles_sets(
+            &progress,
+            &local,
+            &all,
+            &format!("TLLM_AFFINITY_WORKER_LIBS={libs:?}"),
+        );
         let workers: Vec<String> = progress
             .iter()
             .filter(|(_, t)| t.role == 1)

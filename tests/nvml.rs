@@ -44,6 +44,12 @@ struct Host {
 }
 
 impl Host {
+    /// [`Host::new`] where this machine has the two CPUs its two NUMA nodes need.
+    fn on_two_cpus(driver: &[(&str, &str, bool)]) -> Result<Host, String> {
+        two_cpus("two NUMA nodes")?;
+        Ok(Host::new(driver))
+    }
+
     /// The 8-GPU host; `driver` lists these GPUs in /proc/driver/nvidia with their /dev node
     /// written when the flag is true.
     fn new(driver: &[(&str, &str, bool)]) -> Host {
@@ -114,18 +120,13 @@ impl Host {
 
     /// `tllm-affinity plan --gpu <gpu> --json` on this host, NVML as [`Host::command`] has it.
     fn plan(&self, gpu: usize, nvml: Option<(&str, &Path)>) -> serde_json::Value {
-        let out = self
-            .command(&cli(), nvml)
-            .args(["plan", "--gpu", &gpu.to_string(), "--json"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "plan: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(&text).unwrap()
+        let out = succeeded(self.command(&cli(), nvml).args([
+            "plan",
+            "--gpu",
+            &gpu.to_string(),
+            "--json",
+        ]));
+        serde_json::from_slice(&out.stdout).unwrap()
     }
 
     /// NVML answering `cmd` from `text` through the double in `lib_dir`.
@@ -225,8 +226,7 @@ fn no_nvml_lines(stderr: &str) -> Vec<&str> {
 
 #[test]
 fn container_cuda_numbers_follow_nvml_not_sysfs() {
-    require!(two_cpus("two NUMA nodes"));
-    let host = Host::new(&[]);
+    let host = require!(Host::on_two_cpus(&[]));
     let program = gpu_population();
     // sysfs alone (no NVML, no driver list): device 1 is sysfs's 2a, on node 0: the wrong
     // socket for the container's second GPU. This is what the library did before NVML.
@@ -244,8 +244,7 @@ fn container_cuda_numbers_follow_nvml_not_sysfs() {
 
 #[test]
 fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
-    require!(two_cpus("two NUMA nodes"));
-    let host = Host::new(&[]);
+    let host = require!(Host::on_two_cpus(&[]));
     let mut cmd = host.in_container(&gpu_population());
     // Full UUID first, then a unique prefix ("GPU-3a" names one GPU).
     cmd.env("CUDA_VISIBLE_DEVICES", format!("{UUID_BA},GPU-3a"));
@@ -259,8 +258,7 @@ fn uuids_and_uuid_prefixes_in_cuda_visible_devices() {
 
 #[test]
 fn mig_names_resolve_to_the_parent_gpu() {
-    require!(two_cpus("two NUMA nodes"));
-    let host = Host::new(&[]);
+    let host = require!(Host::on_two_cpus(&[]));
     let program = gpu_population();
     for cvd in [MIG_BA.to_string(), format!("MIG-{UUID_BA}/1/0")] {
         let mut cmd = host.in_container(&program);
@@ -354,8 +352,7 @@ fn nvml_failures_fall_back_to_the_driver_list_with_one_line() {
 /// NVML_ERROR_UNKNOWN; every handle NULL; one device's handle NULL and the other's fine.
 #[test]
 fn an_nvml_that_cannot_name_its_gpus_counts_as_no_nvml_with_one_warning() {
-    require!(two_cpus("two NUMA nodes"));
-    let host = Host::new(&[]);
+    let host = require!(Host::on_two_cpus(&[]));
     let lib = nvml_double(false);
     let program = gpu_population();
     let base = container_nvml();
@@ -466,8 +463,7 @@ fn nvml_loads_at_the_first_configure_not_at_load() {
 /// A fork child uses what its parent resolved; one forked before any configure asks NVML itself.
 #[test]
 fn fork_children_reuse_or_ask_nvml() {
-    require!(two_cpus("two NUMA nodes"));
-    let host = Host::new(&[]);
+    let host = require!(Host::on_two_cpus(&[]));
     let program = gpu_population();
     let mut cmd = host.in_container(&program);
     cmd.args(["0", "fork"]);
@@ -484,8 +480,7 @@ fn fork_children_reuse_or_ask_nvml() {
 
 #[test]
 fn a_dedicated_worker_resolves_without_nvml_at_load() {
-    require!(two_cpus("two NUMA nodes"));
-    let host = Host::new(&[("0000:ba:00.0", UUID_BA, true)]);
+    let host = require!(Host::on_two_cpus(&[("0000:ba:00.0", UUID_BA, true)]));
     let mut cmd = host.in_container(&gpu_population());
     cmd.env("TLLM_AFFINITY_PROCESS_ROLE", "worker");
     let (_, stderr) = population(cmd, &[]);
@@ -535,8 +530,7 @@ fn topo_names_its_source_and_the_container() {
 /// answered by the double, and `nvidia-smi` by a script printing `topo -m` as the real one does.
 #[test]
 fn device_check_script_against_the_double() {
-    require!(two_cpus("two NUMA nodes"));
-    let host = Host::new(&[]);
+    let host = require!(Host::on_two_cpus(&[]));
     let lib = nvml_double(false);
     let artifacts = tempfile::tempdir().unwrap();
     let a = artifacts.path();

@@ -510,13 +510,7 @@ fn python_dash_s_cannot_run_the_hook_and_the_library_says_so_once() {
 fn python_dash_e_without_the_package_installed_is_said_once_at_an_all_thread_pin() {
     let host = Sysfs::two_nodes();
     let bare = tempfile::tempdir().unwrap();
-    let venv = bare.path().join("venv");
-    let made = Command::new(python())
-        .args(["-m", "venv", "--without-pip"])
-        .arg(&venv)
-        .status()
-        .expect("python3 -m venv");
-    assert!(made.success(), "python3 -m venv --without-pip failed");
+    let venv = new_venv(bare.path(), &["--without-pip"]);
     let report = host.path().join("report.json");
     let code = [
         "import os, sys, threading",

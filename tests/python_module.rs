@@ -33,6 +33,12 @@ fn json_of(cmd: &mut Command) -> (Value, Output) {
     (value, out)
 }
 
+/// [`json_of`] `script` under the library on a two-node host of its own.
+fn json_on_two_nodes(script: &str, args: &[&str], vars: &[(&str, &str)]) -> (Value, Output) {
+    let host = Sysfs::two_nodes();
+    json_of(&mut preloaded_script(&host, script, args, vars))
+}
+
 fn all_cpus() -> Vec<usize> {
     allowed_cpus().iter().collect()
 }
@@ -105,13 +111,11 @@ fn pin_step_and_result_threads() {
     let cpus = all_cpus();
     assert!(cpus.len() >= 2, "this test needs two CPUs");
     let step_cpu = cpus[cpus.len() - 1].to_string();
-    let host = Sysfs::two_nodes();
-    let (v, _) = json_of(&mut preloaded_script(
-        &host,
+    let (v, _) = json_on_two_nodes(
         "py_api.py",
         &["step"],
         &[("TLLM_AFFINITY_STEP_CORE", &step_cpu)],
-    ));
+    );
     // Every simulated core has one thread: one CPU each, on two different cores.
     assert_eq!(v["step"]["rc"], 1, "{v}");
     assert_eq!(mask_of(&v["step"]["mask"]), mask(&step_cpu));
@@ -124,13 +128,11 @@ fn pin_step_and_result_threads() {
 
 #[test]
 fn a_passive_library_gives_an_inert_lease_and_a_warning() {
-    let host = Sysfs::two_nodes();
-    let (v, out) = json_of(&mut preloaded_script(
-        &host,
+    let (v, out) = json_on_two_nodes(
         "py_api.py",
         &["passive"],
         &[("TLLM_AFFINITY_POLICY", "bogus")],
-    ));
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     says(&stderr, &["TLLM_AFFINITY_POLICY='bogus' is not valid"]);
     assert_eq!(v["available"], true);
@@ -307,21 +309,16 @@ fn pip_installs_the_pure_python_package() {
         "pip install failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = clean(python())
-        .args([
-            "-c",
-            "import tllm_affinity, tllm_affinity.adapters.trtllm as t; \
-             print(tllm_affinity.__file__, tllm_affinity.available())",
-        ])
-        .env("PYTHONPATH", &target)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeded(
+        clean(python())
+            .args([
+                "-c",
+                "import tllm_affinity, tllm_affinity.adapters.trtllm as t; \
+                 print(tllm_affinity.__file__, tllm_affinity.available())",
+            ])
+            .env("PYTHONPATH", &target),
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.starts_with(target.to_str().unwrap()) && stdout.trim_end().ends_with("False"),
         "{stdout}"

@@ -31,6 +31,15 @@ fn named<'a>(phase: &'a Phase, prefix: &str) -> Vec<(&'a String, &'a ThreadSeen)
         .collect()
 }
 
+/// A two-node host for a worker set narrower than the host: the host, every allowed CPU and the
+/// GPU-local set (node 1), as lists.
+fn two_sets() -> Result<(Sysfs, String, String), String> {
+    two_cpus("a worker set narrower than the host")?;
+    let sysfs = Sysfs::two_nodes();
+    let local = sysfs.node1.to_list();
+    Ok((sysfs, allowed_cpus().to_list(), local))
+}
+
 /// The main thread serves HTTP; a worker thread imports numpy, configures, runs OpenMP and BLAS
 /// work, then releases. Host threads (the server, its per-request threads, the host's OpenMP
 /// pools, whether started before or during the lease) keep the original mask; the worker's
@@ -38,10 +47,7 @@ fn named<'a>(phase: &'a Phase, prefix: &str) -> Vec<(&'a String, &'a ThreadSeen)
 /// the worker's pool, reused after release, runs on the restored mask.
 #[test]
 fn http_server_with_openmp_and_openblas_worker() {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
+    let (sysfs, all, local) = require!(two_sets());
     let mut run = Driver::spawn(
         python_with_runtimes(&sysfs, "http_server_with_pools.py"),
         DEADLINE,
@@ -249,10 +255,7 @@ fn openblas_pool_imported_on_the_worker_thread() {
 /// restored at release. OPENBLAS_NUM_THREADS=1 starts no pool: BLAS runs on the calling thread.
 #[test]
 fn openblas_pool_imported_by_the_host() {
-    require!(two_cpus("a worker set narrower than the host"));
-    let sysfs = Sysfs::two_nodes();
-    let all = allowed_cpus().to_list();
-    let local = sysfs.node1.to_list();
+    let (sysfs, all, local) = require!(two_sets());
 
     let (blas, [before, configured, released], _) = blas_run(&sysfs, "host-first", &[]);
     assert!(blas >= 1);

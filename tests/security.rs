@@ -402,25 +402,12 @@ fn calls(args: &[&str], sysfs: &Sysfs) -> Command {
 }
 
 fn ps_json(pid: u32) -> serde_json::Value {
-    let out = clean(cli())
-        .args(["ps", &pid.to_string(), "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeded(clean(cli()).args(["ps", &pid.to_string(), "--json"]));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn roles(ps: &serde_json::Value) -> Vec<String> {
-    ps["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["role"].as_str().unwrap_or("-").to_string())
-        .collect()
+    ps_column(ps, "role")
 }
 
 /// The pid of the only child of `pid` (the program `unshare --fork` starts).

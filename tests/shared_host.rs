@@ -84,14 +84,26 @@ fn ps(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
 }
 
+/// What both swap tests need: `/dev/shm`, `setpriv` and the hostile user (its uid and gid), a
+/// two-node host the user may read, and the `calls` and `table_swapper` programs.
+fn swap_ready() -> Result<(u32, u32, Sysfs, PathBuf, PathBuf), String> {
+    if !Path::new("/dev/shm").is_dir() {
+        return Err("/dev/shm".into());
+    }
+    if !on_path("setpriv") {
+        return Err("`setpriv` on PATH".into());
+    }
+    let (uid, gid) = hostile_user()?;
+    let sysfs = Sysfs::two_nodes();
+    std::fs::set_permissions(sysfs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let calls = Program::c("calls").build();
+    let swapper = Program::c("table_swapper").build();
+    Ok((uid, gid, sysfs, calls, swapper))
+}
+
 /// The placements `ps PID --json` shows.
 fn placements(ps: &serde_json::Value) -> Vec<String> {
-    ps["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["placement"].as_str().unwrap_or("-").to_string())
-        .collect()
+    ps_column(ps, "placement")
 }
 
 /// The user's process (preloaded, a worker) and root's `ps` and host view in a loop while the
@@ -100,13 +112,7 @@ fn placements(ps: &serde_json::Value) -> Vec<String> {
 /// table is never believed, and once the swaps end `ps` shows the process's own roles.
 #[test]
 fn root_ps_holds_while_another_user_swaps_their_table() {
-    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    require!(on_path("setpriv"), "`setpriv` on PATH");
-    let (uid, gid) = require!(hostile_user());
-    let sysfs = Sysfs::two_nodes();
-    std::fs::set_permissions(sysfs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let calls = Program::c("calls").build();
-    let swapper = Program::c("table_swapper").build();
+    let (uid, gid, sysfs, calls, swapper) = require!(swap_ready());
     let mut victim_cmd = as_user(uid, gid, &calls);
     victim_cmd.args(["thread", "configure", "0", "wait"]);
     preload(&mut victim_cmd, &sysfs);
@@ -118,61 +124,16 @@ fn root_ps_holds_while_another_user_swaps_their_table() {
     // What the user plants, and what root holds for the user to aim at.
     let namespace = threadtable::pid_namespace(Path::new("/proc/self")).unwrap();
     let table = Path::new("/dev/shm").join(threadtable::file_name(pid, namespace));
-    let theirs = |what: &str| table.with_extension(what);
-    let (keep, fifo, sparse) = (theirs("keep"), theirs("fifo"), theirs("sparse"));
-    let tmp = PathBuf::from(format!("{}.tmp", table.display()));
-    let _left = RemoveAtEnd(vec![
-        table.clone(),
-        keep.clone(),
-        fifo.clone(),
-        sparse.clone(),
-        tmp,
-    ]);
-    mkfifo(&fifo, 0o644);
-    chown(&fifo, uid, gid);
-    let big = std::fs::File::create(&sparse).unwrap();
-    big.set_len(1 << 40).unwrap();
-    chown(&sparse, uid, gid);
-    let held_dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(held_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let device = held_dir.path().join("device");
-    device_node(&device);
-    let held = held_dir.path().join("held-fifo");
-    mkfifo(&held, 0o666);
-    let forged = held_dir.path().join("forged-table");
+    let _left = RemoveAtEnd::swapped(&table);
+    let t = SwapTargets::plant(&table, Some((uid, gid)));
+    let forged = t.held_dir.path().join("forged-table");
     forge(&forged, pid);
-    let watch = OpenWatch::new(&[&fifo, &sparse, &device, &held]);
+    let watch = OpenWatch::new(&t.never_opened());
 
-    let mut swap_cmd = as_user(uid, gid, &swapper);
-    swap_cmd
-        .arg(&table)
-        .arg(&keep)
-        .arg(&fifo)
-        .arg(&sparse)
-        .arg(&device)
-        .arg(&held)
-        .arg(&forged)
-        .arg(SWAP_SECONDS);
+    let swap_cmd = t.swapper(as_user(uid, gid, &swapper), &forged, SWAP_SECONDS);
     let mut swapping = Driver::spawn(swap_cmd, LIMIT);
+    let runs = ps_while_swapping(&mut swapping, pid, ps);
     let pid_arg = pid.to_string();
-    let mut runs = 0;
-    while !swapping.exited_within(Duration::ZERO) {
-        let one = ps(&[&pid_arg]);
-        assert!(
-            !placements(&one).contains(&"result".to_string()),
-            "the forged table was believed: {one}"
-        );
-        let host = ps(&[]);
-        let victim_row = host["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["pid"] == pid);
-        if let Some(row) = victim_row {
-            assert!(row["threads"].get("result").is_none(), "{row}");
-        }
-        runs += 1;
-    }
     let swapped = swapping.finish();
     assert!(swapped.status.success(), "{}", swapped.stderr);
     let opens = watch.opens();
@@ -186,8 +147,8 @@ fn root_ps_holds_while_another_user_swaps_their_table() {
     );
     assert!(runs >= 2, "ps ran {runs} times");
     assert_eq!(placements(&ps(&[&pid_arg])), ["worker"], "after the swaps");
-    let _ = std::fs::remove_file(&fifo);
-    let _ = std::fs::remove_file(&sparse);
+    let _ = std::fs::remove_file(&t.fifo);
+    let _ = std::fs::remove_file(&t.sparse);
     victim.succeed();
 }
 
@@ -196,53 +157,23 @@ fn root_ps_holds_while_another_user_swaps_their_table() {
 /// of theirs: no start ever hangs, and the FIFO and the sparse file are never opened.
 #[test]
 fn publishing_never_hangs_while_the_users_own_stale_table_is_swapped() {
-    require!(Path::new("/dev/shm").is_dir(), "/dev/shm");
-    require!(on_path("setpriv"), "`setpriv` on PATH");
-    let (uid, gid) = require!(hostile_user());
-    let sysfs = Sysfs::two_nodes();
-    std::fs::set_permissions(sysfs.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let calls = Program::c("calls").build();
-    let swapper = Program::c("table_swapper").build();
+    let (uid, gid, sysfs, calls, swapper) = require!(swap_ready());
     let namespace = threadtable::pid_namespace(Path::new("/proc/self")).unwrap();
     // A pid no process has: its table is stale to every process of the user.
     let table = Path::new("/dev/shm").join(threadtable::file_name(u32::MAX - 7, namespace));
-    let theirs = |what: &str| table.with_extension(what);
-    let (keep, fifo, sparse) = (theirs("keep"), theirs("fifo"), theirs("sparse"));
-    let tmp = PathBuf::from(format!("{}.tmp", table.display()));
-    let _left = RemoveAtEnd(vec![
-        table.clone(),
-        keep.clone(),
-        fifo.clone(),
-        sparse.clone(),
-        tmp,
-    ]);
+    let _left = RemoveAtEnd::swapped(&table);
     // No header, fresh: kept by every process (it may be a table being written), so the swaps
     // go on for the whole run.
     std::fs::write(&table, b"").unwrap();
     chown(&table, uid, gid);
-    mkfifo(&fifo, 0o644);
-    chown(&fifo, uid, gid);
-    let big = std::fs::File::create(&sparse).unwrap();
-    big.set_len(1 << 40).unwrap();
-    chown(&sparse, uid, gid);
-    let held_dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(held_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let device = held_dir.path().join("device");
-    device_node(&device);
-    let held = held_dir.path().join("held-fifo");
-    mkfifo(&held, 0o666);
-    let watch = OpenWatch::new(&[&fifo, &sparse, &device, &held]);
+    let t = SwapTargets::plant(&table, Some((uid, gid)));
+    let watch = OpenWatch::new(&t.never_opened());
 
-    let mut swap_cmd = as_user(uid, gid, &swapper);
-    swap_cmd
-        .arg(&table)
-        .arg(&keep)
-        .arg(&fifo)
-        .arg(&sparse)
-        .arg(&device)
-        .arg(&held)
-        .arg("/etc/passwd")
-        .arg(SWAP_SECONDS);
+    let swap_cmd = t.swapper(
+        as_user(uid, gid, &swapper),
+        Path::new("/etc/passwd"),
+        SWAP_SECONDS,
+    );
     let mut swapping = Driver::spawn(swap_cmd, LIMIT);
     let mut starts = 0;
     while !swapping.exited_within(Duration::ZERO) {
@@ -259,8 +190,8 @@ fn publishing_never_hangs_while_the_users_own_stale_table_is_swapped() {
     assert!(swapped.status.success(), "{}", swapped.stderr);
     let opens = watch.opens();
     let _ = std::fs::remove_file(&table);
-    let _ = std::fs::remove_file(&fifo);
-    let _ = std::fs::remove_file(&sparse);
+    let _ = std::fs::remove_file(&t.fifo);
+    let _ = std::fs::remove_file(&t.sparse);
     assert_eq!(
         opens, 0,
         "{opens} opens of {:?} over {starts} starts",

@@ -162,6 +162,17 @@ impl Run {
     fn warnings(&self) -> Vec<&str> {
         lines_starting(&self.stderr, "[tllm-affinity] warning:")
     }
+
+    /// The step and result threads were started on their natural mask, not pinned, with one
+    /// warning each: the warnings.
+    fn unpinned_with_a_warning_each(&self) -> Vec<&str> {
+        assert_eq!(self.rc("step"), 0);
+        assert_eq!(self.rc("result"), 0);
+        assert_eq!(self.mask(&self.json["step"]), natural(self));
+        let warnings = self.warnings();
+        assert_eq!(warnings.len(), 2, "{}", self.stderr);
+        warnings
+    }
 }
 
 /// The main thread's mask at start (the natural mask of every thread the program starts).
@@ -198,12 +209,7 @@ fn auto_with_one_core_per_gpu_pool_pins_nothing_and_warns() {
                 &["--step", device, "--result", device],
             )
             .ok();
-        assert_eq!(run.rc("step"), 0);
-        assert_eq!(run.rc("result"), 0);
-        assert_eq!(run.mask(&run.json["step"]), natural(&run));
-        let warnings = run.warnings();
-        assert_eq!(warnings.len(), 2, "{}", run.stderr);
-        for w in warnings {
+        for w in run.unpinned_with_a_warning_each() {
             says(
                 w,
                 &[
@@ -349,12 +355,7 @@ fn one_process_per_gpu_holds_the_lock_and_a_killed_holder_frees_it() {
 
     let auto = [("TLLM_AFFINITY_STEP_CORE", "auto")];
     let second = host.run(&auto, &["--step", "0", "--result", "0"]).ok();
-    assert_eq!(second.rc("step"), 0);
-    assert_eq!(second.rc("result"), 0);
-    assert_eq!(second.mask(&second.json["step"]), natural(&second));
-    let warnings = second.warnings();
-    assert_eq!(warnings.len(), 2, "{}", second.stderr);
-    for w in warnings {
+    for w in second.unpinned_with_a_warning_each() {
         says(w, &["another process holds"]);
         assert!(w.contains(&lock.display().to_string()), "{w}");
     }

@@ -81,6 +81,16 @@ fn the_python_package_states_the_workspace_version() {
     );
 }
 
+/// What `readelf <flag> <file>` prints.
+fn readelf(flag: &str, file: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg(flag)
+        .arg(file)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Each architecture's wheel: named and accepted by `auditwheel` as manylinux2014 for its
 /// architecture, its library of that architecture, needing glibc alone at `GLIBC_2.17` at most,
 /// holding no path of the machine that built it. A row: the architecture, its `Machine:` in
@@ -109,23 +119,15 @@ fn check_manylinux2014(&(arch, machine, loader): &(&'static str, &str, &str)) {
     let dir = tempfile::tempdir().unwrap();
     let library = dir.path().join("libtllm_affinity.so");
     extract(&wheel, WHEEL_LIBRARY, &library);
-    let header = Command::new("readelf")
-        .arg("-hW")
-        .arg(&library)
-        .output()
-        .unwrap();
-    let machine_line = String::from_utf8_lossy(&header.stdout)
+    let header = readelf("-hW", &library);
+    let machine_line = header
         .lines()
         .find(|l| l.trim_start().starts_with("Machine:"))
         .unwrap_or_default()
         .to_string();
     assert!(machine_line.contains(machine), "{arch}: {machine_line}");
-    let dynamic = Command::new("readelf")
-        .arg("-dW")
-        .arg(&library)
-        .output()
-        .unwrap();
-    let needed: BTreeSet<String> = String::from_utf8_lossy(&dynamic.stdout)
+    let dynamic = readelf("-dW", &library);
+    let needed: BTreeSet<String> = dynamic
         .lines()
         .filter(|l| l.contains("(NEEDED)"))
         .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_string()))
@@ -138,12 +140,8 @@ fn check_manylinux2014(&(arch, machine, loader): &(&'static str, &str, &str)) {
         "{arch}: NEEDED {needed:?}"
     );
     // The highest glibc symbol version imported: 2.17 at most (manylinux2014).
-    let versions = Command::new("readelf")
-        .arg("-VW")
-        .arg(&library)
-        .output()
-        .unwrap();
-    let highest = String::from_utf8_lossy(&versions.stdout)
+    let versions = readelf("-VW", &library);
+    let highest = versions
         .split_whitespace()
         .filter_map(|w| w.strip_prefix("GLIBC_"))
         .filter_map(|v| {
@@ -199,13 +197,7 @@ fn tree(dir: &Path) -> BTreeSet<PathBuf> {
 fn a_fresh_venv_installs_runs_and_uninstalls_the_wheel_without_the_build_tree() {
     let wheel = require!(wheel());
     let work = tempfile::tempdir().unwrap();
-    let venv = work.path().join("venv");
-    let status = Command::new(python())
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .unwrap();
-    assert!(status.success(), "python3 -m venv (Debian: python3-venv)");
+    let venv = new_venv(work.path(), &[]);
     let bin = venv.join("bin");
     // A user's shell: the venv's bin/ and the system's, no cargo, no build tree, no variables
     // of the build, run from a directory of its own.
@@ -447,15 +439,7 @@ fn chrooted(root: &Path, bin: &Path, program: &Path) -> Command {
 #[test]
 fn the_sdist_builds_with_cargo_and_installs_the_same_layout() {
     require!(on_path("cargo"), "`cargo` on PATH");
-    let out = Command::new(repo().join("scripts/wheel"))
-        .arg("--sdist")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "scripts/wheel --sdist: {}",
-        text(&out)
-    );
+    let out = succeeded(Command::new(repo().join("scripts/wheel")).arg("--sdist"));
     let sdist = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
     assert!(
         sdist.ends_with(format!("tllm_affinity-{VERSION}.tar.gz")),
@@ -463,31 +447,20 @@ fn the_sdist_builds_with_cargo_and_installs_the_same_layout() {
         sdist.display()
     );
     let work = tempfile::tempdir().unwrap();
-    let venv = work.path().join("venv");
     // The system's setuptools and wheel build the Python part with no index.
-    let status = Command::new(python())
-        .args(["-m", "venv", "--system-site-packages"])
-        .arg(&venv)
-        .status()
-        .unwrap();
-    assert!(status.success(), "python3 -m venv");
+    let venv = new_venv(work.path(), &["--system-site-packages"]);
     let bin = venv.join("bin");
     // pip unpacks the sdist in a fresh directory; one target directory for every run keeps
     // cargo's dependencies built.
     let target = target_dir().parent().unwrap().join("sdist");
-    let out = Command::new(bin.join("pip"))
-        .args(["install", "-q", "--disable-pip-version-check", "--no-index"])
-        .arg("--no-build-isolation")
-        .arg(&sdist)
-        .env("CARGO_TARGET_DIR", &target)
-        .env_remove("PYTHONPATH")
-        .current_dir(work.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pip install the sdist: {}",
-        text(&out)
+    succeeded(
+        Command::new(bin.join("pip"))
+            .args(["install", "-q", "--disable-pip-version-check", "--no-index"])
+            .arg("--no-build-isolation")
+            .arg(&sdist)
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("PYTHONPATH")
+            .current_dir(work.path()),
     );
     let out = Command::new(bin.join("tllm-affinity"))
         .args(["run", "--simulate", "--", "python", "-c"])

@@ -20,7 +20,8 @@ use tllm_affinity_core::registry::{Placement, Role};
 use tllm_affinity_core::threadtable::{self, LeaseLine};
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
-use crate::memory::{self, NodeMemory};
+use crate::draw::{self, visible};
+use crate::memory_reading::NodeMemory;
 use crate::ps::{self, PsArgs};
 
 /// What a thread does, as the host view tells them apart; in the grid's order of precedence
@@ -120,7 +121,7 @@ impl ProcessRow {
             Ok(leases) if leases.is_empty() => "-".into(),
             Ok(leases) => leases
                 .iter()
-                .map(ps::lease_device)
+                .map(draw::lease_device)
                 .collect::<Vec<_>>()
                 .join(", "),
             Err(why) => format!("leases not readable ({why})"),
@@ -202,7 +203,7 @@ pub fn run(args: &PsArgs) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&to_json(&view)).map_err(|e| e.to_string())?;
         println!("{text}");
     } else {
-        print!("{}", to_text(&view, ps::colour(args)));
+        print!("{}", to_text(&view, draw::wants_colour(args.no_color)));
     }
     Ok(())
 }
@@ -211,7 +212,7 @@ pub fn run(args: &PsArgs) -> Result<(), String> {
 /// on the kernel's own nodes: where pages lie is a kernel fact, whatever tree `root` is.
 pub fn gather(root: &SysfsRoot) -> HostView {
     let (found, unreachable) = processes_with_a_table();
-    let mut entries = read_bounded(found, PROCESS_LIMIT, VIEW_LIMIT);
+    let mut entries = read_bounded(found, ps::PROCESS_LIMIT, VIEW_LIMIT);
     entries.sort_by_key(Entry::pid);
     let topology = Topology::read(root).ok();
     let kernel = if root.root() == Path::new("/") {
@@ -228,15 +229,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
     }
     let groups = groups(topology.as_ref(), &masks);
     let cores = topology.as_ref().map(Topology::cores).unwrap_or_default();
-    let kernel_nodes: Vec<(usize, CpuMask)> = kernel
-        .map(|t| {
-            t.nodes
-                .into_iter()
-                .filter(|n| !n.cpus.is_empty())
-                .map(|n| (n.id, n.cpus))
-                .collect()
-        })
-        .unwrap_or_default();
+    let kernel_nodes = kernel.map(|t| t.nodes_with_cpus()).unwrap_or_default();
     let gpu_local: BTreeMap<String, CpuMask> = topology
         .as_ref()
         .map(|t| {
@@ -256,9 +249,6 @@ pub fn gather(root: &SysfsRoot) -> HostView {
     }
 }
 
-/// The most time the host view gives one process: past it (its `/proc` files block: a process
-/// stopped with its memory-map lock held), it is one line.
-pub const PROCESS_LIMIT: Duration = Duration::from_secs(5);
 /// The most time the host view takes over all processes: those not read by then are one line
 /// each.
 pub const VIEW_LIMIT: Duration = Duration::from_secs(30);
@@ -641,8 +631,8 @@ fn memory_off_node(r: &ProcessRow, kernel_nodes: &[(usize, CpuMask)]) -> Option<
         r.pid,
         plural(&workers),
         workers.to_list(),
-        memory::human(off_total),
-        memory::human(total),
+        draw::human(off_total),
+        draw::human(total),
         if elsewhere.len() == 1 { "" } else { "s" },
         elsewhere.join(", "),
     );
@@ -701,7 +691,7 @@ fn memory_of(r: &ProcessRow) -> String {
             } else {
                 ""
             };
-            format!("{}{partial}", memory::describe(&m.bytes))
+            format!("{}{partial}", draw::per_node(&m.bytes))
         }
         Err(why) => format!("not readable ({why})"),
     }
@@ -744,7 +734,7 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
                     threads_of(r),
                     memory_of(r),
                 ]
-                .map(|cell| ps::visible(&cell).into_owned()),
+                .map(|cell| visible(&cell).into_owned()),
             );
         }
     }
@@ -766,8 +756,8 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
     }
     for e in &v.entries {
         if let Entry::Line(l) = e {
-            let command = ps::visible(l.command.as_deref().unwrap_or("?"));
-            let why = ps::visible(&l.why);
+            let command = visible(l.command.as_deref().unwrap_or("?"));
+            let why = visible(&l.why);
             let _ = writeln!(out, "{:>8}  {command}: not shown: {why}", l.pid);
         }
     }
@@ -779,7 +769,7 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
         let _ = writeln!(out, "flags: none");
     }
     for f in &v.flags {
-        let _ = writeln!(out, "flag: {}", ps::visible(&f.text));
+        let _ = writeln!(out, "flag: {}", visible(&f.text));
     }
     if v.unreachable > 0 {
         let _ = writeln!(
@@ -799,7 +789,7 @@ fn grid(v: &HostView, colour: bool) -> String {
     let shown: Vec<&ProcessRow> = rows(&v.entries).collect();
     let w_name = shown
         .iter()
-        .map(|r| ps::visible(&r.command).chars().count())
+        .map(|r| visible(&r.command).chars().count())
         .max()
         .unwrap_or(0)
         .max(7);
@@ -813,7 +803,7 @@ fn grid(v: &HostView, colour: bool) -> String {
             labels.push(' ');
             digits.push(' ');
         }
-        let (l, d) = ps::grid_header(&g.cpus);
+        let (l, d) = draw::grid_header(&g.cpus);
         let node = g.node.map_or_else(|| "-".to_string(), |n| n.to_string());
         nodes.push_str(&format!("{node:<w$}", w = g.cpus.len()));
         labels.push_str(&format!("{l:<w$}", w = g.cpus.len()));
@@ -833,41 +823,26 @@ fn grid(v: &HostView, colour: bool) -> String {
                     .into_iter()
                     .find(|k| r.cpus.get(k).is_some_and(|m| m.contains(cpu)));
                 match kind {
-                    Some(kind) => {
-                        let (letter, code) = ps::mark(kind.known());
-                        if colour {
-                            let _ = write!(cells, "{code}█{}", ps::RESET);
-                        } else {
-                            cells.push(letter);
-                        }
-                    }
-                    None => cells.push(ps::NOT_ALLOWED),
+                    Some(kind) => cells.push_str(&draw::cell(draw::mark(kind.known()), colour)),
+                    None => cells.push(draw::NOT_ALLOWED),
                 }
             }
         }
         let _ = writeln!(
             out,
             "{}{cells}",
-            prefix(&r.pid.to_string(), &ps::visible(&r.command))
+            prefix(&r.pid.to_string(), &visible(&r.command))
         );
     }
     let legend: Vec<String> = Kind::ALL
         .iter()
-        .map(|k| {
-            let (letter, code) = ps::mark(k.known());
-            let m = if colour {
-                format!("{code}█{}", ps::RESET)
-            } else {
-                letter.to_string()
-            };
-            format!("{m} {}", k.name())
-        })
+        .map(|k| format!("{} {}", draw::cell(draw::mark(k.known()), colour), k.name()))
         .collect();
     let _ = writeln!(
         out,
         "legend: {}  {} none (a CPU shows the first of these its threads may run on)",
         legend.join("  "),
-        ps::NOT_ALLOWED
+        draw::NOT_ALLOWED
     );
     out
 }
@@ -882,7 +857,7 @@ pub fn to_json(v: &HostView) -> Value {
                 "namespace_pid": r.namespace_pid,
                 "command": r.command,
                 "leases": match &r.leases {
-                    Ok(leases) => json!(leases.iter().map(ps::lease_json).collect::<Vec<_>>()),
+                    Ok(leases) => json!(leases.iter().map(draw::lease_json).collect::<Vec<_>>()),
                     Err(why) => json!({ "error": why }),
                 },
                 "worker_cpus": r.on(Kind::Worker).to_list(),
@@ -890,7 +865,7 @@ pub fn to_json(v: &HostView) -> Value {
                 "result_cpus": r.on(Kind::Result).to_list(),
                 "host_cpus": r.on(Kind::Host).to_list(),
                 "threads": r.threads.iter().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-                "memory": ps::memory_json(&r.memory),
+                "memory": draw::memory_json(&r.memory),
             }),
             Entry::Line(l) => json!({
                 "pid": l.pid,

@@ -18,8 +18,9 @@ use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::SysfsRoot;
 
 mod cdi;
+mod draw;
 mod host;
-mod memory;
+mod memory_reading;
 mod metrics;
 mod plan;
 mod probe;
@@ -146,7 +147,14 @@ fn main() -> ExitCode {
         ),
         Command::Topo(args) => ("topo", topo::run(args).map(|()| 0).map_err(Failure::from)),
         Command::Plan(args) => ("plan", plan::run(args).map(|()| 0).map_err(Failure::from)),
-        Command::Ps(args) => ("ps", ps::run(args).map(|()| 0).map_err(Failure::from)),
+        Command::Ps(args) => {
+            // Without a PID, the host view: every process with a table.
+            let shown = match args.pid {
+                Some(pid) => ps::run(pid, args),
+                None => host::run(args),
+            };
+            ("ps", shown.map(|()| 0).map_err(Failure::from))
+        }
         Command::Metrics(args) => (
             "metrics",
             metrics::run(args).map(|()| 0).map_err(Failure::from),

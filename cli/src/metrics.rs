@@ -257,64 +257,70 @@ fn with(
     labels
 }
 
-/// The metrics of `view`, scanned in `took`.
-pub fn render(view: &HostView, took: Duration) -> String {
-    let mut build = Family::new(
+/// The families the exposition writes, in its order: each name and HELP text.
+const FAMILIES: [(&str, &str); 13] = [
+    (
         "tllm_affinity_build_info",
         "The tllm-affinity version that scanned the host (value 1).",
-    );
-    build.add(vec![("version", env!("CARGO_PKG_VERSION").into())], 1.0);
-    let mut duration = Family::new(
+    ),
+    (
         "tllm_affinity_scan_duration_seconds",
         "How long the scan of the host's thread tables took.",
-    );
-    duration.add(Vec::new(), took.as_secs_f64());
-    let mut processes = Family::new(
+    ),
+    (
         "tllm_affinity_processes",
         "Processes whose thread table was read.",
-    );
-    let mut unreadable = Family::new(
+    ),
+    (
         "tllm_affinity_tables_unreadable",
         "Processes with a thread table that could not be read (not believed, or the process \
          ended while it was read).",
-    );
-    let mut unreachable = Family::new(
+    ),
+    (
         "tllm_affinity_processes_unreachable",
         "Processes in other PID namespaces whose root could not be looked into.",
-    );
-    let mut threads = Family::new(
+    ),
+    (
         "tllm_affinity_threads",
         "Threads of a process by role (worker, step, result, host, unknown).",
-    );
-    let mut worker_cpus = Family::new(
+    ),
+    (
         "tllm_affinity_worker_cpus",
         "CPUs the workers of a process may run on, per NUMA node.",
-    );
-    let mut worker_cpus_info = Family::new(
+    ),
+    (
         "tllm_affinity_worker_cpus_info",
         "The CPU list the workers of a process may run on (value 1).",
-    );
-    let mut leases = Family::new(
+    ),
+    (
         "tllm_affinity_leases",
         "Open leases of a process per GPU (sum by gpu for the leases of each GPU).",
-    );
-    let mut memory = Family::new(
+    ),
+    (
         "tllm_affinity_memory_resident_bytes",
         "Resident memory of a process per NUMA node.",
-    );
-    let mut off_node = Family::new(
+    ),
+    (
         "tllm_affinity_memory_off_workers_node_ratio",
         "Share of a worker process's resident memory (on nodes with CPUs) that lies off its \
          workers' node, the node label.",
-    );
-    let mut flags = Family::new(
+    ),
+    (
         "tllm_affinity_flags",
         "What the host view flags, counted by kind.",
-    );
-    let mut process_flags = Family::new(
+    ),
+    (
         "tllm_affinity_process_flags",
         "Flags naming a process, by kind.",
-    );
+    ),
+];
+
+/// The metrics of `view`, scanned in `took`.
+pub fn render(view: &HostView, took: Duration) -> String {
+    let [mut build, mut duration, mut processes, mut unreadable, mut unreachable, mut threads, mut worker_cpus, mut worker_cpus_info, mut leases, mut memory, mut off_node, mut flags, mut process_flags] =
+        FAMILIES.map(|(name, help)| Family::new(name, help));
+    build.add(vec![("version", env!("CARGO_PKG_VERSION").into())], 1.0);
+    duration.add(Vec::new(), took.as_secs_f64());
 
     let node_of: BTreeMap<usize, Option<usize>> = view
         .groups
@@ -469,7 +475,7 @@ pub fn escape_label(value: &str) -> String {
 mod tests {
     use super::*;
     use crate::host::{CpuGroup, Flag, ProcessLine, ProcessRow};
-    use crate::memory::NodeMemory;
+    use crate::memory_reading::NodeMemory;
     use tllm_affinity_core::mask::CpuMask;
     use tllm_affinity_core::threadtable::LeaseLine;
 

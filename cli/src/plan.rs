@@ -174,7 +174,7 @@ fn to_text(plan: &CpuPlan, cx: &Context<'_>) -> String {
         out,
         "  host:          {} CPUs online, {}; this GPU on NUMA node {}",
         t.online.count(),
-        crate::topo::host_counts(t),
+        crate::draw::host_counts(t),
         node_text(gpu.numa_node)
     );
     let _ = writeln!(

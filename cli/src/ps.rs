@@ -1,21 +1,27 @@
 //! `tllm-affinity ps PID [--json] [--no-color]`: every thread of a live process with its role and
 //! placement (from the thread table the library publishes, see [`tllm_affinity_core::threadtable`]) and its
 //! mask exactly as the kernel reports it (`Cpus_allowed_list` of `/proc/PID/task/TID/status`),
-//! drawn as a grid: one row per thread, one column per CPU of the host. Without a PID, the host
-//! view of [`crate::host`]: every process with a table, built on this module's [`read`].
+//! drawn as a grid: one row per thread, one column per CPU of the host. Without a PID, `main`
+//! shows the host view of [`crate::host`] instead: every process with a table, built on this
+//! module's [`read`].
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use tllm_affinity_core::kernel_text::keyed_value;
+use tllm_affinity_core::kernel_text::{keyed_value, read_capped};
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::registry::{Placement, Role, Tid};
 use tllm_affinity_core::threadtable::{self, LeaseLine, NoTable};
 use tllm_affinity_core::untrusted;
+
+use crate::draw::{
+    cell, grid_header, lease_device, lease_json, mark, memory_json, memory_line, paint,
+    placement_name, role_name, visible, BLUE, CYAN, GREEN, GREY, MAGENTA, NOT_ALLOWED, RED, YELLOW,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct PsArgs {
@@ -65,7 +71,7 @@ pub struct Snapshot {
     pub cpus: Vec<usize>,
     pub threads: Vec<ThreadRow>,
     /// Resident memory per NUMA node, or why it cannot be read.
-    pub memory: Result<crate::memory::NodeMemory, String>,
+    pub memory: Result<crate::memory_reading::NodeMemory, String>,
     /// What the language adapters noted (one line each), or why the notes cannot be read.
     pub adapters: Result<Vec<AdapterLine>, String>,
     /// The leases open in the process, or why they cannot be read.
@@ -152,18 +158,6 @@ pub const MAPS_BYTES: u64 = 4 << 20;
 /// The most `ps` reads of a thread's `comm` (the kernel's are 16 bytes).
 const COMM_BYTES: u64 = 256;
 
-/// At most `cap` bytes of `path`, as text (invalid UTF-8 replaced: kept visible, escaped when
-/// shown).
-pub fn read_capped(path: &Path, cap: u64) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(cap)
-        .read_to_end(&mut bytes)?;
-    Ok(String::from_utf8(bytes)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
-}
-
 /// One adapter's line in the table's notes: `name: state; detail`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdapterLine {
@@ -200,23 +194,28 @@ impl AdapterLine {
     }
 }
 
-pub fn run(args: &PsArgs) -> Result<(), String> {
-    let Some(pid) = args.pid else {
-        return crate::host::run(args);
-    };
-    let snapshot = read_within(pid, crate::host::PROCESS_LIMIT)?;
+/// The most time `ps` gives one process: past it (its `/proc` files block: a process stopped
+/// with its memory-map lock held), it is an error for `ps PID` and one line in the host view.
+pub const PROCESS_LIMIT: Duration = Duration::from_secs(5);
+
+/// `ps PID`: one process's threads.
+pub fn run(pid: u32, args: &PsArgs) -> Result<(), String> {
+    let snapshot = read_within(pid, PROCESS_LIMIT)?;
     if args.json {
         let text = serde_json::to_string_pretty(&to_json(&snapshot)).map_err(|e| e.to_string())?;
         println!("{text}");
     } else {
-        print!("{}", to_text(&snapshot, colour(args)));
+        print!(
+            "{}",
+            to_text(&snapshot, crate::draw::wants_colour(args.no_color))
+        );
     }
     Ok(())
 }
 
 /// [`read`] on a thread of its own, given up after `limit`: a process whose `/proc` files block
 /// (stopped with its memory-map lock held) is an error, never a hang.
-pub fn read_within(pid: u32, limit: std::time::Duration) -> Result<Snapshot, String> {
+pub fn read_within(pid: u32, limit: Duration) -> Result<Snapshot, String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("ps-reader".into())
@@ -230,13 +229,6 @@ pub fn read_within(pid: u32, limit: std::time::Duration) -> Result<Snapshot, Str
             limit.as_secs_f64()
         ))
     })
-}
-
-/// Whether to paint: not under `--no-color` or `NO_COLOR`, and only on a terminal.
-pub fn colour(args: &PsArgs) -> bool {
-    !args.no_color
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-        && std::io::stdout().is_terminal()
 }
 
 /// Reads `/proc/<pid>/task` and joins it with the process's thread table.
@@ -359,7 +351,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         library_loaded,
         cpus: cpus.iter().collect(),
         threads,
-        memory: crate::memory::read(proc_dir, pid),
+        memory: crate::memory_reading::read(proc_dir, pid),
         adapters,
         leases,
     })
@@ -395,132 +387,9 @@ fn lock_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new("/tmp").to_path_buf())
 }
 
-/// `text` (a name or a line another process wrote) safe to print on a terminal: every control
-/// character — C0, DEL and C1 — is written `\xNN` (its code point), a backslash `\\`, the
-/// characters that reorder text on screen (bidirectional overrides and isolates) `\u{NNNN}`,
-/// and a byte that was not UTF-8 (read as U+FFFD) `?`, as procps shows it. The JSON output
-/// carries the text exactly (JSON escapes what it must).
-pub fn visible(text: &str) -> std::borrow::Cow<'_, str> {
-    let reorders = |c: char| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-    let clean = |c: char| !c.is_control() && c != '\\' && c != '\u{fffd}' && !reorders(c);
-    if text.chars().all(clean) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            c if clean(c) => out.push(c),
-            '\\' => out.push_str("\\\\"),
-            '\u{fffd}' => out.push('?'),
-            c if c.is_control() => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
-            }
-            c => {
-                let _ = write!(out, "\\u{{{:04x}}}", c as u32);
-            }
-        }
-    }
-    std::borrow::Cow::Owned(out)
-}
-
-pub fn role_name(known: Option<(Role, Placement)>) -> &'static str {
-    match known {
-        Some((Role::Host, _)) => "host",
-        Some((Role::Worker, _)) => "worker",
-        None => "unknown",
-    }
-}
-
-pub fn placement_name(known: Option<(Role, Placement)>) -> &'static str {
-    match known.map(|(_, p)| p) {
-        Some(Placement::Inherited) => "inherited",
-        Some(Placement::Worker) => "worker",
-        Some(Placement::Step) => "step",
-        Some(Placement::Result) => "result",
-        Some(Placement::Explicit) => "explicit",
-        Some(Placement::External) => "external",
-        None => "unknown",
-    }
-}
-
-/// ANSI colours, one per thing the grid tells apart.
-const BLUE: &str = "\x1b[34m";
-const GREEN: &str = "\x1b[32m";
-const YELLOW: &str = "\x1b[33m";
-const MAGENTA: &str = "\x1b[35m";
-const CYAN: &str = "\x1b[36m";
-const RED: &str = "\x1b[31m";
-const GREY: &str = "\x1b[90m";
-
-/// The grid's mark for a thread (a letter without colour) and its ANSI colour. A placement other
-/// than the role's own gets its own colour, so a glance tells step from result threads and a
-/// mask the application (cyan) or someone else (red) chose from one the library chose.
-pub fn mark(known: Option<(Role, Placement)>) -> (char, &'static str) {
-    let letter = match known {
-        Some((_, Placement::Step)) => 's',
-        Some((_, Placement::Result)) => 'r',
-        Some((Role::Worker, _)) => 'w',
-        Some((Role::Host, _)) => 'h',
-        None => '?',
-    };
-    let colour = match known {
-        Some((_, Placement::Step)) => YELLOW,
-        Some((_, Placement::Result)) => MAGENTA,
-        Some((_, Placement::Explicit)) => CYAN,
-        Some((_, Placement::External)) => RED,
-        Some((Role::Worker, _)) => GREEN,
-        Some((Role::Host, _)) => BLUE,
-        None => GREY,
-    };
-    (letter, colour)
-}
-
-pub const RESET: &str = "\x1b[0m";
-/// Where a thread may not run.
-pub const NOT_ALLOWED: char = '.';
-
-/// Two header lines over the grid's columns: CPU numbers at every tenth CPU (where they fit),
-/// then each CPU's last digit.
-pub fn grid_header(cpus: &[usize]) -> (String, String) {
-    let mut labels = vec![' '; cpus.len()];
-    let mut free_from = 0;
-    for (col, &cpu) in cpus.iter().enumerate() {
-        if col < free_from || (cpu % 10 != 0 && col != 0) {
-            continue;
-        }
-        let text = cpu.to_string();
-        if col + text.len() > cpus.len() && col != 0 {
-            continue;
-        }
-        for (i, ch) in text.chars().enumerate() {
-            if let Some(slot) = labels.get_mut(col + i) {
-                *slot = ch;
-            }
-        }
-        free_from = col + text.len() + 1;
-    }
-    let digits = cpus
-        .iter()
-        .map(|c| char::from(b'0' + (c % 10) as u8))
-        .collect();
-    (
-        labels
-            .into_iter()
-            .collect::<String>()
-            .trim_end()
-            .to_string(),
-        digits,
-    )
-}
-
-pub fn to_text(s: &Snapshot, colour: bool) -> String {
-    let paint = |text: &str, code: &str| {
-        if colour {
-            format!("{code}{text}{RESET}")
-        } else {
-            text.to_string()
-        }
-    };
+/// The lines above the grid: the process and where its roles come from, why it has none, what
+/// its adapters said, its memory per node and its open leases.
+fn describe_process(s: &Snapshot) -> String {
     let mut out = String::new();
     let source = match &s.no_table {
         None => "roles from the library's thread table".to_string(),
@@ -577,6 +446,13 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
             let _ = writeln!(out, "leases: not readable ({})", visible(why));
         }
     }
+    out
+}
+
+/// The process's threads as text: what it is and what is known of it ([`describe_process`]),
+/// then the grid, one row a thread, and its legend.
+pub fn to_text(s: &Snapshot, colour: bool) -> String {
+    let mut out = describe_process(s);
     let w_name = s
         .threads
         .iter()
@@ -605,15 +481,11 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         prefix("TID", "NAME", &pad_role("ROLE"), "PLACEMENT", "MASK")
     );
     for t in &s.threads {
-        let (letter, code) = mark(t.known);
+        let (_, code) = mark(t.known);
         let mut grid = String::new();
         for &cpu in &s.cpus {
             if t.mask.contains(cpu) {
-                grid.push_str(&if colour {
-                    paint("█", code)
-                } else {
-                    letter.to_string()
-                });
+                grid.push_str(&cell(mark(t.known), colour));
             } else {
                 grid.push(NOT_ALLOWED);
             }
@@ -633,6 +505,20 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         );
         let _ = writeln!(out, "{row}{grid}");
     }
+    out.push_str(&legend(colour));
+    if s.no_table.is_none() && s.threads.iter().any(|t| t.known.is_none()) {
+        let _ = writeln!(
+            out,
+            "unknown: threads the library never saw (created before it loaded, by raw clone, or \
+             inside glibc); treated as host, never touched"
+        );
+    }
+    out
+}
+
+/// The grid's legend: each mark and what it stands for.
+fn legend(colour: bool) -> String {
+    let mut out = String::new();
     let mut legend = vec![
         ('h', BLUE, "host"),
         ('w', GREEN, "worker"),
@@ -647,27 +533,13 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
     }
     let items: Vec<String> = legend
         .iter()
-        .map(|(letter, code, what)| {
-            let m = if colour {
-                paint("█", code)
-            } else {
-                letter.to_string()
-            };
-            format!("{m} {what}")
-        })
+        .map(|&(letter, code, what)| format!("{} {what}", cell((letter, code), colour)))
         .collect();
     let _ = writeln!(
         out,
         "legend: {}  {NOT_ALLOWED} not allowed",
         items.join("  ")
     );
-    if s.no_table.is_none() && s.threads.iter().any(|t| t.known.is_none()) {
-        let _ = writeln!(
-            out,
-            "unknown: threads the library never saw (created before it loaded, by raw clone, or \
-             inside glibc); treated as host, never touched"
-        );
-    }
     out
 }
 
@@ -693,49 +565,6 @@ fn note(s: &Snapshot) -> Option<String> {
              seen no thread, configure, worker scope or pin yet ({reason})"
         ),
     })
-}
-
-/// What a lease is on: `GPU 0 (0000:3b:00.0)`, or the `TLLM_AFFINITY_CPUS` that chose its CPUs.
-pub fn lease_device(lease: &LeaseLine) -> String {
-    match lease.gpu_index {
-        Some(index) => format!("GPU {index} ({})", lease.device),
-        None => lease.device.clone(),
-    }
-}
-
-/// A lease as `--json` gives it.
-pub fn lease_json(lease: &LeaseLine) -> Value {
-    json!({ "lease": lease.id, "gpu": lease.gpu_index, "device": lease.device })
-}
-
-/// `memory per node: node 0 1.0 GiB, node 1 12.0 MiB (from ...)`, or why not.
-fn memory_line(memory: &Result<crate::memory::NodeMemory, String>) -> String {
-    match memory {
-        Ok(m) => {
-            let partial = m
-                .partial
-                .as_deref()
-                .map(|p| format!("; partial: {p}"))
-                .unwrap_or_default();
-            format!(
-                "memory per node: {} (resident, from {}{partial})",
-                crate::memory::describe(&m.bytes),
-                m.source
-            )
-        }
-        Err(why) => format!("memory per node: not readable ({why})"),
-    }
-}
-
-pub fn memory_json(memory: &Result<crate::memory::NodeMemory, String>) -> Value {
-    match memory {
-        Ok(m) => json!({
-            "bytes_per_node": m.bytes.iter().map(|(n, b)| (n.to_string(), json!(b))).collect::<serde_json::Map<_, _>>(),
-            "source": m.source,
-            "partial": m.partial,
-        }),
-        Err(why) => json!({ "error": format!("memory per node: not readable ({why})") }),
-    }
 }
 
 pub fn to_json(s: &Snapshot) -> Value {
@@ -805,15 +634,6 @@ mod tests {
                 row(13, None, "0-11"),
             ],
         }
-    }
-
-    #[test]
-    fn header_labels_every_tenth_cpu() {
-        let (labels, digits) = grid_header(&(0..23).collect::<Vec<_>>());
-        assert_eq!(labels, "0         10        20");
-        assert_eq!(digits, "01234567890123456789012");
-        let (labels, _) = grid_header(&[0, 1]);
-        assert_eq!(labels, "0");
     }
 
     #[test]
@@ -906,36 +726,5 @@ mod tests {
         let v = to_json(&s);
         assert_eq!(v["table"], false);
         assert!(!v["threads"].as_array().unwrap().is_empty());
-    }
-
-    /// Whatever another process names itself, its text form holds no control character, no
-    /// character that reorders the line, and tells apart what it escaped from what it did not.
-    #[test]
-    fn any_name_is_printed_without_a_control_character() {
-        use proptest::prelude::*;
-        let names = prop_oneof![
-            any::<String>(),
-            "[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}\\u{202a}-\\u{202e}a\\\\]{0,20}",
-        ];
-        proptest::test_runner::TestRunner::default()
-            .run(&names, |name| {
-                let shown = visible(&name);
-                prop_assert!(
-                    !shown
-                        .chars()
-                        .any(|c| c.is_control() || ('\u{202a}'..='\u{202e}').contains(&c)),
-                    "{shown:?}"
-                );
-                if !name.contains(|c: char| c.is_control() || c == '\\' || c > '\u{ff}') {
-                    prop_assert_eq!(shown.as_ref(), name.as_str());
-                }
-                Ok(())
-            })
-            .unwrap();
-        assert_eq!(
-            visible("\x1b]0;pwned\x07\x1b[2J"),
-            r"\x1b]0;pwned\x07\x1b[2J"
-        );
-        assert_eq!(visible("a\\x1b\u{9b}\u{fffd}"), r"a\\x1b\x9b?");
     }
 }

@@ -139,17 +139,6 @@ fn cores_of_node(t: &Topology, node: usize) -> Vec<CpuMask> {
         .collect()
 }
 
-/// `8 cores, 2 NUMA node(s), 4 GPU(s)`: the host in numbers, after its online CPUs (`topo` and
-/// `plan` both say it).
-pub fn host_counts(t: &Topology) -> String {
-    format!(
-        "{} cores, {} NUMA node(s), {} GPU(s)",
-        t.cores().len(),
-        t.nodes.len(),
-        t.gpus.len()
-    )
-}
-
 fn to_text(h: &Host<'_>) -> String {
     let t = h.topology;
     let mut out = String::new();
@@ -159,7 +148,7 @@ fn to_text(h: &Host<'_>) -> String {
         out,
         "  {} CPUs online [{online}], {}",
         online.count(),
-        host_counts(t)
+        crate::draw::host_counts(t)
     );
     if let Some(mask) = &h.process_mask {
         let _ = writeln!(out, "  this process may run on [{mask}]");

@@ -13,7 +13,7 @@ use super::kernel::Kernel;
 use super::publish::publish_table_if_pending;
 use super::state::{lock_registry, State};
 use super::thread_key::{current_slot, set_current_slot};
-use super::{environ, exec, report, scope_memory, step_pin};
+use super::{environ, exec, memory_preference, report, step_pin};
 use crate::log_info;
 use crate::registry::{LeaseKind, Role, Slot};
 use crate::sys;
@@ -50,7 +50,7 @@ pub fn end_worker_scope(lease: i64) -> i32 {
     }
     match catch_unwind(|| lock_registry().end_scope(lease)) {
         Ok(Ok(tid)) => {
-            scope_memory::restore_after_scope(lease);
+            memory_preference::restore_after_scope(lease);
             log_info!(
                 "worker scope closed on thread {tid}: threads it creates take its role again (lease {lease} stays open until released)"
             );
@@ -94,7 +94,7 @@ pub fn release(lease: i64) -> i32 {
     });
     match result {
         Ok(Ok(outcome)) => {
-            scope_memory::restore_after_scope(lease);
+            memory_preference::restore_after_scope(lease);
             if outcome.last {
                 log_info!(
                     "released lease {lease}: restored {} threads, preserved {} externally changed",

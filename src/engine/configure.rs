@@ -5,8 +5,8 @@
 
 use super::exec;
 use super::kernel::Kernel;
-use super::move_memory::{self, Configured};
-use super::scope_memory;
+use super::memory_effects::{self, Configured};
+use super::memory_preference;
 use super::state::{load_facts, lock_registry};
 use crate::device::{resolve_device_on, DeviceEnv};
 use crate::lock::EngineLock;
@@ -180,7 +180,7 @@ pub(super) fn configure_for(
     // process, TLLM_AFFINITY_PROCESS_ROLE=worker): its memory follows the worker to its node,
     // after the threads moved (what they allocate from now on lands there).
     let follow = || {
-        move_memory::follow_the_worker(Configured {
+        memory_effects::follow_the_worker(Configured {
             dedicated: kind == LeaseKind::Configure && on_main,
             rule: decision.rule,
             mask: decision.mask.as_ref(),
@@ -195,7 +195,7 @@ pub(super) fn configure_for(
             outcome.lease
         );
         if let Some(mask) = &decision.mask {
-            scope_memory::prefer_while_open(outcome.lease, &set.memory_nodes, mask);
+            memory_preference::prefer_while_open(outcome.lease, &set.memory_nodes, mask);
         }
     }
     if outcome.unchanged {

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use super::state::{in_own_process, lock_registry, own_this_process, state, State, REGISTRY};
 use super::thread_key::current_slot;
 use super::{
-    configure, environ, exec, move_memory, objects, publish, report, scope_memory, timer_calls,
+    configure, environ, exec, memory_effects, memory_preference, objects, publish, report,
+    timer_calls,
 };
 
 use crate::sys;
@@ -69,7 +70,7 @@ pub fn adopt_if_forked_without_handlers() {
 /// and the parent's table, still mapped, is left to the parent.
 pub(super) fn start_as_fork_child() {
     environ::after_fork_child();
-    move_memory::after_fork_child();
+    memory_effects::after_fork_child();
     own_this_process();
     arm_mark();
     objects::after_fork_in_child();
@@ -82,7 +83,7 @@ pub(super) fn start_as_fork_child() {
     lock_registry().publish_into(None);
     *publish::TABLE_PATH.lock() = None;
     *report::NOTES.lock() = None;
-    scope_memory::forget_after_fork();
+    memory_preference::forget_after_fork();
     publish::TABLE_PENDING.store(true, Ordering::Release);
 }
 
@@ -110,14 +111,14 @@ pub(super) fn register_fork_handlers() {
         publish::TABLE_PATH.hold_for_fork();
         report::ADAPTERS.hold_for_fork();
         report::NOTES.hold_for_fork();
-        scope_memory::PREFERRED.hold_for_fork();
+        memory_preference::PREFERRED.hold_for_fork();
         REGISTRY.hold_for_fork();
     }
     fn unlock_all() {
         // SAFETY: `prepare` of this same fork took each of them.
         unsafe {
             REGISTRY.force_unlock();
-            scope_memory::PREFERRED.force_unlock();
+            memory_preference::PREFERRED.force_unlock();
             report::NOTES.force_unlock();
             report::ADAPTERS.force_unlock();
             publish::TABLE_PATH.force_unlock();

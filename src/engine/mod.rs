@@ -22,8 +22,8 @@
 //!   follows them;
 //! - [`configure`]: opening a lease (the worker set, the policy, the log lines); [`report`]: the
 //!   report and what adapters said (also the notes `ps` shows); [`step_pin`]: pinning a step or
-//!   result thread; [`scope_memory`]: a worker scope's caller's memory policy while it is open;
-//!   [`move_memory`]: a dedicated worker's pages moved to its node at configure;
+//!   result thread; [`memory_preference`]: a worker scope's caller's memory policy while it is open;
+//!   [`memory_effects`]: a dedicated worker's pages moved to its node at configure;
 //!   [`thread_key`]: each thread's registry slot and its exit; [`timer_calls`]: what a wrapped
 //!   timer's callback runs; [`exec`], [`objects`]: the exec and spawn shims, `dlclose` and the
 //!   loaded objects; [`packets`]: the start packets of the `pthread_create` trampoline;
@@ -43,7 +43,8 @@ pub mod exec;
 pub mod fork;
 pub mod init;
 pub mod kernel;
-pub mod move_memory;
+pub mod memory_effects;
+pub mod memory_preference;
 pub mod objects;
 pub mod observe;
 pub mod packets;
@@ -51,7 +52,6 @@ pub mod publish;
 pub mod pyhook;
 pub mod real;
 pub mod report;
-pub mod scope_memory;
 pub mod state;
 pub mod step_pin;
 pub mod thread_key;

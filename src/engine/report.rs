@@ -3,7 +3,7 @@
 //! themselves (`tllm_affinity_note_adapter`, `_detail`), which only the report shows.
 
 use super::state::{lock_registry, State, LOAD_FACTS};
-use super::{exec, move_memory};
+use super::{exec, memory_effects};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -135,7 +135,7 @@ pub(super) fn json(state: State, at_exit: bool) -> String {
         );
     }
     report.launch = exec::LAUNCH.get().map(|f| f.id.to_string());
-    report.memory_moved = move_memory::reported();
+    report.memory_moved = memory_effects::reported();
     serde_json::to_string(&report).unwrap_or_else(|_| "{}".into())
 }
 

@@ -296,14 +296,18 @@ pub fn http_get(port: u16, path: &str) -> std::thread::JoinHandle<String> {
 /// the message).
 pub fn succeeded(cmd: &mut Command) -> std::process::Output {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}\nstdout:\n{}\nstderr:\n{}",
+    assert!(out.status.success(), "{cmd:?}: {}", output_text(&out));
+    out
+}
+
+/// A finished command's status and output, for a message.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    )
 }
 
 /// The processes of process group `pgid` (a [`Driver`]'s program and what it started that

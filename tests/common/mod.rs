@@ -100,6 +100,19 @@ macro_rules! table_tests {
 #[allow(unused_imports)]
 pub(crate) use table_tests;
 
+/// The tests of one tier that each hand the tier to a check of tests/common (tests/aarch64.rs):
+/// `tier_tests! { tier(); /// doc\n name: check; ... }`, one `#[test]` per row, named and
+/// documented by the row, each taking the tier with [`require!`] (a probe giving
+/// `Result<&Tier, String>`) and running `check(tier)`.
+#[allow(unused_macros)]
+macro_rules! tier_tests {
+    ($tier:expr; $($(#[$doc:meta])* $name:ident: $check:path;)*) => {
+        $( $(#[$doc])* #[test] fn $name() { $check(require!($tier)); } )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use tier_tests;
+
 /// What [`require!`] does for a missing capability: fails in CI, says the test is skipped
 /// elsewhere.
 pub fn missing(what: &str) {

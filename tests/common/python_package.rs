@@ -224,3 +224,20 @@ pub fn check_host_and_worker(mut cmd: Command, sysfs: &Sysfs, limit: Duration) {
     assert_eq!(after.role("late_request"), 0);
     assert_eq!(after.mask("late_worker_child"), all);
 }
+
+/// A fresh venv of this machine's Python at `dir/venv`, made with `python -m venv <options>`
+/// (Debian: python3-venv); its path.
+pub fn new_venv(dir: &Path, options: &[&str]) -> PathBuf {
+    let venv = dir.join("venv");
+    let made = Command::new(python())
+        .args(["-m", "venv"])
+        .args(options)
+        .arg(&venv)
+        .status()
+        .expect("python3 -m venv");
+    assert!(
+        made.success(),
+        "python3 -m venv {options:?} (Debian: python3-venv)"
+    );
+    venv
+}

@@ -91,3 +91,34 @@ pub fn field(line: &str, key: &str) -> String {
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
         .to_string()
 }
+
+/// One field of every thread `ps PID --json` shows, in its order (`-` where it is no string).
+pub fn ps_column(ps: &serde_json::Value, key: &str) -> Vec<String> {
+    ps["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t[key].as_str().unwrap_or("-").to_string())
+        .collect()
+}
+
+/// The flags of kind `kind` in the host view's `ps --json`, each with the pids it names.
+pub fn flags_of_kind<'a>(
+    view: &'a serde_json::Value,
+    kind: &'a str,
+) -> impl Iterator<Item = (&'a serde_json::Value, Vec<u32>)> + 'a {
+    view["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(move |f| f["kind"] == kind)
+        .map(|f| {
+            let pids = f["pids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_u64().unwrap() as u32)
+                .collect();
+            (f, pids)
+        })
+}

@@ -6,6 +6,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use tllm_affinity_core::identity::{Placement, Role};
 use tllm_affinity_core::threadtable;
@@ -13,6 +14,18 @@ use tllm_affinity_core::threadtable;
 /// Removes what a test left in `/dev/shm` when it ends, passed or failed: a failure must not
 /// leave another user's files in the way of later tests.
 pub struct RemoveAtEnd(pub Vec<PathBuf>);
+
+impl RemoveAtEnd {
+    /// A table's name and every name a swap of it leaves next to it (`keep`, `fifo`, `sparse`,
+    /// `.tmp`).
+    pub fn swapped(table: &Path) -> RemoveAtEnd {
+        let tmp = PathBuf::from(format!("{}.tmp", table.display()));
+        let mut names = vec![table.to_path_buf()];
+        names.extend(["keep", "fifo", "sparse"].map(|what| table.with_extension(what)));
+        names.push(tmp);
+        RemoveAtEnd(names)
+    }
+}
 
 impl Drop for RemoveAtEnd {
     fn drop(&mut self) {
@@ -113,4 +126,100 @@ pub fn forge_as(path: &Path, published_pid: u32, host_pid: u32, tids: &[i32]) {
     }
     std::fs::write(path, bytes).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+/// What `tests/programs/table_swapper.c` swaps a table's name between: the names next to the
+/// table (`keep`, a FIFO and a 1 TiB sparse file), and what root holds for the swapper to link
+/// to (a device node and a FIFO, in a directory of root's that others may read).
+pub struct SwapTargets {
+    pub table: PathBuf,
+    pub keep: PathBuf,
+    pub fifo: PathBuf,
+    pub sparse: PathBuf,
+    pub held_dir: tempfile::TempDir,
+    pub device: PathBuf,
+    pub held: PathBuf,
+}
+
+impl SwapTargets {
+    /// Plants the FIFO and the sparse file next to `table` (owned by `owner` when given: the
+    /// swapping user's) and root's device node and FIFO.
+    pub fn plant(table: &Path, owner: Option<(u32, u32)>) -> SwapTargets {
+        let theirs = |what: &str| table.with_extension(what);
+        let (keep, fifo, sparse) = (theirs("keep"), theirs("fifo"), theirs("sparse"));
+        mkfifo(&fifo, 0o644);
+        std::fs::File::create(&sparse)
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        if let Some((uid, gid)) = owner {
+            chown(&fifo, uid, gid);
+            chown(&sparse, uid, gid);
+        }
+        let held_dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(held_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let device = held_dir.path().join("device");
+        device_node(&device);
+        let held = held_dir.path().join("held-fifo");
+        mkfifo(&held, 0o666);
+        SwapTargets {
+            table: table.to_path_buf(),
+            keep,
+            fifo,
+            sparse,
+            held_dir,
+            device,
+            held,
+        }
+    }
+
+    /// The FIFOs, the device and the sparse file: none may ever be opened.
+    pub fn never_opened(&self) -> [&Path; 4] {
+        [&self.fifo, &self.sparse, &self.device, &self.held]
+    }
+
+    /// `swapper` given its arguments: the table's name, the names it swaps in, `link` (the
+    /// file the last link names) and how many seconds to go on.
+    pub fn swapper(&self, mut swapper: Command, link: &Path, seconds: &str) -> Command {
+        swapper
+            .arg(&self.table)
+            .arg(&self.keep)
+            .arg(&self.fifo)
+            .arg(&self.sparse)
+            .arg(&self.device)
+            .arg(&self.held)
+            .arg(link)
+            .arg(seconds);
+        swapper
+    }
+}
+
+/// Runs `ps PID --json` and the host view (through `ps`, given `ps`'s arguments) over and over
+/// until `swapping` ends: the forged table's result threads never show for `pid`. How many
+/// times both ran.
+pub fn ps_while_swapping(
+    swapping: &mut crate::common::Driver,
+    pid: u32,
+    ps: impl Fn(&[&str]) -> serde_json::Value,
+) -> usize {
+    let pid_arg = pid.to_string();
+    let mut runs = 0;
+    while !swapping.exited_within(std::time::Duration::ZERO) {
+        let one = ps(&[&pid_arg]);
+        assert!(
+            !crate::common::ps_column(&one, "placement").contains(&"result".to_string()),
+            "the forged table was believed: {one}"
+        );
+        let host = ps(&[]);
+        let victim_row = host["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid);
+        if let Some(row) = victim_row {
+            assert!(row["threads"].get("result").is_none(), "{row}");
+        }
+        runs += 1;
+    }
+    runs
 }

@@ -4,12 +4,15 @@
 //! A worker pinned late (after the interpreter, the framework and the communication stack have
 //! run) has part of its memory on another node. In a dedicated worker process every page is the
 //! worker's, so the engine moves the pages on the other nodes with CPUs to the node the worker
-//! set lies on. Everything that decides is here and pure; the engine reads `/proc/self/smaps`,
-//! `/proc/self/numa_maps` and the memory policy, and calls `move_pages(2)` (`crate::sys`).
+//! set lies on. Everything that decides is here and pure; the engine's `memory_effects` reads
+//! `/proc/self/smaps`, `/proc/self/numa_maps` (each line through
+//! [`crate::kernel_text::numa_maps_line`], as the CLI's `ps` reads another process's) and the
+//! memory policy, and calls `move_pages(2)` (`crate::sys`). The node moved to is
+//! [`crate::policy::worker_memory_node`], the one a worker scope's caller prefers too.
 
-use crate::kernel_text::node_count;
+use crate::kernel_text::{numa_maps_line, NodePages};
 use crate::mask::CpuMask;
-use crate::policy::{scope_memory_node, Rule};
+use crate::policy::{worker_memory_node, Rule};
 
 /// `MPOL_DEFAULT` of `get_mempolicy(2)`: no policy of the process's own.
 const MPOL_DEFAULT: i32 = 0;
@@ -94,7 +97,7 @@ pub fn decide(input: &MoveInput<'_>) -> MoveDecision {
         .iter()
         .filter(|(_, cpus)| !cpus.is_empty())
         .collect();
-    let Some(to) = scope_memory_node(input.memory_nodes, mask) else {
+    let Some(to) = worker_memory_node(input.memory_nodes, mask) else {
         return stay(Stay::NoSingleNode);
     };
     match input.memory_policy {
@@ -216,40 +219,11 @@ pub fn smaps_ranges(text: &str) -> Vec<Range> {
     ranges
 }
 
-/// One mapping of `/proc/self/numa_maps`: its start, whether its policy is the default, its page
-/// size and its resident pages per node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodePages {
-    pub start: u64,
-    pub default_policy: bool,
-    pub page_bytes: u64,
-    pub pages: Vec<(usize, u64)>,
-}
-
 /// The mappings of `/proc/self/numa_maps` text with resident pages. A line that cannot be read
 /// is skipped.
 pub fn numa_maps_pages(text: &str) -> Vec<NodePages> {
     text.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            let start = u64::from_str_radix(words.next()?, 16).ok()?;
-            let policy = words.next()?;
-            let mut page_bytes = None;
-            let mut pages = Vec::new();
-            for word in words {
-                if let Some(kb) = word.strip_prefix("kernelpagesize_kB=") {
-                    page_bytes = kb.parse::<u64>().ok().map(|kb| kb * 1024);
-                } else if let Some(count) = node_count(word) {
-                    pages.push(count);
-                }
-            }
-            (!pages.is_empty()).then_some(NodePages {
-                start,
-                default_policy: policy == "default",
-                page_bytes: page_bytes?,
-                pages,
-            })
-        })
+        .filter_map(|line| numa_maps_line(line).ok().flatten())
         .collect()
 }
 

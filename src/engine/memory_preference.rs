@@ -26,7 +26,7 @@ pub(super) fn prefer_while_open(
     memory_nodes: &[(usize, CpuMask)],
     worker_mask: &CpuMask,
 ) {
-    let Some(node) = policy::scope_memory_node(memory_nodes, worker_mask) else {
+    let Some(node) = policy::worker_memory_node(memory_nodes, worker_mask) else {
         return;
     };
     let tid = sys::gettid();

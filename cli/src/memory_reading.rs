@@ -1,5 +1,8 @@
-//! A process's resident memory per NUMA node, for `tllm-affinity ps`: where its pages are, so
-//! worker memory on the remote node shows as plainly as a wrong mask.
+//! Reading a process's resident memory per NUMA node, for `tllm-affinity ps`: where its pages
+//! are, so worker memory on the remote node shows as plainly as a wrong mask. (The library's own
+//! memory: `memory_decision` in the core decides a move, the engine's `memory_effects` makes it
+//! and `memory_preference` holds a worker scope's preference; each `numa_maps` line is read by
+//! `kernel_text::numa_maps_line` for both.)
 //!
 //! Two sources. The cheap one is the cgroup v2 `memory.numa_stat` of a process alone in its
 //! cgroup (a server in its own container): counters the kernel keeps, read in one small file.
@@ -12,7 +15,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tllm_affinity_core::kernel_text::node_count;
+use tllm_affinity_core::kernel_text::{node_count, numa_maps_line, read_capped};
 
 /// The most of `numa_maps` read: about 100 000 mappings.
 pub const READ_LIMIT: usize = 16 << 20;
@@ -49,15 +52,15 @@ pub fn read(proc_dir: &Path, pid: u32) -> Result<NodeMemory, String> {
 /// `memory.numa_stat` of the process's cgroup v2, when the process is the only one in it: its
 /// anonymous and mapped file pages there (`anon` + `file_mapped`).
 fn from_own_cgroup(proc_dir: &Path, pid: u32) -> Option<NodeMemory> {
-    let cgroups = crate::ps::read_capped(&proc_dir.join("cgroup"), SMALL_FILE_BYTES).ok()?;
+    let cgroups = read_capped(&proc_dir.join("cgroup"), SMALL_FILE_BYTES).ok()?;
     let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
     let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
     // A cgroup of more processes than fit here is not one process's own.
-    let procs = crate::ps::read_capped(&dir.join("cgroup.procs"), SMALL_FILE_BYTES).ok()?;
+    let procs = read_capped(&dir.join("cgroup.procs"), SMALL_FILE_BYTES).ok()?;
     if procs.split_whitespace().collect::<Vec<_>>() != [pid.to_string()] {
         return None;
     }
-    let stat = crate::ps::read_capped(&dir.join("memory.numa_stat"), SMALL_FILE_BYTES).ok()?;
+    let stat = read_capped(&dir.join("memory.numa_stat"), SMALL_FILE_BYTES).ok()?;
     let bytes = parse_numa_stat(&stat).ok()?;
     Some(NodeMemory {
         bytes,
@@ -150,58 +153,14 @@ pub fn from_numa_maps(
     })
 }
 
-/// Adds one `numa_maps` line (`7f00... default anon=3 N0=2 N1=1 kernelpagesize_kB=4`).
+/// Adds one `numa_maps` line's resident bytes per node.
 fn add_mapping(line: &str, bytes: &mut BTreeMap<usize, u64>) -> Result<(), String> {
-    let mut words = line.split_whitespace();
-    let address = words.next().unwrap_or_default();
-    if u64::from_str_radix(address, 16).is_err() {
-        return Err(format!("{address:?} is not a mapping's address"));
-    }
-    let mut page_kb = None;
-    let mut pages = Vec::new();
-    for word in words {
-        if let Some(kb) = word.strip_prefix("kernelpagesize_kB=") {
-            page_kb = Some(kb.parse::<u64>().map_err(|_| format!("page size {kb:?}"))?);
-        } else if word.starts_with('N') && word.contains('=') {
-            pages.push(node_count(word).ok_or_else(|| format!("{word:?} is not N<node>=<pages>"))?);
+    if let Some(mapping) = numa_maps_line(line)? {
+        for (node, count) in mapping.pages {
+            *bytes.entry(node).or_insert(0) += count.saturating_mul(mapping.page_bytes);
         }
     }
-    if pages.is_empty() {
-        return Ok(());
-    }
-    let page = page_kb.ok_or("pages without kernelpagesize_kB")? * 1024;
-    for (node, count) in pages {
-        *bytes.entry(node).or_insert(0) += count * page;
-    }
     Ok(())
-}
-
-/// `node 0 12.0 MiB, node 1 1.5 GiB`.
-pub fn describe(bytes: &BTreeMap<usize, u64>) -> String {
-    if bytes.is_empty() {
-        return "no resident pages".into();
-    }
-    bytes
-        .iter()
-        .map(|(node, b)| format!("node {node} {}", human(*b)))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `1.5 GiB`.
-pub fn human(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", units[unit])
-    }
 }
 
 #[cfg(test)]
@@ -224,7 +183,6 @@ mod tests {
         assert_eq!(m.bytes[&0], 3 * 4096);
         assert_eq!(m.bytes[&1], 2 * 2048 * 1024 + 2 * 4096);
         assert_eq!(m.partial, None);
-        assert_eq!(describe(&m.bytes), "node 0 12.0 KiB, node 1 4.0 MiB");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Memory follows a dedicated worker (SPEC §15): after a configure of the process's main thread
 //! put the process on one node's CPUs, its pages on the other nodes with CPUs move there, on the
 //! configuring thread (never in a fork handler or a signal handler: configure is neither), once
-//! per configure that changes the node. [`crate::memory_move`] decides; this file reads
+//! per configure that changes the node. [`crate::memory_decision`] decides; this file reads
 //! `/proc/self/smaps` and `numa_maps`, walks each private mapping in batches aligned to the
 //! transparent huge page size, picks the pages to move from `/proc/self/pagemap` (present,
 //! anonymous, this process's alone) and `move_pages(2)`'s answer of where each lies, moves those
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::mask::CpuMask;
-use crate::memory_move::{self, pagemap, MoveDecision, MoveInput, Stay, StoppedShort, Walk};
+use crate::memory_decision::{self, pagemap, MoveDecision, MoveInput, Stay, StoppedShort, Walk};
 use crate::policy::Rule;
 use crate::report::MemoryMoved;
 use crate::{log_debug, log_info, log_warn, sys};
@@ -47,7 +47,7 @@ pub(super) struct Configured<'a> {
     pub memory_nodes: &'a [(usize, CpuMask)],
 }
 
-/// Moves the process's memory to the worker's node when [`memory_move::decide`] says so.
+/// Moves the process's memory to the worker's node when [`memory_decision::decide`] says so.
 pub(super) fn follow_the_worker(c: Configured<'_>) {
     let settings = &super::state::load_facts().settings;
     let moved_to = match MOVED_TO.load(Ordering::Acquire) {
@@ -60,7 +60,7 @@ pub(super) fn follow_the_worker(c: Configured<'_>) {
     } else {
         Ok(sys::MPOL_DEFAULT)
     };
-    let decision = memory_move::decide(&MoveInput {
+    let decision = memory_decision::decide(&MoveInput {
         dedicated: c.dedicated,
         enabled: settings.move_memory > 0,
         kernels_topology: settings.sysfs_root.as_os_str() == "/",
@@ -199,12 +199,12 @@ struct Walker<'a> {
 fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done, String> {
     let numa_maps = || {
         std::fs::read_to_string("/proc/self/numa_maps")
-            .map(|text| memory_move::numa_maps_pages(&text))
+            .map(|text| memory_decision::numa_maps_pages(&text))
             .map_err(|e| format!("/proc/self/numa_maps: {e}"))
     };
     let smaps = std::fs::read_to_string("/proc/self/smaps")
         .map_err(|e| format!("/proc/self/smaps: {e}"))?;
-    let plan = memory_move::plan(&memory_move::smaps_ranges(&smaps), &numa_maps()?, from);
+    let plan = memory_decision::plan(&memory_decision::smaps_ranges(&smaps), &numa_maps()?, from);
     let pagemap =
         File::open("/proc/self/pagemap").map_err(|e| format!("/proc/self/pagemap: {e}"))?;
     let base_page = page_size();
@@ -215,7 +215,7 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         .unwrap_or(base_page * 512);
     let order = (huge_bytes / base_page).trailing_zeros();
     let huge_free = std::fs::read_to_string("/proc/buddyinfo")
-        .map(|t| memory_move::free_blocks_of_order(&t, to, order))
+        .map(|t| memory_decision::free_blocks_of_order(&t, to, order))
         .unwrap_or(0);
     let mut walker = Walker {
         from,
@@ -241,8 +241,8 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
     let mut stopped = None;
     'walks: for walk in &plan.walks {
         // Huge pages only where the mapping's pages are the base size (not hugetlbfs).
-        let batch = memory_move::batch_bytes(walk.page_bytes, walker.huge_bytes);
-        for (start, len) in memory_move::batches(walk, batch) {
+        let batch = memory_decision::batch_bytes(walk.page_bytes, walker.huge_bytes);
+        for (start, len) in memory_decision::batches(walk, batch) {
             if let Err(why) = walker.batch(walk, start, len) {
                 stopped = Some(why);
                 break 'walks;
@@ -255,7 +255,7 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
             walker.huge_left
         );
     }
-    let (mut moved, mut left) = memory_move::outcome(&plan.walks, &numa_maps()?, from);
+    let (mut moved, mut left) = memory_decision::outcome(&plan.walks, &numa_maps()?, from);
     // Pages move_pages could not see even after the read (a hinting fault it did not take):
     // migrate_pages(2) walks the page tables itself and writes no policy either, but moves every
     // page of the process alone on the sources, locked, shared-memory and bound ones included.
@@ -272,7 +272,7 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         match sys::migrate_own_pages(from, to) {
             Ok(_) => {
                 let before = moved;
-                (moved, left) = memory_move::outcome(&plan.walks, &numa_maps()?, from);
+                (moved, left) = memory_decision::outcome(&plan.walks, &numa_maps()?, from);
                 swept = moved.saturating_sub(before);
             }
             Err(errno) => log_debug!("dedicated worker: migrate_pages failed (errno {errno})"),
@@ -322,9 +322,9 @@ impl Walker<'_> {
     fn allowance(&self, page_bytes: u64) -> Result<u64, StoppedShort> {
         let free_and_headroom = std::fs::read_to_string(&self.node_meminfo)
             .ok()
-            .and_then(|t| memory_move::node_free_and_total(&t))
-            .map(|(free, total)| (free, memory_move::headroom(total)));
-        memory_move::allowance(self.cap, self.moved, page_bytes, free_and_headroom)
+            .and_then(|t| memory_decision::node_free_and_total(&t))
+            .map(|(free, total)| (free, memory_decision::headroom(total)));
+        memory_decision::allowance(self.cap, self.moved, page_bytes, free_and_headroom)
     }
 
     /// Why `allowed` bytes are all the move may still take: the cap, or the node's headroom.
@@ -334,11 +334,11 @@ impl Walker<'_> {
         }
         let (free, total) = std::fs::read_to_string(&self.node_meminfo)
             .ok()
-            .and_then(|t| memory_move::node_free_and_total(&t))
+            .and_then(|t| memory_decision::node_free_and_total(&t))
             .unwrap_or((0, 0));
         StoppedShort::NodeFull {
             free,
-            headroom: memory_move::headroom(total),
+            headroom: memory_decision::headroom(total),
         }
     }
 
@@ -367,7 +367,7 @@ impl Walker<'_> {
             return Ok(());
         }
         self.resolve_hinting_faults(&addresses, &mut status, allowed / page);
-        let mut chosen: Vec<usize> = memory_move::to_move(&status, self.from)
+        let mut chosen: Vec<usize> = memory_decision::to_move(&status, self.from)
             .into_iter()
             .map(|i| addresses[i])
             .collect();
@@ -394,7 +394,7 @@ impl Walker<'_> {
                 // splits a huge page it finds no free block of its size for; a margin of a few
                 // blocks keeps the allocation above the watermarks.
                 self.huge_free = std::fs::read_to_string("/proc/buddyinfo")
-                    .map(|t| memory_move::free_blocks_of_order(&t, self.to, self.huge_order))
+                    .map(|t| memory_decision::free_blocks_of_order(&t, self.to, self.huge_order))
                     .unwrap_or(0);
                 if self.huge_free < HUGE_FREE_MARGIN || allowed < self.huge_bytes {
                     self.huge_left += 1;
