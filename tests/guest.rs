@@ -1086,14 +1086,7 @@ fn a_shared_shmem_mapping_keeps_its_policy_and_its_pages() {
 fn transparent_huge_pages_move_whole() {
     let guest = require!(memory());
     let run = guest.ok("thp");
-    let huge = |phase: &str| {
-        run.lines("HUGE ")
-            .into_iter()
-            .find(|w| w[0] == phase)
-            .and_then(|w| w[1].parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no HUGE {phase}:\n{}", run.text()))
-    };
-    let (before, after) = (huge("before"), huge("after"));
+    let (before, after) = (run.huge_kib("before"), run.huge_kib("after"));
     let pages = buffer_pages(run, "after");
     println!("thp: AnonHugePages {before} kB before, {after} kB after; pages {pages:?}");
     println!("thp: {}", move_line(run));
@@ -1268,8 +1261,10 @@ fn a_boot_past_its_limit_is_tried_once_more_then_fails_with_one_line() {
 #[test]
 fn the_guest_scripts_lines_are_parsed_by_scenario() {
     let s = parse(
-        "noise from the console\nguest| uname=6.1\nplan| {\nplan| }\nplan! warn\nplan= 0\nx= nope\nrun_2= 1\n",
+        "noise from the console\nguest| uname=6.1\nplan| {\nplan| }\nplan! warn\nplan= 0\nx= nope\nrun_2= 1\nthp| HUGE before 67584\nthp| HUGE after 65536\nthp= 0\n",
     );
+    assert_eq!(s["thp"].huge_kib("before"), 67584);
+    assert_eq!(s["thp"].huge_kib("after"), 65536);
     assert_eq!(s["run_2"].status, Some(1));
     assert_eq!(s["guest"].out, ["uname=6.1"]);
     assert_eq!(s["plan"].text(), "{\n}");

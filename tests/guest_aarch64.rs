@@ -771,15 +771,8 @@ table_tests! {
 fn check_transparent_huge_pages(shape: &Shape) {
     let guest = require!(gb200(shape));
     let run = guest.ok("thp");
-    let huge = |phase: &str| {
-        run.lines("HUGE ")
-            .into_iter()
-            .find(|w| w[0] == phase)
-            .and_then(|w| w[1].parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no HUGE {phase}:\n{}", run.text()))
-    };
     check_numa_maps_page_size(run, shape.page);
-    let (before, after) = (huge("before"), huge("after"));
+    let (before, after) = (run.huge_kib("before"), run.huge_kib("after"));
     let buffer_pages: usize = run.pages("before").0.values().sum();
     let (pages, failed) = run.pages("after");
     let moved = run.report()["memory_moved"]["huge_pages_moved"]

@@ -124,6 +124,15 @@ impl Scenario {
         (nodes, failed)
     }
 
+    /// `HUGE <phase> <kB>` → the buffer's `AnonHugePages` (kB) at that phase.
+    pub fn huge_kib(&self, phase: &str) -> u64 {
+        self.lines("HUGE ")
+            .into_iter()
+            .find(|w| w[0] == phase)
+            .and_then(|w| w[1].parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no HUGE {phase}:\n{}", self.text()))
+    }
+
     /// `REPORT <json>`.
     pub fn report(&self) -> serde_json::Value {
         let line = self
