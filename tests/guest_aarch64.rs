@@ -908,13 +908,7 @@ fn check_topo_plan_and_configure(shape: &Shape) {
             );
         }
     }
-    for (who, cpus) in [
-        ("topo", device["local_cpus"].clone()),
-        ("plan", plan["worker"]["cpus"].clone()),
-        ("configure", serde_json::json!(configured)),
-    ] {
-        assert_eq!(cpus, GRACE_CPUS, "{who}: GPU 0's CPUs");
-    }
+    topo_plan_and_configure_agree(device, &plan, &configured, GRACE_CPUS);
 }
 
 /// The GPU's `numa_node` is -1 (QEMU's own device tree; a DGX Spark's GPU is so): NVML's CPU

@@ -475,3 +475,20 @@ pub fn check_placement_and_release(
     assert_eq!(report["worker_device"], gpu, "{report}");
     report
 }
+
+/// `topo`'s GPU 0 (`device`), `plan --gpu 0` and the mask a real `configure(0)` gave
+/// (`configured`) all name `cpus` as the GPU's CPUs.
+pub fn topo_plan_and_configure_agree(
+    device: &serde_json::Value,
+    plan: &serde_json::Value,
+    configured: &str,
+    cpus: &str,
+) {
+    for (who, named) in [
+        ("topo", device["local_cpus"].clone()),
+        ("plan", plan["worker"]["cpus"].clone()),
+        ("configure", serde_json::json!(configured)),
+    ] {
+        assert_eq!(named, cpus, "{who}: GPU 0's CPUs");
+    }
+}
