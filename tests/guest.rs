@@ -127,6 +127,16 @@ fn script_extra_args(machine: &Machine) -> Vec<std::path::PathBuf> {
     Vec::new()
 }
 
+/// `fn NAME()`: the boot of `MACHINE`, once per test binary, shared by its tests.
+macro_rules! booted_once {
+    ($name:ident, $machine:ident) => {
+        fn $name() -> Result<&'static Booted, String> {
+            static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
+            booted_once(&BOOT, $machine)
+        }
+    };
+}
+
 /// The boot of `machine`, once per test binary, shared by its tests.
 fn booted_once(
     cell: &'static OnceLock<Result<Booted, NoBoot>>,
@@ -163,10 +173,7 @@ fn two_nodes_machine() -> Machine {
     }
 }
 
-fn two_nodes() -> Result<&'static Booted, String> {
-    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted_once(&BOOT, two_nodes_machine)
-}
+booted_once!(two_nodes, two_nodes_machine);
 
 /// The same machine, booted apart for the seed deployments.
 fn deployments_machine() -> Machine {
@@ -178,10 +185,7 @@ fn deployments_machine() -> Machine {
     }
 }
 
-fn deployments() -> Result<&'static Booted, String> {
-    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted_once(&BOOT, deployments_machine)
-}
+booted_once!(deployments, deployments_machine);
 
 const NODE1: &str = "2-3";
 const ALL4: &str = "0-3";
@@ -213,27 +217,11 @@ fn configure_puts_the_worker_and_its_threads_on_the_gpus_node_and_release_restor
 fn memory_first_touched_by_workers_is_on_the_gpus_node_and_host_policy_is_untouched() {
     let guest = require!(two_nodes());
     let run = guest.ok("placement");
-    for buffer in ["worker", "child", "scoped"] {
-        let (nodes, failed) = run.pages(buffer);
-        println!("pages {buffer}: {nodes:?}");
-        assert_eq!(failed, 0, "{buffer}: pages move_pages could not place");
-        assert_eq!(
-            nodes.keys().copied().collect::<Vec<_>>(),
-            [1],
-            "{buffer}: every page on node 1, {nodes:?}"
-        );
-    }
+    workers_pages_all_on(run, 1);
     // The host threads' memory policy is what it was (MPOL_DEFAULT, 0), before and after
     // configure; their masks are checked above. The scope's caller is the one exception (the
     // next test).
-    for (thread, phase) in [
-        ("main", "before"),
-        ("main", "configured"),
-        ("H", "before"),
-        ("H", "configured"),
-    ] {
-        assert_eq!(run.policy(thread, phase), 0, "{thread} {phase}");
-    }
+    host_threads_keep_the_default_policy(run);
     // H ran on all four CPUs: its pages lie where it ran, none failed.
     let (host, failed) = run.pages("host");
     assert_eq!(failed, 0);
@@ -293,13 +281,7 @@ fn ps_shows_the_workers_memory_on_the_gpus_node() {
         );
         let node1 = memory["bytes_per_node"]["1"].as_u64().unwrap_or(0);
         assert!(node1 >= 8 << 20, "{name}: {memory}");
-        let threads = ps["threads"].as_array().unwrap();
-        assert!(
-            threads
-                .iter()
-                .any(|t| t["role"] == "worker" && t["mask"] == NODE1),
-            "{ps}"
-        );
+        ps_shows_a_worker_on(&ps, NODE1);
     }
 }
 
@@ -548,11 +530,9 @@ fn smt_machine() -> Machine {
             "-smp 8,sockets=2,cores=2,threads=2 -cpu Skylake-Server {}",
             test_device_on(1)
         ),
-        distances: Vec::new(),
-        nodes: "0-1",
         script: SMT_SCRIPT,
         program: "step_result_hotplug",
-        deployments: false,
+        ..two_nodes_machine()
     }
 }
 
@@ -570,10 +550,7 @@ fn tray_over_the_smt_sockets() -> std::path::PathBuf {
     dir
 }
 
-fn smt() -> Result<&'static Booted, String> {
-    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted_once(&BOOT, smt_machine)
-}
+booted_once!(smt, smt_machine);
 
 /// The kernel's sibling list of each CPU, read in the guest before CPU 7 went offline.
 fn siblings(guest: &Booted) -> BTreeMap<usize, CpuMask> {
@@ -738,10 +715,7 @@ fn four_nodes_machine() -> Machine {
     }
 }
 
-fn four_nodes() -> Result<&'static Booted, String> {
-    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted_once(&BOOT, four_nodes_machine)
-}
+booted_once!(four_nodes, four_nodes_machine);
 
 #[test]
 fn four_nodes_a_memory_only_node_and_a_device_without_a_node_are_the_kernels() {
@@ -833,10 +807,7 @@ fn memory_machine() -> Machine {
     }
 }
 
-fn memory() -> Result<&'static Booted, String> {
-    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
-    booted_once(&BOOT, memory_machine)
-}
+booted_once!(memory, memory_machine);
 
 /// The same machine with 2 GiB a node, booted apart for the move's cost: room for a 1 GiB buffer
 /// on node 0 beside what the guest holds there.

@@ -637,16 +637,7 @@ fn check_placement(shape: &Shape) {
     let run = guest.ok("placement");
     check_placement_and_release(run, GRACE_CPUS, ALL4, GUEST_GPU);
     // Pages the workers first touched: on their Grace node, none on the GPU's memory node.
-    for buffer in ["worker", "child", "scoped"] {
-        let (nodes, failed) = run.pages(buffer);
-        println!("pages {buffer}: {nodes:?}");
-        assert_eq!(failed, 0, "{buffer}");
-        assert_eq!(
-            nodes.keys().copied().collect::<Vec<_>>(),
-            [GRACE_NODE],
-            "{buffer}: {nodes:?}"
-        );
-    }
+    workers_pages_all_on(run, GRACE_NODE);
 }
 
 table_tests! {
@@ -674,14 +665,7 @@ fn check_the_scopes_memory_preference(shape: &Shape) {
         format!("1 {:x}", 1u64 << GRACE_NODE)
     );
     assert_eq!(words("main", "after_scope"), "0 0");
-    for (thread, phase) in [
-        ("main", "before"),
-        ("main", "configured"),
-        ("H", "before"),
-        ("H", "configured"),
-    ] {
-        assert_eq!(run.policy(thread, phase), 0, "{thread} {phase}");
-    }
+    host_threads_keep_the_default_policy(run);
 }
 
 table_tests! {
@@ -838,13 +822,7 @@ fn check_ps_memory_per_node(shape: &Shape) {
         memory["bytes_per_node"][GPU_MEMORY_NODE.to_string()].is_null(),
         "{memory}"
     );
-    let threads = ps["threads"].as_array().unwrap();
-    assert!(
-        threads
-            .iter()
-            .any(|t| t["role"] == "worker" && t["mask"] == GRACE_CPUS),
-        "{ps}"
-    );
+    ps_shows_a_worker_on(&ps, GRACE_CPUS);
 }
 
 table_tests! {

@@ -492,3 +492,42 @@ pub fn topo_plan_and_configure_agree(
         assert_eq!(named, cpus, "{who}: GPU 0's CPUs");
     }
 }
+
+/// The host threads of `numa_placement` (main and H) have the default memory policy (MPOL_DEFAULT,
+/// 0) before and after the configure.
+pub fn host_threads_keep_the_default_policy(run: &Scenario) {
+    for (thread, phase) in [
+        ("main", "before"),
+        ("main", "configured"),
+        ("H", "before"),
+        ("H", "configured"),
+    ] {
+        assert_eq!(run.policy(thread, phase), 0, "{thread} {phase}");
+    }
+}
+
+/// Every page `numa_placement`'s workers first touched (a worker, its child, a scope's caller)
+/// lies on `node`, and `move_pages` placed each.
+pub fn workers_pages_all_on(run: &Scenario, node: usize) {
+    for buffer in ["worker", "child", "scoped"] {
+        let (nodes, failed) = run.pages(buffer);
+        println!("pages {buffer}: {nodes:?}");
+        assert_eq!(failed, 0, "{buffer}: pages move_pages could not place");
+        assert_eq!(
+            nodes.keys().copied().collect::<Vec<_>>(),
+            [node],
+            "{buffer}: every page on node {node}, {nodes:?}"
+        );
+    }
+}
+
+/// `tllm-affinity ps PID --json` (`ps`) shows a worker thread whose mask is `cpus`.
+pub fn ps_shows_a_worker_on(ps: &serde_json::Value, cpus: &str) {
+    let threads = ps["threads"].as_array().unwrap();
+    assert!(
+        threads
+            .iter()
+            .any(|t| t["role"] == "worker" && t["mask"] == cpus),
+        "{ps}"
+    );
+}
