@@ -33,7 +33,11 @@
  *               <node mask of the second> and the parent SHM_PAGES <node>=<pages> ...
  *   MF_THP=1    the buffer starts half a huge page past a huge page boundary (2 MiB on 4 KiB
  *               pages, 32 MiB on 16 KiB pages: the kernel's hpage_pmd_size), advised
- *               MADV_HUGEPAGE: HUGE before|after <AnonHugePages kB of the buffer's mappings>.
+ *               MADV_HUGEPAGE: HUGE before|after <AnonHugePages kB of the buffer's mappings>
+ *               <AnonHugePages kB of the whole host (/proc/meminfo)> <huge page splits so far:
+ *               vmstat's thp_split_page + thp_split_pmd + thp_migration_split>. (A process's
+ *               smaps leaves out huge pages NUMA balancing has just marked for a hinting fault,
+ *               so only the kernel's own counts say whether any was split.)
  * Lines:
  *
  *   PAGES before|after <node>=<pages> ... fail=0     the buffer's memory per node, in 4 KiB
@@ -237,6 +241,30 @@ static long huge_kb(void) {
     return kb;
 }
 
+/* `name <value>` of a /proc file of such lines (`AnonHugePages: <kB> kB` too), or -1. */
+static long proc_value(const char *path, const char *name) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256];
+    long value = -1;
+    size_t len = strlen(name);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, name, len) == 0 && (line[len] == ' ' || line[len] == ':')) {
+            value = strtol(line + len + 1, NULL, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return value;
+}
+
+static long host_huge_kb(void) { return proc_value("/proc/meminfo", "AnonHugePages"); }
+
+static long huge_splits(void) {
+    return proc_value("/proc/vmstat", "thp_split_page") + proc_value("/proc/vmstat", "thp_split_pmd") +
+           proc_value("/proc/vmstat", "thp_migration_split");
+}
+
 static long node_free_mib(int node) {
     char path[128], line[256];
     snprintf(path, sizeof path, "/sys/devices/system/node/node%d/meminfo", node);
@@ -364,7 +392,7 @@ int main(int argc, char **argv) {
         }
         printf("LOCKED %lu\n", (unsigned long)(size / 2 / (size_t)page));
     }
-    if (thp) printf("HUGE before %ld\n", huge_kb());
+    if (thp) printf("HUGE before %ld %ld %ld\n", huge_kb(), host_huge_kb(), huge_splits());
     pthread_t allocator, forker;
     int watch = flag("MF_WATCH");
     if (watch) {
@@ -405,7 +433,7 @@ int main(int argc, char **argv) {
         printf("WINDOW %ld %ld\nFORKS %ld %ld\nPOLICIES %d\n", window_seen, window_chunks,
                fork_policies, forks, policies());
     }
-    if (thp) printf("HUGE after %ld\n", huge_kb());
+    if (thp) printf("HUGE after %ld %ld %ld\n", huge_kb(), host_huge_kb(), huge_splits());
     if (shm) {
         pages_of("shm_after", shm, shm_size);
         fflush(stdout);
