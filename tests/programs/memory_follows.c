@@ -258,6 +258,14 @@ static long proc_value(const char *path, const char *name) {
     return value;
 }
 
+static long node_free_mib(int node) {
+    char path[128], name[32];
+    snprintf(path, sizeof path, "/sys/devices/system/node/node%d/meminfo", node);
+    snprintf(name, sizeof name, "Node %d MemFree", node);
+    long kb = proc_value(path, name);
+    return kb < 0 ? -1 : kb / 1024;
+}
+
 static long host_huge_kb(void) { return proc_value("/proc/meminfo", "AnonHugePages"); }
 
 static long huge_splits(void) {
@@ -265,19 +273,6 @@ static long huge_splits(void) {
            proc_value("/proc/vmstat", "thp_migration_split");
 }
 
-static long node_free_mib(int node) {
-    char path[128], line[256];
-    snprintf(path, sizeof path, "/sys/devices/system/node/node%d/meminfo", node);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    long kb = -1;
-    while (fgets(line, sizeof line, f)) {
-        char *at = strstr(line, "MemFree:");
-        if (at) kb = atol(at + strlen("MemFree:"));
-    }
-    fclose(f);
-    return kb / 1024;
-}
 
 /* hold NODE MIB: bind to NODE and touch until its free memory is down to MIB. */
 static int hold(int node, long keep_mib) {
