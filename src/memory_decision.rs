@@ -160,13 +160,17 @@ pub enum Kept {
 }
 
 /// One mapping of `/proc/self/smaps`: its range, why it is kept if it is, and its transparent
-/// huge pages (`AnonHugePages`).
+/// huge pages (`AnonHugePages`) or whether it may hold some (`THPeligible`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Range {
     pub start: u64,
     pub end: u64,
     pub kept: Option<Kept>,
     pub anon_huge_bytes: u64,
+    /// `THPeligible: 1`. `AnonHugePages` alone leaves out the huge pages automatic NUMA
+    /// balancing has marked for a hinting fault: a loaded worker's buffer can show 0 kB of them
+    /// while every page of it is huge (measured in the x86_64 guest).
+    pub thp_eligible: bool,
 }
 
 /// The mappings of `/proc/self/smaps` text. A mapping whose header cannot be read is skipped.
@@ -197,6 +201,12 @@ pub fn smaps_ranges(text: &str) -> Vec<Range> {
             }
             continue;
         }
+        if let Some(flag) = line.strip_prefix("THPeligible:") {
+            if let Some(last) = ranges.last_mut() {
+                last.thp_eligible = flag.trim() == "1";
+            }
+            continue;
+        }
         let mut words = line.split_whitespace();
         let Some(first) = words.next() else {
             continue;
@@ -212,6 +222,7 @@ pub fn smaps_ranges(text: &str) -> Vec<Range> {
                     end,
                     kept: shared.then_some(Kept::Shared),
                     anon_huge_bytes: 0,
+                    thp_eligible: false,
                 });
             }
         }
@@ -281,7 +292,7 @@ pub fn plan(ranges: &[Range], nodes: &[NodePages], from: &[usize]) -> MovePlan {
                 end: range.end,
                 page_bytes: mapping.page_bytes,
                 on_sources,
-                huge: range.anon_huge_bytes > 0,
+                huge: range.anon_huge_bytes > 0 || range.thp_eligible,
             }),
         }
     }
@@ -367,6 +378,32 @@ pub fn to_move(status: &[i32], from: &[usize]) -> Vec<usize> {
         .filter(|(_, &s)| s >= 0 && from.contains(&(s as usize)))
         .map(|(i, _)| i)
         .collect()
+}
+
+/// Where whole huge-page blocks start in `addresses` (ascending, pages of `page` bytes): indices
+/// `i` where `huge_bytes / page` consecutive pages begin on a `huge_bytes` boundary, found from
+/// the front, a block never overlapping the one before. Such a block may be one transparent huge
+/// page: moving its first page moves all of it.
+pub fn huge_blocks(addresses: &[usize], page: u64, huge_bytes: u64) -> Vec<usize> {
+    let per_huge = (huge_bytes / page.max(1)) as usize;
+    let mut starts = Vec::new();
+    if per_huge <= 1 {
+        return starts;
+    }
+    let mut i = 0;
+    while i < addresses.len() {
+        let first = addresses[i] as u64;
+        let whole = first.is_multiple_of(huge_bytes)
+            && i + per_huge <= addresses.len()
+            && addresses[i + per_huge - 1] as u64 == first + huge_bytes - page;
+        if whole {
+            starts.push(i);
+            i += per_huge;
+        } else {
+            i += 1;
+        }
+    }
+    starts
 }
 
 /// `MemFree` and `MemTotal` (bytes) of `/sys/devices/system/node/nodeN/meminfo` text.
@@ -662,6 +699,8 @@ mod tests {
 55d4c0a00000-55d4c0a21000 rw-p 00000000 00:00 0                          [heap]
 Size:                132 kB
 Rss:                   8 kB
+AnonHugePages:         0 kB
+THPeligible:    1
 VmFlags: rd wr mr mw me ac
 7f1c00000000-7f1c04000000 rw-p 00000000 00:00 0
 Size:              65536 kB
@@ -705,6 +744,7 @@ VmFlags: ex
                 end: 0x55d4c0a21000,
                 kept: None,
                 anon_huge_bytes: 0,
+                thp_eligible: true,
             }
         );
         let kept: Vec<Option<Kept>> = ranges.iter().map(|r| r.kept).collect();
@@ -722,6 +762,7 @@ VmFlags: ex
             ]
         );
         assert_eq!(ranges[2].anon_huge_bytes, 48 << 20);
+        assert!(!ranges[2].thp_eligible, "no THPeligible line");
         assert_eq!(ranges[7].start, 0xffffffffff600000);
     }
 
@@ -746,7 +787,8 @@ VmFlags: ex
                     end: 0x55d4c0a21000,
                     page_bytes: 4096,
                     on_sources: 4096,
-                    huge: false,
+                    // Eligible, its huge pages (if any) marked for a hinting fault.
+                    huge: true,
                 },
                 Walk {
                     start: 0x7f1c08000000,
@@ -895,5 +937,21 @@ VmFlags: ex
         assert_eq!(free_blocks_of_order(buddy, 1, 9), 3 + 2 * 2);
         assert_eq!(free_blocks_of_order(buddy, 1, 10), 2);
         assert_eq!(free_blocks_of_order(buddy, 2, 9), 0);
+    }
+
+    #[test]
+    fn huge_blocks_are_aligned_runs_of_a_huge_pages_worth_of_pages() {
+        let page = 4096usize;
+        let huge = 4 * page;
+        // One page before a boundary, a whole block, a block with a hole, then a whole one.
+        let mut addresses = vec![huge - page];
+        addresses.extend((0..4).map(|k| huge + k * page));
+        addresses.extend([2 * huge, 2 * huge + page, 2 * huge + 3 * page]);
+        addresses.extend((0..4).map(|k| 3 * huge + k * page));
+        assert_eq!(huge_blocks(&addresses, page as u64, huge as u64), vec![1, 8]);
+        // A run that starts off a boundary is no block; base pages as large as a huge one none.
+        let shifted: Vec<usize> = (1..6).map(|k| k * page).collect();
+        assert_eq!(huge_blocks(&shifted, page as u64, huge as u64), Vec::<usize>::new());
+        assert!(huge_blocks(&[0, huge], huge as u64, huge as u64).is_empty());
     }
 }

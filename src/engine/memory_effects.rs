@@ -366,7 +366,10 @@ impl Walker<'_> {
         if sys::page_nodes(&addresses, &mut status).is_err() {
             return Ok(());
         }
-        self.resolve_hinting_faults(&addresses, &mut status, allowed / page);
+        let before_reads = self.moved;
+        self.resolve_hinting_faults(walk.huge, &addresses, &mut status, allowed / page);
+        // What the reads' faults moved counts against the budget like the rest.
+        allowed = allowed.saturating_sub(self.moved - before_reads);
         let mut chosen: Vec<usize> = memory_decision::to_move(&status, self.from)
             .into_iter()
             .map(|i| addresses[i])
@@ -377,19 +380,11 @@ impl Walker<'_> {
         if walk.huge && page < self.huge_bytes {
             let per_huge = (self.huge_bytes / page) as usize;
             let mut rest = Vec::with_capacity(chosen.len());
-            let mut i = 0;
-            while i < chosen.len() {
-                let first = chosen[i] as u64;
-                let whole = first.is_multiple_of(self.huge_bytes)
-                    && i + per_huge <= chosen.len()
-                    && chosen[i + per_huge - 1] as u64 == first + self.huge_bytes - page;
-                if !whole {
-                    rest.push(chosen[i]);
-                    i += 1;
-                    continue;
-                }
-                let block = &chosen[i..i + per_huge];
-                i += per_huge;
+            let mut next = 0;
+            for start in memory_decision::huge_blocks(&chosen, page, self.huge_bytes) {
+                rest.extend_from_slice(&chosen[next..start]);
+                next = start + per_huge;
+                let block = &chosen[start..next];
                 // Read again for each: other allocations take blocks meanwhile, and the kernel
                 // splits a huge page it finds no free block of its size for; a margin of a few
                 // blocks keeps the allocation above the watermarks.
@@ -419,6 +414,7 @@ impl Walker<'_> {
                     rest.extend_from_slice(&block[1..]);
                 }
             }
+            rest.extend_from_slice(&chosen[next..]);
             chosen = rest;
         }
         chosen.truncate((allowed / page) as usize);
@@ -431,7 +427,7 @@ impl Walker<'_> {
             // as the thread returns from a call): those are read and moved again, twice at most.
             for _ in 0..2 {
                 let hidden: Vec<usize> = (0..chosen.len())
-                    .filter(|&i| moved[i] == -libc::ENOENT || moved[i] == -libc::EFAULT)
+                    .filter(|&i| hidden_by_a_hinting_fault(moved[i]))
                     .collect();
                 if hidden.is_empty() {
                     break;
@@ -479,9 +475,19 @@ impl Walker<'_> {
     /// refused (a seccomp profile), they stay and count as not moved.
     /// The kernel's fault path may itself move a page it finds misplaced: at most `limit` pages
     /// are read (the budget left), and those that land on the target count as moved.
-    fn resolve_hinting_faults(&mut self, addresses: &[usize], status: &mut [i32], limit: u64) {
+    /// In a mapping with huge pages, whole hidden blocks go first (`resolve_hidden_huge_pages`).
+    fn resolve_hinting_faults(
+        &mut self,
+        huge: bool,
+        addresses: &[usize],
+        status: &mut [i32],
+        mut limit: u64,
+    ) {
+        if huge && self.page_bytes < self.huge_bytes {
+            limit = limit.saturating_sub(self.resolve_hidden_huge_pages(addresses, status, limit));
+        }
         let hidden: Vec<usize> = (0..addresses.len())
-            .filter(|&i| status[i] == -libc::ENOENT || status[i] == -libc::EFAULT)
+            .filter(|&i| hidden_by_a_hinting_fault(status[i]))
             .take(limit as usize)
             .collect();
         if hidden.is_empty() {
@@ -508,6 +514,68 @@ impl Walker<'_> {
             }
         }
     }
+
+    /// Hidden whole blocks of a mapping with huge pages: a read of a block's first page takes the
+    /// hinting fault of the whole huge page, and the kernel's fault path may move that huge page
+    /// whole to the reading thread's node. A block whose last page, not read, then answers the
+    /// target was one huge page and moved: counted as one (the rest of the walk never sees it
+    /// again). Returns the base pages it took of `limit`.
+    fn resolve_hidden_huge_pages(
+        &mut self,
+        addresses: &[usize],
+        status: &mut [i32],
+        limit: u64,
+    ) -> u64 {
+        let per_huge = (self.huge_bytes / self.page_bytes) as usize;
+        let hidden: Vec<usize> = (0..addresses.len())
+            .filter(|&i| hidden_by_a_hinting_fault(status[i]))
+            .collect();
+        let hidden_at: Vec<usize> = hidden.iter().map(|&i| addresses[i]).collect();
+        let blocks: Vec<usize> =
+            memory_decision::huge_blocks(&hidden_at, self.page_bytes, self.huge_bytes)
+                .into_iter()
+                .take((limit / per_huge as u64) as usize)
+                .collect();
+        if blocks.is_empty() {
+            return 0;
+        }
+        let firsts: Vec<usize> = blocks.iter().map(|&b| hidden_at[b]).collect();
+        match sys::read_one_byte_of_each(&firsts) {
+            Ok(n) => {
+                self.read += n as u64;
+                self.read_refused += (firsts.len() - n) as u64;
+            }
+            Err(_) => {
+                self.read_refused += firsts.len() as u64;
+                return 0;
+            }
+        }
+        let lasts: Vec<usize> = blocks
+            .iter()
+            .map(|&b| hidden_at[b + per_huge - 1])
+            .collect();
+        let mut tails = vec![0i32; lasts.len()];
+        if sys::page_nodes(&lasts, &mut tails).is_err() {
+            return 0;
+        }
+        let mut taken = 0;
+        for (&b, tail) in blocks.iter().zip(tails) {
+            if tail == self.to as i32 {
+                self.huge_pages += 1;
+                self.moved += self.huge_bytes;
+                taken += per_huge as u64;
+                for &i in &hidden[b..b + per_huge] {
+                    status[i] = tail;
+                }
+            }
+        }
+        taken
+    }
+}
+
+/// `move_pages` could not see the page: on kernels 6.1 to 6.4, one marked for a hinting fault.
+fn hidden_by_a_hinting_fault(status: i32) -> bool {
+    status == -libc::ENOENT || status == -libc::EFAULT
 }
 
 /// What the report says: `None` until a move ran.

@@ -40,7 +40,7 @@ under_run worker_main_rank mpirun -np 1 --bind-to none --allow-run-as-root \
 # What runs beside the move (tests/guest.rs, issue of the move's safety): a thread allocating and
 # a thread forking while it runs; an 8 MiB shmem object shared with a child that set its own
 # policy on half of it; transparent huge pages (`always`) in a buffer 1 MiB past a huge page
-# boundary; a budget smaller than the buffer, of huge pages and of base pages; and a target
+# boundary, which NUMA balancing has had 3 s of the program's run time to mark; a budget smaller than the buffer, of huge pages and of base pages; and a target
 # node another process has nearly filled (it holds node 1 down to 160 MiB free: 32 MiB above
 # the headroom of a 1 GiB node).
 scenario window run MF_WATCH=1 "$follows" main 1
@@ -48,7 +48,7 @@ scenario shared_shm run MF_SHM=1 "$follows" main 1
 thp=/sys/kernel/mm/transparent_hugepage
 thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/enabled)
 echo always >$thp/enabled
-scenario thp run MF_THP=1 MF_MIB=68 "$follows" main 1
+scenario thp run MF_THP=1 MF_MIB=68 MF_RUN_MS=3000 "$follows" main 1
 scenario budget_huge run MF_THP=1 TLLM_AFFINITY_MOVE_MEMORY=16M "$follows" main 1
 # The kernel's own default here is `always` (Debian's): a buffer then gets huge pages or not as
 # free blocks allow, so the base-page budget runs with none.

@@ -38,6 +38,11 @@
  *               vmstat's thp_split_page + thp_split_pmd + thp_migration_split>. (A process's
  *               smaps leaves out huge pages NUMA balancing has just marked for a hinting fault,
  *               so only the kernel's own counts say whether any was split.)
+ *   MF_RUN_MS=N the main thread then runs N ms without touching the buffer, as a worker does
+ *               between loading its model and configure: automatic NUMA balancing's scanner,
+ *               driven by a task's run time, marks the buffer for hinting faults meanwhile.
+ *               MARKED <AnonHugePages kB of the buffer's mappings in smaps> after it (smaps
+ *               leaves the marked huge pages out).
  * Lines:
  *
  *   PAGES before|after <node>=<pages> ... fail=0     the buffer's memory per node, in 4 KiB
@@ -388,6 +393,12 @@ int main(int argc, char **argv) {
         printf("LOCKED %lu\n", (unsigned long)(size / 2 / (size_t)page));
     }
     if (thp) printf("HUGE before %ld %ld %ld\n", huge_kb(), host_huge_kb(), huge_splits());
+    const char *run_ms = getenv("MF_RUN_MS");
+    if (run_ms) {
+        for (long until = now_us() + atol(run_ms) * 1000; now_us() < until;) {
+        }
+        printf("MARKED %ld\n", huge_kb());
+    }
     pthread_t allocator, forker;
     int watch = flag("MF_WATCH");
     if (watch) {
