@@ -213,7 +213,22 @@ impl Settings {
                 expected: expected.to_string(),
             })
         };
+        // One step a concern, each in the variables' order, which the error lines keep.
+        Self::read_log_and_strictness(&mut s, &lookup, &mut fail);
+        Self::read_worker_mask(&mut s, &lookup, &mut fail);
+        Self::read_worker_libs(&mut s, &lookup, &mut fail);
+        Self::read_report(&mut s, &lookup, &mut fail);
+        Self::read_dedicated_worker_and_step(&mut s, &lookup, &mut fail);
+        (s, errors)
+    }
 
+    /// `TLLM_AFFINITY_LOG` and `TLLM_AFFINITY_STRICT`: what the library says, and whether a
+    /// malformed setting stops it.
+    fn read_log_and_strictness(
+        s: &mut Self,
+        lookup: &impl Fn(&str) -> Option<String>,
+        mut fail: impl FnMut(&'static str, &str, &str),
+    ) {
         if let Some(v) = lookup("TLLM_AFFINITY_LOG") {
             match v.trim().to_ascii_lowercase().as_str() {
                 "off" => s.log = LogLevel::Off,
@@ -235,6 +250,15 @@ impl Settings {
                 _ => fail("TLLM_AFFINITY_STRICT", &v, "1 or 0"),
             }
         }
+    }
+
+    /// What the worker mask is made of: the policy, the inference server's own flag, an explicit
+    /// CPU list and the tree the topology is read from.
+    fn read_worker_mask(
+        s: &mut Self,
+        lookup: &impl Fn(&str) -> Option<String>,
+        mut fail: impl FnMut(&'static str, &str, &str),
+    ) {
         if let Some(v) = lookup("TLLM_AFFINITY_POLICY") {
             match v.trim().to_ascii_lowercase().as_str() {
                 "auto" => s.policy = Some(PolicyChoice::Auto),
@@ -280,6 +304,14 @@ impl Settings {
                 s.sysfs_root = path;
             }
         }
+    }
+
+    /// `TLLM_AFFINITY_WORKER_LIBS`: the libraries whose threads are workers.
+    fn read_worker_libs(
+        s: &mut Self,
+        lookup: &impl Fn(&str) -> Option<String>,
+        mut fail: impl FnMut(&'static str, &str, &str),
+    ) {
         if let Some(v) = lookup("TLLM_AFFINITY_WORKER_LIBS") {
             // A leading `+` adds to the default list; a plain list replaces it.
             let parsed = match v.trim_start().strip_prefix('+') {
@@ -297,6 +329,14 @@ impl Settings {
                 ),
             }
         }
+    }
+
+    /// `TLLM_AFFINITY_REPORT`: where the report goes at exit.
+    fn read_report(
+        s: &mut Self,
+        lookup: &impl Fn(&str) -> Option<String>,
+        mut fail: impl FnMut(&'static str, &str, &str),
+    ) {
         if let Some(v) = lookup("TLLM_AFFINITY_REPORT") {
             let path = PathBuf::from(&v);
             // Checked now rather than at exit, where nothing can be done about it any more.
@@ -314,6 +354,15 @@ impl Settings {
                 s.report_path = Some(path);
             }
         }
+    }
+
+    /// The process as a whole: a dedicated worker, the GPU it and `configure(-1)` mean, its memory
+    /// moved, and the step thread's core and lock directory.
+    fn read_dedicated_worker_and_step(
+        s: &mut Self,
+        lookup: &impl Fn(&str) -> Option<String>,
+        mut fail: impl FnMut(&'static str, &str, &str),
+    ) {
         if let Some(v) = lookup("TLLM_AFFINITY_PROCESS_ROLE") {
             match v.trim().to_ascii_lowercase().as_str() {
                 "host" | "" => s.process_role = ProcessRole::Host,
@@ -356,7 +405,6 @@ impl Settings {
                 ),
             }
         }
-        (s, errors)
     }
 
     /// True when `soname` (a file name, no directory) matches `TLLM_AFFINITY_WORKER_LIBS`.

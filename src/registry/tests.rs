@@ -3,8 +3,10 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 use super::*;
+use crate::threadtable;
 
 fn m(s: &str) -> CpuMask {
     CpuMask::parse_list(s).unwrap()
