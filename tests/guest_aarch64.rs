@@ -1078,19 +1078,35 @@ plan --gpu 1: {plan}
     );
     assert_eq!(plan["gpu"]["address"], SECOND_GPU, "{plan}");
     assert_eq!(plan["gpu"]["numa_node"], SECOND_GRACE_NODE, "{plan}");
+    assert_eq!(
+        plan["worker"]["source"], "the GPU's PCI local_cpulist",
+        "{plan}"
+    );
     topo_plan_and_configure_agree(&devices[1], &plan, &configured, SECOND_GRACE_CPUS);
 }
 
 /// `configure(1)` in a real process: GPU 1's workers and their children go to Grace node 0's
 /// CPUs, where GPU 0's went to node 1's; host threads stay, release restores; the pages its
-/// workers first touched lie on node 0.
+/// workers first touched lie on node 0. The CPUs come from the kernel's PCI locality of the
+/// device: NVML's CPU affinity (the same CPUs, as on a tray) is the library's fallback where
+/// sysfs has no node for the GPU, and it says so when it takes it.
 #[test]
 fn gpu_1s_workers_go_to_the_other_grace_node_and_release_restores() {
     let guest = require!(numa_4k());
     let gpu0_workers = guest.ok("placement").mask("configured", "W").0;
     assert_eq!(gpu0_workers, GRACE_CPUS, "GPU 0's workers");
+    assert_eq!(
+        guest.ok("pci_second").out,
+        [SECOND_GRACE_NODE.to_string(), SECOND_GRACE_CPUS.to_string()],
+        "{SECOND_GPU}'s numa_node and local_cpulist"
+    );
     let run = guest.ok("placement_gpu1");
     check_placement_and_release(run, SECOND_GRACE_CPUS, ALL4, SECOND_GPU);
+    assert!(
+        !run.stderr().contains("using NVML's CPU affinity"),
+        "configure(1) fell back to NVML:\n{}",
+        run.stderr()
+    );
     workers_pages_all_on(run, SECOND_GRACE_NODE);
 }
 
