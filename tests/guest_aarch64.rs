@@ -24,6 +24,12 @@
 //! own tree, where the device's `numa_node` is -1 (as on a DGX Spark) and NVML's CPU affinity
 //! must decide.
 //!
+//! The 4 KiB NUMA-mode boot has a second GPU, on the other Grace node (node 0), with its memory
+//! on node 2: a `pci-testdev` behind QEMU's PCI Express expander bridge (`pxb-pcie`, root bus
+//! 0x80). Linux's generic ECAM host driver does not find an expander's root bus from bus 0, so
+//! the edited device tree splits QEMU's host bridge in two, the second (buses 0x80-0xff, PCI
+//! domain 1) with `numa-node-id = <0>`.
+//!
 //! What is real: the arm64 kernel, its masks, NUMA nodes, memory and page placement, PCI
 //! locality. What is a test double: NVML alone (`tests/programs/nvml_double.c`).
 //!

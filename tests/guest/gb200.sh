@@ -1,14 +1,14 @@
 #!/bin/sh
 # Inside the aarch64 guest of tests/guest_aarch64.rs, a GB200 compute tray at small scale: Grace
-# nodes 0 (CPUs 0-1) and 1 (CPUs 2-3), placeholder nodes 3-9 (no CPUs, no memory), node 2 one more
-# placeholder or GPU 1's memory (see below), node 10 the
-# GPU's memory (memory, no CPU) in NUMA mode or one more placeholder in CDMM mode, and QEMU's
-# pci-testdev at 0000:00:02.0 on node 1 (the device tree's PCI host bridge), which the NVML test
-# double names GPU 0 with node 1's CPUs as its CPU affinity and, in NUMA mode, node 10 as its
-# memory's node (nvmlDeviceGetNumaNodeId; in CDMM mode that query is not supported). Run on the
-# 4 KiB-page kernel (NUMA mode) and on the 16 KiB-page one (CDMM mode). The 4 KiB boot has a
-# second pci-testdev, GPU 1, behind a second PCI host bridge on node 0 (CPUs 0-1), its memory
-# node 2. Arguments (aarch64 builds): the preload library, the CLI, the double's directory,
+# nodes 0 (CPUs 0-1) and 1 (CPUs 2-3), placeholder nodes 3-9 (no CPUs, no memory), node 2 one
+# more placeholder or GPU 1's memory (see below), node 10 the GPU's memory (memory, no CPU) in
+# NUMA mode or one more placeholder in CDMM mode, and QEMU's pci-testdev at 0000:00:02.0 on node
+# 1 (the device tree's PCI host bridge), which the NVML test double names GPU 0 with node 1's
+# CPUs as its CPU affinity and, in NUMA mode, node 10 as its memory's node
+# (nvmlDeviceGetNumaNodeId; in CDMM mode that query is not supported). Run on the 4 KiB-page
+# kernel (NUMA mode) and on the 16 KiB-page one (CDMM mode). The 4 KiB boot has a second
+# pci-testdev, GPU 1, behind a second PCI host bridge on node 0 (CPUs 0-1), its memory node 2.
+# Arguments (aarch64 builds): the preload library, the CLI, the double's directory,
 # numa_placement, memory_follows; then the GPU's memory node, or "-" in CDMM mode; then GPU 1's
 # PCI address and memory node, or "- -" without one.
 lib=$1 cli=$2 nvml_dir=$3 placement=$4 follows=$5 gpu_memory_node=$6 second_gpu=$7
