@@ -24,6 +24,12 @@
 //! own tree, where the device's `numa_node` is -1 (as on a DGX Spark) and NVML's CPU affinity
 //! must decide.
 //!
+//! The 4 KiB NUMA-mode boot has a second GPU, on the other Grace node (node 0), with its memory
+//! on node 2: a `pci-testdev` behind QEMU's PCI Express expander bridge (`pxb-pcie`, root bus
+//! 0x80). Linux's generic ECAM host driver does not find an expander's root bus from bus 0, so
+//! the edited device tree splits QEMU's host bridge in two, the second (buses 0x80-0xff, PCI
+//! domain 1) with `numa-node-id = <0>`.
+//!
 //! What is real: the arm64 kernel, its masks, NUMA nodes, memory and page placement, PCI
 //! locality. What is a test double: NVML alone (`tests/programs/nvml_double.c`).
 //!
@@ -58,6 +64,15 @@ const GUEST_GPU: &str = "0000:00:02.0";
 /// The Grace node the GPU is attached to, and its CPUs.
 const GRACE_NODE: usize = 1;
 const GRACE_CPUS: &str = "2-3";
+/// GPU 1 of the 4 KiB NUMA-mode boot: a second `pci-testdev` behind a root port of a second PCI
+/// host bridge (QEMU's `pxb-pcie`, root bus 0x80), which the edited device tree declares as a
+/// host of its own (PCI domain 1) on the other Grace node, node 0.
+const SECOND_GPU: &str = "0001:81:00.0";
+const SECOND_GRACE_NODE: usize = 0;
+const SECOND_GRACE_CPUS: &str = "0-1";
+/// GPU 1's memory in NUMA mode: node 2, with memory and no CPU (on a tray the GPU memory of
+/// Grace node 0's first GPU is node 2).
+const SECOND_GPU_MEMORY_NODE: usize = 2;
 /// The GPU's memory in NUMA mode: a CPU-less node with memory, at a sparse id. QEMU 7.2 wants
 /// every node id below the highest to exist ("numa: Node ID missing: 9"), so nodes 2-9 are given
 /// with neither CPUs nor memory: the kernel shows them online and empty, as a tray shows its
@@ -127,6 +142,9 @@ struct Shape {
     page: PageSize,
     gpu_memory: GpuMemory,
     device_node: DeviceNode,
+    /// A second GPU on the other Grace node, with its own host bridge (and, in NUMA mode, its
+    /// memory on node 2).
+    two_gpus: bool,
     /// The guest script (tests/guest/).
     script: &'static str,
 }
@@ -135,18 +153,21 @@ const NUMA_4K: Shape = Shape {
     page: PageSize::K4,
     gpu_memory: GpuMemory::Numa,
     device_node: DeviceNode::Grace,
+    two_gpus: true,
     script: "gb200.sh",
 };
 const NO_NODE_4K: Shape = Shape {
     page: PageSize::K4,
     gpu_memory: GpuMemory::Numa,
     device_node: DeviceNode::None,
+    two_gpus: false,
     script: "gb200_no_node.sh",
 };
 const CDMM_16K: Shape = Shape {
     page: PageSize::K16,
     gpu_memory: GpuMemory::Cdmm,
     device_node: DeviceNode::Grace,
+    two_gpus: false,
     script: "gb200.sh",
 };
 
@@ -156,10 +177,15 @@ impl Shape {
         (self.gpu_memory == GpuMemory::Numa).then_some(GPU_MEMORY_NODE)
     }
 
+    /// GPU 1's memory node, in NUMA mode.
+    fn second_gpu_memory_node(self) -> Option<usize> {
+        (self.two_gpus && self.gpu_memory == GpuMemory::Numa).then_some(SECOND_GPU_MEMORY_NODE)
+    }
+
     fn name(self) -> &'static str {
         match (self.page, self.gpu_memory, self.device_node) {
             (PageSize::K4, GpuMemory::Numa, DeviceNode::Grace) => {
-                "GB200-like aarch64 (4 KiB pages, NUMA mode), the GPU on Grace node 1"
+                "GB200-like aarch64 (4 KiB pages, NUMA mode), GPUs 0 and 1 on Grace nodes 1 and 0"
             }
             (PageSize::K4, GpuMemory::Numa, DeviceNode::None) => {
                 "GB200-like aarch64 (4 KiB pages, NUMA mode), the GPU without a NUMA node"
@@ -182,30 +208,52 @@ impl Shape {
 }
 
 /// The guest machine: node 0 = CPUs 0-1, node 1 = CPUs 2-3 (1 GiB each), node 10 = 512 MiB and
-/// no CPU in NUMA mode (an empty placeholder in CDMM mode); distances of a tray: 40 between the
-/// Grace nodes, 80 from a Grace node to the memory of its own GPU, 120 to another's (and to the
-/// placeholders).
+/// no CPU in NUMA mode (an empty placeholder in CDMM mode), and with two GPUs in NUMA mode node 2
+/// = 256 MiB and no CPU (GPU 1's memory); distances of a tray: 40 between the Grace nodes, 80
+/// from a Grace node to the memory of its own GPU, 120 to another's (and to the placeholders).
 fn gb200_machine(shape: Shape, qemu_opts: String) -> Machine {
     let nodes = 0..=GPU_MEMORY_NODE;
+    let second_gpu_memory = shape.second_gpu_memory_node().is_some();
     let mut distances = Vec::new();
     for a in nodes.clone() {
         for b in a + 1..=GPU_MEMORY_NODE {
             let d = match (a, b) {
                 (0, 1) => 40,
                 (GRACE_NODE, GPU_MEMORY_NODE) => 80,
+                (SECOND_GRACE_NODE, SECOND_GPU_MEMORY_NODE) if second_gpu_memory => 80,
                 _ => 120,
             };
             distances.push(format!("{a},{b}={d}"));
         }
     }
-    let (gpu_memory_node, memory) = match shape.gpu_memory {
-        GpuMemory::Numa => ("512M,nodeid=10", "2560M"),
-        GpuMemory::Cdmm => ("0,nodeid=10", "2048M"),
+    let (gpu_memory_node, memory) = match (shape.gpu_memory, second_gpu_memory) {
+        (GpuMemory::Numa, true) => ("512M,nodeid=10", "2816M"),
+        (GpuMemory::Numa, false) => ("512M,nodeid=10", "2560M"),
+        (GpuMemory::Cdmm, _) => ("0,nodeid=10", "2048M"),
+    };
+    let node2 = if second_gpu_memory {
+        "256M,nodeid=2"
+    } else {
+        "0,nodeid=2"
+    };
+    // The second GPU: a PCI Express expander bridge (a host bridge of its own to the guest, root
+    // bus 0x80; QEMU's `numa_node=` for it reaches only ACPI tables, which a device-tree boot
+    // has none of: the edited device tree gives its node), a root port on it (pxb-pcie takes
+    // only bridges) and the device behind that.
+    let second_gpu = if shape.two_gpus {
+        [
+            "-device pxb-pcie,id=pxb,bus_nr=0x80,bus=pcie.0,addr=0x3",
+            "-device pcie-root-port,id=pxb_port,bus=pxb,chassis=1",
+            "-device pci-testdev,bus=pxb_port ",
+        ]
+        .join(" ")
+    } else {
+        String::new()
     };
     let numa: Vec<&'static str> = [
         "1G,cpus=0-1",
         "1G,cpus=2-3",
-        "0,nodeid=2",
+        node2,
         "0,nodeid=3",
         "0,nodeid=4",
         "0,nodeid=5",
@@ -223,7 +271,7 @@ fn gb200_machine(shape: Shape, qemu_opts: String) -> Machine {
         // Machine holds 'static lists: a few bytes per boot.
         numa: numa.leak(),
         qemu_opts: format!(
-            "{}-device pci-testdev,bus=pcie.0,addr=0x2 {qemu_opts}",
+            "{}-device pci-testdev,bus=pcie.0,addr=0x2 {second_gpu}{qemu_opts}",
             shape.page.qemu_cpu()
         ),
         distances,
@@ -422,11 +470,15 @@ fn boot_gb200(shape: Shape) -> Result<Booted, NoBoot> {
         .map(|p| p.display().to_string())
         .collect::<Vec<_>>()
         .join(" ");
-    // gb200.sh's last argument: the GPU's memory node, or "-" in CDMM mode.
-    let gpu_memory_node = shape
-        .gpu_memory_node()
-        .map_or("-".to_string(), |n| n.to_string());
-    let exec = format!("sh {exec} {gpu_memory_node}");
+    // gb200.sh's last arguments: the GPU's memory node, or "-" in CDMM mode; GPU 1's address
+    // and memory node, or "-".
+    let or_none = |node: Option<usize>| node.map_or("-".to_string(), |n| n.to_string());
+    let gpu_memory_node = or_none(shape.gpu_memory_node());
+    let second_gpu = match shape.two_gpus {
+        true => format!("{SECOND_GPU} {}", or_none(shape.second_gpu_memory_node())),
+        false => "- -".to_string(),
+    };
+    let exec = format!("sh {exec} {gpu_memory_node} {second_gpu}");
     let plain = gb200_machine(shape, String::new());
     let machine = match shape.device_node {
         DeviceNode::None => plain,
@@ -453,7 +505,8 @@ fn boot_gb200(shape: Shape) -> Result<Booted, NoBoot> {
 
 /// The device tree QEMU makes for `machine` (dumped by the same vng command line, so the same
 /// devices and memory), with `numa-node-id = <node>` on the PCI host bridge: every PCI device
-/// then has that `numa_node`.
+/// then has that `numa_node`. With two GPUs the host bridge is split in two
+/// ([`with_a_second_host_bridge`]).
 fn device_tree_with_the_bridge_on(
     machine: &Machine,
     shape: Shape,
@@ -494,6 +547,12 @@ fn device_tree_with_the_bridge_on(
             .arg(&dumped),
     );
     let source = String::from_utf8(source.stdout).unwrap();
+    let source = if shape.two_gpus {
+        with_a_second_host_bridge(&source, SECOND_GRACE_NODE)
+            .map_err(|e| format!("{}: {e}", dumped.display()))?
+    } else {
+        source
+    };
     let bridge = "\tpcie@10000000 {\n";
     if !source.contains(bridge) {
         return Err(format!(
@@ -516,6 +575,82 @@ fn device_tree_with_the_bridge_on(
             .arg(&dts),
     );
     Ok(dtb)
+}
+
+/// QEMU 7.2's `virt` PCI host bridge (dtc's text of it): buses 0-255 of high ECAM at
+/// 0x40_1000_0000 (1 MiB a bus); 64 KiB of I/O at 0x3eff_0000; 32-bit memory from 0x1000_0000
+/// to 0x3efe_ffff; 512 GiB of 64-bit memory at 0x80_0000_0000.
+const QEMU_HOST_BRIDGE: [&str; 3] = [
+    "bus-range = <0x00 0xff>;",
+    "reg = <0x40 0x10000000 0x00 0x10000000>;",
+    "ranges = <0x1000000 0x00 0x00 0x00 0x3eff0000 0x00 0x10000 0x2000000 0x00 0x10000000 0x00 \
+     0x10000000 0x00 0x2eff0000 0x3000000 0x80 0x00 0x80 0x00 0x80 0x00>;",
+];
+
+/// The same resources split between two host bridges: buses 0-0x7f (the root bus, QEMU's
+/// `pcie.0`) and 0x80-0xff (the expander bridge's root bus), each with its slice of ECAM (a bus
+/// range's first bus at the start of its `reg`) and half of each window. The expander's root bus
+/// decodes the addresses of the one PCI address space QEMU has, so any half serves.
+const SPLIT_HOST_BRIDGES: [[&str; 3]; 2] = [
+    [
+        "bus-range = <0x00 0x7f>;",
+        "reg = <0x40 0x10000000 0x00 0x8000000>;",
+        "ranges = <0x1000000 0x00 0x00 0x00 0x3eff0000 0x00 0x8000 0x2000000 0x00 0x10000000 \
+         0x00 0x10000000 0x00 0x10000000 0x3000000 0x80 0x00 0x80 0x00 0x40 0x00>;",
+    ],
+    [
+        "bus-range = <0x80 0xff>;",
+        "reg = <0x40 0x18000000 0x00 0x8000000>;",
+        "ranges = <0x1000000 0x00 0x8000 0x00 0x3eff8000 0x00 0x8000 0x2000000 0x00 0x20000000 \
+         0x00 0x20000000 0x00 0x1eff0000 0x3000000 0xc0 0x00 0xc0 0x00 0x40 0x00>;",
+    ],
+];
+
+/// `source` (QEMU's device tree, as dtc writes it) with the PCI host bridge split in two
+/// (`SPLIT_HOST_BRIDGES`): Linux's generic ECAM host driver scans a host's root bus and the
+/// buses behind PCI-to-PCI bridges, and an expander bridge is neither, so its root bus (0x80)
+/// needs a host node of its own. That node has PCI domain 1 (a domain is a host's own; Linux
+/// refuses a domain twice) and `numa-node-id = <node>`.
+fn with_a_second_host_bridge(source: &str, node: usize) -> Result<String, String> {
+    let start = source
+        .find("\tpcie@10000000 {\n")
+        .ok_or("no PCI host bridge `pcie@10000000`")?;
+    let end = start
+        + source[start..]
+            .find("\n\t};\n")
+            .ok_or("the PCI host bridge's node does not end")?
+        + "\n\t};\n".len();
+    let bridge = &source[start..end];
+    let split = |lines: [&str; 3]| -> Result<String, String> {
+        let mut node = bridge.to_string();
+        for (qemu, ours) in QEMU_HOST_BRIDGE.iter().zip(lines) {
+            if !node.contains(qemu) {
+                return Err(format!(
+                    "the PCI host bridge has no `{qemu}` (QEMU 7.2's, which the test splits)"
+                ));
+            }
+            node = node.replacen(qemu, ours, 1);
+        }
+        Ok(node)
+    };
+    let first = split(SPLIT_HOST_BRIDGES[0])?;
+    let second = split(SPLIT_HOST_BRIDGES[1])?;
+    let domain = "linux,pci-domain = <0x00>;";
+    if !second.contains(domain) {
+        return Err(format!("the PCI host bridge has no `{domain}`"));
+    }
+    let second = second
+        .replacen(domain, "linux,pci-domain = <0x01>;", 1)
+        .replacen(
+            "\tpcie@10000000 {\n",
+            &format!("\tpcie@4018000000 {{\n\t\tnuma-node-id = <{node:#x}>;\n"),
+            1,
+        );
+    Ok(format!(
+        "{}{first}\n{second}{}",
+        &source[..start],
+        &source[end..]
+    ))
 }
 
 /// The GB200-like guest in NUMA mode on the 4 KiB kernel, the GPU on Grace node 1
@@ -566,7 +701,8 @@ const GPU_BUFFER_PAGES: usize = 4096;
 
 table_tests! {
     check_the_guests_shape;
-    /// 4 KiB pages, NUMA mode: two Grace nodes, placeholders 2-9, node 10 the GPU's memory.
+    /// 4 KiB pages, NUMA mode: two Grace nodes, placeholders 3-9, node 10 GPU 0's memory, node
+    /// 2 GPU 1's.
     the_guest_is_aarch64_with_4k_pages_two_grace_nodes_and_a_gpu_memory_node: NUMA_4K;
     /// 16 KiB pages (32 MiB huge pages), CDMM mode: the Grace nodes, placeholders 2-10 and no
     /// node with memory but the Grace nodes.
@@ -594,17 +730,24 @@ fn check_the_guests_shape(shape: &Shape) {
     assert_eq!(nodes["node1_cpus"], GRACE_CPUS);
     assert_eq!(nodes["node10_cpus"], "");
     let node10_kib: u64 = nodes["node10_memory_kib"].parse().unwrap();
-    match shape.gpu_memory {
-        GpuMemory::Numa => {
+    let node2_kib: u64 = nodes["node2_memory_kib"].parse().unwrap();
+    match (shape.gpu_memory, shape.two_gpus) {
+        (GpuMemory::Numa, true) => {
+            assert_eq!(nodes["has_memory"], "0-2,10", "nodes 2 and 10 have memory");
+            assert!(node10_kib > 400 << 10, "node 10's memory: {node10_kib} KiB");
+            assert!(node2_kib > 200 << 10, "node 2's memory: {node2_kib} KiB");
+        }
+        (GpuMemory::Numa, false) => {
             assert_eq!(nodes["has_memory"], "0-1,10", "node 10 has memory");
             assert!(node10_kib > 400 << 10, "node 10's memory: {node10_kib} KiB");
         }
-        GpuMemory::Cdmm => {
+        (GpuMemory::Cdmm, _) => {
             assert_eq!(
                 nodes["has_memory"], "0-1",
                 "only the Grace nodes have memory"
             );
             assert_eq!(node10_kib, 0, "node 10's memory");
+            assert_eq!(node2_kib, 0, "node 2's memory");
         }
     }
     // Linux 6.1 keeps the device tree's distances to every node; 6.12 keeps them only between
@@ -886,6 +1029,91 @@ fn check_topo_plan_and_configure(shape: &Shape) {
         }
     }
     topo_plan_and_configure_agree(device, &plan, &configured, GRACE_CPUS);
+}
+
+/// GPU 1 of the 4 KiB NUMA-mode boot, behind a host bridge of its own (the device tree's second
+/// PCI host node, domain 1) on Grace node 0, while GPU 0's bridge is on node 1: sysfs gives each
+/// device its node and CPUs; `topo` shows both GPUs, GPU 1 on node 0 with its memory on node 2
+/// (from NVML); `topo`, `plan --gpu 1` and a real `configure(1)` name node 0's CPUs.
+#[test]
+fn two_gpus_on_two_grace_nodes_topo_plan_and_configure_give_each_its_nodes_cpus() {
+    let guest = require!(numa_4k());
+    assert_eq!(
+        guest.ok("pci").out,
+        [GRACE_NODE.to_string(), GRACE_CPUS.to_string()],
+        "{GUEST_GPU}'s numa_node and local_cpulist"
+    );
+    assert_eq!(
+        guest.ok("pci_second").out,
+        [SECOND_GRACE_NODE.to_string(), SECOND_GRACE_CPUS.to_string()],
+        "{SECOND_GPU}'s numa_node and local_cpulist"
+    );
+    let topo = guest.ok("topo").json();
+    let plan = guest.ok("plan_gpu1").json();
+    let text = guest.ok("topo_text").text();
+    let configured = guest.ok("placement_gpu1").mask("configured", "W").0;
+    println!(
+        "topo gpus: {}
+plan --gpu 1: {plan}
+{text}",
+        topo["gpus"]
+    );
+    let devices = topo["visible"]["devices"].as_array().unwrap();
+    let addresses: Vec<&serde_json::Value> = devices.iter().map(|d| &d["address"]).collect();
+    assert_eq!(addresses, [GUEST_GPU, SECOND_GPU], "{topo}");
+    for (index, address, node) in [
+        (0, GUEST_GPU, GRACE_NODE),
+        (1, SECOND_GPU, SECOND_GRACE_NODE),
+    ] {
+        let gpu = &topo["gpus"][index];
+        assert_eq!(gpu["address"], address, "{gpu}");
+        assert_eq!(gpu["numa_node"], node, "{gpu}");
+    }
+    let gpu1 = &topo["gpus"][1];
+    assert_eq!(gpu1["memory_node"], SECOND_GPU_MEMORY_NODE, "{gpu1}");
+    assert_eq!(gpu1["memory_node_from"], "nvml", "{gpu1}");
+    let node2 = row(&topo, "nodes", "id", SECOND_GPU_MEMORY_NODE);
+    assert_eq!(node2["cpus"], "", "{node2}");
+    assert_eq!(node2["gpu_memory_of"][0]["address"], SECOND_GPU, "{node2}");
+    assert!(
+        text.lines().any(|l| l.contains(SECOND_GPU)
+            && l.contains(&format!(
+                "its memory on node {SECOND_GPU_MEMORY_NODE} (from NVML)"
+            ))),
+        "{text}"
+    );
+    assert_eq!(plan["gpu"]["address"], SECOND_GPU, "{plan}");
+    assert_eq!(plan["gpu"]["numa_node"], SECOND_GRACE_NODE, "{plan}");
+    assert_eq!(
+        plan["worker"]["source"], "the GPU's PCI local_cpulist",
+        "{plan}"
+    );
+    topo_plan_and_configure_agree(&devices[1], &plan, &configured, SECOND_GRACE_CPUS);
+}
+
+/// `configure(1)` in a real process: GPU 1's workers and their children go to Grace node 0's
+/// CPUs, where GPU 0's went to node 1's; host threads stay, release restores; the pages its
+/// workers first touched lie on node 0. The CPUs come from the kernel's PCI locality of the
+/// device: NVML's CPU affinity (the same CPUs, as on a tray) is the library's fallback where
+/// sysfs has no node for the GPU, and it says so when it takes it.
+#[test]
+fn gpu_1s_workers_go_to_the_other_grace_node_and_release_restores() {
+    let guest = require!(numa_4k());
+    let gpu0_workers = guest.ok("placement").mask("configured", "W").0;
+    assert_eq!(gpu0_workers, GRACE_CPUS, "GPU 0's workers");
+    assert_eq!(
+        guest.ok("pci_second").out,
+        [SECOND_GRACE_NODE.to_string(), SECOND_GRACE_CPUS.to_string()],
+        "{SECOND_GPU}'s numa_node and local_cpulist"
+    );
+    let run = guest.ok("placement_gpu1");
+    check_placement_and_release(run, SECOND_GRACE_CPUS, ALL4, SECOND_GPU);
+    assert!(
+        !run.stderr().contains("using NVML's CPU affinity"),
+        "configure(1) fell back to NVML:\n{}",
+        run.stderr()
+    );
+    workers_pages_all_on(run, SECOND_GRACE_NODE);
 }
 
 /// The GPU's `numa_node` is -1 (QEMU's own device tree; a DGX Spark's GPU is so): NVML's CPU

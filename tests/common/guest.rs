@@ -520,8 +520,8 @@ pub fn check_placement_and_release(
     report
 }
 
-/// `topo`'s GPU 0 (`device`), `plan --gpu 0` and the mask a real `configure(0)` gave
-/// (`configured`) all name `cpus` as the GPU's CPUs.
+/// `topo`'s entry for a GPU (`device`), `plan --gpu` of it and the mask a real `configure` of it
+/// gave (`configured`) all name `cpus` as the GPU's CPUs.
 pub fn topo_plan_and_configure_agree(
     device: &serde_json::Value,
     plan: &serde_json::Value,
@@ -533,7 +533,7 @@ pub fn topo_plan_and_configure_agree(
         ("plan", plan["worker"]["cpus"].clone()),
         ("configure", serde_json::json!(configured)),
     ] {
-        assert_eq!(named, cpus, "{who}: GPU 0's CPUs");
+        assert_eq!(named, cpus, "{who}: {}'s CPUs", device["address"]);
     }
 }
 

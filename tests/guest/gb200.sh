@@ -1,14 +1,18 @@
 #!/bin/sh
 # Inside the aarch64 guest of tests/guest_aarch64.rs, a GB200 compute tray at small scale: Grace
-# nodes 0 (CPUs 0-1) and 1 (CPUs 2-3), placeholder nodes 2-9 (no CPUs, no memory), node 10 the
-# GPU's memory (memory, no CPU) in NUMA mode or one more placeholder in CDMM mode, and QEMU's
-# pci-testdev at 0000:00:02.0 on node 1 (the device tree's PCI host bridge), which the NVML test
-# double names GPU 0 with node 1's CPUs as its CPU affinity and, in NUMA mode, node 10 as its
-# memory's node (nvmlDeviceGetNumaNodeId; in CDMM mode that query is not supported). Run on the
-# 4 KiB-page kernel (NUMA mode) and on the 16 KiB-page one (CDMM mode). Arguments (aarch64
-# builds): the preload library, the CLI, the double's directory, numa_placement, memory_follows;
-# then the GPU's memory node, or "-" in CDMM mode.
-lib=$1 cli=$2 nvml_dir=$3 placement=$4 follows=$5 gpu_memory_node=$6
+# nodes 0 (CPUs 0-1) and 1 (CPUs 2-3), placeholder nodes 3-9 (no CPUs, no memory), node 2 one
+# more placeholder or GPU 1's memory (see below), node 10 the GPU's memory (memory, no CPU) in
+# NUMA mode or one more placeholder in CDMM mode, and QEMU's pci-testdev at 0000:00:02.0 on node
+# 1 (the device tree's PCI host bridge), which the NVML test double names GPU 0 with node 1's
+# CPUs as its CPU affinity and, in NUMA mode, node 10 as its memory's node
+# (nvmlDeviceGetNumaNodeId; in CDMM mode that query is not supported). Run on the 4 KiB-page
+# kernel (NUMA mode) and on the 16 KiB-page one (CDMM mode). The 4 KiB boot has a second
+# pci-testdev, GPU 1, behind a second PCI host bridge on node 0 (CPUs 0-1), its memory node 2.
+# Arguments (aarch64 builds): the preload library, the CLI, the double's directory,
+# numa_placement, memory_follows; then the GPU's memory node, or "-" in CDMM mode; then GPU 1's
+# PCI address and memory node, or "- -" without one.
+lib=$1 cli=$2 nvml_dir=$3 placement=$4 follows=$5 gpu_memory_node=$6 second_gpu=$7
+second_gpu_memory_node=$8
 . "$(dirname "$0")/scenario.sh"
 work=$(mktemp -d)
 scenario guest identity
@@ -21,17 +25,29 @@ scenario nodes sh -c 'node=$0
   echo "has_cpu=$(cat $node/has_cpu)"
   echo "has_memory=$(cat $node/has_memory)"
   for n in 0 1 10; do echo "node${n}_cpus=$(cat $node/node$n/cpulist)"; done
-  echo "node10_memory_kib=$(sed -n "s/.*MemTotal: *\([0-9]*\) kB/\1/p" $node/node10/meminfo)"
+  for n in 2 10; do
+    echo "node${n}_memory_kib=$(sed -n "s/.*MemTotal: *\([0-9]*\) kB/\1/p" $node/node$n/meminfo)"
+  done
   echo "node1_distance=$(cat $node/node1/distance)"
   echo "siblings=$(cat /sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list | tr "\n" " ")"' "$node"
 scenario pci cat /sys/bus/pci/devices/0000:00:02.0/numa_node /sys/bus/pci/devices/0000:00:02.0/local_cpulist
 # NVML as on a tray: CPU affinity the Grace node's CPUs, the GPU's NUMA node id its memory node
 # ("-": NOT_SUPPORTED, as in CDMM mode).
 echo "gpu 00000000:00:02.0 GPU-00020002-0000-1111-2222-333344445555 2-3 $gpu_memory_node" >"$work/nvml"
+if [ "$second_gpu" != - ]; then
+  scenario pci_second cat /sys/bus/pci/devices/$second_gpu/numa_node \
+    /sys/bus/pci/devices/$second_gpu/local_cpulist
+  # NVML writes the domain in 8 digits.
+  echo "gpu 0000$second_gpu GPU-00010081-0000-1111-2222-333344445555 0-1 $second_gpu_memory_node" \
+    >>"$work/nvml"
+fi
 export LD_LIBRARY_PATH="$nvml_dir" TLLM_NVML_DOUBLE="$work/nvml"
 # Workers and their children on node 1's CPUs, host threads on all four, release restores; the
 # scope's caller's memory preference; pages first touched by workers.
 scenario placement env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$placement" 0
+# The same for GPU 1, on the other Grace node.
+[ "$second_gpu" = - ] ||
+  scenario placement_gpu1 env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$placement" 1
 # A dedicated worker (configure on its main thread) that touched 64 MiB on node 0 and, in NUMA
 # mode, bound 16 MiB to the GPU's memory node; then a shared process (configure on another
 # thread).
@@ -54,3 +70,4 @@ held ps_numa_maps ""
 scenario topo "$cli" topo --json
 scenario topo_text "$cli" topo
 scenario plan "$cli" plan --gpu 0 --json
+[ "$second_gpu" = - ] || scenario plan_gpu1 "$cli" plan --gpu 1 --json
