@@ -948,10 +948,16 @@ VmFlags: ex
         addresses.extend((0..4).map(|k| huge + k * page));
         addresses.extend([2 * huge, 2 * huge + page, 2 * huge + 3 * page]);
         addresses.extend((0..4).map(|k| 3 * huge + k * page));
-        assert_eq!(huge_blocks(&addresses, page as u64, huge as u64), vec![1, 8]);
+        assert_eq!(
+            huge_blocks(&addresses, page as u64, huge as u64),
+            vec![1, 8]
+        );
         // A run that starts off a boundary is no block; base pages as large as a huge one none.
         let shifted: Vec<usize> = (1..6).map(|k| k * page).collect();
-        assert_eq!(huge_blocks(&shifted, page as u64, huge as u64), Vec::<usize>::new());
+        assert_eq!(
+            huge_blocks(&shifted, page as u64, huge as u64),
+            Vec::<usize>::new()
+        );
         assert!(huge_blocks(&[0, huge], huge as u64, huge as u64).is_empty());
     }
 }
