@@ -494,15 +494,8 @@ impl Walker<'_> {
             return;
         }
         let at: Vec<usize> = hidden.iter().map(|&i| addresses[i]).collect();
-        match sys::read_one_byte_of_each(&at) {
-            Ok(n) => {
-                self.read += n as u64;
-                self.read_refused += (at.len() - n) as u64;
-            }
-            Err(_) => {
-                self.read_refused += at.len() as u64;
-                return;
-            }
+        if !self.read_to_take_faults(&at) {
+            return;
         }
         let mut again = vec![0i32; at.len()];
         if sys::page_nodes(&at, &mut again).is_ok() {
@@ -511,6 +504,22 @@ impl Walker<'_> {
                     self.moved += self.page_bytes;
                 }
                 status[i] = s;
+            }
+        }
+    }
+
+    /// Reads one byte of each page at `at`, taking their hinting faults, and counts the reads
+    /// done and refused. False where the call itself was refused (a seccomp profile).
+    fn read_to_take_faults(&mut self, at: &[usize]) -> bool {
+        match sys::read_one_byte_of_each(at) {
+            Ok(n) => {
+                self.read += n as u64;
+                self.read_refused += (at.len() - n) as u64;
+                true
+            }
+            Err(_) => {
+                self.read_refused += at.len() as u64;
+                false
             }
         }
     }
@@ -540,15 +549,8 @@ impl Walker<'_> {
             return 0;
         }
         let firsts: Vec<usize> = blocks.iter().map(|&b| hidden_at[b]).collect();
-        match sys::read_one_byte_of_each(&firsts) {
-            Ok(n) => {
-                self.read += n as u64;
-                self.read_refused += (firsts.len() - n) as u64;
-            }
-            Err(_) => {
-                self.read_refused += firsts.len() as u64;
-                return 0;
-            }
+        if !self.read_to_take_faults(&firsts) {
+            return 0;
         }
         let lasts: Vec<usize> = blocks
             .iter()
