@@ -406,6 +406,26 @@ pub fn huge_blocks(addresses: &[usize], page: u64, huge_bytes: u64) -> Vec<usize
     starts
 }
 
+/// Free blocks of a huge page's size the target keeps after a batch's huge pages: the kernel
+/// splits a huge page it finds no free block of its size for, and a few blocks keep other
+/// allocations above the watermarks meanwhile.
+pub const HUGE_FREE_MARGIN: u64 = 4;
+
+/// How many of a batch's `blocks` whole huge-page blocks move, in address order: each huge page
+/// takes one of the target's `free_blocks` of its size (`/proc/buddyinfo`, read once a batch),
+/// so no more than those less [`HUGE_FREE_MARGIN`], and no more than `allowed` bytes hold.
+/// The rest stay whole.
+pub fn huge_pages_that_fit(
+    blocks: usize,
+    free_blocks: u64,
+    allowed: u64,
+    huge_bytes: u64,
+) -> usize {
+    let room = free_blocks.saturating_sub(HUGE_FREE_MARGIN);
+    let budget = allowed / huge_bytes.max(1);
+    (blocks as u64).min(room).min(budget) as usize
+}
+
 /// `MemFree` and `MemTotal` (bytes) of `/sys/devices/system/node/nodeN/meminfo` text.
 pub fn node_free_and_total(meminfo: &str) -> Option<(u64, u64)> {
     let field = |name: &str| {
@@ -959,5 +979,19 @@ VmFlags: ex
             Vec::<usize>::new()
         );
         assert!(huge_blocks(&[0, huge], huge as u64, huge as u64).is_empty());
+    }
+
+    #[test]
+    fn huge_pages_move_while_the_target_has_free_blocks_beyond_the_margin_and_the_budget_holds() {
+        let huge = 2 << 20;
+        // Room and budget for all.
+        assert_eq!(huge_pages_that_fit(8, 100, 64 * huge, huge), 8);
+        // Ten free blocks: six move, four stay free on the target.
+        assert_eq!(huge_pages_that_fit(8, 10, 64 * huge, huge), 6);
+        assert_eq!(huge_pages_that_fit(8, HUGE_FREE_MARGIN, 64 * huge, huge), 0);
+        assert_eq!(huge_pages_that_fit(8, 0, 64 * huge, huge), 0);
+        // A budget of three and a half huge pages: three.
+        assert_eq!(huge_pages_that_fit(8, 100, 3 * huge + huge / 2, huge), 3);
+        assert_eq!(huge_pages_that_fit(0, 100, 64 * huge, huge), 0);
     }
 }

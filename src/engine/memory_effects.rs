@@ -36,8 +36,6 @@ static HUGE_PAGES_MOVED: AtomicU64 = AtomicU64::new(0);
 
 /// A move that runs longer than this says how far it got, and again each time as long.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
-/// Free blocks of a huge page's size the target must have for one more huge page to move.
-const HUGE_FREE_MARGIN: u64 = 4;
 
 /// What a configure knows, for [`follow_the_worker`].
 pub(super) struct Configured<'a> {
@@ -178,9 +176,6 @@ struct Walker<'a> {
     last_said: Instant,
     pagemap: File,
     huge_bytes: u64,
-    /// Free blocks of a huge page's size left on the target (`/proc/buddyinfo`): a huge page
-    /// moves only while one is there, so the kernel never splits one for want of room.
-    huge_free: u64,
     huge_order: u32,
     /// The walked mapping's page size.
     page_bytes: u64,
@@ -214,9 +209,6 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         .filter(|&b| b >= base_page && b.is_power_of_two())
         .unwrap_or(base_page * 512);
     let order = (huge_bytes / base_page).trailing_zeros();
-    let huge_free = std::fs::read_to_string("/proc/buddyinfo")
-        .map(|t| memory_decision::free_blocks_of_order(&t, to, order))
-        .unwrap_or(0);
     let mut walker = Walker {
         from,
         to,
@@ -225,7 +217,6 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         last_said: started,
         pagemap,
         huge_bytes,
-        huge_free,
         huge_order: order,
         page_bytes: base_page,
         moved: 0,
@@ -370,91 +361,70 @@ impl Walker<'_> {
         self.resolve_hinting_faults(walk.huge, &addresses, &mut status, allowed / page);
         // What the reads' faults moved counts against the budget like the rest.
         allowed = allowed.saturating_sub(self.moved - before_reads);
-        let mut chosen: Vec<usize> = memory_decision::to_move(&status, self.from)
+        let chosen: Vec<usize> = memory_decision::to_move(&status, self.from)
             .into_iter()
             .map(|i| addresses[i])
             .collect();
         // Transparent huge pages: a whole aligned block of this process's pages on one source
         // node, in a mapping that has huge pages, moves by its first address alone (the kernel
-        // moves the folio whole); afterwards its last page says whether it was one.
-        if walk.huge && page < self.huge_bytes {
-            let per_huge = (self.huge_bytes / page) as usize;
-            let mut rest = Vec::with_capacity(chosen.len());
+        // moves the folio whole); afterwards its last page says whether it was one. One
+        // `move_pages` call takes the blocks' first pages and the base pages together: each call
+        // drains every CPU's page lists (`lru_cache_disable`), the move's main cost per call.
+        let per_huge = (self.huge_bytes / page).max(1) as usize;
+        let mut blocks = Vec::new();
+        let mut base = chosen.clone();
+        if walk.huge && per_huge > 1 {
+            let starts = memory_decision::huge_blocks(&chosen, page, self.huge_bytes);
+            let free_blocks = std::fs::read_to_string("/proc/buddyinfo")
+                .map(|t| memory_decision::free_blocks_of_order(&t, self.to, self.huge_order))
+                .unwrap_or(0);
+            let fit = memory_decision::huge_pages_that_fit(
+                starts.len(),
+                free_blocks,
+                allowed,
+                self.huge_bytes,
+            );
+            self.huge_left += (starts.len() - fit) as u64;
+            base.clear();
             let mut next = 0;
-            for start in memory_decision::huge_blocks(&chosen, page, self.huge_bytes) {
-                rest.extend_from_slice(&chosen[next..start]);
+            for (k, &start) in starts.iter().enumerate() {
+                base.extend_from_slice(&chosen[next..start]);
                 next = start + per_huge;
-                let block = &chosen[start..next];
-                // Read again for each: other allocations take blocks meanwhile, and the kernel
-                // splits a huge page it finds no free block of its size for; a margin of a few
-                // blocks keeps the allocation above the watermarks.
-                self.huge_free = std::fs::read_to_string("/proc/buddyinfo")
-                    .map(|t| memory_decision::free_blocks_of_order(&t, self.to, self.huge_order))
-                    .unwrap_or(0);
-                if self.huge_free < HUGE_FREE_MARGIN || allowed < self.huge_bytes {
-                    self.huge_left += 1;
-                    continue;
+                if k < fit {
+                    blocks.push(start);
                 }
-                let last = [block[per_huge - 1]];
-                let mut one = [0i32; 1];
-                sys::move_pages_to(&block[..1], self.to, &mut one)
-                    .map_err(StoppedShort::Refused)?;
-                let mut tail = [0i32; 1];
-                let _ = sys::page_nodes(&last, &mut tail);
-                if tail[0] == self.to as i32 {
+            }
+            base.extend_from_slice(&chosen[next..]);
+        }
+        let huge_allowed = blocks.len() as u64 * self.huge_bytes;
+        base.truncate((allowed.saturating_sub(huge_allowed) / page) as usize);
+        let moved_before = self.moved;
+        let firsts = blocks.iter().map(|&b| chosen[b]);
+        let together: Vec<usize> = firsts.chain(base.iter().copied()).collect();
+        let status = self.move_and_count(&together)?;
+        let (first_status, base_status) = status.split_at(blocks.len());
+        self.moved += self.landed(base_status) * page;
+        let mut rest = Vec::new();
+        if !blocks.is_empty() {
+            let lasts: Vec<usize> = blocks.iter().map(|&b| chosen[b + per_huge - 1]).collect();
+            let mut tails = vec![0i32; lasts.len()];
+            let _ = sys::page_nodes(&lasts, &mut tails);
+            for ((&b, tail), &first) in blocks.iter().zip(tails).zip(first_status) {
+                if tail == self.to as i32 {
                     self.huge_pages += 1;
                     self.moved += self.huge_bytes;
-                    allowed -= self.huge_bytes;
                 } else {
                     // Not a huge page: the rest of the block moves as base pages.
-                    if one[0] == self.to as i32 {
-                        self.moved += page;
-                        allowed = allowed.saturating_sub(page);
-                    }
-                    rest.extend_from_slice(&block[1..]);
-                }
-            }
-            rest.extend_from_slice(&chosen[next..]);
-            chosen = rest;
-        }
-        chosen.truncate((allowed / page) as usize);
-        if !chosen.is_empty() {
-            let mut moved = vec![0i32; chosen.len()];
-            sys::move_pages_to(&chosen, self.to, &mut moved).map_err(StoppedShort::Refused)?;
-            let landed = moved.iter().filter(|&&s| s == self.to as i32).count() as u64;
-            self.moved += landed * page;
-            // NUMA balancing's scan may mark pages between the question and the move (it runs
-            // as the thread returns from a call): those are read and moved again, twice at most.
-            for _ in 0..2 {
-                let hidden: Vec<usize> = (0..chosen.len())
-                    .filter(|&i| hidden_by_a_hinting_fault(moved[i]))
-                    .collect();
-                if hidden.is_empty() {
-                    break;
-                }
-                let again: Vec<usize> = hidden.iter().map(|&i| chosen[i]).collect();
-                match sys::read_one_byte_of_each(&again) {
-                    Ok(n) => self.read += n as u64,
-                    Err(_) => break,
-                }
-                let mut status = vec![0i32; again.len()];
-                sys::move_pages_to(&again, self.to, &mut status).map_err(StoppedShort::Refused)?;
-                for (&i, s) in hidden.iter().zip(status) {
-                    if s == self.to as i32 {
+                    if first == self.to as i32 {
                         self.moved += page;
                     }
-                    moved[i] = s;
-                }
-            }
-            for &s in &moved {
-                match -s {
-                    libc::ENOENT | libc::EFAULT => self.hidden += 1,
-                    libc::EACCES => self.shared += 1,
-                    libc::EBUSY | libc::EAGAIN | libc::ENOMEM => self.busy += 1,
-                    _ => {}
+                    rest.extend_from_slice(&chosen[b + 1..b + per_huge]);
                 }
             }
         }
+        rest.truncate((allowed.saturating_sub(self.moved - moved_before) / page) as usize);
+        let status = self.move_and_count(&rest)?;
+        self.moved += self.landed(&status) * page;
         if self.last_said.elapsed() >= PROGRESS_EVERY {
             self.last_said = Instant::now();
             log_info!(
@@ -465,6 +435,50 @@ impl Walker<'_> {
             );
         }
         Ok(())
+    }
+
+    /// Moves the pages at `at` to the target and returns where each lies afterwards, counting
+    /// those refused by why. NUMA balancing's scan may mark pages between the question and the
+    /// move (it runs as the thread returns from a call): those are read and moved again, twice
+    /// at most.
+    fn move_and_count(&mut self, at: &[usize]) -> Result<Vec<i32>, StoppedShort> {
+        let mut status = vec![0i32; at.len()];
+        if at.is_empty() {
+            return Ok(status);
+        }
+        sys::move_pages_to(at, self.to, &mut status).map_err(StoppedShort::Refused)?;
+        for _ in 0..2 {
+            let hidden: Vec<usize> = (0..at.len())
+                .filter(|&i| hidden_by_a_hinting_fault(status[i]))
+                .collect();
+            if hidden.is_empty() {
+                break;
+            }
+            let again: Vec<usize> = hidden.iter().map(|&i| at[i]).collect();
+            if !self.read_to_take_faults(&again) {
+                break;
+            }
+            let mut again_status = vec![0i32; again.len()];
+            sys::move_pages_to(&again, self.to, &mut again_status)
+                .map_err(StoppedShort::Refused)?;
+            for (&i, s) in hidden.iter().zip(again_status) {
+                status[i] = s;
+            }
+        }
+        for &s in &status {
+            match -s {
+                libc::ENOENT | libc::EFAULT => self.hidden += 1,
+                libc::EACCES => self.shared += 1,
+                libc::EBUSY | libc::EAGAIN | libc::ENOMEM => self.busy += 1,
+                _ => {}
+            }
+        }
+        Ok(status)
+    }
+
+    /// How many of `status` lie on the target.
+    fn landed(&self, status: &[i32]) -> u64 {
+        status.iter().filter(|&&s| s == self.to as i32).count() as u64
     }
 
     /// Pages present by `pagemap` that `move_pages` answers `-ENOENT` for: on kernels 6.1 to
