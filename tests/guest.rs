@@ -42,6 +42,7 @@ const SMT_LIMIT: Duration = Duration::from_secs(400);
 /// The move's cost: 1 GiB first-touched and moved three times under TCG, about 3 minutes with
 /// the boot on a quiet machine (and past `BOOT_LIMIT` on a loaded one).
 const MEMORY_BENCH_LIMIT: Duration = Duration::from_secs(540);
+const MEMORY_BENCH_SCRIPT: &str = "memory_bench.sh";
 
 /// QEMU's `pci-testdev` behind a PCIe root bridge on NUMA node `node`: `0000:81:00.0` in the
 /// guest, with that `numa_node` and the node's CPUs as its `local_cpulist`.
@@ -123,6 +124,13 @@ fn script_extra_args(machine: &Machine) -> Vec<std::path::PathBuf> {
     }
     if machine.script == SMT_SCRIPT {
         return vec![python(), programs_dir(), tray_over_the_smt_sockets()];
+    }
+    if machine.script == MEMORY_BENCH_SCRIPT {
+        let (rounds, against) = bench_rounds_and_against();
+        return std::iter::once(rounds.to_string())
+            .chain(against)
+            .map(Into::into)
+            .collect();
     }
     Vec::new()
 }
@@ -816,7 +824,7 @@ fn memory_bench_machine() -> Machine {
         name: "two nodes x two CPUs, a device on each, 2 GiB a node",
         memory: "4G",
         numa: &["2G,cpus=0-1", "2G,cpus=2-3"],
-        script: "memory_bench.sh",
+        script: MEMORY_BENCH_SCRIPT,
         deployments: false,
         ..memory_machine()
     }
@@ -825,7 +833,15 @@ fn memory_bench_machine() -> Machine {
 fn memory_bench() -> Result<&'static Booted, String> {
     static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
     booted(&BOOT, || {
-        boot_machine(&memory_bench_machine(), MEMORY_BENCH_LIMIT)
+        // scripts/bench's extra rounds, and its previous revision's run in each, take longer.
+        let (rounds, against) = bench_rounds_and_against();
+        let per_round = if against.is_some() { 240 } else { 120 };
+        let extra =
+            rounds.saturating_sub(3) as u64 * per_round + against.map_or(0, |_| 3 * per_round / 2);
+        boot_machine(
+            &memory_bench_machine(),
+            MEMORY_BENCH_LIMIT + Duration::from_secs(extra),
+        )
     })
 }
 
@@ -1157,15 +1173,32 @@ fn a_move_stops_at_its_budget_and_at_the_target_nodes_headroom_and_says_so() {
 /// The move's cost at configure, printed (`MEASURED`, medians of three runs each): a dedicated
 /// worker's configure with the move and without it (`TLLM_AFFINITY_MOVE_MEMORY=0`), for 64 MiB
 /// and 1 GiB touched on node 0.
+/// `scripts/bench --memory-move`'s rounds (default 3) and the previous revision's library it
+/// runs in the same rounds, if any.
+fn bench_rounds_and_against() -> (usize, Option<String>) {
+    let rounds = std::env::var("GUEST_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|&r| r > 0)
+        .unwrap_or(3);
+    (rounds, std::env::var("GUEST_BENCH_AGAINST").ok())
+}
+
 #[test]
 fn the_moves_rate_and_its_cost_at_configure_are_measured() {
     let guest = require!(memory_bench());
+    let (rounds, against) = bench_rounds_and_against();
     let median = |mut values: Vec<f64>| {
         values.sort_by(f64::total_cmp);
         values[values.len() / 2]
     };
+    let rates = |values: &[f64]| {
+        let shown: Vec<String> = values.iter().map(|r| format!("{r:.0}")).collect();
+        shown.join(", ")
+    };
     for mib in [64u64, 1024] {
-        let runs = |kind: &'static str| (1..=3).map(move |i| format!("bench_{mib}_{kind}_{i}"));
+        let runs =
+            move |kind: &'static str| (1..=rounds).map(move |i| format!("bench_{mib}_{kind}_{i}"));
         let configure_micros = |name: String| -> f64 {
             let run = guest.ok(&name);
             run.lines("CONFIGURE ")
@@ -1173,30 +1206,43 @@ fn the_moves_rate_and_its_cost_at_configure_are_measured() {
                 .find_map(|w| w.get(1).and_then(|us| us.parse().ok()))
                 .unwrap_or_else(|| panic!("no CONFIGURE:\n{}", run.text()))
         };
-        let (mut bytes, mut millis) = (Vec::new(), Vec::new());
-        for name in runs("moved") {
-            let report = &guest.ok(&name).report()["memory_moved"];
-            let moved = report["bytes_moved"].as_u64().unwrap();
-            assert!(moved >= (mib << 20) * 95 / 100, "{name}: {report}");
-            bytes.push(moved as f64);
-            millis.push(report["millis"].as_f64().unwrap());
-        }
-        let mib_moved = median(bytes) / f64::from(1u32 << 20);
-        let millis = median(millis);
+        // A library's runs: the median MiB moved, huge pages, and rate, with each run's rate.
+        let library = |kind: &'static str| {
+            let (mut bytes, mut huge, mut each) = (Vec::new(), Vec::new(), Vec::new());
+            for name in runs(kind) {
+                let report = &guest.ok(&name).report()["memory_moved"];
+                let moved = report["bytes_moved"].as_u64().unwrap();
+                assert!(moved >= (mib << 20) * 95 / 100, "{name}: {report}");
+                let millis = report["millis"].as_f64().unwrap();
+                bytes.push(moved as f64 / f64::from(1u32 << 20));
+                huge.push(report["huge_pages_moved"].as_f64().unwrap());
+                each.push(moved as f64 / f64::from(1u32 << 20) / (millis / 1000.0));
+            }
+            (median(bytes), median(huge), median(each.clone()), each)
+        };
+        let (mib_moved, huge, rate, each) = library("moved");
         let with = median(runs("moved").map(configure_micros).collect());
         let without = median(runs("stays").map(configure_micros).collect());
-        let rate = mib_moved / (millis / 1000.0);
         println!(
-            "MEASURED {mib} MiB: moved {mib_moved:.1} MiB in {millis:.1} ms ({rate:.0} MiB/s); configure {:.1} ms with the move, {:.1} ms without (medians of 3)",
+            "MEASURED {mib} MiB: moved {mib_moved:.1} MiB ({huge} huge pages) at {rate:.0} MiB/s (runs {}); configure {:.1} ms with the move, {:.1} ms without (medians of {rounds})",
+            rates(&each),
             with / 1000.0,
             without / 1000.0
         );
+        let against_rate = against.as_ref().map(|lib| {
+            let (mib_moved, huge, rate, each) = library("against");
+            println!(
+                "MEASURED {mib} MiB: the previous revision ({lib}) moved {mib_moved:.1} MiB ({huge} huge pages) at {rate:.0} MiB/s (runs {}), same rounds",
+                rates(&each)
+            );
+            rate
+        });
         if mib != 1024 {
             continue;
         }
         // numactl's migratepages on the same memory, in the same boot, alternating with the
         // library's runs: pages it moved to node 1 over the time it ran.
-        let (mut kernel_mib, mut kernel_millis) = (Vec::new(), Vec::new());
+        let mut kernel = Vec::new();
         for name in runs("migratepages") {
             let run = guest.ok(&name);
             let on_1 = buffer_pages(run, "after").get(&1).copied().unwrap_or(0);
@@ -1204,13 +1250,16 @@ fn the_moves_rate_and_its_cost_at_configure_are_measured() {
                 on_1 as u64 * 4096 >= (mib << 20) * 95 / 100,
                 "{name}: {on_1} pages moved"
             );
-            kernel_mib.push(on_1 as f64 * 4096.0 / f64::from(1u32 << 20));
-            kernel_millis.push(number(run, "MIGRATE_US ", 0) as f64 / 1000.0);
+            let millis = number(run, "MIGRATE_US ", 0) as f64 / 1000.0;
+            kernel.push(on_1 as f64 * 4096.0 / f64::from(1u32 << 20) / (millis / 1000.0));
         }
-        let (kernel_mib, kernel_millis) = (median(kernel_mib), median(kernel_millis));
-        let kernel_rate = kernel_mib / (kernel_millis / 1000.0);
+        let kernel_rate = median(kernel.clone());
+        let previous = against_rate
+            .map(|r| format!(", the previous revision's {:.2}x", r / kernel_rate))
+            .unwrap_or_default();
         println!(
-            "MEASURED {mib} MiB: migratepages moved {kernel_mib:.1} MiB in {kernel_millis:.1} ms ({kernel_rate:.0} MiB/s); the library's rate is {:.2}x (medians of 3)",
+            "MEASURED {mib} MiB: migratepages at {kernel_rate:.0} MiB/s (runs {}); the library's rate is {:.2}x{previous} (medians of {rounds})",
+            rates(&kernel),
             rate / kernel_rate
         );
     }
