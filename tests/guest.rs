@@ -1229,10 +1229,10 @@ fn the_moves_rate_and_its_cost_at_configure_are_measured() {
             with / 1000.0,
             without / 1000.0
         );
-        let against_rate = against.as_ref().map(|lib| {
+        let against_rate = against.as_ref().map(|_| {
             let (mib_moved, huge, rate, each) = library("against");
             println!(
-                "MEASURED {mib} MiB: the previous revision ({lib}) moved {mib_moved:.1} MiB ({huge} huge pages) at {rate:.0} MiB/s (runs {}), same rounds",
+                "MEASURED {mib} MiB: the previous revision moved {mib_moved:.1} MiB ({huge} huge pages) at {rate:.0} MiB/s (runs {}), same rounds",
                 rates(&each)
             );
             rate
