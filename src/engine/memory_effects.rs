@@ -371,31 +371,34 @@ impl Walker<'_> {
         // `move_pages` call takes the blocks' first pages and the base pages together: each call
         // drains every CPU's page lists (`lru_cache_disable`), the move's main cost per call.
         let per_huge = (self.huge_bytes / page).max(1) as usize;
-        let mut blocks = Vec::new();
-        let mut base = chosen.clone();
-        if walk.huge && per_huge > 1 {
-            let starts = memory_decision::huge_blocks(&chosen, page, self.huge_bytes);
+        let starts = if walk.huge && per_huge > 1 {
+            memory_decision::huge_blocks(&chosen, page, self.huge_bytes)
+        } else {
+            Vec::new()
+        };
+        let fit = if starts.is_empty() {
+            0
+        } else {
             let free_blocks = std::fs::read_to_string("/proc/buddyinfo")
                 .map(|t| memory_decision::free_blocks_of_order(&t, self.to, self.huge_order))
                 .unwrap_or(0);
-            let fit = memory_decision::huge_pages_that_fit(
+            memory_decision::huge_pages_that_fit(
                 starts.len(),
                 free_blocks,
                 allowed,
                 self.huge_bytes,
-            );
-            self.huge_left += (starts.len() - fit) as u64;
-            base.clear();
-            let mut next = 0;
-            for (k, &start) in starts.iter().enumerate() {
-                base.extend_from_slice(&chosen[next..start]);
-                next = start + per_huge;
-                if k < fit {
-                    blocks.push(start);
-                }
-            }
-            base.extend_from_slice(&chosen[next..]);
+            )
+        };
+        self.huge_left += (starts.len() - fit) as u64;
+        let blocks = &starts[..fit];
+        // The pages outside every block; the blocks past `fit` stay whole.
+        let mut base = Vec::with_capacity(chosen.len());
+        let mut next = 0;
+        for &start in &starts {
+            base.extend_from_slice(&chosen[next..start]);
+            next = start + per_huge;
         }
+        base.extend_from_slice(&chosen[next..]);
         let huge_allowed = blocks.len() as u64 * self.huge_bytes;
         base.truncate((allowed.saturating_sub(huge_allowed) / page) as usize);
         let moved_before = self.moved;
@@ -448,9 +451,7 @@ impl Walker<'_> {
         }
         sys::move_pages_to(at, self.to, &mut status).map_err(StoppedShort::Refused)?;
         for _ in 0..2 {
-            let hidden: Vec<usize> = (0..at.len())
-                .filter(|&i| hidden_by_a_hinting_fault(status[i]))
-                .collect();
+            let hidden: Vec<usize> = hidden_by_a_hinting_fault(&status).collect();
             if hidden.is_empty() {
                 break;
             }
@@ -500,8 +501,7 @@ impl Walker<'_> {
         if huge && self.page_bytes < self.huge_bytes {
             limit = limit.saturating_sub(self.resolve_hidden_huge_pages(addresses, status, limit));
         }
-        let hidden: Vec<usize> = (0..addresses.len())
-            .filter(|&i| hidden_by_a_hinting_fault(status[i]))
+        let hidden: Vec<usize> = hidden_by_a_hinting_fault(status)
             .take(limit as usize)
             .collect();
         if hidden.is_empty() {
@@ -550,9 +550,7 @@ impl Walker<'_> {
         limit: u64,
     ) -> u64 {
         let per_huge = (self.huge_bytes / self.page_bytes) as usize;
-        let hidden: Vec<usize> = (0..addresses.len())
-            .filter(|&i| hidden_by_a_hinting_fault(status[i]))
-            .collect();
+        let hidden: Vec<usize> = hidden_by_a_hinting_fault(status).collect();
         let hidden_at: Vec<usize> = hidden.iter().map(|&i| addresses[i]).collect();
         let blocks: Vec<usize> =
             memory_decision::huge_blocks(&hidden_at, self.page_bytes, self.huge_bytes)
@@ -589,9 +587,10 @@ impl Walker<'_> {
     }
 }
 
-/// `move_pages` could not see the page: on kernels 6.1 to 6.4, one marked for a hinting fault.
-fn hidden_by_a_hinting_fault(status: i32) -> bool {
-    status == -libc::ENOENT || status == -libc::EFAULT
+/// The indices of `status` (`move_pages`' answers) for pages it could not see: on kernels 6.1 to
+/// 6.4, those marked for a hinting fault.
+fn hidden_by_a_hinting_fault(status: &[i32]) -> impl Iterator<Item = usize> + '_ {
+    (0..status.len()).filter(|&i| status[i] == -libc::ENOENT || status[i] == -libc::EFAULT)
 }
 
 /// What the report says: `None` until a move ran.
