@@ -1170,9 +1170,6 @@ fn a_move_stops_at_its_budget_and_at_the_target_nodes_headroom_and_says_so() {
     );
 }
 
-/// The move's cost at configure, printed (`MEASURED`, medians of three runs each): a dedicated
-/// worker's configure with the move and without it (`TLLM_AFFINITY_MOVE_MEMORY=0`), for 64 MiB
-/// and 1 GiB touched on node 0.
 /// `scripts/bench --memory-move`'s rounds (default 3) and the previous revision's library it
 /// runs in the same rounds, if any.
 fn bench_rounds_and_against() -> (usize, Option<String>) {
@@ -1184,6 +1181,9 @@ fn bench_rounds_and_against() -> (usize, Option<String>) {
     (rounds, std::env::var("GUEST_BENCH_AGAINST").ok())
 }
 
+/// The move's cost at configure, printed (`MEASURED`, medians of the rounds): a dedicated
+/// worker's configure with the move and without it (`TLLM_AFFINITY_MOVE_MEMORY=0`), for 64 MiB
+/// and 1 GiB touched on node 0, beside `migratepages` and any previous revision's library.
 #[test]
 fn the_moves_rate_and_its_cost_at_configure_are_measured() {
     let guest = require!(memory_bench());
