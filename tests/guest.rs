@@ -1006,8 +1006,9 @@ fn move_line(run: &Scenario) -> &str {
 
 /// No policy window: while the move runs, a thread allocating and touching memory in a loop and
 /// asking the policy of its chunks and of the buffer never sees one, a thread forking in a loop
-/// leaves no child with a mapping under a policy, and afterwards `numa_maps` shows none; nothing
-/// is killed (the scenario exits 0).
+/// leaves no child with a mapping under a policy, and afterwards `numa_maps` shows none and the
+/// configuring thread's own policy is the default again; nothing is killed (the scenario exits
+/// 0).
 #[test]
 fn the_move_writes_no_policy_a_concurrent_allocator_or_a_fork_child_could_see() {
     let guest = require!(memory());
@@ -1033,6 +1034,12 @@ fn the_move_writes_no_policy_a_concurrent_allocator_or_a_fork_child_could_see() 
         run.text()
     );
     assert_eq!(number(run, "POLICIES ", 0), 0, "{}", run.text());
+    assert_eq!(
+        number(run, "OWN_POLICY ", 0),
+        0,
+        "the configuring thread's own policy is the default again:\n{}",
+        run.text()
+    );
 }
 
 /// A shmem object mapped shared with a child that bound its second half to node 0: after the
@@ -1063,8 +1070,10 @@ fn a_shared_shmem_mapping_keeps_its_policy_and_its_pages() {
 /// Transparent huge pages (`always`, a 68 MiB buffer 1 MiB past a huge page boundary, run 3 s
 /// before configure so that NUMA balancing has marked some for a hinting fault, as it has a
 /// loaded worker's): none is split (the kernel counts no split and the host maps as many huge
-/// pages after), they lie on the target node, and the line counts them, those the hinting fault
-/// itself moved included (CI, on a loaded machine: 9 counted of 33 moved).
+/// pages after), they lie on the target node, and the line counts them. The walk's reads take
+/// the marked pages' hinting faults without the fault path moving them one by one: the kernel
+/// counts fewer than one huge page's worth moved by hinting faults during configure (before,
+/// the reads' faults moved the marked huge pages, each alone).
 #[test]
 fn transparent_huge_pages_move_whole() {
     let guest = require!(memory());
@@ -1080,6 +1089,13 @@ fn transparent_huge_pages_move_whole() {
     let pages = buffer_pages(run, "after");
     println!("thp: AnonHugePages {before} kB before; pages {pages:?}");
     println!("thp: {}", move_line(run));
+    let fault_moves = number(run, "FAULT_MOVES ", 0);
+    println!("thp: {fault_moves} pages moved by hinting faults during configure");
+    assert!(
+        fault_moves < 512,
+        "{fault_moves} pages moved by hinting faults:\n{}",
+        run.stderr()
+    );
     assert!(before >= 32 << 10, "huge pages before: {before} kB");
     assert!(mostly_on(&pages, 1, 68 << 8), "{pages:?}\n{}", run.stderr());
     let moved = run.report()["memory_moved"]["huge_pages_moved"]
@@ -1220,6 +1236,16 @@ fn the_moves_rate_and_its_cost_at_configure_are_measured() {
             }
             (median(bytes), median(huge), median(each.clone()), each)
         };
+        for name in runs("moved") {
+            if let Some(steps) = guest
+                .ok(&name)
+                .err
+                .iter()
+                .find(|l| l.contains("the move took"))
+            {
+                println!("STEPS {name}: {steps}");
+            }
+        }
         let (mib_moved, huge, rate, each) = library("moved");
         let with = median(runs("moved").map(configure_micros).collect());
         let without = median(runs("stays").map(configure_micros).collect());

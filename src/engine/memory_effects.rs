@@ -189,6 +189,18 @@ struct Walker<'a> {
     busy: u64,
     read: u64,
     read_refused: u64,
+    steps: Steps,
+}
+
+/// Where the walk's time went, for the debug line after it (and `scripts/bench --memory-move`).
+#[derive(Default)]
+struct Steps {
+    /// `move_pages` with no target: where pages lie.
+    asking: Duration,
+    /// `move_pages` to the target.
+    moving: Duration,
+    /// `process_vm_readv` taking hinting faults.
+    reading: Duration,
 }
 
 fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done, String> {
@@ -228,8 +240,12 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         busy: 0,
         read: 0,
         read_refused: 0,
+        steps: Steps::default(),
     };
     let mut stopped = None;
+    // Set once the plan is read: numa_maps shows a mapping without a policy of its own under
+    // the policy of the process's first thread, which may be this one.
+    let own_faults_stay = OwnFaultsMoveNothing::set(to);
     'walks: for walk in &plan.walks {
         // Huge pages only where the mapping's pages are the base size (not hugetlbfs).
         let batch = memory_decision::batch_bytes(walk.page_bytes, walker.huge_bytes);
@@ -240,6 +256,7 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
             }
         }
     }
+    drop(own_faults_stay);
     if walker.huge_left > 0 {
         log_debug!(
             "dedicated worker: {} huge pages stay: no free block of their size on NUMA node {to}",
@@ -277,6 +294,15 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
             Ok(_) => {}
         }
     }
+    let steps = &walker.steps;
+    log_debug!(
+        "dedicated worker: the move took {:.1} ms: {:.1} ms asking where pages lie, {:.1} ms moving them, {:.1} ms reading {} pages to take hinting faults",
+        started.elapsed().as_secs_f64() * 1000.0,
+        steps.asking.as_secs_f64() * 1000.0,
+        steps.moving.as_secs_f64() * 1000.0,
+        steps.reading.as_secs_f64() * 1000.0,
+        walker.read
+    );
     if walker.hidden + walker.shared + walker.busy > 0 {
         log_info!(
             "dedicated worker: move_pages refused {} pages hidden by a hinting fault ({} read to take it, {} reads refused), {} shared, {} busy; {} moved by migrate_pages",
@@ -298,6 +324,38 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
     })
 }
 
+/// While the walk runs, the configuring thread's own memory policy is `MPOL_PREFERRED` on the
+/// target. The walk's reads take hinting faults (see `resolve_hinting_faults`), and the kernel's
+/// fault path moves the faulting page to the reading thread's node only under a policy that
+/// allows it (`MPOL_F_MOF`: the default policy, or one set with `MPOL_F_NUMA_BALANCING`): under
+/// the default, each read moved its page alone, one TLB shootdown each, the walk's largest cost
+/// (about 0.25 ms a page in the x86_64 guest); under this one the page stays for the batch's
+/// `move_pages` call. A thread's policy is its own: no mapping's policy, no other thread's and
+/// no fork child's changes (a fork copies the forking thread's, and this one is in the walk);
+/// only `/proc/PID/numa_maps`, where this thread is the process's first, shows it meanwhile for
+/// the mappings without a policy of their own, as it shows any first thread's policy.
+/// Dropped, it is `MPOL_DEFAULT` again: the decision moves only a thread without a policy.
+struct OwnFaultsMoveNothing {
+    set: bool,
+}
+
+impl OwnFaultsMoveNothing {
+    fn set(to: usize) -> Self {
+        let set = sys::set_memory_policy(Some(to)).is_ok();
+        Self { set }
+    }
+}
+
+impl Drop for OwnFaultsMoveNothing {
+    fn drop(&mut self) {
+        if self.set {
+            if let Err(errno) = sys::set_memory_policy(None) {
+                log_warn!("dedicated worker: its configuring thread's memory policy could not be set back to the default after the move (errno {errno})");
+            }
+        }
+    }
+}
+
 fn page_size() -> u64 {
     // SAFETY: sysconf reads a constant of the process.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -309,6 +367,25 @@ fn page_size() -> u64 {
 }
 
 impl Walker<'_> {
+    /// Where each page at `at` lies (`sys::page_nodes`), timed.
+    fn ask(&mut self, at: &[usize], status: &mut [i32]) -> Result<(), i32> {
+        if at.is_empty() {
+            return Ok(());
+        }
+        let asking = Instant::now();
+        let asked = sys::page_nodes(at, status);
+        self.steps.asking += asking.elapsed();
+        asked
+    }
+
+    /// Moves the pages at `at` to the target (`sys::move_pages_to`), timed.
+    fn move_pages(&mut self, at: &[usize], status: &mut [i32]) -> Result<(), i32> {
+        let moving = Instant::now();
+        let moved = sys::move_pages_to(at, self.to, status);
+        self.steps.moving += moving.elapsed();
+        moved
+    }
+
     /// The bytes this batch may still move, or why the move stops here.
     fn allowance(&self, page_bytes: u64) -> Result<u64, StoppedShort> {
         let free_and_headroom = std::fs::read_to_string(&self.node_meminfo)
@@ -344,85 +421,121 @@ impl Walker<'_> {
         {
             return Ok(());
         }
-        let mut addresses: Vec<usize> = Vec::with_capacity(count);
-        for (i, &entry) in entries.iter().enumerate() {
-            if pagemap::movable(entry) {
-                addresses.push((start + i as u64 * page) as usize);
-            }
-        }
+        let addresses: Vec<usize> = (0..count)
+            .filter(|&i| pagemap::movable(entries[i]))
+            .map(|i| (start + i as u64 * page) as usize)
+            .collect();
         if addresses.is_empty() {
             return Ok(());
         }
-        let mut status = vec![0i32; addresses.len()];
-        if sys::page_nodes(&addresses, &mut status).is_err() {
+        // Transparent huge pages: in a mapping that has them, a whole aligned block of this
+        // process's pages may be one huge page, which lies on one node and moves whole by its
+        // first address. Such a block is asked about by its two ends alone (asking where each
+        // page lies was a twentieth of the move); a block whose ends lie on one source node
+        // moves by its first address, and the others are asked about page by page.
+        let per_huge = (self.huge_bytes / page).max(1) as usize;
+        let candidates = if walk.huge && per_huge > 1 {
+            memory_decision::huge_blocks(&addresses, page, self.huge_bytes)
+        } else {
+            Vec::new()
+        };
+        let before_reads = self.moved;
+        let (mut firsts, unsure) = self.blocks_on_one_source(&addresses, &candidates, per_huge);
+        let mut singles = Vec::with_capacity(addresses.len());
+        let mut next = 0;
+        for &b in &candidates {
+            singles.extend_from_slice(&addresses[next..b]);
+            next = b + per_huge;
+        }
+        singles.extend_from_slice(&addresses[next..]);
+        for first in unsure {
+            let at = singles.partition_point(|&a| a < first);
+            singles.splice(at..at, (0..per_huge).map(|k| first + k * page as usize));
+        }
+        let mut status = vec![0i32; singles.len()];
+        if self.ask(&singles, &mut status).is_err() {
             return Ok(());
         }
-        let before_reads = self.moved;
-        self.resolve_hinting_faults(walk.huge, &addresses, &mut status, allowed / page);
+        self.resolve_hinting_faults(walk.huge, &singles, &mut status, allowed / page);
         // What the reads' faults moved counts against the budget like the rest.
         allowed = allowed.saturating_sub(self.moved - before_reads);
         let chosen: Vec<usize> = memory_decision::to_move(&status, self.from)
             .into_iter()
-            .map(|i| addresses[i])
+            .map(|i| singles[i])
             .collect();
-        // Transparent huge pages: a whole aligned block of this process's pages on one source
-        // node, in a mapping that has huge pages, moves by its first address alone (the kernel
-        // moves the folio whole); afterwards its last page says whether it was one. One
-        // `move_pages` call takes the blocks' first pages and the base pages together: each call
-        // drains every CPU's page lists (`lru_cache_disable`), the move's main cost per call.
-        let per_huge = (self.huge_bytes / page).max(1) as usize;
+        // Whole blocks among the pages asked one by one (a huge page whose ends were hidden).
         let starts = if walk.huge && per_huge > 1 {
             memory_decision::huge_blocks(&chosen, page, self.huge_bytes)
         } else {
             Vec::new()
         };
-        let fit = if starts.is_empty() {
+        let mut base = Vec::with_capacity(chosen.len());
+        let mut next = 0;
+        for &b in &starts {
+            firsts.push(chosen[b]);
+            base.extend_from_slice(&chosen[next..b]);
+            next = b + per_huge;
+        }
+        base.extend_from_slice(&chosen[next..]);
+        firsts.sort_unstable();
+        let fit = if firsts.is_empty() {
             0
         } else {
             let free_blocks = std::fs::read_to_string("/proc/buddyinfo")
                 .map(|t| memory_decision::free_blocks_of_order(&t, self.to, self.huge_order))
                 .unwrap_or(0);
             memory_decision::huge_pages_that_fit(
-                starts.len(),
+                firsts.len(),
                 free_blocks,
                 allowed,
                 self.huge_bytes,
             )
         };
-        self.huge_left += (starts.len() - fit) as u64;
-        let blocks = &starts[..fit];
-        // The pages outside every block; the blocks past `fit` stay whole.
-        let mut base = Vec::with_capacity(chosen.len());
-        let mut next = 0;
-        for &start in &starts {
-            base.extend_from_slice(&chosen[next..start]);
-            next = start + per_huge;
-        }
-        base.extend_from_slice(&chosen[next..]);
-        let huge_allowed = blocks.len() as u64 * self.huge_bytes;
+        // The blocks past `fit` stay whole.
+        self.huge_left += (firsts.len() - fit) as u64;
+        firsts.truncate(fit);
+        let huge_allowed = firsts.len() as u64 * self.huge_bytes;
         base.truncate((allowed.saturating_sub(huge_allowed) / page) as usize);
+        // One `move_pages` call takes the blocks' first pages and the base pages together: each
+        // call drains every CPU's page lists (`lru_cache_disable`), the move's main cost per call.
         let moved_before = self.moved;
-        let firsts = blocks.iter().map(|&b| chosen[b]);
-        let together: Vec<usize> = firsts.chain(base.iter().copied()).collect();
+        let together: Vec<usize> = firsts.iter().chain(base.iter()).copied().collect();
         let status = self.move_and_count(&together)?;
-        let (first_status, base_status) = status.split_at(blocks.len());
+        let (first_status, base_status) = status.split_at(firsts.len());
         self.moved += self.landed(base_status) * page;
-        let mut rest = Vec::new();
-        if !blocks.is_empty() {
-            let lasts: Vec<usize> = blocks.iter().map(|&b| chosen[b + per_huge - 1]).collect();
+        // A block's last page lay on the source with its first: on the target now, it moved
+        // with the first, so the block was one huge page. Otherwise its other pages are asked
+        // about and those on a source move as base pages, within the allowance left.
+        let mut others = Vec::new();
+        if !firsts.is_empty() {
+            let lasts: Vec<usize> = firsts
+                .iter()
+                .map(|&f| f + (per_huge - 1) * page as usize)
+                .collect();
             let mut tails = vec![0i32; lasts.len()];
-            let _ = sys::page_nodes(&lasts, &mut tails);
-            for ((&b, tail), &first) in blocks.iter().zip(tails).zip(first_status) {
+            let _ = self.ask(&lasts, &mut tails);
+            for ((&first, tail), &first_now) in firsts.iter().zip(tails).zip(first_status) {
                 if tail == self.to as i32 {
                     self.huge_pages += 1;
                     self.moved += self.huge_bytes;
                 } else {
-                    // Not a huge page: the rest of the block moves as base pages.
-                    if first == self.to as i32 {
+                    if first_now == self.to as i32 {
                         self.moved += page;
                     }
-                    rest.extend_from_slice(&chosen[b + 1..b + per_huge]);
+                    others.extend((1..per_huge).map(|k| first + k * page as usize));
                 }
+            }
+        }
+        let mut rest = Vec::new();
+        if !others.is_empty() {
+            let mut where_now = vec![0i32; others.len()];
+            if self.ask(&others, &mut where_now).is_ok() {
+                let left = allowed.saturating_sub(self.moved - moved_before) / page;
+                self.resolve_hinting_faults(false, &others, &mut where_now, left);
+                rest = memory_decision::to_move(&where_now, self.from)
+                    .into_iter()
+                    .map(|i| others[i])
+                    .collect();
             }
         }
         rest.truncate((allowed.saturating_sub(self.moved - moved_before) / page) as usize);
@@ -440,6 +553,75 @@ impl Walker<'_> {
         Ok(())
     }
 
+    /// The aligned blocks of `addresses` at `candidates` (whole runs of `per_huge` pages), asked
+    /// about by their first and last pages: the first addresses of those whose two ends lie on
+    /// one source node, and of those to ask about page by page (an end elsewhere, or still
+    /// hidden by a hinting fault). A block with a hidden end has its first page read (one read
+    /// takes a whole huge page's fault) and its ends asked again; one then wholly on the target
+    /// was a huge page the fault path moved (where the thread's policy could not be set, see
+    /// `OwnFaultsMoveNothing`), counted as one.
+    fn blocks_on_one_source(
+        &mut self,
+        addresses: &[usize],
+        candidates: &[usize],
+        per_huge: usize,
+    ) -> (Vec<usize>, Vec<usize>) {
+        let (mut whole, mut unsure) = (Vec::new(), Vec::new());
+        if candidates.is_empty() {
+            return (whole, unsure);
+        }
+        let ends: Vec<usize> = candidates
+            .iter()
+            .flat_map(|&b| [addresses[b], addresses[b + per_huge - 1]])
+            .collect();
+        let mut status = vec![0i32; ends.len()];
+        if self.ask(&ends, &mut status).is_err() {
+            return (whole, candidates.iter().map(|&b| addresses[b]).collect());
+        }
+        let hidden: Vec<usize> = (0..candidates.len())
+            .filter(|&k| status[2 * k] < 0 || status[2 * k + 1] < 0)
+            .collect();
+        let firsts: Vec<usize> = hidden.iter().map(|&k| ends[2 * k]).collect();
+        if !hidden.is_empty() && self.read_to_take_faults(&firsts) {
+            let again_at: Vec<usize> = hidden
+                .iter()
+                .flat_map(|&k| [ends[2 * k], ends[2 * k + 1]])
+                .collect();
+            let mut again = vec![0i32; again_at.len()];
+            if self.ask(&again_at, &mut again).is_ok() {
+                for (j, &k) in hidden.iter().enumerate() {
+                    let (first, last) = (again[2 * j], again[2 * j + 1]);
+                    // Both on the target after the read, the last page not there before: the
+                    // fault moved a huge page whole.
+                    let moved_by_fault = first == self.to as i32
+                        && last == first
+                        && status[2 * k + 1] != self.to as i32;
+                    if moved_by_fault {
+                        self.huge_pages += 1;
+                        self.moved += self.huge_bytes;
+                        status[2 * k] = i32::MIN;
+                        status[2 * k + 1] = i32::MIN;
+                    } else {
+                        status[2 * k] = first;
+                        status[2 * k + 1] = last;
+                    }
+                }
+            }
+        }
+        for (k, &b) in candidates.iter().enumerate() {
+            let (first, last) = (status[2 * k], status[2 * k + 1]);
+            if first == i32::MIN {
+                continue;
+            }
+            if memory_decision::moves_by_its_first_page(first, last, self.from) {
+                whole.push(addresses[b]);
+            } else {
+                unsure.push(addresses[b]);
+            }
+        }
+        (whole, unsure)
+    }
+
     /// Moves the pages at `at` to the target and returns where each lies afterwards, counting
     /// those refused by why. NUMA balancing's scan may mark pages between the question and the
     /// move (it runs as the thread returns from a call): those are read and moved again, twice
@@ -449,7 +631,8 @@ impl Walker<'_> {
         if at.is_empty() {
             return Ok(status);
         }
-        sys::move_pages_to(at, self.to, &mut status).map_err(StoppedShort::Refused)?;
+        self.move_pages(at, &mut status)
+            .map_err(StoppedShort::Refused)?;
         for _ in 0..2 {
             let hidden: Vec<usize> = hidden_by_a_hinting_fault(&status).collect();
             if hidden.is_empty() {
@@ -460,7 +643,7 @@ impl Walker<'_> {
                 break;
             }
             let mut again_status = vec![0i32; again.len()];
-            sys::move_pages_to(&again, self.to, &mut again_status)
+            self.move_pages(&again, &mut again_status)
                 .map_err(StoppedShort::Refused)?;
             for (&i, s) in hidden.iter().zip(again_status) {
                 status[i] = s;
@@ -488,8 +671,9 @@ impl Walker<'_> {
     /// of each through `process_vm_readv` takes that fault as the program's own access would,
     /// after which `move_pages` sees the page; their status is asked again. Where that read is
     /// refused (a seccomp profile), they stay and count as not moved.
-    /// The kernel's fault path may itself move a page it finds misplaced: at most `limit` pages
-    /// are read (the budget left), and those that land on the target count as moved.
+    /// Where the thread's policy could not be set (`OwnFaultsMoveNothing`), the kernel's fault
+    /// path may itself move a page it finds misplaced: at most `limit` pages are read (the
+    /// budget left), and those that land on the target count as moved.
     /// In a mapping with huge pages, whole hidden blocks go first (`resolve_hidden_huge_pages`).
     fn resolve_hinting_faults(
         &mut self,
@@ -512,7 +696,7 @@ impl Walker<'_> {
             return;
         }
         let mut again = vec![0i32; at.len()];
-        if sys::page_nodes(&at, &mut again).is_ok() {
+        if self.ask(&at, &mut again).is_ok() {
             for (&i, s) in hidden.iter().zip(again) {
                 if s == self.to as i32 {
                     self.moved += self.page_bytes;
@@ -525,7 +709,10 @@ impl Walker<'_> {
     /// Reads one byte of each page at `at`, taking their hinting faults, and counts the reads
     /// done and refused. False where the call itself was refused (a seccomp profile).
     fn read_to_take_faults(&mut self, at: &[usize]) -> bool {
-        match sys::read_one_byte_of_each(at) {
+        let reading = Instant::now();
+        let read = sys::read_one_byte_of_each(at);
+        self.steps.reading += reading.elapsed();
+        match read {
             Ok(n) => {
                 self.read += n as u64;
                 self.read_refused += (at.len() - n) as u64;
@@ -564,23 +751,25 @@ impl Walker<'_> {
         if !self.read_to_take_faults(&firsts) {
             return 0;
         }
-        let lasts: Vec<usize> = blocks
-            .iter()
-            .map(|&b| hidden_at[b + per_huge - 1])
-            .collect();
-        let mut tails = vec![0i32; lasts.len()];
-        if sys::page_nodes(&lasts, &mut tails).is_err() {
+        // Every page of the blocks asked again: one read took a huge page's fault for all of it.
+        let pages: Vec<usize> = blocks.iter().flat_map(|&b| b..b + per_huge).collect();
+        let at: Vec<usize> = pages.iter().map(|&p| hidden_at[p]).collect();
+        let mut again = vec![0i32; at.len()];
+        if self.ask(&at, &mut again).is_err() {
             return 0;
         }
+        for (&p, &s) in pages.iter().zip(&again) {
+            status[hidden[p]] = s;
+        }
+        // A block wholly on the target now was a huge page the fault path moved (where the
+        // thread's policy could not be set, see `OwnFaultsMoveNothing`); the others are moved
+        // with the batch, whole.
         let mut taken = 0;
-        for (&b, tail) in blocks.iter().zip(tails) {
-            if tail == self.to as i32 {
+        for block in again.chunks(per_huge) {
+            if block.iter().all(|&s| s == self.to as i32) {
                 self.huge_pages += 1;
                 self.moved += self.huge_bytes;
                 taken += per_huge as u64;
-                for &i in &hidden[b..b + per_huge] {
-                    status[i] = tail;
-                }
             }
         }
         taken

@@ -5,8 +5,10 @@
 # each, alternating (the test takes the medians); for 1 GiB also numactl's `migratepages PID 0 1`
 # on a process that touched as much on node 0 (the kernel's own tool, timed around its run), and,
 # where AGAINST names another build of the library (scripts/bench --memory-move: the previous
-# revision's), its move in the same rounds. Arguments: the preload library, the CLI, the double's
-# directory, memory_follows, then ROUNDS (default 3) and AGAINST (optional).
+# revision's), its move in the same rounds. This revision's moves log at debug: their line of
+# where the move's time went (asking, moving, reading), which scripts/bench prints. Arguments:
+# the preload library, the CLI, the double's directory, memory_follows, then ROUNDS (default 3)
+# and AGAINST (optional).
 lib=$1 cli=$2 nvml_dir=$3 follows=$4 rounds=${5:-3} against=$6
 here=$(dirname "$0")
 . "$here/scenario.sh"
@@ -15,7 +17,8 @@ here=$(dirname "$0")
 run() { env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$@"; }
 for mib in 64 1024; do
   for i in $(seq "$rounds"); do
-    scenario "bench_${mib}_moved_$i" run MF_MIB=$mib "$follows" main 1
+    # At debug: the move's line of where its time went.
+    scenario "bench_${mib}_moved_$i" run TLLM_AFFINITY_LOG=debug MF_MIB=$mib "$follows" main 1
     [ -z "$against" ] || scenario "bench_${mib}_against_$i" \
       env LD_PRELOAD="$against" TLLM_AFFINITY_LOG=info MF_MIB=$mib "$follows" main 1
     scenario "bench_${mib}_stays_$i" run MF_MIB=$mib TLLM_AFFINITY_MOVE_MEMORY=0 "$follows" main 1

@@ -51,6 +51,9 @@
  *   PAGES gpu_before|gpu_after <node>=<pages> ...    the bound buffer's (MF_GPU_NODE only)
  *   LOCKED <pages>                                   pages mlock'd
  *   CONFIGURE <rc> <microseconds>                    the action's return and how long it took
+ *   OWN_POLICY <mode>                                the main thread's own memory policy after it
+ *   FAULT_MOVES <pages>                              pages the kernel's hinting-fault path moved
+ *                                                    during ACTION (vmstat numa_pages_migrated)
  *   REPORT <the library's JSON report after ACTION>
  */
 #define _GNU_SOURCE
@@ -407,6 +410,7 @@ int main(int argc, char **argv) {
     }
     pages("before");
     fflush(stdout);
+    long fault_moves = proc_value("/proc/vmstat", "numa_pages_migrated");
     long started = now_us();
     int64_t rc = 0;
     if (strcmp(action, "main") == 0 || strcmp(action, "thread") == 0) {
@@ -432,6 +436,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("CONFIGURE %lld %ld\n", (long long)rc, now_us() - started);
+    {
+        int mode = -1;
+        unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
+        syscall(SYS_get_mempolicy, &mode, mask, 1024UL, NULL, 0UL);
+        printf("OWN_POLICY %d\n", mode);
+    }
+    printf("FAULT_MOVES %ld\n", proc_value("/proc/vmstat", "numa_pages_migrated") - fault_moves);
     action_done = 1;
     if (watch) {
         pthread_join(allocator, NULL);
