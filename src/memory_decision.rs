@@ -411,6 +411,19 @@ pub fn huge_blocks(addresses: &[usize], page: u64, huge_bytes: u64) -> Vec<usize
     starts
 }
 
+/// The entries of `pages` outside the blocks that start at `starts` (ascending indices into
+/// `pages`, each `per_huge` entries long, not overlapping: [`huge_blocks`]' answer).
+pub fn outside_blocks<T: Copy>(pages: &[T], starts: &[usize], per_huge: usize) -> Vec<T> {
+    let mut outside = Vec::with_capacity(pages.len());
+    let mut next = 0;
+    for &start in starts {
+        outside.extend_from_slice(&pages[next..start]);
+        next = start + per_huge;
+    }
+    outside.extend_from_slice(&pages[next..]);
+    outside
+}
+
 /// Free blocks of a huge page's size the target keeps after a batch's huge pages: the kernel
 /// splits a huge page it finds no free block of its size for, and a few blocks keep other
 /// allocations above the watermarks meanwhile.
@@ -1009,6 +1022,14 @@ VmFlags: ex
         // A budget of three and a half huge pages: three.
         assert_eq!(huge_pages_that_fit(8, 100, 3 * huge + huge / 2, huge), 3);
         assert_eq!(huge_pages_that_fit(0, 100, 64 * huge, huge), 0);
+    }
+
+    #[test]
+    fn the_pages_outside_the_blocks_keep_their_order() {
+        let pages: Vec<usize> = (0..10).collect();
+        assert_eq!(outside_blocks(&pages, &[1, 6], 3), vec![0, 4, 5, 9]);
+        assert_eq!(outside_blocks(&pages, &[], 3), pages);
+        assert_eq!(outside_blocks(&pages, &[0, 5], 5), Vec::<usize>::new());
     }
 
     #[test]

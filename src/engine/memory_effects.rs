@@ -441,13 +441,7 @@ impl Walker<'_> {
         };
         let before_reads = self.moved;
         let (mut firsts, unsure) = self.blocks_on_one_source(&addresses, &candidates, per_huge);
-        let mut singles = Vec::with_capacity(addresses.len());
-        let mut next = 0;
-        for &b in &candidates {
-            singles.extend_from_slice(&addresses[next..b]);
-            next = b + per_huge;
-        }
-        singles.extend_from_slice(&addresses[next..]);
+        let mut singles = memory_decision::outside_blocks(&addresses, &candidates, per_huge);
         for first in unsure {
             let at = singles.partition_point(|&a| a < first);
             singles.splice(at..at, (0..per_huge).map(|k| first + k * page as usize));
@@ -469,14 +463,8 @@ impl Walker<'_> {
         } else {
             Vec::new()
         };
-        let mut base = Vec::with_capacity(chosen.len());
-        let mut next = 0;
-        for &b in &starts {
-            firsts.push(chosen[b]);
-            base.extend_from_slice(&chosen[next..b]);
-            next = b + per_huge;
-        }
-        base.extend_from_slice(&chosen[next..]);
+        let mut base = memory_decision::outside_blocks(&chosen, &starts, per_huge);
+        firsts.extend(starts.iter().map(|&b| chosen[b]));
         firsts.sort_unstable();
         let fit = if firsts.is_empty() {
             0
@@ -581,6 +569,7 @@ impl Walker<'_> {
         let hidden: Vec<usize> = (0..candidates.len())
             .filter(|&k| status[2 * k] < 0 || status[2 * k + 1] < 0)
             .collect();
+        let mut moved_by_fault = vec![false; candidates.len()];
         let firsts: Vec<usize> = hidden.iter().map(|&k| ends[2 * k]).collect();
         if !hidden.is_empty() && self.read_to_take_faults(&firsts) {
             let again_at: Vec<usize> = hidden
@@ -593,24 +582,21 @@ impl Walker<'_> {
                     let (first, last) = (again[2 * j], again[2 * j + 1]);
                     // Both on the target after the read, the last page not there before: the
                     // fault moved a huge page whole.
-                    let moved_by_fault = first == self.to as i32
+                    moved_by_fault[k] = first == self.to as i32
                         && last == first
                         && status[2 * k + 1] != self.to as i32;
-                    if moved_by_fault {
+                    if moved_by_fault[k] {
                         self.huge_pages += 1;
                         self.moved += self.huge_bytes;
-                        status[2 * k] = i32::MIN;
-                        status[2 * k + 1] = i32::MIN;
-                    } else {
-                        status[2 * k] = first;
-                        status[2 * k + 1] = last;
                     }
+                    status[2 * k] = first;
+                    status[2 * k + 1] = last;
                 }
             }
         }
         for (k, &b) in candidates.iter().enumerate() {
             let (first, last) = (status[2 * k], status[2 * k + 1]);
-            if first == i32::MIN {
+            if moved_by_fault[k] {
                 continue;
             }
             if memory_decision::moves_by_its_first_page(first, last, self.from) {
