@@ -321,6 +321,16 @@ fn move_pages(addresses: &[usize], nodes: Option<&[i32]>, status: &mut [i32]) ->
     }
 }
 
+/// The kernel's base page size (4, 16 or 64 KiB).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
+}
+
 /// The kernel thread id of `thread`, without a syscall: glibc answers `pthread_getcpuclockid`
 /// from the tid the kernel stored in the thread's descriptor at clone, and the clock id encodes
 /// it by the kernel's ABI (`CPUCLOCK_PID`: the bitwise complement of the tid, shifted left by

@@ -24,10 +24,11 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::identity::{Placement, Role, Tid};
-use crate::untrusted::{Dir, Rules};
+use crate::log_warn;
+use crate::untrusted::{Dir, OwnFile, Rules};
 
 pub const MAGIC: &[u8; 8] = b"TLLMAFT1";
 pub const HEADER_BYTES: usize = 64;
@@ -185,17 +186,211 @@ pub fn header(pid: u32, start_time: u64) -> [u8; HEADER_BYTES] {
     h
 }
 
-/// Rewrites the notes of a mapped table (`header`: its first [`HEADER_BYTES`] as words; `notes`:
-/// its [`NOTES_BYTES`] after the records). A reader takes them only when the sequence number was
-/// even and the same before and after its read (a seqlock: one writer, whoever holds the
-/// adapters' lock). Text past the room is cut at its last whole line.
-pub fn write_notes(header: &[AtomicU64], notes: &[AtomicU64], text: &str) {
+/// The header word whose high half carries the errno that first kept a part of the table from
+/// being allocated (0: the table is whole); its low half is the pid.
+const PARTIAL_WORD: usize = 1;
+
+/// A table mapped into this process, and the one way to store into it: every store lands on a
+/// page that was allocated first (SPEC §9). The file is sparse, and a full or read-only
+/// filesystem answers a store into a page it cannot give with SIGBUS, so each part is allocated
+/// (`fallocate`) before its first store: the records page by page as threads are born, the notes
+/// and the leases at their first write; never the whole file up front, since a container's
+/// `/dev/shm` is small and shared. A part that cannot be allocated is left out (threads born past
+/// it unpublished, no notes, no leases), the header says why for `ps`, and the log says so once.
+pub struct Mapped {
+    header: &'static [AtomicU64],
+    records: &'static [AtomicU64],
+    notes: &'static [AtomicU64],
+    leases: &'static [AtomicU64],
+    pages: Pages,
+}
+
+/// Where a table's pages come from, and how far they are known to exist.
+struct Pages {
+    /// `None`: plain memory (the registry's unit tests), every page there.
+    file: Option<OwnFile>,
+    /// The file's path, for the log.
+    path: PathBuf,
+    page: usize,
+    /// Bytes from the file's start known allocated: the header's page, then the records' pages.
+    records_end: AtomicUsize,
+    records_refused: AtomicBool,
+    notes: AtomicU8,
+    leases: AtomicU8,
+    /// Whether the log has said that the table lost a part.
+    said: AtomicBool,
+}
+
+/// An area's allocation, as [`Pages::notes`] and [`Pages::leases`] keep it.
+const NOT_YET: u8 = 0;
+const ALLOCATED: u8 = 1;
+const REFUSED: u8 = 2;
+
+impl std::fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapped")
+            .field("path", &self.pages.path)
+            .field("records_end", &self.pages.records_end)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Mapped {
+    /// The table mapped at `words` (the whole file as words, [`FILE_BYTES`] long), its file
+    /// remembered by `file` at `path`, of which the first `page` bytes (the header's page,
+    /// written with `write(2)`) exist.
+    pub fn in_file(
+        words: &'static [AtomicU64],
+        file: OwnFile,
+        path: PathBuf,
+        page: usize,
+    ) -> Mapped {
+        Mapped::new(words, Some(file), path, page)
+    }
+
+    /// A table in plain memory (`words`: [`FILE_BYTES`] of it), every page there: for tests.
+    pub fn in_memory(words: &'static [AtomicU64]) -> Mapped {
+        Mapped::new(words, None, PathBuf::new(), FILE_BYTES)
+    }
+
+    fn new(
+        words: &'static [AtomicU64],
+        file: Option<OwnFile>,
+        path: PathBuf,
+        page: usize,
+    ) -> Mapped {
+        let view = |offset: usize, bytes: usize| {
+            let start = (offset / 8).min(words.len());
+            &words[start..(start + bytes / 8).min(words.len())]
+        };
+        Mapped {
+            header: view(0, HEADER_BYTES),
+            records: view(HEADER_BYTES, CAPACITY * 8),
+            notes: view(NOTES_OFFSET, NOTES_BYTES),
+            leases: view(LEASES_OFFSET, LEASES_BYTES),
+            pages: Pages {
+                file,
+                path,
+                page: page.max(8),
+                records_end: AtomicUsize::new(page),
+                records_refused: AtomicBool::new(false),
+                notes: AtomicU8::new(NOT_YET),
+                leases: AtomicU8::new(NOT_YET),
+                said: AtomicBool::new(false),
+            },
+        }
+    }
+
+    /// Stores record `value` for `slot` (see [`encode`]; 0 is an empty record). A slot past the
+    /// capacity, or on a page that could not be allocated, is not published.
+    #[inline]
+    pub fn store_record(&self, slot: usize, value: u64) {
+        let Some(record) = self.records.get(slot) else {
+            return;
+        };
+        let end = HEADER_BYTES + (slot + 1) * 8;
+        if end > self.pages.records_end.load(Ordering::Acquire) && !self.allocate_records_to(end) {
+            return;
+        }
+        record.store(value, Ordering::Relaxed);
+    }
+
+    /// Rewrites the adapters' notes. A reader takes them only when the sequence number was even
+    /// and the same before and after its read (a seqlock: one writer, whoever holds the adapters'
+    /// lock). Text past the room is cut at its last whole line.
+    pub fn write_notes(&self, text: &str) {
+        if self.allocate_area(&self.pages.notes, NOTES_OFFSET, NOTES_BYTES, "notes") {
+            write_notes(self.header, self.notes, text);
+        }
+    }
+
+    /// Rewrites the open leases, as [`Self::write_notes`] does the notes; one writer, whoever
+    /// holds the registry's lock.
+    pub fn write_leases(&self, open: &[LeaseLine]) {
+        if self.allocate_area(&self.pages.leases, LEASES_OFFSET, LEASES_BYTES, "leases") {
+            write_leases(self.header, self.leases, open);
+        }
+    }
+
+    /// Allocates the records' pages up to byte `end`, one page at a time as threads are born.
+    #[cold]
+    fn allocate_records_to(&self, end: usize) -> bool {
+        let pages = &self.pages;
+        if pages.records_refused.load(Ordering::Relaxed) {
+            return false;
+        }
+        let from = pages.records_end.load(Ordering::Acquire);
+        let to = end.div_ceil(pages.page) * pages.page;
+        match self.allocate(from, to - from) {
+            Ok(()) => {
+                pages.records_end.fetch_max(to, Ordering::AcqRel);
+                true
+            }
+            Err(e) => {
+                pages.records_refused.store(true, Ordering::Relaxed);
+                let slots = from.saturating_sub(HEADER_BYTES) / 8;
+                self.refused(&e, &format!("records past the first {slots} threads"));
+                false
+            }
+        }
+    }
+
+    /// Allocates an area at its first write; `state` remembers the answer.
+    fn allocate_area(&self, state: &AtomicU8, offset: usize, bytes: usize, what: &str) -> bool {
+        match state.load(Ordering::Acquire) {
+            ALLOCATED => return true,
+            REFUSED => return false,
+            _ => {}
+        }
+        let page = self.pages.page;
+        let start = offset / page * page;
+        let end = (offset + bytes).div_ceil(page) * page;
+        match self.allocate(start, end - start) {
+            Ok(()) => {
+                state.store(ALLOCATED, Ordering::Release);
+                true
+            }
+            Err(e) => {
+                state.store(REFUSED, Ordering::Release);
+                self.refused(&e, &format!("its {what}"));
+                false
+            }
+        }
+    }
+
+    fn allocate(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        match &self.pages.file {
+            Some(file) if len > 0 => file.allocate(offset as u64, len as u64),
+            _ => Ok(()),
+        }
+    }
+
+    /// Says once in the log, and once in the header for `ps`, that a part of the table is left out.
+    fn refused(&self, why: &std::io::Error, what: &str) {
+        if self.pages.said.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let errno = why.raw_os_error().unwrap_or(libc::EIO).clamp(1, i32::MAX) as u64;
+        if let Some(word) = self.header.get(PARTIAL_WORD) {
+            word.fetch_or(errno << 32, Ordering::Relaxed);
+        }
+        log_warn!(
+            "the thread table {}: {what} could not be allocated ({why}); tllm-affinity ps shows \
+             this process without them, and placement goes on",
+            self.pages.path.display()
+        );
+    }
+}
+
+/// The notes written into `header` and `notes` (the table's words of each): [`Mapped::write_notes`]
+/// once their pages exist.
+fn write_notes(header: &[AtomicU64], notes: &[AtomicU64], text: &str) {
     write_text(&NOTES, header, notes, text);
 }
 
-/// Rewrites the open leases of a mapped table (`leases`: its last [`LEASES_BYTES`] as words), as
-/// [`write_notes`] does the notes; one writer, whoever holds the registry's lock.
-pub fn write_leases(header: &[AtomicU64], leases: &[AtomicU64], open: &[LeaseLine]) {
+/// The open leases written into `header` and `leases`: [`Mapped::write_leases`] once their pages
+/// exist.
+fn write_leases(header: &[AtomicU64], leases: &[AtomicU64], open: &[LeaseLine]) {
     let text: String = open.iter().map(LeaseLine::to_line).collect();
     write_text(&LEASES, header, leases, &text);
 }
@@ -280,9 +475,15 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// mean other processes, and its tables are left to its own processes. Each is opened by the
 /// shared rules ([`crate::untrusted`]): whatever another user (or this one) swaps in, nothing
 /// but a regular file of `uid` is opened, and nothing blocks.
+///
+/// It runs on a process's first thread, in a directory every local user can write, so it is
+/// bounded: it looks at the first [`SWEEP_NAMES`] names the kernel lists and stops after
+/// [`SWEEP_TIME`], whatever the directory holds (300 000 planted names cost the first thread
+/// seconds when it read them all). A table it does not reach is left for a later process.
 pub fn remove_stale(dir: &Dir, uid: u32, namespace: u64) -> usize {
     use std::os::unix::fs::FileExt;
-    let Ok(names) = dir.names() else {
+    let started = std::time::Instant::now();
+    let Ok(names) = dir.names_at_most(SWEEP_NAMES) else {
         return 0;
     };
     let rules = Rules {
@@ -291,6 +492,9 @@ pub fn remove_stale(dir: &Dir, uid: u32, namespace: u64) -> usize {
     };
     let mut removed = 0;
     for name in names {
+        if started.elapsed() > SWEEP_TIME {
+            break;
+        }
         let Some(pid) = parse_file_name(&name)
             .filter(|&(_, ns)| ns == namespace)
             .map(|(pid, _)| pid)
@@ -322,6 +526,11 @@ pub fn remove_stale(dir: &Dir, uid: u32, namespace: u64) -> usize {
     }
     removed
 }
+
+/// The most names one sweep of stale tables looks at: a few `getdents` calls.
+pub const SWEEP_NAMES: usize = 4096;
+/// The most time one sweep takes.
+pub const SWEEP_TIME: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Who a table must belong to, and which threads to look for in it.
 pub struct Expect<'a> {
@@ -418,6 +627,12 @@ fn open_one(dir: &Dir, name: &str, expect: &Expect) -> Result<std::fs::File, Str
     Ok(file)
 }
 
+/// Why part of a table is missing (see [`Mapped`]): the errno its library met, in words.
+fn partial_reason(head: &[u8; HEADER_BYTES]) -> Option<String> {
+    let errno = (header_word(head, PARTIAL_WORD) >> 32) as i32;
+    (errno != 0).then(|| std::io::Error::from_raw_os_error(errno).to_string())
+}
+
 fn header_word(head: &[u8; HEADER_BYTES], index: usize) -> u64 {
     let at = index * 8;
     u64::from_le_bytes(head[at..at + 8].try_into().unwrap_or([0; 8]))
@@ -460,6 +675,15 @@ impl Table {
     /// when they kept changing while we read them.
     pub fn notes(&self) -> Result<String, String> {
         read_text(&NOTES, &self.file)
+    }
+
+    /// Why the process could not publish all of its table (its `/dev/shm` full, say), in words;
+    /// `None` when the table is whole.
+    pub fn partial(&self) -> Option<String> {
+        use std::os::unix::fs::FileExt;
+        let mut head = [0u8; HEADER_BYTES];
+        self.file.read_exact_at(&mut head, 0).ok()?;
+        partial_reason(&head)
     }
 
     /// The leases the process has open (see [`write_leases`]): none for a table of a library

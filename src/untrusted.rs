@@ -308,11 +308,97 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// The first `limit` names of the directory (as [`Self::names`]), in the order the kernel
+    /// lists them: what a bounded sweep may look at, whatever else another user put there.
+    pub fn names_at_most(&self, limit: usize) -> io::Result<Vec<String>> {
+        let listed = std::fs::read_dir(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))?;
+        Ok(listed
+            .take(limit)
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect())
+    }
+
+    /// The filesystem the directory is on: its free bytes for an unprivileged writer, and whether
+    /// it is mounted read-only (`fstatvfs` on the descriptor), for saying why a table is missing.
+    pub fn space(&self) -> io::Result<Space> {
+        // SAFETY: an all-zero `statvfs` is a valid value of this plain C struct.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a valid, writable `statvfs` the kernel fills; the descriptor is open.
+        if unsafe { libc::fstatvfs(self.fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Space {
+            free_bytes: st.f_bavail as u64 * st.f_frsize as u64,
+            total_bytes: st.f_blocks as u64 * st.f_frsize as u64,
+            read_only: st.f_flag & libc::ST_RDONLY != 0,
+        })
+    }
+
     /// Removes `name` (a file, or a link itself), whatever it is.
     pub fn remove(&self, name: &str) -> io::Result<()> {
         let name = component(name)?;
         // SAFETY: `name` is NUL-terminated and outlives the call; the directory is open.
         if unsafe { libc::unlinkat(self.fd.as_raw_fd(), name.as_ptr(), 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// A directory's filesystem as [`Dir::space`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    pub read_only: bool,
+}
+
+/// A file this process created, found again by its path for a moment's work (the thread table's
+/// pages, allocated as it grows), so that no descriptor stays open in the host program, where a
+/// `close_range` or a reused number could turn it into someone else's file. Reopened without
+/// following a link, and used only when the descriptor is the very inode created (device and
+/// inode checked on it): a name removed or replaced meanwhile is never written.
+pub struct OwnFile {
+    path: CString,
+    device: u64,
+    inode: u64,
+}
+
+impl OwnFile {
+    /// `file`, just created at `path`.
+    pub fn remember(path: &Path, file: &File) -> io::Result<OwnFile> {
+        let st = fstat(file.as_raw_fd())?;
+        Ok(OwnFile {
+            path: cstring(path.as_os_str().as_bytes())?,
+            device: st.st_dev,
+            inode: st.st_ino,
+        })
+    }
+
+    /// Allocates the bytes `offset..offset + len` of the file (`fallocate`, its size kept), so
+    /// that a store into a shared mapping of them can no longer fault for want of a page: a full
+    /// or read-only filesystem answers here with an errno, never later with SIGBUS.
+    pub fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
+        let fd = openat(
+            libc::AT_FDCWD,
+            &self.path,
+            libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0,
+        )?;
+        let st = fstat(fd.as_raw_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG
+            || st.st_dev != self.device
+            || st.st_ino != self.inode
+        {
+            return Err(io::Error::from_raw_os_error(libc::ESTALE));
+        }
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        // SAFETY: a plain system call on a descriptor this function owns; no memory is passed.
+        let rc = unsafe { libc::fallocate(fd.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, offset, len) };
+        if rc != 0 {
             return Err(io::Error::last_os_error());
         }
         Ok(())

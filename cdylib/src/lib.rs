@@ -141,54 +141,79 @@ forward! {
     /// # Safety
     /// Called by the program as `clearenv(3)`.
     fn clearenv() -> c_int = environ::clearenv();
-    /// Records what a language adapter did (the report's `adapters`).
-    ///
-    /// # Safety
-    /// `adapter` and `state` are null or NUL-terminated strings.
-    fn tllm_affinity_note_adapter(adapter: *const c_char, state: *const c_char)
-        -> i32 = with_strings(adapter, state, engine::note_adapter);
-    /// Records one line of detail for an adapter that noted its state (the report's
-    /// `adapter_details`).
-    ///
-    /// # Safety
-    /// `adapter` and `detail` are null or NUL-terminated strings.
-    fn tllm_affinity_note_adapter_detail(adapter: *const c_char, detail: *const c_char)
-        -> i32 = with_strings(adapter, detail, engine::note_adapter_detail);
 }
+
+// The library's own C API (SPEC §7). Each body runs under `engine::fail_open`: a panic in the
+// library answers an error code, never aborts the host (tests/resources.rs checks every export).
 
 #[no_mangle]
 pub extern "C" fn tllm_affinity_configure(device_id: i32) -> i64 {
-    engine::configure(device_id)
+    engine::fail_open(-EFAULT64, || engine::configure(device_id))
 }
 
 #[no_mangle]
 pub extern "C" fn tllm_affinity_begin_worker_scope(device_id: i32) -> i64 {
-    engine::begin_worker_scope(device_id)
+    engine::fail_open(-EFAULT64, || engine::begin_worker_scope(device_id))
 }
 
 #[no_mangle]
 pub extern "C" fn tllm_affinity_end_worker_scope(lease: i64) -> i32 {
-    engine::end_worker_scope(lease)
+    engine::fail_open(-libc::EFAULT, || engine::end_worker_scope(lease))
 }
 
 #[no_mangle]
 pub extern "C" fn tllm_affinity_release(lease: i64) -> i32 {
-    engine::release(lease)
+    engine::fail_open(-libc::EFAULT, || engine::release(lease))
 }
 
 #[no_mangle]
 pub extern "C" fn tllm_affinity_role(tid: i32) -> i32 {
-    engine::role(tid)
+    engine::fail_open(-libc::EFAULT, || engine::role(tid))
 }
 
 #[no_mangle]
 pub extern "C" fn tllm_affinity_pin_step_thread(device_id: i32) -> i32 {
-    engine::pin_step_or_result(device_id, false)
+    engine::fail_open(-libc::EFAULT, || {
+        engine::pin_step_or_result(device_id, false)
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn tllm_affinity_pin_result_thread(device_id: i32) -> i32 {
-    engine::pin_step_or_result(device_id, true)
+    engine::fail_open(-libc::EFAULT, || {
+        engine::pin_step_or_result(device_id, true)
+    })
+}
+
+/// Records what a language adapter did (the report's `adapters`).
+///
+/// # Safety
+/// `adapter` and `state` are null or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn tllm_affinity_note_adapter(
+    adapter: *const c_char,
+    state: *const c_char,
+) -> i32 {
+    engine::fail_open(-libc::EFAULT, || {
+        // SAFETY: the caller's strings, under the contract above.
+        unsafe { with_strings(adapter, state, engine::note_adapter) }
+    })
+}
+
+/// Records one line of detail for an adapter that noted its state (the report's
+/// `adapter_details`).
+///
+/// # Safety
+/// `adapter` and `detail` are null or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn tllm_affinity_note_adapter_detail(
+    adapter: *const c_char,
+    detail: *const c_char,
+) -> i32 {
+    engine::fail_open(-libc::EFAULT, || {
+        // SAFETY: the caller's strings, under the contract above.
+        unsafe { with_strings(adapter, detail, engine::note_adapter_detail) }
+    })
 }
 
 /// Writes the JSON report into `buf` like `snprintf`: at most `len - 1` bytes and a NUL, and
@@ -198,17 +223,23 @@ pub extern "C" fn tllm_affinity_pin_result_thread(device_id: i32) -> i32 {
 /// `buf` is null or points to `len` writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn tllm_affinity_report(buf: *mut c_char, len: u64) -> i64 {
-    let json = engine::report_json();
-    if !buf.is_null() && len > 0 {
-        let n = json.len().min(len as usize - 1);
-        // SAFETY: the caller promises `len` writable bytes at `buf`; we write `n + 1 <= len`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(json.as_ptr(), buf as *mut u8, n);
-            *buf.add(n) = 0;
+    engine::fail_open(-EFAULT64, || {
+        let json = engine::report_json();
+        if !buf.is_null() && len > 0 {
+            let n = json.len().min(len as usize - 1);
+            // SAFETY: the caller promises `len` writable bytes at `buf`; we write
+            // `n + 1 <= len`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(json.as_ptr(), buf as *mut u8, n);
+                *buf.add(n) = 0;
+            }
         }
-    }
-    json.len() as i64
+        json.len() as i64
+    })
 }
+
+/// `-EFAULT` for the entry points that answer 64 bits.
+const EFAULT64: i64 = libc::EFAULT as i64;
 
 /// `call` with the bytes of two C strings, or `-EINVAL` when either is null.
 ///
@@ -225,5 +256,7 @@ unsafe fn with_strings(a: *const c_char, b: *const c_char, call: fn(&[u8], &[u8]
 
 #[no_mangle]
 pub extern "C" fn tllm_affinity_version() -> *const c_char {
-    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+    engine::fail_open(std::ptr::null(), || {
+        concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+    })
 }

@@ -65,6 +65,8 @@ pub struct Snapshot {
     pub no_table: Option<String>,
     /// A table is there but is not believed (another owner, an earlier process, not a table).
     pub table_refused: bool,
+    /// Why the table is partial (its library could not allocate all of it), when it is.
+    pub table_partial: Option<String>,
     /// Whether the library is mapped in the process; `None` when its maps are not ours to read.
     pub library_loaded: Option<bool>,
     /// The host's online CPUs: the grid's columns.
@@ -285,14 +287,16 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
             .map_err(|why| (false, why))
             .and_then(|dir| match threadtable::open(&dir, &expect) {
                 Ok(table) => Ok(table),
-                Err(NoTable::Missing) => {
-                    Err((false, format!("no thread table at {}", file.display())))
-                }
+                Err(NoTable::Missing) => Err((
+                    false,
+                    format!("no thread table at {}{}", file.display(), no_room(&dir)),
+                )),
                 Err(NoTable::Refused(why)) => Err((true, why)),
             }),
     };
     let table_refused = matches!(opened, Err((true, _)));
     let opened = opened.map_err(|(_, why)| why);
+    let table_partial = opened.as_ref().ok().and_then(|t| t.partial());
     let (table, no_table, adapters, leases) = match opened {
         Ok(table) => match table.records(&wanted) {
             Ok(records) => (
@@ -348,6 +352,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         name,
         no_table,
         table_refused,
+        table_partial,
         library_loaded,
         cpus: cpus.iter().collect(),
         threads,
@@ -377,6 +382,19 @@ fn nspid_last(status: &str) -> Option<u32> {
         .ok()
 }
 
+/// Why a table directory may hold no table: full or read-only (the library, which could not
+/// create one, carried on without it), in words after the path; empty otherwise.
+fn no_room(dir: &untrusted::Dir) -> String {
+    match dir.space() {
+        Ok(space) if space.read_only => ": its directory is read-only".to_string(),
+        Ok(space) if space.free_bytes < 64 * 1024 => format!(
+            ": its directory has no space left ({} of {} bytes free)",
+            space.free_bytes, space.total_bytes
+        ),
+        _ => String::new(),
+    }
+}
+
 /// Where a process publishes its table when `/dev/shm` is missing: its `TLLM_AFFINITY_LOCK_DIR`,
 /// which `ps` takes to be its own (another process's environment is never read: that would
 /// read every process on the host, and take each one's memory-map lock), else `/tmp`.
@@ -391,9 +409,13 @@ fn lock_dir() -> PathBuf {
 /// its adapters said, its memory per node and its open leases.
 fn describe_process(s: &Snapshot) -> String {
     let mut out = String::new();
-    let source = match &s.no_table {
-        None => "roles from the library's thread table".to_string(),
-        Some(_) => "no thread table: roles unknown".to_string(),
+    let source = match (&s.no_table, &s.table_partial) {
+        (None, None) => "roles from the library's thread table".to_string(),
+        (None, Some(why)) => format!(
+            "roles from the library's thread table, partial: part of it could not be allocated \
+             ({why}), so some threads show no role"
+        ),
+        (Some(_), _) => "no thread table: roles unknown".to_string(),
     };
     let namespace = match s.namespace_pid {
         Some(inner) => format!(", pid {inner} in its PID namespace"),
@@ -573,6 +595,7 @@ pub fn to_json(s: &Snapshot) -> Value {
         "namespace_pid": s.namespace_pid,
         "name": s.name,
         "table": s.no_table.is_none(),
+        "table_partial": s.table_partial,
         "note": note(s),
         "cpus": CpuMask::from_cpus(s.cpus.iter().copied()).to_list(),
         "memory": memory_json(&s.memory),
@@ -622,6 +645,7 @@ mod tests {
             name: "server".into(),
             no_table: None,
             table_refused: false,
+            table_partial: None,
             library_loaded: Some(true),
             cpus: (0..12).collect(),
             memory: Err("test".into()),

@@ -109,6 +109,13 @@ pub fn release(lease: i64) -> i32 {
     }
 }
 
+/// Runs the body of an exported C entry point of the library's own API: a panic inside it
+/// answers `failed` instead of unwinding into the host program, where an `extern "C"` function
+/// that unwinds aborts the process (SPEC §9: every exported entry point fails open).
+pub fn fail_open<T>(failed: T, body: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or(failed)
+}
+
 /// `tllm_affinity_role`: 0 host, 1 worker, `-ENOENT` for a thread the library does not know.
 pub fn role(tid: i32) -> i32 {
     if ensure_init() != State::Active {

@@ -66,7 +66,20 @@ fn initialise() -> State {
         return State::Disabled;
     }
     let pid = own_this_process();
-    let main_mask = sys::get_mask(pid).unwrap_or_default();
+    let main_mask = match sys::get_mask(pid) {
+        Ok(mask) => mask,
+        Err(errno) => {
+            // Without the launch's mask nothing can be judged (constrained or not) nor
+            // restored; an empty mask read as "constrained" widened workers with two false
+            // lines. The library steps aside, with one line.
+            crate::log::set_level(Settings::from_env().0.log);
+            log_warn!(
+                "cannot read the CPU mask of process {pid} ({}): the library steps aside",
+                std::io::Error::from_raw_os_error(errno)
+            );
+            return State::Disabled;
+        }
+    };
     let launch = learn_launch(pid, &main_mask);
     let mask_at_load = launch.launch.clone();
     let said_already = launch.said_already;

@@ -60,7 +60,8 @@ pub mod timers;
 
 pub use api::note_adapter;
 pub use api::{
-    begin_worker_scope, configure, end_worker_scope, pin_step_or_result, release, report_json, role,
+    begin_worker_scope, configure, end_worker_scope, fail_open, pin_step_or_result, release,
+    report_json, role,
 };
 pub use fork::adopt_if_forked_without_handlers;
 pub use init::{alone, ensure_init};

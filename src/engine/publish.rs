@@ -14,30 +14,19 @@ use super::{exec, report};
 
 use crate::lock::EngineLock;
 use crate::sys;
-use crate::threadtable::{
-    self, CAPACITY, FILE_BYTES, HEADER_BYTES, LEASES_BYTES, LEASES_OFFSET, NOTES_BYTES,
-    NOTES_OFFSET,
-};
-use crate::untrusted::{self, Dir};
-use crate::{log_debug, log_error};
-
-/// A mapped table: the records and lease words the registry publishes into, and the header and
-/// notes words the adapters' notes go to.
-pub struct MappedTable {
-    pub records: &'static [AtomicU64],
-    pub header: &'static [AtomicU64],
-    pub notes: &'static [AtomicU64],
-    pub leases: &'static [AtomicU64],
-    pub path: PathBuf,
-}
+use crate::threadtable::{self, Mapped, FILE_BYTES};
+use crate::untrusted::{self, Dir, OwnFile};
+use crate::{log_debug, log_error, log_warn};
 
 /// Creates the table file for this pid and maps it. The file is created exclusively
 /// (`O_CREAT | O_EXCL | O_NOFOLLOW`): nothing planted at its name is ever opened, truncated or
 /// written through. A name this uid left behind (an earlier process with this pid) is removed
 /// and created afresh; a name someone else holds (a file, a link, a FIFO, squatted ahead of
 /// this pid) makes the process publish under [`threadtable::alternative_name`], which nobody
-/// could have planted. `None` when the directory refuses: `ps` then shows masks without roles.
-pub fn map_table(fallback_dir: &Path) -> Option<MappedTable> {
+/// could have planted. `None` when the directory refuses (full, read-only): `ps` then shows masks
+/// without roles, and no half-made file is left. Only the header's page is written here; the
+/// rest is allocated as it is first used ([`threadtable::Mapped`]).
+pub fn map_table(fallback_dir: &Path) -> Option<(&'static Mapped, PathBuf)> {
     let pid = std::process::id();
     let dir_path = threadtable::directory(fallback_dir);
     let dir = Dir::open(&dir_path).ok()?;
@@ -56,35 +45,63 @@ pub fn map_table(fallback_dir: &Path) -> Option<MappedTable> {
                 max_bytes: FILE_BYTES as u64,
             };
             let again = (dir.open_file(&usual, &ours).is_ok() && dir.remove(&usual).is_ok())
-                .then(|| dir.create_new(&usual, 0o644).ok())
-                .flatten()
-                .map(|f| (f, usual.clone()));
-            again.or_else(|| {
-                let name =
-                    threadtable::alternative_name(pid, namespace, untrusted::unpredictable()?);
-                log_debug!(
-                    "{}: taken by someone else; the thread table is published as {name}",
-                    dir_path.join(&usual).display()
-                );
-                dir.create_new(&name, 0o644).ok().map(|f| (f, name))
-            })
+                .then(|| dir.create_new(&usual, 0o644))
+                .map(|created| created.map(|f| (f, usual.clone())));
+            match again {
+                Some(again) => again,
+                None => {
+                    let name =
+                        threadtable::alternative_name(pid, namespace, untrusted::unpredictable()?);
+                    log_debug!(
+                        "{}: taken by someone else; the thread table is published as {name}",
+                        dir_path.join(&usual).display()
+                    );
+                    dir.create_new(&name, 0o644).map(|f| (f, name))
+                }
+            }
         }
-        other => other.ok(),
+        other => other,
     };
-    let (mut file, name) = created?;
-    let path = dir_path.join(name);
-    let meta = file.metadata().ok()?;
+    let (file, name) = match created {
+        Ok(created) => created,
+        Err(e) => {
+            say_no_table(&dir_path, &e);
+            return None;
+        }
+    };
+    let path = dir_path.join(&name);
+    match map_created(file, &path, pid, uid) {
+        Ok(mapped) => Some((mapped, path)),
+        Err(e) => {
+            // Half-made (the header's page refused, say): no table is better than a stale one.
+            let _ = dir.remove(&name);
+            say_no_table(&dir_path, &e);
+            None
+        }
+    }
+}
+
+/// The table file just created, sized, its header written and mapped.
+fn map_created(
+    mut file: std::fs::File,
+    path: &Path,
+    pid: u32,
+    uid: u32,
+) -> std::io::Result<&'static Mapped> {
+    let meta = file.metadata()?;
     // Only a regular file of ours with no other name (created just now, so it is).
     if !meta.is_file() || meta.nlink() != 1 || meta.uid() != uid {
-        return None;
+        return Err(std::io::Error::from_raw_os_error(libc::EPERM));
     }
-    file.set_permissions(std::fs::Permissions::from_mode(0o644))
-        .ok()?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
     let bytes = FILE_BYTES;
-    file.set_len(0).ok()?;
-    file.set_len(bytes as u64).ok()?;
+    file.set_len(0)?;
+    file.set_len(bytes as u64)?;
     let start = threadtable::start_time(pid).unwrap_or(0);
-    file.write_all(&threadtable::header(pid, start)).ok()?;
+    // Written, not stored: a full filesystem answers ENOSPC here, and the header's page exists
+    // from now on (the later pages are allocated before their first store).
+    file.write_all(&threadtable::header(pid, start))?;
+    let remembered = OwnFile::remember(path, &file)?;
     // SAFETY: a fresh shared mapping of `bytes` bytes of a file that is `bytes` long; the kernel
     // picks the address. The mapping is never unmapped in this process (the registry holds it
     // for the process's life; the fork child maps its own and leaks the parent's view).
@@ -99,23 +116,40 @@ pub fn map_table(fallback_dir: &Path) -> Option<MappedTable> {
         )
     };
     if base == libc::MAP_FAILED {
-        return None;
+        return Err(std::io::Error::last_os_error());
     }
-    let words = |offset: usize, count: usize| {
-        // SAFETY: every view taken below lies inside the page-aligned mapping of FILE_BYTES
-        // bytes, starts at a multiple of 8 and lives for the rest of the process; AtomicU64 has
-        // the size and alignment of u64, and every access to the file goes through atomics.
-        unsafe {
-            std::slice::from_raw_parts((base as *const u8).add(offset) as *const AtomicU64, count)
-        }
-    };
-    Some(MappedTable {
-        header: words(0, HEADER_BYTES / 8),
-        records: words(HEADER_BYTES, CAPACITY),
-        notes: words(NOTES_OFFSET, NOTES_BYTES / 8),
-        leases: words(LEASES_OFFSET, LEASES_BYTES / 8),
-        path,
-    })
+    // SAFETY: the page-aligned mapping of FILE_BYTES bytes (a multiple of 8) lives for the rest
+    // of the process; AtomicU64 has the size and alignment of u64, and every access to the file
+    // goes through atomics.
+    let words = unsafe { std::slice::from_raw_parts(base as *const AtomicU64, bytes / 8) };
+    let page = sys::page_size();
+    Ok(Box::leak(Box::new(Mapped::in_file(
+        words,
+        remembered,
+        path.to_path_buf(),
+        page,
+    ))))
+}
+
+/// One line when the directory refuses the table for want of room or of write access (the
+/// process carries on without one); other refusals are the directory's owner's business.
+fn say_no_table(dir: &Path, why: &std::io::Error) {
+    let room = [
+        libc::ENOSPC,
+        libc::EDQUOT,
+        libc::EROFS,
+        libc::ENOMEM,
+        libc::EFBIG,
+    ];
+    if why.raw_os_error().is_some_and(|e| room.contains(&e)) {
+        log_warn!(
+            "the thread table in {}: {why}; tllm-affinity ps shows this process without roles, \
+             and placement goes on",
+            dir.display()
+        );
+    } else {
+        log_debug!("the thread table in {}: {why}", dir.display());
+    }
 }
 
 pub(super) static TABLE_PATH: EngineLock<Option<std::path::PathBuf>> = EngineLock::new(None);
@@ -129,11 +163,10 @@ pub(super) static TABLE_PENDING: AtomicBool = AtomicBool::new(true);
 /// Maps the thread table `tllm-affinity ps` reads; without it `ps` still shows masks.
 fn publish_thread_table(dir: &std::path::Path) {
     let mapped = map_table(dir);
-    *TABLE_PATH.lock() = mapped.as_ref().map(|t| t.path.clone());
-    super::report::notes_go_to(mapped.as_ref().map(|t| (t.header, t.notes)));
-    let mut reg = lock_registry();
-    reg.publish_leases_into(mapped.as_ref().map(|t| (t.header, t.leases)));
-    reg.publish_into(mapped.map(|t| t.records));
+    *TABLE_PATH.lock() = mapped.as_ref().map(|(_, path)| path.clone());
+    let table = mapped.map(|(table, _)| table);
+    super::report::notes_go_to(table);
+    lock_registry().publish_into(table);
 }
 
 /// Called on the paths where a process starts to matter (thread creation, configure, worker

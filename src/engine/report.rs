@@ -4,13 +4,14 @@
 
 use super::state::{lock_registry, State, LOAD_FACTS};
 use super::{exec, memory_effects};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use crate::lock::EngineLock;
 use crate::registry::Registry;
 use crate::report::Report;
 use crate::sys;
+use crate::threadtable::Mapped;
 
 /// What language adapters said about themselves (`tllm_affinity_note_adapter`): the Python
 /// adapter records whether it found TensorRT-LLM's function to wrap, so a report shows a server
@@ -81,14 +82,13 @@ pub fn note_adapter_detail(name: &[u8], detail: &[u8]) -> i32 {
 
 /// Where the adapters' notes go once the thread table is mapped (`ps` shows them above the
 /// grid): its header and notes words, set by [`super::publish`].
-pub(super) static NOTES: EngineLock<Option<(&'static [AtomicU64], &'static [AtomicU64])>> =
-    EngineLock::new(None);
+pub(super) static NOTES: EngineLock<Option<&'static Mapped>> = EngineLock::new(None);
 
 /// The table has just been mapped (or, `None`, is the parent's in a fork child): notes given
 /// before it (an adapter that engaged at import) are shown at once. Under the adapters' lock, as
 /// every write of the notes is, so an older text never overwrites a newer one; the fork handlers
 /// take ADAPTERS before NOTES too.
-pub(super) fn notes_go_to(view: Option<(&'static [AtomicU64], &'static [AtomicU64])>) {
+pub(super) fn notes_go_to(view: Option<&'static Mapped>) {
     let adapters = ADAPTERS.lock();
     *NOTES.lock() = view;
     show_notes(&adapters);
@@ -103,8 +103,8 @@ fn show_notes(adapters: &[AdapterNote]) {
             None => format!("{}: {}\n", a.name, a.state),
         })
         .collect();
-    if let Some((header, notes)) = *NOTES.lock() {
-        crate::threadtable::write_notes(header, notes, &text);
+    if let Some(table) = *NOTES.lock() {
+        table.write_notes(&text);
     }
 }
 

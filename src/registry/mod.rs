@@ -11,7 +11,6 @@
 //! concern: births, exits, leases, publishing into the thread table `ps` reads, and the registry
 //! of a fork child.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -24,6 +23,7 @@ mod publish;
 
 pub use crate::identity::{Placement, Role, Tid};
 use crate::mask::CpuMask;
+use crate::threadtable;
 
 pub type SharedMask = Arc<CpuMask>;
 
@@ -224,9 +224,7 @@ pub struct Registry {
     epoch: u64,
     /// The shared thread table `tllm-affinity ps` reads (see
     /// [`threadtable`](crate::threadtable)), when mapped.
-    published: Option<&'static [AtomicU64]>,
-    /// The table's header and lease words, where the open leases are published.
-    published_leases: Option<(&'static [AtomicU64], &'static [AtomicU64])>,
+    published: Option<&'static threadtable::Mapped>,
     /// Children planned whose registration (or cancellation) is still to come.
     births_pending: usize,
     /// Worker threads alive now, kept as roles change so the peak costs no walk.
@@ -257,7 +255,6 @@ impl Registry {
             births_pending: 0,
             epoch: 0,
             published: None,
-            published_leases: None,
             workers_alive: 0,
             history: History {
                 peak_workers: 0,

@@ -1,35 +1,20 @@
 //! Publishing roles, placements and open leases into the shared thread table `ps` reads.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use super::{Registry, Slot};
 use crate::threadtable;
 
 impl Registry {
-    /// Starts publishing roles and placements into `table`, one record per slot.
-    pub fn publish_into(&mut self, table: Option<&'static [AtomicU64]>) {
+    /// Starts publishing roles, placements and the open leases into `table`, one record per
+    /// slot; those known now are published at once.
+    pub fn publish_into(&mut self, table: Option<&'static threadtable::Mapped>) {
         self.published = table;
-        if let Some(t) = table {
-            for record in t.iter().take(self.slots.len()) {
-                record.store(0, Ordering::Relaxed);
-            }
-        }
         self.publish_all();
-    }
-
-    /// Starts publishing the open leases into a table's header and lease words (see
-    /// [`threadtable::write_leases`]), and publishes those open now.
-    pub fn publish_leases_into(
-        &mut self,
-        words: Option<(&'static [AtomicU64], &'static [AtomicU64])>,
-    ) {
-        self.published_leases = words;
         self.publish_leases();
     }
 
     /// Writes the open leases into the table; under the registry's lock, their one writer.
     pub(super) fn publish_leases(&self) {
-        let Some((header, words)) = self.published_leases else {
+        let Some(table) = self.published else {
             return;
         };
         let open: Vec<threadtable::LeaseLine> = self
@@ -41,18 +26,18 @@ impl Registry {
                 device: l.device.clone(),
             })
             .collect();
-        threadtable::write_leases(header, words, &open);
+        table.write_leases(&open);
     }
 
     pub(super) fn publish(&self, slot: Slot) {
-        let Some(record) = self.published.and_then(|t| t.get(slot as usize)) else {
+        let Some(table) = self.published else {
             return;
         };
         let value = match self.entry(slot) {
             Some(e) => threadtable::encode(e.tid, e.role, e.placement),
             None => 0,
         };
-        record.store(value, Ordering::Relaxed);
+        table.store_record(slot as usize, value);
     }
 
     fn publish_all(&self) {

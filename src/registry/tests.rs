@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 use crate::threadtable;
@@ -467,11 +467,15 @@ fn fork_keeps_only_the_forking_thread_with_its_role() {
 
 #[test]
 fn the_thread_table_follows_births_roles_placements_and_exits() {
-    let table: &'static [AtomicU64] = Box::leak((0..8).map(|_| AtomicU64::new(0)).collect());
+    let words = table_words();
     let (mut w, main) = World::new("0-3");
-    w.reg.publish_into(Some(table));
+    w.reg
+        .publish_into(Some(Box::leak(Box::new(threadtable::Mapped::in_memory(
+            words,
+        )))));
     let worker = w.spawn(main);
-    let read = |slot: Slot| threadtable::decode(table[slot as usize].load(Ordering::Relaxed));
+    let record = |slot: Slot| &words[threadtable::HEADER_BYTES / 8 + slot as usize];
+    let read = |slot: Slot| threadtable::decode(record(slot).load(Ordering::Relaxed));
     assert_eq!(read(worker), Some((101, Role::Host, Placement::Inherited)));
     w.configure(worker, "gpu0", "2-3");
     assert_eq!(read(worker), Some((101, Role::Worker, Placement::Worker)));
@@ -480,10 +484,19 @@ fn the_thread_table_follows_births_roles_placements_and_exits() {
     assert_eq!(read(worker), None);
 }
 
+/// A whole table's words in plain memory.
+fn table_words() -> &'static [AtomicU64] {
+    Box::leak(
+        (0..threadtable::FILE_BYTES / 8)
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+    )
+}
+
 /// The open leases as the table's lease words hold them (the header's word 7 is their length).
-fn published_leases(header: &[AtomicU64], words: &[AtomicU64]) -> String {
-    let length = header[7].load(Ordering::Relaxed) as usize;
-    let bytes: Vec<u8> = words
+fn published_leases(table: &[AtomicU64]) -> String {
+    let length = table[7].load(Ordering::Relaxed) as usize;
+    let bytes: Vec<u8> = table[threadtable::LEASES_OFFSET / 8..]
         .iter()
         .flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes())
         .take(length)
@@ -493,10 +506,7 @@ fn published_leases(header: &[AtomicU64], words: &[AtomicU64]) -> String {
 
 #[test]
 fn the_thread_table_shows_the_open_leases_and_a_fork_child_leaves_its_parents_alone() {
-    let leak = |n: usize| -> &'static [AtomicU64] {
-        Box::leak((0..n).map(|_| AtomicU64::new(0)).collect())
-    };
-    let (header, words) = (leak(8), leak(64));
+    let words = table_words();
     let (mut w, main) = World::new("0-3");
     let worker = w.spawn(main);
     let first = w.reg.open(
@@ -508,25 +518,22 @@ fn the_thread_table_shows_the_open_leases_and_a_fork_child_leaves_its_parents_al
         &w.kernel,
     );
     // Leases opened before the table arrives are published with it.
-    w.reg.publish_leases_into(Some((header, words)));
-    assert_eq!(published_leases(header, words), "1 1 0000:86:00.0\n");
+    w.reg
+        .publish_into(Some(Box::leak(Box::new(threadtable::Mapped::in_memory(
+            words,
+        )))));
+    assert_eq!(published_leases(words), "1 1 0000:86:00.0\n");
     let second = w.configure(worker, "TLLM_AFFINITY_CPUS=2-3", "2-3");
     assert_eq!(
-        published_leases(header, words),
+        published_leases(words),
         "1 1 0000:86:00.0\n2 - TLLM_AFFINITY_CPUS=2-3\n"
     );
     w.release(first.lease).unwrap();
-    assert_eq!(
-        published_leases(header, words),
-        "2 - TLLM_AFFINITY_CPUS=2-3\n"
-    );
+    assert_eq!(published_leases(words), "2 - TLLM_AFFINITY_CPUS=2-3\n");
     // A child forked by a host thread drops the leases, in its own registry only.
     w.reg.reset_after_fork(Some(main), 900, 9);
     assert!(w.reg.leases().is_empty());
-    assert_eq!(
-        published_leases(header, words),
-        "2 - TLLM_AFFINITY_CPUS=2-3\n"
-    );
+    assert_eq!(published_leases(words), "2 - TLLM_AFFINITY_CPUS=2-3\n");
     assert_eq!(second.lease, 2);
 }
 
