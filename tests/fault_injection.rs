@@ -645,6 +645,11 @@ fn survives_as_without(
         "the library's configure ran: {}",
         with.stderr
     );
+    println!(
+        "with the library: {} line(s)\n{}",
+        with.log_lines(),
+        with.stderr
+    );
     (without, with)
 }
 
