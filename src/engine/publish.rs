@@ -134,13 +134,7 @@ fn map_created(
 /// One line when the directory refuses the table for want of room or of write access (the
 /// process carries on without one); other refusals are the directory's owner's business.
 fn say_no_table(dir: &Path, why: &std::io::Error) {
-    let room = [
-        libc::ENOSPC,
-        libc::EDQUOT,
-        libc::EROFS,
-        libc::ENOMEM,
-        libc::EFBIG,
-    ];
+    let room = [libc::ENOSPC, libc::EDQUOT, libc::EROFS, libc::EFBIG];
     if why.raw_os_error().is_some_and(|e| room.contains(&e)) {
         log_warn!(
             "the thread table in {}: {why}; tllm-affinity ps shows this process without roles, \
