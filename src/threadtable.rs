@@ -281,18 +281,27 @@ impl Mapped {
         }
     }
 
-    /// Stores record `value` for `slot` (see [`encode`]; 0 is an empty record). A slot past the
-    /// capacity, or on a page that could not be allocated, is not published.
-    #[inline]
-    pub fn store_record(&self, slot: usize, value: u64) {
-        let Some(record) = self.records.get(slot) else {
-            return;
-        };
+    /// The records whose pages exist now: a store into any of them is safe. The registry keeps
+    /// this slice, so a birth pays one bounds check, as it did before the pages were counted.
+    pub fn allocated_records(&self) -> &'static [AtomicU64] {
+        let end = self.pages.records_end.load(Ordering::Acquire);
+        let slots = end.saturating_sub(HEADER_BYTES) / 8;
+        &self.records[..slots.min(self.records.len())]
+    }
+
+    /// Allocates the records' pages through `slot` and answers the records that exist then
+    /// ([`Self::allocated_records`]); `None` when `slot` is past the capacity or its page could
+    /// not be allocated (it is then never published).
+    #[cold]
+    pub fn allocate_records_through(&self, slot: usize) -> Option<&'static [AtomicU64]> {
+        if slot >= self.records.len() {
+            return None;
+        }
         let end = HEADER_BYTES + (slot + 1) * 8;
         if end > self.pages.records_end.load(Ordering::Acquire) && !self.allocate_records_to(end) {
-            return;
+            return None;
         }
-        record.store(value, Ordering::Relaxed);
+        Some(self.allocated_records())
     }
 
     /// Rewrites the adapters' notes. A reader takes them only when the sequence number was even

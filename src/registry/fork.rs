@@ -7,6 +7,7 @@ impl Registry {
     pub fn reset_after_fork(&mut self, keep: Option<Slot>, tid: Tid, handle: u64) {
         // The table still mapped is the parent's: nothing of the child's goes there.
         self.published = None;
+        self.published_records = &[];
         // Children the parent's other threads were creating are born in the parent only.
         self.births_pending = 0;
         let kept = keep.and_then(|s| self.entry(s).cloned());

@@ -225,6 +225,8 @@ pub struct Registry {
     /// The shared thread table `tllm-affinity ps` reads (see
     /// [`threadtable`](crate::threadtable)), when mapped.
     published: Option<&'static threadtable::Mapped>,
+    /// Its records whose pages exist (see [`threadtable::Mapped::allocated_records`]).
+    published_records: &'static [std::sync::atomic::AtomicU64],
     /// Children planned whose registration (or cancellation) is still to come.
     births_pending: usize,
     /// Worker threads alive now, kept as roles change so the peak costs no walk.
@@ -255,6 +257,7 @@ impl Registry {
             births_pending: 0,
             epoch: 0,
             published: None,
+            published_records: &[],
             workers_alive: 0,
             history: History {
                 peak_workers: 0,
