@@ -308,7 +308,13 @@ impl Mapped {
     /// and the same before and after its read (a seqlock: one writer, whoever holds the adapters'
     /// lock). Text past the room is cut at its last whole line.
     pub fn write_notes(&self, text: &str) {
-        if self.allocate_area(&self.pages.notes, NOTES_OFFSET, NOTES_BYTES, "notes") {
+        if self.allocate_area(
+            &self.pages.notes,
+            NOTES_OFFSET,
+            NOTES_BYTES,
+            "notes",
+            text.is_empty(),
+        ) {
             write_notes(self.header, self.notes, text);
         }
     }
@@ -316,7 +322,13 @@ impl Mapped {
     /// Rewrites the open leases, as [`Self::write_notes`] does the notes; one writer, whoever
     /// holds the registry's lock.
     pub fn write_leases(&self, open: &[LeaseLine]) {
-        if self.allocate_area(&self.pages.leases, LEASES_OFFSET, LEASES_BYTES, "leases") {
+        if self.allocate_area(
+            &self.pages.leases,
+            LEASES_OFFSET,
+            LEASES_BYTES,
+            "leases",
+            open.is_empty(),
+        ) {
             write_leases(self.header, self.leases, open);
         }
     }
@@ -345,10 +357,20 @@ impl Mapped {
     }
 
     /// Allocates an area at its first write; `state` remembers the answer.
-    fn allocate_area(&self, state: &AtomicU8, offset: usize, bytes: usize, what: &str) -> bool {
+    fn allocate_area(
+        &self,
+        state: &AtomicU8,
+        offset: usize,
+        bytes: usize,
+        what: &str,
+        text_is_empty: bool,
+    ) -> bool {
         match state.load(Ordering::Acquire) {
             ALLOCATED => return true,
             REFUSED => return false,
+            // Never written: it reads as empty already (its length word is 0), and most
+            // processes never have a note or a lease, so their table stays a page or two.
+            _ if text_is_empty => return false,
             _ => {}
         }
         let page = self.pages.page;
