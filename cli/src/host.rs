@@ -200,7 +200,7 @@ pub fn run(args: &PsArgs) -> Result<(), String> {
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let view = gather(&root);
     if args.json {
-        let text = serde_json::to_string_pretty(&to_json(&view)).map_err(|e| e.to_string())?;
+        let text = crate::json::pretty(&to_json(&view))?;
         println!("{text}");
     } else {
         print!("{}", to_text(&view, draw::wants_colour(args.no_color)));
