@@ -748,3 +748,71 @@ fn bad_arguments_are_one_line() {
         );
     }
 }
+
+/// `--textfile` into a world-writable sticky directory (as /tmp is) where another user planted
+/// symbolic links at the temporary names a writer would predict (its pid's, planted by the
+/// shell that then execs the writer under the same pid, and a few guesses) and at the file's
+/// own name, all to a file of root's: that file is unchanged, the `.prom` is a regular file,
+/// not a link, and its mode is 0644 under umask 077 (node_exporter, its own user, reads it).
+#[test]
+fn the_textfile_follows_no_planted_link_and_is_0644_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let host = Sysfs::two_nodes();
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let victim = elsewhere.path().join("shadow");
+    let content = "root:x:0:0:root:/root:/bin/bash\n";
+    std::fs::write(&victim, content).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for guess in [
+        ".tllm_affinity.prom.tmp",
+        "tllm_affinity.prom.tmp",
+        ".tllm_affinity.prom.1.tmp",
+        ".tllm_affinity.prom.0.tmp",
+        "tllm_affinity.prom",
+    ] {
+        std::os::unix::fs::symlink(&victim, shared.path().join(guess)).unwrap();
+    }
+    for round in 0..2 {
+        let mut writer = clean("sh");
+        writer
+            .arg("-c")
+            .arg(r#"ln -s "$VICTIM" "$DIR/.tllm_affinity.prom.$$.tmp" && umask 077 && exec "$@""#)
+            .arg("sh")
+            .arg(cli())
+            .args(["metrics", "--textfile"])
+            .arg(shared.path())
+            .arg("--sysfs-root")
+            .arg(host.path())
+            .env("VICTIM", &victim)
+            .env("DIR", shared.path());
+        let out = writer.output().unwrap();
+        assert!(out.status.success(), "round {round}: {}", output_text(&out));
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            content,
+            "round {round}: the planted link's target was written"
+        );
+        let victim_mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(
+            victim_mode, 0o600,
+            "round {round}: the target's mode changed"
+        );
+        let written = shared.path().join("tllm_affinity.prom");
+        let facts = std::fs::symlink_metadata(&written).unwrap();
+        assert!(
+            facts.file_type().is_file(),
+            "round {round}: the .prom is {:?}, not a regular file",
+            facts.file_type()
+        );
+        assert_eq!(
+            facts.permissions().mode() & 0o7777,
+            0o644,
+            "round {round}: mode under umask 077"
+        );
+        let text = std::fs::read_to_string(&written).unwrap();
+        assert!(text.contains("tllm_affinity_build_info"), "{text}");
+    }
+}

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tllm_affinity_core::topology::SysfsRoot;
+use tllm_affinity_core::untrusted::{self, Dir};
 
 use crate::host::{self, Entry, HostView, Kind};
 
@@ -37,7 +38,8 @@ pub const FLAG_KINDS: [&str; 3] = [
 #[derive(clap::Args, Debug)]
 pub struct MetricsArgs {
     /// Write DIR/tllm_affinity.prom for node_exporter's textfile collector
-    /// (--collector.textfile.directory=DIR), atomically: a temporary file in DIR, then a rename.
+    /// (--collector.textfile.directory=DIR), atomically: a temporary file of an unpredictable
+    /// name created in DIR (no link followed, mode 0644), synced, then renamed into place.
     #[arg(long, value_name = "DIR")]
     pub textfile: Option<PathBuf>,
     /// With --textfile: scan and write again every SECONDS (e.g. 15), until stopped.
@@ -128,48 +130,99 @@ pub fn listen_address(text: &str, allow_remote: bool) -> Result<SocketAddr, Stri
     Ok(address)
 }
 
+/// The start of the temporary files' names: `.` so that node_exporter (which reads `*.prom`)
+/// and `ls` leave them alone.
+fn temporary_prefix() -> String {
+    format!(".{TEXTFILE_NAME}.")
+}
+
+/// A temporary name nobody can predict, so none can be planted: the writer's pid (to remove
+/// what a stopped writer left, [`remove_abandoned_temporaries`]) and 64 random bits.
+fn temporary_name() -> String {
+    let bits = untrusted::unpredictable().unwrap_or_else(|| {
+        // No random bits from the kernel yet (early at boot): the standard library's hash
+        // keys, seeded from the kernel too, mixed with the time. The name is only ever created
+        // exclusively, so a guessed one costs a retry, never a write elsewhere.
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        hasher.finish()
+    });
+    format!(
+        "{}{}.{bits:016x}.tmp",
+        temporary_prefix(),
+        std::process::id()
+    )
+}
+
 /// Writes `text` to `dir`/[`TEXTFILE_NAME`] so that a reader sees the old file or the new one,
-/// never half of one: a temporary file in `dir` (a name node_exporter does not read, as it
-/// ends otherwise than `.prom`), flushed to disk, then renamed over the old one.
+/// never half of one, and so that nothing another user planted in `dir` (a shared, sticky
+/// directory) is written through: a temporary file of an unpredictable name, created only if
+/// nothing is there (`O_CREAT | O_EXCL | O_NOFOLLOW`, relative to `dir` held open), mode 0644
+/// whatever the umask (node_exporter runs as its own user), synced, renamed over the old one,
+/// then `dir` synced so that the rename survives a crash.
 pub fn write_textfile(dir: &Path, text: &str) -> Result<(), String> {
-    let target = dir.join(TEXTFILE_NAME);
-    let temporary = dir.join(format!(".{TEXTFILE_NAME}.{}.tmp", std::process::id()));
-    let written = (|| {
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, &target)
-    })();
-    written.map_err(|e| {
-        let _ = std::fs::remove_file(&temporary);
+    let failed = |e: std::io::Error| {
         format!(
             "--textfile {}: cannot write {}: {e}",
             dir.display(),
-            target.display()
+            dir.join(TEXTFILE_NAME).display()
         )
-    })
+    };
+    let opened = Dir::open(dir).map_err(failed)?;
+    // A name taken (one chance in 2^64 unless guessed from the bits) is tried again, twice.
+    let mut attempts = 0;
+    let (temporary, mut file) = loop {
+        let name = temporary_name();
+        match opened.create_new(&name, 0o644) {
+            Ok(file) => break (name, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempts < 2 => {
+                attempts += 1;
+            }
+            Err(e) => return Err(failed(e)),
+        }
+    };
+    let written = (|| {
+        use std::os::unix::fs::PermissionsExt;
+        // The umask took bits off the mode asked at creation: put back on the descriptor.
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        opened.rename(&temporary, TEXTFILE_NAME)
+    })();
+    if let Err(e) = written {
+        let _ = opened.remove(&temporary);
+        return Err(failed(e));
+    }
+    opened.sync().map_err(failed)
 }
 
 /// Removes the temporary files of writers that were stopped mid-write (`--every` ends by a
-/// signal): those whose process is gone. node_exporter never reads them, but nothing else would
-/// remove them.
+/// signal): ours (owned by this user: never another user's, in a shared directory) whose
+/// process is gone. node_exporter never reads them, but nothing else would remove them.
 fn remove_abandoned_temporaries(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    let Ok(opened) = Dir::open(dir) else {
         return;
     };
-    let prefix = format!(".{TEXTFILE_NAME}.");
-    for entry in entries.flatten() {
-        let name = entry.file_name();
+    let me = tllm_affinity_core::sys::effective_uid();
+    let prefix = temporary_prefix();
+    for name in opened.names().unwrap_or_default() {
+        // `.<file>.<pid>.<bits>.tmp`, or `.<file>.<pid>.tmp` of writers before the random bits.
         let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
+            .strip_prefix(&prefix)
             .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.split('.').next())
             .and_then(|n| n.parse::<u32>().ok())
         else {
             continue;
         };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(entry.path());
+        if opened.owner_of(&name) == Some(me) && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = opened.remove(&name);
         }
     }
 }
