@@ -564,7 +564,7 @@ fn with(
 }
 
 /// The families the exposition writes, in its order: each name and HELP text.
-const FAMILIES: [(&str, &str); 13] = [
+const FAMILIES: [(&str, &str); 14] = [
     (
         "tllm_affinity_build_info",
         "The tllm-affinity version that scanned the host (value 1).",
@@ -585,6 +585,11 @@ const FAMILIES: [(&str, &str); 13] = [
     (
         "tllm_affinity_processes_unreachable",
         "Processes in other PID namespaces whose root could not be looked into.",
+    ),
+    (
+        "tllm_affinity_scan_readers_stuck",
+        "Reader threads of earlier scans still stuck in a process's /proc files (at most 32 \
+         alive; a process whose reader cannot start counts as unreadable).",
     ),
     (
         "tllm_affinity_threads",
@@ -623,7 +628,7 @@ const FAMILIES: [(&str, &str); 13] = [
 
 /// The metrics of `view`, scanned in `took`.
 pub fn render(view: &HostView, took: Duration) -> String {
-    let [mut build, mut duration, mut processes, mut unreadable, mut unreachable, mut threads, mut worker_cpus, mut worker_cpus_info, mut leases, mut memory, mut off_node, mut flags, mut process_flags] =
+    let [mut build, mut duration, mut processes, mut unreadable, mut unreachable, mut stuck, mut threads, mut worker_cpus, mut worker_cpus_info, mut leases, mut memory, mut off_node, mut flags, mut process_flags] =
         FAMILIES.map(|(name, help)| Family::new(name, help));
     build.add(vec![("version", env!("CARGO_PKG_VERSION").into())], 1.0);
     duration.add(Vec::new(), took.as_secs_f64());
@@ -706,6 +711,7 @@ pub fn render(view: &HostView, took: Duration) -> String {
         .count();
     unreadable.add(Vec::new(), lines as f64);
     unreachable.add(Vec::new(), view.unreachable as f64);
+    stuck.add(Vec::new(), view.readers_stuck as f64);
     for kind in FLAG_KINDS {
         let n = view.flags.iter().filter(|f| f.kind == kind).count();
         flags.add(vec![("kind", kind.into())], n as f64);
@@ -730,6 +736,7 @@ pub fn render(view: &HostView, took: Duration) -> String {
         processes,
         unreadable,
         unreachable,
+        stuck,
         threads,
         worker_cpus,
         worker_cpus_info,
@@ -827,6 +834,7 @@ mod tests {
                 }),
             ],
             unreachable: 0,
+            readers_stuck: 2,
             groups: vec![
                 CpuGroup {
                     node: Some(0),
@@ -866,6 +874,8 @@ mod tests {
             format!("tllm_affinity_process_flags{{{p},kind=\"memory-off-node\"}} 1"),
             "tllm_affinity_processes 1".into(),
             "tllm_affinity_tables_unreadable 1".into(),
+            "tllm_affinity_scan_readers_stuck 2".into(),
+            "# TYPE tllm_affinity_scan_readers_stuck gauge".into(),
             "tllm_affinity_scan_duration_seconds 0.25".into(),
             format!(
                 "tllm_affinity_build_info{{version=\"{}\"}} 1",
