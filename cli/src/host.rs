@@ -20,6 +20,7 @@ use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::registry::{Placement, Role};
 use tllm_affinity_core::threadtable::{self, LeaseLine};
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::untrusted::Dir;
 
 use crate::draw::{self, visible};
 use crate::memory_reading::NodeMemory;
@@ -434,16 +435,21 @@ fn abandon(id: u64) {
 
 /// Every process (but this one) whose table exists where it would publish it, with its start
 /// time; and how many processes in other PID namespaces could not be looked into. Of each
-/// process only `/proc/PID/status` is read (by [`ps::locate`]); the table directory is listed
-/// once for the host's processes and once per container's root, and nothing is opened.
+/// process only `/proc/PID/status` is read (by [`ps::locate`]); each table directory is listed
+/// once a scan (the host's, and each container's, however many processes it holds: a
+/// directory is known by its device and inode), and nothing is opened.
 fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
+    processes_listed_in(&mut Listings::default())
+}
+
+/// [`processes_with_a_table`], the directories' listings kept in `listings`.
+fn processes_listed_in(listings: &mut Listings) -> (Vec<(u32, Option<u64>)>, usize) {
     let me = std::process::id();
     let mut found = Vec::new();
     let mut unreachable = 0;
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return (found, unreachable);
     };
-    let mut host_listing = None;
     for entry in dir.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -464,24 +470,41 @@ fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
             continue;
         }
         let key = (location.published_pid, location.namespace);
-        let listed = match location.namespace_pid {
-            None => host_listing
-                .get_or_insert_with(|| {
-                    location
-                        .open_dir()
-                        .map(|d| threadtable::listed(&d))
-                        .unwrap_or_default()
-                })
-                .contains(&key),
-            Some(_) => location
-                .open_dir()
-                .is_ok_and(|d| threadtable::listed(&d).contains(&key)),
-        };
+        let listed = location.open_dir().is_ok_and(|d| listings.holds(&d, key));
         if listed {
             found.push((pid, threadtable::start_time(pid)));
         }
     }
     (found, unreachable)
+}
+
+/// The table directories listed in one scan, by device and inode.
+#[derive(Default)]
+struct Listings {
+    listed: BTreeMap<(u64, u64), BTreeSet<(u32, u64)>>,
+    /// How many listings were made (for the test that there is one a directory).
+    made: usize,
+}
+
+impl Listings {
+    /// Whether `dir` has a table of `key` (pid, PID namespace): `dir` listed the first time.
+    fn holds(&mut self, dir: &Dir, key: (u32, u64)) -> bool {
+        let Listings { listed, made } = self;
+        match dir.identity() {
+            Ok(identity) => listed
+                .entry(identity)
+                .or_insert_with(|| {
+                    *made += 1;
+                    threadtable::listed(dir)
+                })
+                .contains(&key),
+            // Not known by an identity (fstat failed): listed on its own.
+            Err(_) => {
+                *made += 1;
+                threadtable::listed(dir).contains(&key)
+            }
+        }
+    }
 }
 
 /// Reads process `pid`, found with a table when it had the start time `start`: its row, or one
@@ -1279,6 +1302,61 @@ mod tests {
         let (lock, changed) = &*released;
         *lock.lock().unwrap() = true;
         changed.notify_all();
+    }
+
+    /// Processes in PID namespaces of their own whose root is the host's (`unshare --pid`): each
+    /// one's table directory is the host's `/dev/shm`, listed once for all of them.
+    #[test]
+    fn each_table_directory_is_listed_once_a_scan() {
+        struct Reaped(Vec<std::process::Child>);
+        impl Drop for Reaped {
+            fn drop(&mut self) {
+                for child in &mut self.0 {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+        }
+        let spawned: Vec<std::process::Child> = (0..4)
+            .map(|_| {
+                std::process::Command::new("unshare")
+                    .args([
+                        "--user",
+                        "--map-root-user",
+                        "--pid",
+                        "--fork",
+                        "sleep",
+                        "60",
+                    ])
+                    .spawn()
+                    .expect("unshare")
+            })
+            .collect();
+        let children = Reaped(spawned);
+        // Until each one's child runs in its namespace (`sleep` there, pid 1 of it).
+        let inside = |parent: u32| {
+            std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+                .ok()
+                .and_then(|c| c.split_whitespace().next()?.parse::<u32>().ok())
+                .filter(|&child| ps::locate(child).is_ok_and(|l| l.namespace_pid.is_some()))
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !children.0.iter().all(|c| inside(c.id()).is_some()) {
+            assert!(
+                Instant::now() < deadline,
+                "the namespaced processes never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut listings = Listings::default();
+        let _ = processes_listed_in(&mut listings);
+        assert!(listings.made >= 1);
+        assert_eq!(
+            listings.made,
+            listings.listed.len(),
+            "a directory listed more than once"
+        );
+        drop(children);
     }
 
     #[test]
