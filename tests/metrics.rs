@@ -786,7 +786,9 @@ fn timed_scrape(port: u16, limit: Duration) -> Result<Duration, String> {
 /// One local client pipelining 50 000 `GET /metrics` on connections it never reads (opening
 /// another when the server closes one), 50 idle connections and one that reads a byte every
 /// half second: another client's scrapes each answer whole within [`SCRAPE_LIMIT`], during the
-/// flood and after it. Loopback only, at most 20 s of flood.
+/// flood and after it, the exporter's threads stay within its caps (64 connections, 32
+/// readers) and it shows `tllm_affinity_scan_readers_stuck`. Loopback only, at most 20 s of
+/// flood.
 #[test]
 fn clients_that_never_read_delay_no_other_scrape() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -858,6 +860,11 @@ fn clients_that_never_read_delay_no_other_scrape() {
         })
     };
 
+    // The exporter's threads: one a connection (at most 64), the scan's readers (at most 32),
+    // and its main thread.
+    let threads_of =
+        |pid: u32| std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |tasks| tasks.count());
+    let mut most_threads = 0;
     let mut during = Vec::new();
     let flood_ends = Instant::now() + Duration::from_secs(20);
     while during.len() < 8 || (!flood.is_finished() && Instant::now() < flood_ends) {
@@ -871,6 +878,7 @@ fn clients_that_never_read_delay_no_other_scrape() {
             )
         });
         during.push(took);
+        most_threads = most_threads.max(threads_of(exporter.child.id()));
         std::thread::sleep(Duration::from_millis(200));
     }
     stop.store(true, Ordering::Relaxed);
@@ -883,9 +891,17 @@ fn clients_that_never_read_delay_no_other_scrape() {
             .unwrap_or_else(|why| panic!("a scrape after the flood: {why}\n{}", exporter.log()));
         after.push(took);
     }
+    assert!(most_threads <= 64 + 32 + 1, "{most_threads} threads");
+    let exposition = get(port, "/metrics").expect("the exporter answers").1;
+    assert!(
+        exposition
+            .lines()
+            .any(|l| l.starts_with("tllm_affinity_scan_readers_stuck ")),
+        "{exposition}"
+    );
     eprintln!(
         "flood: {} requests on {connections} connections; scrapes during: {} (slowest {:?}), \
-         after: slowest {:?}",
+         after: slowest {:?}; the exporter's threads at most {most_threads}",
         sent.load(Ordering::Relaxed),
         during.len(),
         during.iter().max().unwrap(),
