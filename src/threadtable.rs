@@ -672,9 +672,11 @@ fn header_word(head: &[u8; HEADER_BYTES], index: usize) -> u64 {
 impl Table {
     /// Roles and placements the process published, for the threads `tids`. Reads the records
     /// only as far as needed: never more than [`CAPACITY`] of them (the file is at most
-    /// [`FILE_BYTES`], checked as it was opened).
+    /// [`FILE_BYTES`], checked as it was opened). Linear in records plus threads: each record
+    /// is looked up in a set of the tids.
     pub fn records(&self, tids: &[Tid]) -> Result<BTreeMap<Tid, (Role, Placement)>, String> {
         use std::io::{Read, Seek};
+        let tids: std::collections::HashSet<Tid> = tids.iter().copied().collect();
         let name = &self.name;
         let mut file = &self.file;
         file.seek(std::io::SeekFrom::Start(HEADER_BYTES as u64))
@@ -880,6 +882,39 @@ mod tests {
         assert!(read(&Dir::open(dir.path()).unwrap(), &expect(&[7]))
             .unwrap_err()
             .contains("earlier process"));
+    }
+
+    /// A table of a million records (every other tid a worker, the rest hosts) asked for 20 000
+    /// threads, half of them not in it (so every record is read): each thread found is found
+    /// with its role, none other. The reading is linear in records plus threads (a set of the
+    /// tids, not a search of them per record): benches/thread_table.rs times it.
+    #[test]
+    fn a_million_records_and_twenty_thousand_threads_are_matched_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = 1_000_000u32;
+        let mut bytes = own_header().to_vec();
+        bytes.reserve(records as usize * 8);
+        for tid in 1..=records {
+            let (role, placement) = if tid % 2 == 0 {
+                (Role::Worker, Placement::Worker)
+            } else {
+                (Role::Host, Placement::Inherited)
+            };
+            bytes.extend_from_slice(&encode(tid as Tid, role, placement).to_le_bytes());
+        }
+        std::fs::write(own_table(dir.path()), &bytes).unwrap();
+        // 10 000 tids in the table (spread over it, the last record included), 10 000 beyond it.
+        let tids: Vec<Tid> = (1..=10_000u32)
+            .map(|i| (i * 100) as Tid)
+            .chain((1..=10_000u32).map(|i| (records + i) as Tid))
+            .collect();
+        let found = read(&Dir::open(dir.path()).unwrap(), &expect(&tids)).unwrap();
+        assert_eq!(found.len(), 10_000);
+        assert!(found
+            .keys()
+            .all(|tid| *tid as u32 <= records && tid % 100 == 0));
+        assert_eq!(found[&(records as Tid)], (Role::Worker, Placement::Worker));
+        assert_eq!(found[&100], (Role::Worker, Placement::Worker));
     }
 
     #[test]

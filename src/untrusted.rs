@@ -335,6 +335,36 @@ impl Dir {
         })
     }
 
+    /// Renames `from` to `to`, both in this directory: what was at `to` (a file, or a link
+    /// itself, never followed) is replaced in one step.
+    pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let (from, to) = (component(from)?, component(to)?);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: both names are NUL-terminated and outlive the call; the directory is open.
+        if unsafe { libc::renameat(fd, from.as_ptr(), fd, to.as_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Flushes the directory itself to disk (its entries: a rename in it survives a crash).
+    pub fn sync(&self) -> io::Result<()> {
+        // An O_PATH descriptor cannot be synced: the directory itself, opened for reading.
+        let itself = openat(
+            self.fd.as_raw_fd(),
+            &cstring(b".")?,
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            0,
+        )?;
+        File::from(itself).sync_all()
+    }
+
+    /// The directory's device and inode: two `Dir`s with the same are one directory.
+    pub fn identity(&self) -> io::Result<(u64, u64)> {
+        let st = fstat(self.fd.as_raw_fd())?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
     /// Removes `name` (a file, or a link itself), whatever it is.
     pub fn remove(&self, name: &str) -> io::Result<()> {
         let name = component(name)?;
@@ -530,8 +560,22 @@ mod tests {
         std::os::unix::fs::symlink("/nonexistent", tmp.path().join("l")).unwrap();
         assert!(dir.create_new("l", 0o644).is_err());
         assert!(!Path::new("/nonexistent").exists());
-        dir.remove("t").unwrap();
-        assert!(!dir.has("t"));
+        // A rename replaces a link at the new name, never writing where it points.
+        std::fs::write(tmp.path().join("target"), b"kept").unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("target"), tmp.path().join("final")).unwrap();
+        dir.rename("t", "final").unwrap();
+        assert!(std::fs::symlink_metadata(tmp.path().join("final"))
+            .unwrap()
+            .file_type()
+            .is_file());
+        assert_eq!(std::fs::read(tmp.path().join("target")).unwrap(), b"kept");
+        dir.sync().unwrap();
+        assert_eq!(
+            dir.identity().unwrap(),
+            Dir::open(tmp.path()).unwrap().identity().unwrap()
+        );
+        dir.remove("final").unwrap();
+        assert!(!dir.has("final"));
         assert_ne!(unpredictable(), unpredictable());
     }
 }

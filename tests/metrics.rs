@@ -748,3 +748,231 @@ fn bad_arguments_are_one_line() {
         );
     }
 }
+
+/// How long a scrape may take while other clients misbehave: half Prometheus' default scrape
+/// timeout (10 s); 5 s is what a scrape took, and failed, before the server bounded its clients.
+const SCRAPE_LIMIT: Duration = Duration::from_secs(5);
+
+/// One `GET /metrics` on 127.0.0.1:`port`, given up after `limit`: how long the whole answer
+/// took, or why there was none.
+fn timed_scrape(port: u16, limit: Duration) -> Result<Duration, String> {
+    let started = Instant::now();
+    let mut stream =
+        TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    stream.set_read_timeout(Some(limit)).unwrap();
+    stream.set_write_timeout(Some(limit)).unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("send: {e}"))?;
+    let mut response = Vec::new();
+    // Asked to close the connection after the body, the server does; a read that times out is
+    // the failure this measures.
+    stream
+        .read_to_end(&mut response)
+        .map_err(|e| format!("no whole answer within {limit:?}: {e}"))?;
+    let took = started.elapsed();
+    let response = String::from_utf8_lossy(&response);
+    if !response.starts_with("HTTP/1.1 200") || !response.contains("tllm_affinity_build_info") {
+        return Err(format!("not the metrics: {response:.200}"));
+    }
+    if took > limit {
+        return Err(format!("answered in {took:?}"));
+    }
+    Ok(took)
+}
+
+/// One local client pipelining 50 000 `GET /metrics` on connections it never reads (opening
+/// another when the server closes one), 50 idle connections and one that reads a byte every
+/// half second: another client's scrapes each answer whole within [`SCRAPE_LIMIT`], during the
+/// flood and after it, the exporter's threads stay within its caps (64 connections, 32
+/// readers) and it shows `tllm_affinity_scan_readers_stuck`. Loopback only, at most 20 s of
+/// flood.
+#[test]
+fn clients_that_never_read_delay_no_other_scrape() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let host = Sysfs::two_nodes();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut listen = clean(cli());
+    listen
+        .args(["metrics", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--sysfs-root")
+        .arg(host.path());
+    let exporter = Daemon::start("metrics --listen", listen, dir.path());
+    let up = Instant::now() + Duration::from_secs(30);
+    while timed_scrape(port, Duration::from_secs(20)).is_err() {
+        assert!(Instant::now() < up, "not serving\n{}", exporter.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let flood = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        std::thread::spawn(move || {
+            let request = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+            let until = Instant::now() + Duration::from_secs(20);
+            let mut connections = 0;
+            while sent.load(Ordering::Relaxed) < 50_000
+                && !stop.load(Ordering::Relaxed)
+                && Instant::now() < until
+            {
+                let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                connections += 1;
+                stream
+                    .set_write_timeout(Some(Duration::from_secs(1)))
+                    .unwrap();
+                while sent.load(Ordering::Relaxed) < 50_000 && !stop.load(Ordering::Relaxed) {
+                    if stream.write_all(request).is_err() {
+                        break;
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            connections
+        })
+    };
+    let idle: Vec<TcpStream> = (0..50)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    let slow = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+                return;
+            };
+            let _ = write!(stream, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+            let mut byte = [0u8; 1];
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(0) = stream.read(&mut byte) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+
+    // The exporter's threads: one a connection (at most 64), the scan's readers (at most 32),
+    // and its main thread.
+    let threads_of =
+        |pid: u32| std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |tasks| tasks.count());
+    let mut most_threads = 0;
+    let mut during = Vec::new();
+    let flood_ends = Instant::now() + Duration::from_secs(20);
+    while during.len() < 8 || (!flood.is_finished() && Instant::now() < flood_ends) {
+        let took = timed_scrape(port, SCRAPE_LIMIT).unwrap_or_else(|why| {
+            stop.store(true, Ordering::Relaxed);
+            panic!(
+                "scrape {} during the flood ({} requests sent): {why}\n{}",
+                during.len() + 1,
+                sent.load(Ordering::Relaxed),
+                exporter.log()
+            )
+        });
+        during.push(took);
+        most_threads = most_threads.max(threads_of(exporter.child.id()));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let connections = flood.join().unwrap();
+    slow.join().unwrap();
+    drop(idle);
+    let mut after = Vec::new();
+    for _ in 0..3 {
+        let took = timed_scrape(port, SCRAPE_LIMIT)
+            .unwrap_or_else(|why| panic!("a scrape after the flood: {why}\n{}", exporter.log()));
+        after.push(took);
+    }
+    assert!(most_threads <= 64 + 32 + 1, "{most_threads} threads");
+    let exposition = get(port, "/metrics").expect("the exporter answers").1;
+    assert!(
+        exposition
+            .lines()
+            .any(|l| l.starts_with("tllm_affinity_scan_readers_stuck ")),
+        "{exposition}"
+    );
+    eprintln!(
+        "flood: {} requests on {connections} connections; scrapes during: {} (slowest {:?}), \
+         after: slowest {:?}; the exporter's threads at most {most_threads}",
+        sent.load(Ordering::Relaxed),
+        during.len(),
+        during.iter().max().unwrap(),
+        after.iter().max().unwrap()
+    );
+}
+
+/// `--textfile` into a world-writable sticky directory (as /tmp is) where another user planted
+/// symbolic links at the temporary names a writer would predict (its pid's, planted by the
+/// shell that then execs the writer under the same pid, and a few guesses) and at the file's
+/// own name, all to a file of root's: that file is unchanged, the `.prom` is a regular file,
+/// not a link, and its mode is 0644 under umask 077 (node_exporter, its own user, reads it).
+#[test]
+fn the_textfile_follows_no_planted_link_and_is_0644_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let host = Sysfs::two_nodes();
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let victim = elsewhere.path().join("shadow");
+    let content = "root:x:0:0:root:/root:/bin/bash\n";
+    std::fs::write(&victim, content).unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for guess in [
+        ".tllm_affinity.prom.tmp",
+        "tllm_affinity.prom.tmp",
+        ".tllm_affinity.prom.1.tmp",
+        ".tllm_affinity.prom.0.tmp",
+        "tllm_affinity.prom",
+    ] {
+        std::os::unix::fs::symlink(&victim, shared.path().join(guess)).unwrap();
+    }
+    for round in 0..2 {
+        let mut writer = clean("sh");
+        writer
+            .arg("-c")
+            .arg(r#"ln -s "$VICTIM" "$DIR/.tllm_affinity.prom.$$.tmp" && umask 077 && exec "$@""#)
+            .arg("sh")
+            .arg(cli())
+            .args(["metrics", "--textfile"])
+            .arg(shared.path())
+            .arg("--sysfs-root")
+            .arg(host.path())
+            .env("VICTIM", &victim)
+            .env("DIR", shared.path());
+        let out = writer.output().unwrap();
+        assert!(out.status.success(), "round {round}: {}", output_text(&out));
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            content,
+            "round {round}: the planted link's target was written"
+        );
+        let victim_mode = std::fs::metadata(&victim).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(
+            victim_mode, 0o600,
+            "round {round}: the target's mode changed"
+        );
+        let written = shared.path().join("tllm_affinity.prom");
+        let facts = std::fs::symlink_metadata(&written).unwrap();
+        assert!(
+            facts.file_type().is_file(),
+            "round {round}: the .prom is {:?}, not a regular file",
+            facts.file_type()
+        );
+        assert_eq!(
+            facts.permissions().mode() & 0o7777,
+            0o644,
+            "round {round}: mode under umask 077"
+        );
+        let text = std::fs::read_to_string(&written).unwrap();
+        assert!(text.contains("tllm_affinity_build_info"), "{text}");
+    }
+}

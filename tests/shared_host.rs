@@ -202,6 +202,8 @@ fn publishing_never_hangs_while_the_users_own_stale_table_is_swapped() {
 
 /// The comm `escape_names.c` gives itself.
 const ESCAPES: &str = "\x1b]0;pwned\x07\x1b[2J";
+/// The name of its third thread: bidi controls (an override, an isolate, a mark, Arabic's mark).
+const BIDI: &str = "\u{202e}ev\u{2066}\u{200f}\u{61c}";
 
 /// Root's `ps` with `args`, within [`PS_LIMIT`], under a pseudo-terminal when `terminal` (so
 /// that it paints: `script` runs it), its stdout as bytes.
@@ -295,7 +297,7 @@ fn names_carrying_terminal_escapes_are_printed_escaped_and_kept_exact_in_json() 
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, [ESCAPES, "\u{9b}31m\u{7f}\u{fffd}x"], "{one}");
+    assert_eq!(names, [ESCAPES, "\u{9b}31m\u{7f}\u{fffd}x", BIDI], "{one}");
     let host = ps(&[]);
     let row = host["processes"]
         .as_array()
@@ -305,6 +307,57 @@ fn names_carrying_terminal_escapes_are_printed_escaped_and_kept_exact_in_json() 
         .unwrap_or_else(|| panic!("{pid} not in {host}"))
         .clone();
     assert_eq!(row["command"], ESCAPES, "{row}");
+    run.succeed();
+}
+
+/// The characters JSON may carry raw but a terminal or an editor acts on, found in `bytes` (UTF-8
+/// text): DEL, the C1 controls (U+0080 to U+009F) and the bidi controls that reorder what is
+/// shown (U+061C, U+200E, U+200F, U+202A to U+202E, U+2066 to U+2069).
+fn raw_controls(bytes: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .filter(|&c| {
+            matches!(c, '\u{7f}'..='\u{9f}' | '\u{61c}' | '\u{200e}' | '\u{200f}')
+                || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        })
+        .map(|c| format!("U+{:04X}", c as u32))
+        .collect()
+}
+
+/// `ps PID --json` and the host view's `--json` write DEL, C1 and bidi controls of thread names
+/// as `\uXXXX` escapes, never raw (serde_json escapes only what is below 0x20), and the JSON
+/// parses back to the very names.
+#[test]
+fn json_escapes_del_c1_and_bidi_controls_and_parses_to_the_same_names() {
+    let sysfs = Sysfs::two_nodes();
+    let mut run = Driver::spawn(preloaded(Program::c("escape_names").build(), &sysfs), LIMIT);
+    run.line("WAIT");
+    let pid = run.pid().to_string();
+    for args in [vec![pid.as_str(), "--json"], vec!["--json"]] {
+        let out = ps_output(&args, false);
+        let raw = raw_controls(&out);
+        assert!(
+            raw.is_empty(),
+            "ps {args:?} wrote {raw:?} raw:\n{}",
+            String::from_utf8_lossy(&out)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        if args.len() == 2 {
+            let text = String::from_utf8_lossy(&out);
+            for escape in [
+                r"\u007f", r"\u009b", r"\u202e", r"\u2066", r"\u200f", r"\u061c",
+            ] {
+                assert!(text.contains(escape), "no {escape} in {text}");
+            }
+            let names: Vec<&str> = v["threads"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, [ESCAPES, "\u{9b}31m\u{7f}\u{fffd}x", BIDI], "{v}");
+        }
+    }
     run.succeed();
 }
 

@@ -78,8 +78,8 @@ pub fn run(args: &CdiArgs) -> Result<(), Failure> {
     let preload = state_dir.join(PRELOAD_FILE);
     let container_library = format!("{CONTAINER_DIR}/{LIBRARY_FILE}");
     write_atomically(&preload, format!("{container_library}\n").as_bytes())?;
-    let text = serde_json::to_string_pretty(&spec(&args.name, &library, &preload, hook.as_ref()))
-        .map_err(|e| Failure::usage(e.to_string()))?;
+    let text = crate::json::pretty(&spec(&args.name, &library, &preload, hook.as_ref()))
+        .map_err(Failure::usage)?;
     match &args.output {
         None => println!("{text}"),
         Some(path) => {

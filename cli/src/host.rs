@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -19,6 +20,7 @@ use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::registry::{Placement, Role};
 use tllm_affinity_core::threadtable::{self, LeaseLine};
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::untrusted::Dir;
 
 use crate::draw::{self, visible};
 use crate::memory_reading::NodeMemory;
@@ -190,6 +192,8 @@ pub struct HostView {
     pub entries: Vec<Entry>,
     /// Processes in another PID namespace whose root the caller may not look into.
     pub unreachable: usize,
+    /// Reader threads of earlier scans of this process still stuck ([`readers_stuck`]).
+    pub readers_stuck: usize,
     pub groups: Vec<CpuGroup>,
     pub flags: Vec<Flag>,
     /// The kernel's NUMA nodes with CPUs: where memory is judged (see [`off_node`]).
@@ -200,7 +204,7 @@ pub fn run(args: &PsArgs) -> Result<(), String> {
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let view = gather(&root);
     if args.json {
-        let text = serde_json::to_string_pretty(&to_json(&view)).map_err(|e| e.to_string())?;
+        let text = crate::json::pretty(&to_json(&view))?;
         println!("{text}");
     } else {
         print!("{}", to_text(&view, draw::wants_colour(args.no_color)));
@@ -243,6 +247,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
     HostView {
         entries,
         unreachable,
+        readers_stuck: readers_stuck(),
         groups,
         flags,
         kernel_nodes,
@@ -254,16 +259,68 @@ pub fn gather(root: &SysfsRoot) -> HostView {
 pub const VIEW_LIMIT: Duration = Duration::from_secs(30);
 /// How many processes are read at once.
 const READERS: usize = 8;
+/// The most reader threads alive at once, across scans (`metrics --every` and `--listen` scan
+/// again and again in one process): those of earlier scans still stuck included. A process
+/// whose reader cannot start is one line.
+pub const READERS_AT_MOST: usize = 32;
+
+/// The reader threads alive in this process, across scans: each one's process and whether its
+/// scan gave up on it (stuck: a read of `/proc` that blocks cannot be interrupted).
+struct Readers {
+    next: u64,
+    alive: BTreeMap<u64, (u32, bool)>,
+}
+
+static READERS_ALIVE: Mutex<Readers> = Mutex::new(Readers {
+    next: 0,
+    alive: BTreeMap::new(),
+});
+
+fn readers() -> MutexGuard<'static, Readers> {
+    // Nothing inside the lock can panic halfway; a poisoned lock holds whole values.
+    READERS_ALIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How many reader threads of earlier scans are still stuck in a process's `/proc` files.
+pub fn readers_stuck() -> usize {
+    readers().alive.values().filter(|(_, stuck)| *stuck).count()
+}
+
+/// Takes a reader thread's place out of [`READERS_ALIVE`] when the thread ends, however.
+struct ReaderPlace(u64);
+
+impl Drop for ReaderPlace {
+    fn drop(&mut self) {
+        readers().alive.remove(&self.0);
+    }
+}
 
 /// Reads each process of `found` ([`entry_of`]) on a thread of its own, [`READERS`] at a time:
-/// one that takes longer than `each` is one line and its reader is left behind (a read of
-/// `/proc` that blocks cannot be interrupted; the threads end with this process), and once
-/// `all` has passed every process not yet read is one line.
+/// one that takes longer than `each` is one line and its reader is left behind, stuck (a read
+/// of `/proc` that blocks cannot be interrupted), and once `all` has passed every process not
+/// yet read is one line. Stuck readers are bounded across scans: a process whose reader of an
+/// earlier scan is still stuck is not read again (one line), and no reader starts while
+/// [`READERS_AT_MOST`] are alive (one line too).
 pub fn read_bounded(found: Vec<(u32, Option<u64>)>, each: Duration, all: Duration) -> Vec<Entry> {
+    read_bounded_by(found, each, all, entry_of)
+}
+
+/// [`read_bounded`] with `reader` in place of [`entry_of`] (the tests' readers that never
+/// return stand for a process whose `/proc` files block).
+fn read_bounded_by<R>(
+    found: Vec<(u32, Option<u64>)>,
+    each: Duration,
+    all: Duration,
+    reader: R,
+) -> Vec<Entry>
+where
+    R: Fn(u32, Option<u64>) -> Entry + Clone + Send + 'static,
+{
     let view_deadline = Instant::now() + all;
     let (done_tx, done) = std::sync::mpsc::channel::<(u32, Entry)>();
     let mut pending = found.into_iter();
-    let mut reading: BTreeMap<u32, Instant> = BTreeMap::new();
+    // Each process being read: its deadline and its reader's place.
+    let mut reading: BTreeMap<u32, (Instant, u64)> = BTreeMap::new();
     let mut entries = Vec::new();
     let late = |pid: u32, why: String| {
         Entry::Line(ProcessLine {
@@ -272,25 +329,62 @@ pub fn read_bounded(found: Vec<(u32, Option<u64>)>, each: Duration, all: Duratio
             why,
         })
     };
+    let too_slow = format!(
+        "not read within {} s (its /proc files do not answer)",
+        each.as_secs_f64()
+    );
     loop {
         while reading.len() < READERS && Instant::now() < view_deadline {
             let Some((pid, start)) = pending.next() else {
                 break;
             };
+            let place = {
+                let mut alive = readers();
+                if alive.alive.values().any(|&(p, stuck)| p == pid && stuck) {
+                    drop(alive);
+                    entries.push(late(
+                        pid,
+                        "not read: its reader of an earlier scan is still stuck (its /proc files \
+                         do not answer)"
+                            .into(),
+                    ));
+                    continue;
+                }
+                if alive.alive.len() >= READERS_AT_MOST {
+                    let stuck = alive.alive.len();
+                    drop(alive);
+                    entries.push(late(
+                        pid,
+                        format!(
+                            "not read: {stuck} readers are still stuck on other processes' /proc \
+                             files"
+                        ),
+                    ));
+                    continue;
+                }
+                let id = alive.next;
+                alive.next += 1;
+                alive.alive.insert(id, (pid, false));
+                ReaderPlace(id)
+            };
+            let id = place.0;
             let tx = done_tx.clone();
+            let reader = reader.clone();
             let started = std::thread::Builder::new()
                 .name("ps-reader".into())
                 .spawn(move || {
-                    let _ = tx.send((pid, entry_of(pid, start)));
+                    let _place = place;
+                    let _ = tx.send((pid, reader(pid, start)));
                 });
             match started {
                 Ok(_) => {
-                    reading.insert(pid, Instant::now() + each);
+                    reading.insert(pid, (Instant::now() + each, id));
                 }
+                // The closure, and with it the place, is dropped: the place is free again.
                 Err(e) => entries.push(late(pid, format!("not read: no thread to read it ({e})"))),
             }
         }
-        let Some(next_deadline) = reading.values().min().copied() else {
+        let Some(next_deadline) = reading.values().map(|(d, _)| *d).min() else {
             break;
         };
         let wait_until = next_deadline.min(view_deadline);
@@ -304,30 +398,21 @@ pub fn read_bounded(found: Vec<(u32, Option<u64>)>, each: Duration, all: Duratio
                 let now = Instant::now();
                 let overdue: Vec<u32> = reading
                     .iter()
-                    .filter(|(_, &deadline)| deadline <= now || view_deadline <= now)
+                    .filter(|(_, (deadline, _))| *deadline <= now || view_deadline <= now)
                     .map(|(&pid, _)| pid)
                     .collect();
                 for pid in overdue {
-                    reading.remove(&pid);
-                    entries.push(late(
-                        pid,
-                        format!(
-                            "not read within {} s (its /proc files do not answer)",
-                            each.as_secs_f64()
-                        ),
-                    ));
+                    if let Some((_, id)) = reading.remove(&pid) {
+                        abandon(id);
+                    }
+                    entries.push(late(pid, too_slow.clone()));
                 }
             }
         }
         if Instant::now() >= view_deadline {
-            for (pid, _) in std::mem::take(&mut reading) {
-                entries.push(late(
-                    pid,
-                    format!(
-                        "not read within {} s (its /proc files do not answer)",
-                        each.as_secs_f64()
-                    ),
-                ));
+            for (pid, (_, id)) in std::mem::take(&mut reading) {
+                abandon(id);
+                entries.push(late(pid, too_slow.clone()));
             }
             for (pid, _) in pending.by_ref() {
                 entries.push(late(
@@ -341,18 +426,30 @@ pub fn read_bounded(found: Vec<(u32, Option<u64>)>, each: Duration, all: Duratio
     entries
 }
 
+/// Marks reader `id` stuck, if it is still alive.
+fn abandon(id: u64) {
+    if let Some((_, stuck)) = readers().alive.get_mut(&id) {
+        *stuck = true;
+    }
+}
+
 /// Every process (but this one) whose table exists where it would publish it, with its start
 /// time; and how many processes in other PID namespaces could not be looked into. Of each
-/// process only `/proc/PID/status` is read (by [`ps::locate`]); the table directory is listed
-/// once for the host's processes and once per container's root, and nothing is opened.
+/// process only `/proc/PID/status` is read (by [`ps::locate`]); each table directory is listed
+/// once a scan (the host's, and each container's, however many processes it holds: a
+/// directory is known by its device and inode), and nothing is opened.
 fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
+    processes_listed_in(&mut Listings::default())
+}
+
+/// [`processes_with_a_table`], the directories' listings kept in `listings`.
+fn processes_listed_in(listings: &mut Listings) -> (Vec<(u32, Option<u64>)>, usize) {
     let me = std::process::id();
     let mut found = Vec::new();
     let mut unreachable = 0;
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return (found, unreachable);
     };
-    let mut host_listing = None;
     for entry in dir.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -373,24 +470,41 @@ fn processes_with_a_table() -> (Vec<(u32, Option<u64>)>, usize) {
             continue;
         }
         let key = (location.published_pid, location.namespace);
-        let listed = match location.namespace_pid {
-            None => host_listing
-                .get_or_insert_with(|| {
-                    location
-                        .open_dir()
-                        .map(|d| threadtable::listed(&d))
-                        .unwrap_or_default()
-                })
-                .contains(&key),
-            Some(_) => location
-                .open_dir()
-                .is_ok_and(|d| threadtable::listed(&d).contains(&key)),
-        };
+        let listed = location.open_dir().is_ok_and(|d| listings.holds(&d, key));
         if listed {
             found.push((pid, threadtable::start_time(pid)));
         }
     }
     (found, unreachable)
+}
+
+/// The table directories listed in one scan, by device and inode.
+#[derive(Default)]
+struct Listings {
+    listed: BTreeMap<(u64, u64), BTreeSet<(u32, u64)>>,
+    /// How many listings were made (for the test that there is one a directory).
+    made: usize,
+}
+
+impl Listings {
+    /// Whether `dir` has a table of `key` (pid, PID namespace): `dir` listed the first time.
+    fn holds(&mut self, dir: &Dir, key: (u32, u64)) -> bool {
+        let Listings { listed, made } = self;
+        match dir.identity() {
+            Ok(identity) => listed
+                .entry(identity)
+                .or_insert_with(|| {
+                    *made += 1;
+                    threadtable::listed(dir)
+                })
+                .contains(&key),
+            // Not known by an identity (fstat failed): listed on its own.
+            Err(_) => {
+                *made += 1;
+                threadtable::listed(dir).contains(&key)
+            }
+        }
+    }
 }
 
 /// Reads process `pid`, found with a table when it had the start time `start`: its row, or one
@@ -1114,6 +1228,137 @@ mod tests {
         assert_eq!(line.why, "exited while it was read");
     }
 
+    /// Readers of a process whose `/proc` files never answer (the reader below blocks until the
+    /// test ends, as a read of a process stopped with its memory-map lock held does), scan after
+    /// scan as `metrics --every` and `--listen` scan: every process is one entry a scan, and the
+    /// readers still blocked stay bounded, whether the same 20 processes block in every scan or
+    /// 20 others each time.
+    #[test]
+    fn readers_stuck_scan_after_scan_stay_bounded() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, Condvar, Mutex};
+
+        let blocked = Arc::new(AtomicUsize::new(0));
+        let released = Arc::new((Mutex::new(false), Condvar::new()));
+        let reader = {
+            let (blocked, released) = (blocked.clone(), released.clone());
+            move |pid: u32, _start: Option<u64>| {
+                if pid >= 1000 {
+                    blocked.fetch_add(1, Ordering::SeqCst);
+                    let (lock, changed) = &*released;
+                    let mut done = lock.lock().unwrap();
+                    while !*done {
+                        done = changed.wait(done).unwrap();
+                    }
+                    blocked.fetch_sub(1, Ordering::SeqCst);
+                }
+                Entry::Line(ProcessLine {
+                    pid,
+                    command: None,
+                    why: "read".into(),
+                })
+            }
+        };
+        let each = Duration::from_millis(50);
+        let mut most_blocked = 0;
+        for scan in 0..12u32 {
+            // The same 20 blocking processes in the first half, 20 others each scan after.
+            let first = if scan < 6 { 1000 } else { 2000 + scan * 20 };
+            let found: Vec<(u32, Option<u64>)> = (1..=5)
+                .chain(first..first + 20)
+                .map(|pid| (pid, Some(1)))
+                .collect();
+            let entries = read_bounded_by(found, each, Duration::from_secs(10), reader.clone());
+            assert_eq!(entries.len(), 25, "scan {scan}");
+            let read = entries
+                .iter()
+                .filter(|e| matches!(e, Entry::Line(l) if l.why == "read"))
+                .count();
+            if scan < 6 {
+                // 20 stuck, room for the rest: those that answer are read.
+                assert_eq!(read, 5, "scan {scan}: the processes that answer are read");
+            }
+            if scan == 11 {
+                // Every place taken by a stuck reader: one line each, no reader started.
+                assert!(
+                    entries.iter().all(|e| matches!(e, Entry::Line(l)
+                        if l.why.starts_with("not read: ") && l.why.contains("still stuck"))),
+                    "{entries:?}"
+                );
+            }
+            most_blocked = most_blocked.max(blocked.load(Ordering::SeqCst));
+            assert!(
+                most_blocked <= READERS_AT_MOST,
+                "scan {scan}: {most_blocked} readers blocked"
+            );
+            // Every blocked reader was given up on, and is counted as stuck.
+            assert_eq!(
+                readers_stuck(),
+                blocked.load(Ordering::SeqCst),
+                "scan {scan}"
+            );
+        }
+        assert!(most_blocked >= 20, "{most_blocked}");
+        let (lock, changed) = &*released;
+        *lock.lock().unwrap() = true;
+        changed.notify_all();
+    }
+
+    /// Processes in PID namespaces of their own whose root is the host's (`unshare --pid`): each
+    /// one's table directory is the host's `/dev/shm`, listed once for all of them.
+    #[test]
+    fn each_table_directory_is_listed_once_a_scan() {
+        struct Reaped(Vec<std::process::Child>);
+        impl Drop for Reaped {
+            fn drop(&mut self) {
+                for child in &mut self.0 {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+        }
+        let spawned: Vec<std::process::Child> = (0..4)
+            .map(|_| {
+                std::process::Command::new("unshare")
+                    .args([
+                        "--user",
+                        "--map-root-user",
+                        "--pid",
+                        "--fork",
+                        "sleep",
+                        "60",
+                    ])
+                    .spawn()
+                    .expect("unshare")
+            })
+            .collect();
+        let children = Reaped(spawned);
+        // Until each one's child runs in its namespace (`sleep` there, pid 1 of it).
+        let inside = |parent: u32| {
+            std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+                .ok()
+                .and_then(|c| c.split_whitespace().next()?.parse::<u32>().ok())
+                .filter(|&child| ps::locate(child).is_ok_and(|l| l.namespace_pid.is_some()))
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !children.0.iter().all(|c| inside(c.id()).is_some()) {
+            assert!(
+                Instant::now() < deadline,
+                "the namespaced processes never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut listings = Listings::default();
+        let _ = processes_listed_in(&mut listings);
+        assert!(listings.made >= 1);
+        assert_eq!(
+            listings.made,
+            listings.listed.len(),
+            "a directory listed more than once"
+        );
+        drop(children);
+    }
+
     #[test]
     fn the_grid_groups_cpus_by_node_and_shows_the_most_particular_role() {
         let (_, nodes) = host();
@@ -1137,6 +1382,7 @@ mod tests {
                 }),
             ],
             unreachable: 2,
+            readers_stuck: 0,
             groups: nodes
                 .iter()
                 .map(|(id, cpus)| CpuGroup {

@@ -20,6 +20,7 @@ use tllm_affinity_core::topology::SysfsRoot;
 mod cdi;
 mod draw;
 mod host;
+mod json;
 mod memory_reading;
 mod metrics;
 mod plan;
@@ -169,7 +170,7 @@ fn main() -> ExitCode {
             let line = failure.message.replace('\n', "; ");
             if cli.command.json() {
                 let error = serde_json::json!({ "error": format!("tllm-affinity {name}: {line}") });
-                eprintln!("{error}");
+                eprintln!("{}", json::line(&error));
             } else {
                 eprintln!("tllm-affinity {name}: {line}");
             }

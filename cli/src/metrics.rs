@@ -8,15 +8,25 @@
 //! `_info` families whose value is 1 and whose facts are labels. Three ways out: printed once,
 //! written atomically into node_exporter's textfile directory (`--textfile`, with `--every`),
 //! or served on `/metrics` (`--listen`, loopback unless `--allow-remote`).
+//!
+//! Neither way out lets one local user cost another anything (SPEC §9, §17): the textfile's
+//! temporary name is unpredictable and created exclusively, so a link planted in a shared
+//! directory is never written through; the server scans at most once per interval whatever the
+//! requests, answers one request per connection within time limits, and holds at most
+//! [`CONNECTIONS_AT_MOST`] connections, so a client that never reads delays no other scrape.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::io::{Read, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tllm_affinity_core::topology::SysfsRoot;
+use tllm_affinity_core::untrusted::{self, Dir};
 
 use crate::host::{self, Entry, HostView, Kind};
 
@@ -34,17 +44,34 @@ pub const FLAG_KINDS: [&str; 3] = [
     "memory-off-node",
 ];
 
+/// `--listen`'s least time between two scans without `--every`: below any usual scrape
+/// interval (15 s and up), so each scrape of one Prometheus gets a scan of its own, while a
+/// flood of requests costs one scan per 5 s.
+pub const LISTEN_EVERY: Duration = Duration::from_secs(5);
+/// The most connections `--listen` holds at once; one more is refused at once.
+pub const CONNECTIONS_AT_MOST: usize = 64;
+/// The most time a client has to send its request's head.
+pub const REQUEST_LIMIT: Duration = Duration::from_secs(5);
+/// The most time a client has to take the whole answer.
+pub const ANSWER_LIMIT: Duration = Duration::from_secs(10);
+/// The longest request head read: a longer one is answered 431.
+const HEAD_BYTES: usize = 8 * 1024;
+
 #[derive(clap::Args, Debug)]
 pub struct MetricsArgs {
     /// Write DIR/tllm_affinity.prom for node_exporter's textfile collector
-    /// (--collector.textfile.directory=DIR), atomically: a temporary file in DIR, then a rename.
+    /// (--collector.textfile.directory=DIR), atomically: a temporary file of an unpredictable
+    /// name created in DIR (no link followed, mode 0644), synced, then renamed into place.
     #[arg(long, value_name = "DIR")]
     pub textfile: Option<PathBuf>,
-    /// With --textfile: scan and write again every SECONDS (e.g. 15), until stopped.
+    /// With --textfile: scan and write again every SECONDS (e.g. 15), until stopped. With
+    /// --listen: the least time between two scans (default 5); requests in between get the
+    /// last scan.
     #[arg(long, value_name = "SECONDS")]
     pub every: Option<String>,
-    /// Serve /metrics over HTTP on ADDR:PORT (or PORT alone: 127.0.0.1:PORT), one scan per
-    /// request. Loopback addresses only, unless --allow-remote.
+    /// Serve /metrics over HTTP on ADDR:PORT (or PORT alone: 127.0.0.1:PORT), at most one scan
+    /// per --every, one request per connection, at most 64 connections. Loopback addresses
+    /// only, unless --allow-remote.
     #[arg(long, value_name = "ADDR:PORT", conflicts_with = "textfile")]
     pub listen: Option<String>,
     /// Let --listen bind an address other hosts can reach. The metrics name every process under
@@ -61,13 +88,17 @@ pub struct MetricsArgs {
 
 pub fn run(args: &MetricsArgs) -> Result<(), String> {
     let every = args.every.as_deref().map(parse_every).transpose()?;
-    if every.is_some() && args.textfile.is_none() {
-        return Err("--every needs --textfile DIR (where to write each scan)".into());
+    if every.is_some() && args.textfile.is_none() && args.listen.is_none() {
+        return Err(
+            "--every needs --textfile DIR (where to write each scan) or --listen ADDR:PORT (the \
+             least time between two scans)"
+                .into(),
+        );
     }
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
     if let Some(listen) = &args.listen {
         let address = listen_address(listen, args.allow_remote)?;
-        return serve(address, &root);
+        return serve(address, Scans::new(root, every.unwrap_or(LISTEN_EVERY)));
     }
     let Some(dir) = &args.textfile else {
         print!("{}", scan(&root));
@@ -128,92 +159,367 @@ pub fn listen_address(text: &str, allow_remote: bool) -> Result<SocketAddr, Stri
     Ok(address)
 }
 
+/// The start of the temporary files' names: `.` so that node_exporter (which reads `*.prom`)
+/// and `ls` leave them alone.
+fn temporary_prefix() -> String {
+    format!(".{TEXTFILE_NAME}.")
+}
+
+/// A temporary name nobody can predict, so none can be planted: the writer's pid (to remove
+/// what a stopped writer left, [`remove_abandoned_temporaries`]) and 64 random bits.
+fn temporary_name() -> String {
+    let bits = untrusted::unpredictable().unwrap_or_else(|| {
+        // No random bits from the kernel yet (early at boot): the standard library's hash
+        // keys, seeded from the kernel too, mixed with the time. The name is only ever created
+        // exclusively, so a guessed one costs a retry, never a write elsewhere.
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        hasher.finish()
+    });
+    format!(
+        "{}{}.{bits:016x}.tmp",
+        temporary_prefix(),
+        std::process::id()
+    )
+}
+
 /// Writes `text` to `dir`/[`TEXTFILE_NAME`] so that a reader sees the old file or the new one,
-/// never half of one: a temporary file in `dir` (a name node_exporter does not read, as it
-/// ends otherwise than `.prom`), flushed to disk, then renamed over the old one.
+/// never half of one, and so that nothing another user planted in `dir` (a shared, sticky
+/// directory) is written through: a temporary file of an unpredictable name, created only if
+/// nothing is there (`O_CREAT | O_EXCL | O_NOFOLLOW`, relative to `dir` held open), mode 0644
+/// whatever the umask (node_exporter runs as its own user), synced, renamed over the old one,
+/// then `dir` synced so that the rename survives a crash.
 pub fn write_textfile(dir: &Path, text: &str) -> Result<(), String> {
-    let target = dir.join(TEXTFILE_NAME);
-    let temporary = dir.join(format!(".{TEXTFILE_NAME}.{}.tmp", std::process::id()));
-    let written = (|| {
-        let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, &target)
-    })();
-    written.map_err(|e| {
-        let _ = std::fs::remove_file(&temporary);
+    let failed = |e: std::io::Error| {
         format!(
             "--textfile {}: cannot write {}: {e}",
             dir.display(),
-            target.display()
+            dir.join(TEXTFILE_NAME).display()
         )
-    })
+    };
+    let opened = Dir::open(dir).map_err(failed)?;
+    // A name taken (one chance in 2^64 unless guessed from the bits) is tried again, twice.
+    let mut attempts = 0;
+    let (temporary, mut file) = loop {
+        let name = temporary_name();
+        match opened.create_new(&name, 0o644) {
+            Ok(file) => break (name, file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempts < 2 => {
+                attempts += 1;
+            }
+            Err(e) => return Err(failed(e)),
+        }
+    };
+    let written = (|| {
+        use std::os::unix::fs::PermissionsExt;
+        // The umask took bits off the mode asked at creation: put back on the descriptor.
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        opened.rename(&temporary, TEXTFILE_NAME)
+    })();
+    if let Err(e) = written {
+        let _ = opened.remove(&temporary);
+        return Err(failed(e));
+    }
+    opened.sync().map_err(failed)
 }
 
 /// Removes the temporary files of writers that were stopped mid-write (`--every` ends by a
-/// signal): those whose process is gone. node_exporter never reads them, but nothing else would
-/// remove them.
+/// signal): ours (owned by this user: never another user's, in a shared directory) whose
+/// process is gone. node_exporter never reads them, but nothing else would remove them.
 fn remove_abandoned_temporaries(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    let Ok(opened) = Dir::open(dir) else {
         return;
     };
-    let prefix = format!(".{TEXTFILE_NAME}.");
-    for entry in entries.flatten() {
-        let name = entry.file_name();
+    let me = tllm_affinity_core::sys::effective_uid();
+    let prefix = temporary_prefix();
+    for name in opened.names().unwrap_or_default() {
+        // `.<file>.<pid>.<bits>.tmp`, or `.<file>.<pid>.tmp` of writers before the random bits.
         let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
+            .strip_prefix(&prefix)
             .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| n.split('.').next())
             .and_then(|n| n.parse::<u32>().ok())
         else {
             continue;
         };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(entry.path());
+        if opened.owner_of(&name) == Some(me) && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = opened.remove(&name);
         }
     }
 }
 
-/// Serves `/metrics` on `address` until the process is stopped: one scan per request, the
-/// requests one at a time (a scan is bounded, and Prometheus scrapes one at a time anyway).
-fn serve(address: SocketAddr, root: &SysfsRoot) -> Result<(), String> {
-    // tiny_http parses HTTP; this function only routes.
-    let server = tiny_http::Server::http(address)
+/// The scans `--listen` serves: at most one at a time, a new one only once the last started
+/// `every` ago; every request in between gets the last one, and requests that arrive during a
+/// scan wait for it. So the number of requests never drives the number of scans.
+struct Scans {
+    root: SysfsRoot,
+    every: Duration,
+    latest: Mutex<Latest>,
+    scanned: Condvar,
+}
+
+#[derive(Default)]
+struct Latest {
+    /// The last scan's exposition and when that scan started.
+    scan: Option<(Instant, Arc<String>)>,
+    scanning: bool,
+}
+
+/// Clears `scanning` however the scan ends (a panic included), so that waiters never wait on a
+/// scan nobody makes.
+struct ScanningFlag<'a>(&'a Scans);
+
+impl Drop for ScanningFlag<'_> {
+    fn drop(&mut self) {
+        self.0.lock().scanning = false;
+        self.0.scanned.notify_all();
+    }
+}
+
+impl Scans {
+    fn new(root: SysfsRoot, every: Duration) -> Scans {
+        Scans {
+            root,
+            every,
+            latest: Mutex::new(Latest::default()),
+            scanned: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Latest> {
+        // Nothing inside the lock can panic halfway; a poisoned lock holds whole values.
+        self.latest.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The exposition to answer with now.
+    fn latest(&self) -> Arc<String> {
+        let mut latest = self.lock();
+        loop {
+            if let Some((started, text)) = &latest.scan {
+                if started.elapsed() < self.every {
+                    return text.clone();
+                }
+            }
+            if !latest.scanning {
+                latest.scanning = true;
+                drop(latest);
+                let flag = ScanningFlag(self);
+                let started = Instant::now();
+                let text = Arc::new(scan(&self.root));
+                self.lock().scan = Some((started, text.clone()));
+                drop(flag);
+                return text;
+            }
+            latest = self
+                .scanned
+                .wait(latest)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Gives a connection's place back when its thread ends (or never starts).
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Serves `/metrics` on `address` until the process is stopped: each connection on a thread of
+/// its own, at most [`CONNECTIONS_AT_MOST`] at once (one more is refused at once; so is one
+/// whose thread cannot start), one request each within [`REQUEST_LIMIT`] and its answer within
+/// [`ANSWER_LIMIT`], the answer from [`Scans`].
+fn serve(address: SocketAddr, scans: Scans) -> Result<(), String> {
+    let listener = TcpListener::bind(address)
         .map_err(|e| format!("--listen {address}: cannot listen: {e}"))?;
     eprintln!("tllm-affinity metrics: serving http://{address}/metrics");
-    let header = |name: &str, value: &str| {
-        tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes())
-            .expect("a header made of ASCII constants")
-    };
-    for request in server.incoming_requests() {
-        let path = request
-            .url()
-            .split('?')
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        let method = request.method().clone();
-        let response = match (&method, path.as_str()) {
-            (tiny_http::Method::Get | tiny_http::Method::Head, "/metrics") => {
-                tiny_http::Response::from_string(scan(root))
-                    .with_header(header("Content-Type", CONTENT_TYPE))
+    let scans = Arc::new(scans);
+    let open = Arc::new(AtomicUsize::new(0));
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of descriptors or memory, or a connection reset before it was taken:
+                // the server goes on; a pause so that a full descriptor table is no busy loop.
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
             }
-            (tiny_http::Method::Get | tiny_http::Method::Head, "/") => {
-                tiny_http::Response::from_string("tllm-affinity metrics: see /metrics\n")
-                    .with_header(header("Content-Type", "text/plain; charset=utf-8"))
-            }
-            (tiny_http::Method::Get | tiny_http::Method::Head, _) => {
-                tiny_http::Response::from_string("not found: the metrics are at /metrics\n")
-                    .with_status_code(404)
-            }
-            _ => tiny_http::Response::from_string("only GET and HEAD\n")
-                .with_status_code(405)
-                .with_header(header("Allow", "GET, HEAD")),
         };
-        // A scraper that went away is its loss; the next request is served.
-        let _ = request.respond(response);
+        if open.fetch_add(1, Ordering::SeqCst) >= CONNECTIONS_AT_MOST {
+            open.fetch_sub(1, Ordering::SeqCst);
+            refuse(stream);
+            continue;
+        }
+        let place = Place(open.clone());
+        let scans = scans.clone();
+        // A thread that cannot start drops the closure, and with it the connection (refused)
+        // and its place: the server goes on.
+        let _ = std::thread::Builder::new()
+            .name("metrics-client".into())
+            .spawn(move || {
+                let _place = place;
+                answer(stream, &scans);
+            });
     }
-    Err(format!("--listen {address}: the server stopped"))
+}
+
+/// A connection beyond the cap: a 503 if the socket takes it without waiting, then closed.
+fn refuse(stream: TcpStream) {
+    let _ = stream.set_nonblocking(true);
+    let _ = (&stream).write(
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n\
+          Connection: close\r\n\r\n",
+    );
+}
+
+/// Reads one request's head (up to the blank line) within [`REQUEST_LIMIT`], at most
+/// [`HEAD_BYTES`]: `Ok(None)` when it is longer.
+fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
+    let deadline = Instant::now() + REQUEST_LIMIT;
+    let mut head = Vec::with_capacity(1024);
+    let mut buffer = [0u8; 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = stream.read(&mut buffer)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let searched_from = head.len().saturating_sub(3);
+        head.extend_from_slice(&buffer[..n]);
+        if let Some(at) = head[searched_from..]
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+        {
+            head.truncate(searched_from + at);
+            return Ok(Some(head));
+        }
+        if head.len() > HEAD_BYTES {
+            return Ok(None);
+        }
+    }
+}
+
+/// One response: status line, headers, body (left out for `HEAD`).
+struct Response {
+    status: &'static str,
+    headers: Vec<(&'static str, &'static str)>,
+    body: Arc<String>,
+}
+
+impl Response {
+    fn text(status: &'static str, body: &str) -> Response {
+        Response {
+            status,
+            headers: vec![("Content-Type", "text/plain; charset=utf-8")],
+            body: Arc::new(body.to_string()),
+        }
+    }
+}
+
+/// What the request line `head` asks for: `/metrics` from `scans`, `/` a pointer to it, other
+/// paths 404, methods other than `GET` and `HEAD` 405. Also whether the body is left out.
+fn route(head: &[u8], scans: &Scans) -> (Response, bool) {
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let (Some(method), Some(target), Some(version)) = (words.next(), words.next(), words.next())
+    else {
+        return (Response::text("400 Bad Request", "bad request\n"), false);
+    };
+    if !version.starts_with("HTTP/1.") {
+        return (Response::text("400 Bad Request", "bad request\n"), false);
+    }
+    let head_only = method == "HEAD";
+    if method != "GET" && !head_only {
+        let mut refused = Response::text("405 Method Not Allowed", "only GET and HEAD\n");
+        refused.headers.push(("Allow", "GET, HEAD"));
+        return (refused, false);
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    let response = match path {
+        "/metrics" => Response {
+            status: "200 OK",
+            headers: vec![("Content-Type", CONTENT_TYPE)],
+            body: scans.latest(),
+        },
+        "/" => Response::text("200 OK", "tllm-affinity metrics: see /metrics\n"),
+        _ => Response::text("404 Not Found", "not found: the metrics are at /metrics\n"),
+    };
+    (response, head_only)
+}
+
+/// Answers one connection: one request, then closed (`Connection: close`, so pipelined
+/// requests are never read, let alone answered), every step within its limit.
+fn answer(mut stream: TcpStream, scans: &Scans) {
+    let (response, head_only) = match read_head(&mut stream) {
+        Ok(Some(head)) => route(&head, scans),
+        Ok(None) => (
+            Response::text(
+                "431 Request Header Fields Too Large",
+                "request head too long\n",
+            ),
+            false,
+        ),
+        // Silent, gone or too slow: nothing to answer.
+        Err(_) => return,
+    };
+    let mut head = format!("HTTP/1.1 {}\r\n", response.status);
+    for (name, value) in &response.headers {
+        let _ = write!(head, "{name}: {value}\r\n");
+    }
+    let _ = write!(
+        head,
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        response.body.len()
+    );
+    let body: &[u8] = if head_only {
+        &[]
+    } else {
+        response.body.as_bytes()
+    };
+    let deadline = Instant::now() + ANSWER_LIMIT;
+    for part in [head.as_bytes(), body] {
+        if write_within(&mut stream, part, deadline).is_err() {
+            return;
+        }
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
+/// Writes `bytes` whole by `deadline`, whatever pace the client reads at.
+fn write_within(
+    stream: &mut TcpStream,
+    mut bytes: &[u8],
+    deadline: Instant,
+) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_write_timeout(Some(left))?;
+        match stream.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Scans the host as `ps` does and renders the metrics, the scan's duration included.
@@ -258,7 +564,7 @@ fn with(
 }
 
 /// The families the exposition writes, in its order: each name and HELP text.
-const FAMILIES: [(&str, &str); 13] = [
+const FAMILIES: [(&str, &str); 14] = [
     (
         "tllm_affinity_build_info",
         "The tllm-affinity version that scanned the host (value 1).",
@@ -279,6 +585,11 @@ const FAMILIES: [(&str, &str); 13] = [
     (
         "tllm_affinity_processes_unreachable",
         "Processes in other PID namespaces whose root could not be looked into.",
+    ),
+    (
+        "tllm_affinity_scan_readers_stuck",
+        "Reader threads of earlier scans still stuck in a process's /proc files (at most 32 \
+         alive; a process whose reader cannot start counts as unreadable).",
     ),
     (
         "tllm_affinity_threads",
@@ -317,7 +628,7 @@ const FAMILIES: [(&str, &str); 13] = [
 
 /// The metrics of `view`, scanned in `took`.
 pub fn render(view: &HostView, took: Duration) -> String {
-    let [mut build, mut duration, mut processes, mut unreadable, mut unreachable, mut threads, mut worker_cpus, mut worker_cpus_info, mut leases, mut memory, mut off_node, mut flags, mut process_flags] =
+    let [mut build, mut duration, mut processes, mut unreadable, mut unreachable, mut stuck, mut threads, mut worker_cpus, mut worker_cpus_info, mut leases, mut memory, mut off_node, mut flags, mut process_flags] =
         FAMILIES.map(|(name, help)| Family::new(name, help));
     build.add(vec![("version", env!("CARGO_PKG_VERSION").into())], 1.0);
     duration.add(Vec::new(), took.as_secs_f64());
@@ -400,6 +711,7 @@ pub fn render(view: &HostView, took: Duration) -> String {
         .count();
     unreadable.add(Vec::new(), lines as f64);
     unreachable.add(Vec::new(), view.unreachable as f64);
+    stuck.add(Vec::new(), view.readers_stuck as f64);
     for kind in FLAG_KINDS {
         let n = view.flags.iter().filter(|f| f.kind == kind).count();
         flags.add(vec![("kind", kind.into())], n as f64);
@@ -424,6 +736,7 @@ pub fn render(view: &HostView, took: Duration) -> String {
         processes,
         unreadable,
         unreachable,
+        stuck,
         threads,
         worker_cpus,
         worker_cpus_info,
@@ -521,6 +834,7 @@ mod tests {
                 }),
             ],
             unreachable: 0,
+            readers_stuck: 2,
             groups: vec![
                 CpuGroup {
                     node: Some(0),
@@ -560,6 +874,8 @@ mod tests {
             format!("tllm_affinity_process_flags{{{p},kind=\"memory-off-node\"}} 1"),
             "tllm_affinity_processes 1".into(),
             "tllm_affinity_tables_unreadable 1".into(),
+            "tllm_affinity_scan_readers_stuck 2".into(),
+            "# TYPE tllm_affinity_scan_readers_stuck gauge".into(),
             "tllm_affinity_scan_duration_seconds 0.25".into(),
             format!(
                 "tllm_affinity_build_info{{version=\"{}\"}} 1",

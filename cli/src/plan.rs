@@ -111,8 +111,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
         topology: &topology,
     };
     if args.json {
-        let text =
-            serde_json::to_string_pretty(&to_json(&plan, &context)).map_err(|e| e.to_string())?;
+        let text = crate::json::pretty(&to_json(&plan, &context))?;
         println!("{text}");
     } else {
         print!("{}", to_text(&plan, &context));

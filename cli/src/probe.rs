@@ -28,7 +28,7 @@ pub fn run(args: &ProbeArgs) -> Result<(), String> {
     let mask = crate::process_mask()?;
     let report = probe::run(&topology, &mask, args.rounds);
     if args.json {
-        let text = serde_json::to_string_pretty(&report.to_json()).map_err(|e| e.to_string())?;
+        let text = crate::json::pretty(&report.to_json())?;
         println!("{text}");
     } else {
         print!("{}", report.to_text());

@@ -204,7 +204,7 @@ pub const PROCESS_LIMIT: Duration = Duration::from_secs(5);
 pub fn run(pid: u32, args: &PsArgs) -> Result<(), String> {
     let snapshot = read_within(pid, PROCESS_LIMIT)?;
     if args.json {
-        let text = serde_json::to_string_pretty(&to_json(&snapshot)).map_err(|e| e.to_string())?;
+        let text = crate::json::pretty(&to_json(&snapshot))?;
         println!("{text}");
     } else {
         print!(

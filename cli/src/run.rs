@@ -350,7 +350,7 @@ fn print_dry_run(args: &RunArgs, library: &Path, env: &[(String, OsString)]) {
         });
         println!(
             "{}",
-            serde_json::to_string_pretty(&out).unwrap_or_else(|_| "{}".into())
+            crate::json::pretty(&out).unwrap_or_else(|_| "{}".into())
         );
         return;
     }

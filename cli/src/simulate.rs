@@ -50,10 +50,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), String> {
             "gpus": gpus,
             "env": { "TLLM_AFFINITY_SYSFS_ROOT": dir.to_string_lossy() },
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-        );
+        println!("{}", crate::json::pretty(&out)?);
     } else {
         println!(
             "# simulated host: NUMA {}; GPUs {}",

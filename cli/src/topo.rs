@@ -42,7 +42,7 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
         limits: cgroup::read_limits(),
     };
     if args.json {
-        let text = serde_json::to_string_pretty(&to_json(&host)).map_err(|e| e.to_string())?;
+        let text = crate::json::pretty(&to_json(&host))?;
         println!("{text}");
     } else {
         print!("{}", to_text(&host));
