@@ -318,3 +318,43 @@ fn every_exported_entry_point_fails_open() {
         );
     }
 }
+
+/// `/proc` mounted `hidepid=2` (a private mount namespace): another user's `ps` sees none of
+/// root's processes. The host view ends at once and lists none of them, never an error; `ps PID`
+/// on a process it cannot see is one line and a failing exit, never a hang.
+#[test]
+fn ps_under_hidepid_sees_only_its_own_and_ends() {
+    require!(private_mounts());
+    let sysfs = Sysfs::two_nodes();
+    let mut cmd = preloaded(shm_exhaustion(), &sysfs);
+    cmd.args(["thread", "configure", "0", "wait"]);
+    let mut run = Driver::spawn(cmd, LIMIT);
+    let line = run.line("WAIT ");
+    let pid: u32 = line["WAIT ".len()..].trim().parse().unwrap();
+    let as_nobody = |args: &str| {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 \
+                 --regid=65534 --clear-groups \"$0\" {args}"
+            ))
+            .arg(cli())
+            .env_remove("LD_PRELOAD");
+        run_bounded(cmd, Duration::from_secs(30))
+    };
+    let view = as_nobody("ps --json");
+    let one = as_nobody(&format!("ps {pid}"));
+    run.proceed();
+    run.succeed();
+    assert!(view.status.success(), "{}\n{}", view.stdout, view.stderr);
+    let v: Value =
+        serde_json::from_str(&view.stdout).unwrap_or_else(|e| panic!("{e}: {}", view.stdout));
+    assert!(
+        !v.to_string().contains(&format!("\"pid\":{pid}")),
+        "root's process is hidden from nobody: {v}"
+    );
+    assert!(!one.status.success(), "{}", one.stdout);
+    let lines: Vec<&str> = one.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {lines:?}");
+    assert!(lines[0].contains(&pid.to_string()), "{}", lines[0]);
+}

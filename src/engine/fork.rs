@@ -81,7 +81,7 @@ pub(super) fn start_as_fork_child() {
         exec::publish_target(reg.target().map(|t| &*t.mask));
     }
     lock_registry().publish_into(None);
-    *publish::TABLE_PATH.lock() = None;
+    publish::TABLE_PATH.lock().path = None;
     *report::NOTES.lock() = None;
     memory_preference::forget_after_fork();
     publish::TABLE_PENDING.store(true, Ordering::Release);

@@ -146,7 +146,19 @@ fn say_no_table(dir: &Path, why: &std::io::Error) {
     }
 }
 
-pub(super) static TABLE_PATH: EngineLock<Option<std::path::PathBuf>> = EngineLock::new(None);
+/// The process's own table: its path, removed at exit; and every table mapped in this address
+/// space, a fork's parent's included (the child keeps its parent's view mapped for good, never
+/// writing it), kept reachable as what they are, mappings for the process's life — a leak
+/// checker would count a fork child's copy lost otherwise.
+pub(super) struct Tables {
+    pub path: Option<PathBuf>,
+    mapped: Vec<&'static Mapped>,
+}
+
+pub(super) static TABLE_PATH: EngineLock<Tables> = EngineLock::new(Tables {
+    path: None,
+    mapped: Vec::new(),
+});
 /// The table is mapped only when the process first creates a thread, configures, opens a worker
 /// scope or pins: most preloaded processes are short single-threaded tools (every shell of a
 /// launch script) that would pay an 8 MiB file and a scan of `/dev/shm` for a table nobody
@@ -157,8 +169,12 @@ pub(super) static TABLE_PENDING: AtomicBool = AtomicBool::new(true);
 /// Maps the thread table `tllm-affinity ps` reads; without it `ps` still shows masks.
 fn publish_thread_table(dir: &std::path::Path) {
     let mapped = map_table(dir);
-    *TABLE_PATH.lock() = mapped.as_ref().map(|(_, path)| path.clone());
-    let table = mapped.map(|(table, _)| table);
+    let table = mapped.as_ref().map(|(table, _)| *table);
+    {
+        let mut tables = TABLE_PATH.lock();
+        tables.path = mapped.map(|(_, path)| path);
+        tables.mapped.extend(table);
+    }
     super::report::notes_go_to(table);
     lock_registry().publish_into(table);
 }
@@ -192,7 +208,7 @@ pub(super) extern "C" fn at_exit() {
     }
     report::say_if_python_hook_missing(true);
     write_report_at_exit();
-    if let Some(path) = TABLE_PATH.lock().take() {
+    if let Some(path) = TABLE_PATH.lock().path.take() {
         let _ = std::fs::remove_file(path);
     }
 }
