@@ -228,6 +228,7 @@ fn state_name(state: State) -> &'static str {
         State::Active => "active",
         State::Passive => "passive",
         State::Disabled => "disabled",
+        State::Off => "off",
         State::Uninitialised | State::Initialising => "initialising",
     }
 }
