@@ -168,8 +168,8 @@ pub fn find_library() -> Result<PathBuf, Failure> {
     }
     Err(Failure::usage(format!(
         "{LIBRARY_FILE} not found beside {} (nor in ../lib, nor in the tllm_affinity package \
-         of ../lib/python3.*/site-packages): install the wheel (pip install tllm-affinity), \
-         build it with `cargo build --release`, or set TLLM_AFFINITY_LIB=/abs/path/{LIBRARY_FILE}",
+         of ../lib/python3.*/site-packages): install the wheel (scripts/wheel in a checkout, \
+         then pip install target/wheels/tllm_affinity-*.whl), build it with `cargo build --release`, or set TLLM_AFFINITY_LIB=/abs/path/{LIBRARY_FILE}",
         exe.display()
     )))
 }
