@@ -15,7 +15,9 @@
  * All functions are thread-safe, never block on another thread for long, and fail open: an error
  * is a negative errno return, never a crash. While the library is passive (a malformed setting
  * was reported at load) or disabled (secure execution), configure, begin_worker_scope and the pin
- * calls return -ENOTSUP, and role and end_worker_scope return -ENOENT.
+ * calls return -ENOTSUP, and role and end_worker_scope return -ENOENT. Under
+ * TLLM_AFFINITY_DISABLE=1 (loaded and inert) configure, begin_worker_scope, end_worker_scope,
+ * release, role and the pin calls all return -ENOTSUP.
  *
  * The symbols are exported unversioned.
  */

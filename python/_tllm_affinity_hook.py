@@ -15,7 +15,7 @@ interpreter started without the hook: ``-S``, the package not installed where ``
 and again when a watched module is imported, which is when it matters. The finder is installed
 either way: it answers for five module names and lets every other import go past.
 
-It does nothing when ``TLLM_AFFINITY_PYTHON_HOOKS=0``, and the adapter is never imported in a
+It does nothing when ``TLLM_AFFINITY_PYTHON_HOOKS=0`` or ``TLLM_AFFINITY_DISABLE=1``, and the adapter is never imported in a
 process without the library. It never raises: a failure is one line on stderr and the program
 runs on as without it.
 
@@ -37,6 +37,10 @@ UPSTREAM_MODULES = (
     "tensorrt_llm._torch.visual_gen.executor",
 )
 SWITCH = "TLLM_AFFINITY_PYTHON_HOOKS"
+# The library's off switch: at 1 the library is inert and the hook steps aside, so upstream's own
+# configure_cpu_affinity runs unwrapped, as without the library. Any other value leaves the hook
+# on; the library says, once, that a malformed one is not "disabled".
+OFF_SWITCH = "TLLM_AFFINITY_DISABLE"
 PREFIX = "[tllm-affinity] "
 
 _installed = False
@@ -51,7 +55,11 @@ def _say(line):
 
 
 def enabled():
-    """False when TLLM_AFFINITY_PYTHON_HOOKS=0; a malformed value keeps the hook on, with a line."""
+    """False when TLLM_AFFINITY_PYTHON_HOOKS=0 or TLLM_AFFINITY_DISABLE=1; a malformed
+    TLLM_AFFINITY_PYTHON_HOOKS keeps the hook on, with a line."""
+    # Trimmed as the library trims (ASCII white space but \v), so both judge a value alike.
+    if os.environ.get(OFF_SWITCH, "").strip(" \t\n\r\f") == "1":
+        return False
     value = os.environ.get(SWITCH)
     if value is None or value.strip() in ("", "1"):
         return True

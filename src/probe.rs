@@ -4,9 +4,9 @@
 //! A decode step hands work between threads several times. When the woken thread's core sits in a
 //! deep idle state, each handoff waits for the core to wake up (130-175 µs on a host with a
 //! 170 µs C6, against 4-5 µs on a running core); on a host without deep idle states pinning gains
-//! nothing and only adds queueing. So the probe measures one-way wake latency for each kind of CPU
-//! pair the process mask offers, reads the cpuidle exit latencies, and recommends by
-//! [`recommend`]'s rule.
+//! nothing and only adds queueing, and `auto`'s two cores make every step-to-result handoff cross
+//! cores. So the probe measures one-way wake latency for each kind of CPU pair the process mask
+//! offers, reads the cpuidle exit latencies, and recommends by [`recommend`]'s rule.
 //!
 //! The measuring threads pin themselves with the raw `sched_setaffinity` of
 //! [`crate::sys`]; the CLI does not preload the library.
@@ -310,17 +310,23 @@ fn slow_handoff(far_us: f64, near_us: f64) -> bool {
     far_us >= SLOW_FACTOR * near_us && far_us - near_us >= SLOW_EXTRA_US
 }
 
-/// The rule: recommend `auto` when
+/// The rule. `auto` pins the step thread to one core and the result thread to another, so every
+/// step-to-result handoff crosses cores: the `far` handoff measured here is what `auto` pays on
+/// each step, the `near` one (SMT siblings, else the same CPU) about what the scheduler gives
+/// floating threads. Hence:
 ///
-/// - some enabled cpuidle state takes more than [`DEEP_IDLE_US`] to exit (a woken thread on an
-///   idle core waits that long, which a pinned, busy step core avoids), or
-/// - the measured cross-core handoff (two cores of one node, else two nodes) has a median at
-///   least [`SLOW_FACTOR`] times and [`SLOW_EXTRA_US`] µs above the near one (SMT siblings, else
-///   the same CPU);
+/// - a slow cross-core handoff (a median at least [`SLOW_FACTOR`] times and [`SLOW_EXTRA_US`] µs
+///   above the near one) is a reason *against* `auto`: `off`. The project's own benchmark
+///   (docs/server-benchmark.md, the step loop) ran on such a host, where this probe once said
+///   `auto`, and measured `auto` slower than `off` on every figure;
+/// - `auto` only where pinning can win and its handoff costs little: some enabled cpuidle state
+///   takes more than [`DEEP_IDLE_US`] to exit (a busy pinned step core does not enter it, a
+///   floating thread woken on an idle core waits for it) and the cross-core handoff is not slow;
+/// - else `off`, the default: pinning three busy threads onto one core only adds queueing.
 ///
-/// else `off`: without slow wake-ups, pinning three busy threads onto one core only adds
-/// queueing (the default stays `off` for that reason). When the handoff rule gives another answer
-/// somewhere within the runs' spread of the two medians, the call is too close: `off`, saying so.
+/// When the handoff rule gives another answer somewhere within the runs' spread of the two
+/// medians and that decides (a deep idle state is enabled), the call is too close: `off`, saying
+/// so.
 pub fn recommend(cases: &[Case], idle_states: &[CpuIdleState]) -> Recommendation {
     let median = |kind| cases.iter().find(|c| c.kind == kind).and_then(Case::median);
     let runs = |kind| {
@@ -342,65 +348,68 @@ pub fn recommend(cases: &[Case], idle_states: &[CpuIdleState]) -> Recommendation
         .or_else(|| median(PairKind::CrossNode).map(|m| (m, "to another node")));
     let tail = "; auto also needs two allowed cores per GPU on its NUMA node (see `tllm-affinity \
                 plan --gpu N`)";
+    let off = |reason: String| Recommendation {
+        step_core: "off",
+        too_close: false,
+        reason,
+    };
     let deepest = idle_states
         .iter()
         .filter(|s| !s.disabled && s.latency_us > DEEP_IDLE_US)
         .max_by_key(|s| s.latency_us);
-    if let Some(state) = deepest {
+    let idle = match deepest {
+        Some(state) => format!(
+            "idle state {} is enabled and takes {} µs to exit",
+            state.name, state.latency_us
+        ),
+        None => format!("no enabled idle state takes more than {DEEP_IDLE_US} µs to exit"),
+    };
+    let (Some((n, near_where)), Some((f, far_where))) = (near, far) else {
+        return off(format!(
+            "{idle}, and the mask has no two CPU pairs to compare: the cross-core handoff auto \
+             would put on every step cannot be measured here, so the default off stands"
+        ));
+    };
+    let (near_lo, near_hi) = near_runs.unwrap_or((n, n));
+    let (far_lo, far_hi) = far_runs.unwrap_or((f, f));
+    let slow = slow_handoff(f, n);
+    let measured =
+        format!("a handoff {far_where} takes {f:.1} µs (median) against {n:.1} µs {near_where}");
+    // Only where the handoff decides (a deep idle state is enabled) can its spread flip the answer.
+    let flips = slow_handoff(far_lo, near_hi) != slow || slow_handoff(far_hi, near_lo) != slow;
+    if deepest.is_some() && flips {
         return Recommendation {
-            step_core: "auto",
-            too_close: false,
+            step_core: "off",
+            too_close: true,
             reason: format!(
-                "idle state {} is enabled and takes {} µs to exit (more than {DEEP_IDLE_US} µs): a \
-                 thread woken on an idle core waits for it, and a pinned step core stays awake{tail}",
-                state.name, state.latency_us
+                "too close to call: {measured} (runs {far_lo:.1}–{far_hi:.1} against \
+                 {near_lo:.1}–{near_hi:.1}); a handoff {SLOW_FACTOR}× and {SLOW_EXTRA_US} µs \
+                 slower would make auto cost on every step: the runs disagree, so the default \
+                 off stands; measure again with more --rounds, or on the server's real load{tail}"
             ),
         };
     }
-    let compared = match (near, far) {
-        (Some((n, near_where)), Some((f, far_where))) => {
-            let (near_lo, near_hi) = near_runs.unwrap_or((n, n));
-            let (far_lo, far_hi) = far_runs.unwrap_or((f, f));
-            let verdict = slow_handoff(f, n);
-            if slow_handoff(far_lo, near_hi) != verdict || slow_handoff(far_hi, near_lo) != verdict
-            {
-                return Recommendation {
-                    step_core: "off",
-                    too_close: true,
-                    reason: format!(
-                        "too close to call: a handoff {far_where} takes {f:.1} µs (median; runs \
-                         {far_lo:.1}–{far_hi:.1}) against {n:.1} µs {near_where} (runs \
-                         {near_lo:.1}–{near_hi:.1}), and auto needs {SLOW_FACTOR}× and \
-                         {SLOW_EXTRA_US} µs more: the runs disagree, so the default off stands; \
-                         measure again with more --rounds, or on the server's real load{tail}"
-                    ),
-                };
-            }
-            if verdict {
-                return Recommendation {
-                    step_core: "auto",
-                    too_close: false,
-                    reason: format!(
-                        "a handoff {far_where} takes {f:.1} µs (median) against {n:.1} µs \
-                         {near_where}: wake-ups across cores are slow here, and a pinned step \
-                         core avoids them{tail}"
-                    ),
-                };
-            }
-            format!(
-                ", and a handoff {far_where} ({f:.1} µs median, against {n:.1} µs \
-                 {near_where}) is not slow enough for a pinned step core to pay (auto needs \
-                 {SLOW_FACTOR}× and {SLOW_EXTRA_US} µs more)"
-            )
-        }
-        _ => ", and the mask has no two CPU pairs to compare".to_string(),
-    };
+    if slow {
+        return off(format!(
+            "{measured}: auto pins the step and result threads to two cores, so every handoff \
+             would take the slower path (docs/server-benchmark.md's step loop measured auto \
+             slower than off on such a host); {idle}"
+        ));
+    }
+    if deepest.is_none() {
+        return off(format!(
+            "{idle}, and {measured}: nothing for a pinned step core to win, and pinning the step \
+             threads would only make them queue behind each other on one core"
+        ));
+    }
     Recommendation {
-        step_core: "off",
+        step_core: "auto",
         too_close: false,
         reason: format!(
-            "no enabled idle state takes more than {DEEP_IDLE_US} µs to exit{compared}: pinning \
-             the step threads would only make them queue behind each other on one core"
+            "{idle}: a thread woken on an idle core waits for it, and a pinned step core stays \
+             awake; {measured}, so the cross-core handoff auto puts on every step costs little \
+             here; confirm on the server's load (scripts/bench --server's step loop compares \
+             auto and off){tail}"
         ),
     }
 }
@@ -610,25 +619,30 @@ mod tests {
 
     #[test]
     fn a_measurement_within_its_own_spread_of_the_threshold_is_too_close_to_call() {
-        // 6× slower across cores, but a run put it at 2.5×: the answer would flip run to run.
+        let deep = [idle("C6", 170, false)];
+        // 6× slower across cores, but a run put it at 2.5×: whether auto costs flips run to run.
         let near = measured_with_runs(PairKind::SameCpu, 5.0, (4.0, 12.0));
         let far = measured_with_runs(PairKind::SameNode, 30.0, (28.0, 33.0));
-        let r = recommend(&[near, far], &[]);
+        let r = recommend(&[near, far], &deep);
         assert_eq!(r.step_core, "off");
         assert!(r.too_close);
         assert!(r.reason.starts_with("too close to call"), "{}", r.reason);
-        // The same medians with tight runs are a clear call.
+        // The same medians with tight runs are a clear call: slow across cores, so off.
         let near = measured_with_runs(PairKind::SameCpu, 5.0, (4.8, 5.2));
         let far = measured_with_runs(PairKind::SameNode, 30.0, (29.0, 31.0));
-        let r = recommend(&[near, far], &[]);
-        assert_eq!((r.step_core, r.too_close), ("auto", false));
-        // A clear "off" never says a 6× slower handoff costs little more.
+        let r = recommend(&[near, far], &deep);
+        assert_eq!((r.step_core, r.too_close), ("off", false));
+        assert!(r.reason.contains("slower path"), "{}", r.reason);
+        // A handoff clearly not slow, with a deep idle state: auto.
         let near = measured_with_runs(PairKind::SameCpu, 3.0, (2.9, 3.1));
-        let far = measured_with_runs(PairKind::SameNode, 18.0, (17.5, 18.5));
+        let far = measured_with_runs(PairKind::SameNode, 8.0, (7.5, 8.5));
+        let r = recommend(&[near, far], &deep);
+        assert_eq!((r.step_core, r.too_close), ("auto", false));
+        // Without one, the spread never matters: both answers are off.
+        let near = measured_with_runs(PairKind::SameCpu, 5.0, (4.0, 12.0));
+        let far = measured_with_runs(PairKind::SameNode, 30.0, (28.0, 33.0));
         let r = recommend(&[near, far], &[]);
         assert_eq!((r.step_core, r.too_close), ("off", false));
-        assert!(!r.reason.contains("little more"), "{}", r.reason);
-        assert!(r.reason.contains("not slow enough"), "{}", r.reason);
     }
 
     #[test]
@@ -654,17 +668,30 @@ mod tests {
             idle("C1", 2, false),
             idle("C1E", 10, false),
         ];
-        // The review's B300 host: C6 at 170 µs.
+        // The review's B300 host: C6 at 170 µs. Without a cross-core handoff measured, what auto
+        // would cost is unknown: off, naming the idle state.
         let deep = [idle("POLL", 0, false), idle("C6", 170, false)];
         let r = recommend(&[], &deep);
-        assert_eq!(r.step_core, "auto");
+        assert_eq!(r.step_core, "off");
         assert!(
             r.reason.contains("C6") && r.reason.contains("170 µs"),
             "{}",
             r.reason
         );
+        // C6, and a cross-core handoff not slow: auto.
+        let cheap = [
+            measured(PairKind::SameCpu, 4.0),
+            measured(PairKind::SameNode, 9.0),
+        ];
+        let r = recommend(&cheap, &deep);
+        assert_eq!(r.step_core, "auto");
+        assert!(
+            r.reason.contains("C6") && r.reason.contains("9.0 µs"),
+            "{}",
+            r.reason
+        );
         // The same state disabled does not count.
-        let r = recommend(&[], &[idle("C6", 170, true)]);
+        let r = recommend(&cheap, &[idle("C6", 170, true)]);
         assert_eq!(r.step_core, "off");
         // The review's H100 VM: 22 µs to another core, 11 µs on one CPU.
         let vm = [
@@ -674,24 +701,45 @@ mod tests {
         let r = recommend(&vm, &shallow);
         assert_eq!(r.step_core, "off");
         assert!(r.reason.contains("22.0 µs"), "{}", r.reason);
-        // 150 µs to another core against 5 µs on SMT siblings: slow, even without idle states.
+        // The project's benchmark host (docs/server-benchmark.md, run D): 51.7 µs across two
+        // cores, 7.9 µs on one CPU, shallow idle states; auto measured slower there. Off.
+        let bench = [
+            measured(PairKind::SameCpu, 7.9),
+            measured(PairKind::SameNode, 51.7),
+        ];
+        let r = recommend(
+            &bench,
+            &[idle("POLL", 0, false), idle("haltpoll", 1, false)],
+        );
+        assert_eq!(r.step_core, "off");
+        assert!(
+            r.reason.contains("51.7 µs") && r.reason.contains("7.9 µs"),
+            "{}",
+            r.reason
+        );
+        // 150 µs to another core against 5 µs on SMT siblings: the path auto forces is slow,
+        // with or without a deep idle state.
         let slow = [
             measured(PairKind::SameCpu, 4.0),
             measured(PairKind::SmtSiblings, 5.0),
             measured(PairKind::SameNode, 150.0),
         ];
-        let r = recommend(&slow, &[]);
-        assert_eq!(r.step_core, "auto");
-        assert!(r.reason.contains("on SMT siblings"), "{}", r.reason);
+        for states in [&[][..], &deep[..]] {
+            let r = recommend(&slow, states);
+            assert_eq!(r.step_core, "off", "{states:?}");
+            assert!(r.reason.contains("on SMT siblings"), "{}", r.reason);
+            assert!(r.reason.contains("two cores"), "{}", r.reason);
+        }
         // Three times slower but only a few µs apart is not slow.
         let tiny = [
             measured(PairKind::SameCpu, 1.0),
             measured(PairKind::CrossNode, 6.0),
         ];
+        assert_eq!(recommend(&tiny, &deep).step_core, "auto");
         assert_eq!(recommend(&tiny, &[]).step_core, "off");
         // Nothing to compare.
         let one = [measured(PairKind::SameCpu, 3.0)];
-        let r = recommend(&one, &[]);
+        let r = recommend(&one, &deep);
         assert_eq!(r.step_core, "off");
         assert!(r.reason.contains("no two CPU pairs"), "{}", r.reason);
     }

@@ -4,7 +4,9 @@
 //! the value and what was expected, and the setting falls back to its default. The engine then
 //! decides (under `TLLM_AFFINITY_STRICT`) whether to stop the process or stay passive.
 
+use std::ffi::OsStr;
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use crate::mask::CpuMask;
@@ -130,12 +132,27 @@ impl Default for Settings {
     }
 }
 
-/// The variables that only change what the library says, not where threads go: a malformed one
-/// falls back to its default, and the library stays active.
-pub const COSMETIC_VARIABLES: [&str; 3] = [
+/// The off switch (SPEC §8): `1` leaves the library loaded and inert.
+pub const DISABLE: &str = "TLLM_AFFINITY_DISABLE";
+
+/// What `TLLM_AFFINITY_DISABLE` may be, said in the line a malformed value gives.
+pub const DISABLE_EXPECTED: &str = "1 (the library stays loaded and changes nothing) or 0";
+
+/// Whether the off switch's value disables the library: `1`, spaces aside. `0`, empty and unset do
+/// not, nor does a malformed value (one line at load says so): a typo must not silently take
+/// placement away from a fleet, and an operator who wants it off sees the line.
+pub fn disabled_by(value: Option<&OsStr>) -> bool {
+    value.is_some_and(|v| v.as_bytes().trim_ascii() == b"1")
+}
+
+/// The variables whose malformed value falls back to its default with one line while the library
+/// stays active: those that only change what the library says, not where threads go, and the off
+/// switch (a malformed one is "not disabled").
+pub const COSMETIC_VARIABLES: [&str; 4] = [
     "TLLM_AFFINITY_LOG",
     "TLLM_AFFINITY_STRICT",
     "TLLM_AFFINITY_REPORT",
+    DISABLE,
 ];
 
 /// One malformed variable: rendered as the single line a user sees.
@@ -150,6 +167,15 @@ impl SettingError {
     /// True for a variable of [`COSMETIC_VARIABLES`].
     pub fn is_cosmetic(&self) -> bool {
         COSMETIC_VARIABLES.contains(&self.variable)
+    }
+
+    /// What follows from a cosmetic variable's malformed value, for its line.
+    pub fn fallback(&self) -> &'static str {
+        if self.variable == DISABLE {
+            "treated as not disabled: the library runs as usual"
+        } else {
+            "using its default"
+        }
     }
 }
 
@@ -248,6 +274,13 @@ impl Settings {
                 "1" => s.strict = true,
                 "0" | "" => s.strict = false,
                 _ => fail("TLLM_AFFINITY_STRICT", &v, "1 or 0"),
+            }
+        }
+        // `1` never reaches here (the library is off before settings are read); checked so a
+        // malformed value gives its line, and `run` refuses one.
+        if let Some(v) = lookup(DISABLE) {
+            if !matches!(v.trim_ascii(), "1" | "0" | "") {
+                fail(DISABLE, &v, DISABLE_EXPECTED);
             }
         }
     }
@@ -487,6 +520,9 @@ mod tests {
             ("TLLM_AFFINITY_MOVE_MEMORY", "0G"),
             ("TLLM_AFFINITY_MOVE_MEMORY", "99999999999T"),
             ("TLLM_AFFINITY_MOVE_MEMORY", "64é"),
+            ("TLLM_AFFINITY_DISABLE", "yes"),
+            ("TLLM_AFFINITY_DISABLE", "true"),
+            ("TLLM_AFFINITY_DISABLE", "2"),
         ];
         for (var, value) in cases {
             let (_, errors) = parse(&[(var, value)]);
@@ -517,15 +553,30 @@ mod tests {
     }
 
     #[test]
-    fn only_log_strict_and_report_are_cosmetic() {
+    fn only_log_strict_report_and_the_off_switch_are_cosmetic() {
         let (_, errors) = parse(&[
             ("TLLM_AFFINITY_LOG", "verbose"),
             ("TLLM_AFFINITY_STRICT", "yes"),
+            ("TLLM_AFFINITY_DISABLE", "yes"),
             ("TLLM_AFFINITY_REPORT", ""),
             ("TLLM_AFFINITY_POLICY", "fast"),
         ]);
         let cosmetic: Vec<_> = errors.iter().map(SettingError::is_cosmetic).collect();
-        assert_eq!(cosmetic, [true, true, false, true], "{errors:?}");
+        assert_eq!(cosmetic, [true, true, true, false, true], "{errors:?}");
+        assert!(errors[2].fallback().contains("not disabled"));
+    }
+
+    #[test]
+    fn only_1_disables() {
+        for (value, off) in [("1", true), (" 1 ", true), ("0", false), ("", false)] {
+            assert_eq!(disabled_by(Some(OsStr::new(value))), off, "{value:?}");
+            assert!(parse(&[(DISABLE, value)]).1.is_empty(), "{value:?}");
+        }
+        assert!(!disabled_by(None));
+        assert!(
+            !disabled_by(Some(OsStr::new("yes"))),
+            "malformed: not disabled"
+        );
     }
 
     #[test]

@@ -408,7 +408,7 @@ fn cgroup_parser_survives_random_texts_and_trees() {
     );
 }
 
-const VARIABLES: [&str; 14] = [
+const VARIABLES: [&str; 15] = [
     "TLLM_AFFINITY_POLICY",
     "TLLM_NUMA_AWARE_WORKER_AFFINITY",
     "TLLM_AFFINITY_CPUS",
@@ -422,6 +422,7 @@ const VARIABLES: [&str; 14] = [
     "TLLM_AFFINITY_LOCK_DIR",
     "TLLM_AFFINITY_GPU",
     "TLLM_AFFINITY_MOVE_MEMORY",
+    "TLLM_AFFINITY_DISABLE",
     "CUDA_VISIBLE_DEVICES",
 ];
 

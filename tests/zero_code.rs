@@ -1198,3 +1198,111 @@ table_tests! {
         upstream_gives: |sysfs| sysfs.node0.iter().next().unwrap().to_string(),
     };
 }
+
+// ---- The off switch (SPEC §8) ----
+
+/// Under `TLLM_AFFINITY_DISABLE=1` the start-up hook steps aside and the library is inert, so
+/// upstream's own `configure_cpu_affinity` pins every thread as it does without the library: each
+/// phase's masks, thread by thread, equal the run without it; every role answers `-ENOTSUP`;
+/// no thread table is published; the library says nothing.
+#[test]
+fn under_the_off_switch_upstream_pins_as_without_the_library() {
+    require!(two_cpus("a worker set narrower than the host"));
+    let sysfs = Sysfs::two_nodes();
+    let masks_by_phase = |phases: &[Phase]| -> Vec<(String, Vec<(String, String)>)> {
+        phases
+            .iter()
+            .map(|p| {
+                let masks = p
+                    .threads
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.mask.to_list()))
+                    .collect();
+                (p.name.clone(), masks)
+            })
+            .collect()
+    };
+    let (upstream, end) = all_phases(
+        app(Way::Upstream, &sysfs, MPI_SESSION.script, None),
+        MPI_SESSION.phases,
+    );
+    assert!(end.status.success(), "{}", end.stderr);
+    for way in [Way::Run, Way::Preload] {
+        let lock_dir = tempfile::tempdir().unwrap();
+        let mut cmd = app(way, &sysfs, MPI_SESSION.script, None);
+        cmd.env("TLLM_AFFINITY_DISABLE", "1")
+            .env("TLLM_AFFINITY_LOCK_DIR", lock_dir.path());
+        let mut run = Driver::spawn(cmd, LIMIT);
+        let pid = run.pid();
+        let namespace =
+            tllm_affinity_core::threadtable::pid_namespace(&PathBuf::from(format!("/proc/{pid}")))
+                .unwrap();
+        let table = tllm_affinity_core::threadtable::directory(lock_dir.path())
+            .join(tllm_affinity_core::threadtable::file_name(pid, namespace));
+        let mut off = Vec::new();
+        for i in 0..MPI_SESSION.phases {
+            if i > 0 {
+                run.proceed();
+            }
+            off.push(settled(&mut run));
+            assert!(!table.exists(), "{}: a thread table", way.label());
+        }
+        let end = run.finish();
+        let all: Vec<&Phase> = off.iter().collect();
+        table_print(way, &all);
+        assert!(end.status.success(), "{}", end.stderr);
+        assert_eq!(
+            masks_by_phase(&off),
+            masks_by_phase(&upstream),
+            "{}: every mask as without the library",
+            way.label()
+        );
+        for phase in &off {
+            for (name, seen) in &phase.threads {
+                assert_eq!(seen.role, -libc::ENOTSUP, "{} {name}", phase.name);
+            }
+        }
+        upstream_pinned_everything_by_upstream(&all, &sysfs.node1.to_list(), &end, &sysfs);
+        assert!(
+            !end.stderr.contains("[tllm-affinity]"),
+            "{}: the hook and the library say nothing:\n{}",
+            way.label(),
+            end.stderr
+        );
+        let left: Vec<_> = std::fs::read_dir(lock_dir.path()).unwrap().collect();
+        assert!(left.is_empty(), "{}: {left:?}", way.label());
+    }
+}
+
+fn table_print(way: Way, phases: &[&Phase]) {
+    table(
+        &format!(
+            "MpiCommSession rank 0, TLLM_AFFINITY_DISABLE=1, {}",
+            way.label()
+        ),
+        phases,
+    );
+}
+
+/// [`upstream_pinned_everything`] less its "no role" check: the library is loaded, its roles
+/// answer `-ENOTSUP`.
+fn upstream_pinned_everything_by_upstream(
+    phases: &[&Phase],
+    local: &str,
+    end: &Finished,
+    sysfs: &Sysfs,
+) {
+    for phase in &phases[1..] {
+        expect(
+            phase,
+            All,
+            on(local),
+            "upstream pins every thread of the process, never restores",
+        );
+    }
+    assert!(
+        end.stderr.contains(&upstream_numa_line(&sysfs.node1)),
+        "upstream's configure ran, unwrapped:\n{}",
+        end.stderr
+    );
+}

@@ -166,8 +166,9 @@ fn check_library(library: &Path) -> Result<(), Failure> {
     if !beyond.is_empty() {
         return Err(Failure::usage(format!(
             "{} needs {} beyond glibc: in an image without {} every program would fail to start; \
-             use the wheel's library (pip install tllm-affinity) or a build that links the \
-             unwinder statically (cargo build --release does)",
+             use the wheel's library (scripts/wheel, then pip install \
+             target/wheels/tllm_affinity-*.whl) or a build that links the unwinder statically \
+             (cargo build --release does)",
             library.display(),
             beyond.join(", "),
             if beyond.len() == 1 { "it" } else { "them" }
@@ -177,8 +178,8 @@ fn check_library(library: &Path) -> Result<(), Failure> {
         let version: Vec<String> = newest.iter().map(u32::to_string).collect();
         eprintln!(
             "tllm-affinity cdi: {} needs glibc {} or newer: in an image with an older glibc every \
-             program would fail to start; the wheel's library (pip install tllm-affinity, or \
-             scripts/wheel) needs 2.17",
+             program would fail to start; the wheel's library (scripts/wheel, then pip install \
+             target/wheels/tllm_affinity-*.whl) needs 2.17",
             library.display(),
             version.join(".")
         );

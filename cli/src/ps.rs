@@ -69,6 +69,9 @@ pub struct Snapshot {
     pub table_partial: Option<String>,
     /// Whether the library is mapped in the process; `None` when its maps are not ours to read.
     pub library_loaded: Option<bool>,
+    /// The library is loaded and off: `TLLM_AFFINITY_DISABLE=1` in the process's environment.
+    /// Read only for a process named to `ps PID` (see [`off_by_its_environment`]).
+    pub disabled: bool,
     /// The host's online CPUs: the grid's columns.
     pub cpus: Vec<usize>,
     pub threads: Vec<ThreadRow>,
@@ -159,6 +162,9 @@ pub const STATUS_BYTES: u64 = 64 * 1024;
 pub const MAPS_BYTES: u64 = 4 << 20;
 /// The most `ps` reads of a thread's `comm` (the kernel's are 16 bytes).
 const COMM_BYTES: u64 = 256;
+/// The most `ps PID` reads of a process's `environ`, to see whether the library is off: past it,
+/// the switch is not seen and the usual note stands.
+pub const ENVIRON_BYTES: u64 = 1 << 20;
 
 /// One adapter's line in the table's notes: `name: state; detail`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,7 +228,10 @@ pub fn read_within(pid: u32, limit: Duration) -> Result<Snapshot, String> {
     std::thread::Builder::new()
         .name("ps-reader".into())
         .spawn(move || {
-            let _ = tx.send(read(pid));
+            let _ = tx.send(read(pid).map(|mut snapshot| {
+                snapshot.disabled = off_by_its_environment(&snapshot);
+                snapshot
+            }));
         })
         .map_err(|e| format!("process {pid}: no thread to read it: {e}"))?;
     rx.recv_timeout(limit).unwrap_or_else(|_| {
@@ -231,6 +240,28 @@ pub fn read_within(pid: u32, limit: Duration) -> Result<Snapshot, String> {
             limit.as_secs_f64()
         ))
     })
+}
+
+/// Whether a process whose library is loaded and published no table was started with
+/// `TLLM_AFFINITY_DISABLE=1`: its `environ` as it was at exec, which is what the library read at
+/// load. Only `ps PID` asks, for the one process named (SPEC §8); the host view never reads an
+/// `environ`.
+fn off_by_its_environment(s: &Snapshot) -> bool {
+    if s.no_table.is_none() || s.table_refused || s.library_loaded != Some(true) {
+        return false;
+    }
+    let Ok(environ) = read_capped(
+        Path::new(&format!("/proc/{}/environ", s.pid)),
+        ENVIRON_BYTES,
+    ) else {
+        return false;
+    };
+    // The first entry is the one getenv finds, as the library did.
+    let prefix = format!("{}=", tllm_affinity_core::settings::DISABLE);
+    environ
+        .split('\0')
+        .find_map(|entry| entry.strip_prefix(&prefix))
+        .is_some_and(|value| tllm_affinity_core::settings::disabled_by(Some(value.as_ref())))
 }
 
 /// Reads `/proc/<pid>/task` and joins it with the process's thread table.
@@ -354,6 +385,7 @@ pub fn read(pid: u32) -> Result<Snapshot, String> {
         table_refused,
         table_partial,
         library_loaded,
+        disabled: false,
         cpus: cpus.iter().collect(),
         threads,
         memory: crate::memory_reading::read(proc_dir, pid),
@@ -570,6 +602,12 @@ fn legend(colour: bool) -> String {
 fn note(s: &Snapshot) -> Option<String> {
     let reason = s.no_table.as_ref()?;
     let pid = s.pid;
+    if s.disabled {
+        return Some(format!(
+            "process {pid}: library loaded, disabled by TLLM_AFFINITY_DISABLE=1: every call \
+             passes through, no thread is placed and no thread table is published"
+        ));
+    }
     if s.table_refused {
         return Some(format!(
             "the thread table of process {pid} is not believed, so roles are not shown: {reason}"
@@ -596,6 +634,7 @@ pub fn to_json(s: &Snapshot) -> Value {
         "name": s.name,
         "table": s.no_table.is_none(),
         "table_partial": s.table_partial,
+        "disabled": s.disabled,
         "note": note(s),
         "cpus": CpuMask::from_cpus(s.cpus.iter().copied()).to_list(),
         "memory": memory_json(&s.memory),
@@ -647,6 +686,7 @@ mod tests {
             table_refused: false,
             table_partial: None,
             library_loaded: Some(true),
+            disabled: false,
             cpus: (0..12).collect(),
             memory: Err("test".into()),
             adapters: Ok(Vec::new()),

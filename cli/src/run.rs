@@ -77,6 +77,11 @@ pub struct RunArgs {
     /// unmodified TensorRT-LLM server pins its threads as it would without tllm-affinity.
     #[arg(long)]
     pub no_python_hooks: bool,
+    /// Turn the library off for this program (TLLM_AFFINITY_DISABLE=1): it stays loaded and
+    /// inert, every call passes through, and Python servers pin their threads as they would
+    /// without tllm-affinity.
+    #[arg(long)]
+    pub disable: bool,
     /// Print the environment and command instead of running it.
     #[arg(long)]
     pub dry_run: bool,
@@ -104,7 +109,10 @@ pub fn run(args: &RunArgs) -> Result<u8, Failure> {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v)),
     );
-    env.extend(python_hook_env(args.no_python_hooks));
+    // Off, the hook would step aside anyway: the interpreter's path is left as it is.
+    if !args.disable {
+        env.extend(python_hook_env(args.no_python_hooks));
+    }
     if let Some(line) = args.cpus.as_deref().and_then(cpus_outside_this_process) {
         eprintln!("tllm-affinity run: {line}");
     }
@@ -160,8 +168,8 @@ pub fn find_library() -> Result<PathBuf, Failure> {
     }
     Err(Failure::usage(format!(
         "{LIBRARY_FILE} not found beside {} (nor in ../lib, nor in the tllm_affinity package \
-         of ../lib/python3.*/site-packages): install the wheel (pip install tllm-affinity), \
-         build it with `cargo build --release`, or set TLLM_AFFINITY_LIB=/abs/path/{LIBRARY_FILE}",
+         of ../lib/python3.*/site-packages): install the wheel (scripts/wheel in a checkout, \
+         then pip install target/wheels/tllm_affinity-*.whl), build it with `cargo build --release`, or set TLLM_AFFINITY_LIB=/abs/path/{LIBRARY_FILE}",
         exe.display()
     )))
 }
@@ -291,6 +299,10 @@ fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure
     put("TLLM_AFFINITY_SYSFS_ROOT", absolute(&args.sysfs_root)?);
     put("TLLM_AFFINITY_LOCK_DIR", absolute(&args.lock_dir)?);
     put("TLLM_AFFINITY_STRICT", args.strict.then(|| "1".into()));
+    put(
+        tllm_affinity_core::settings::DISABLE,
+        args.disable.then(|| "1".into()),
+    );
     let lookup = |name: &str| {
         env.iter()
             .find(|(n, _)| *n == name)

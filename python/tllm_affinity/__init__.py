@@ -28,7 +28,7 @@ Errors:
   :class:`TllmAffinityUnavailable` (a ``RuntimeError``) saying how to preload it;
 * a call returns ``-errno``: :class:`OSError` with that errno — except ``configure`` and
   ``begin_worker_scope`` answering ``ENOTSUP`` (the library is passive after a bad setting, or
-  disabled), which warn with ``warnings.warn`` and return an inert :class:`Lease` (``id`` is None,
+  disabled: secure execution, ``TLLM_AFFINITY_DISABLE=1``), which warn with ``warnings.warn`` and return an inert :class:`Lease` (``id`` is None,
   ``release`` does nothing), so a server keeps running exactly as it would without the library.
 """
 
@@ -206,8 +206,9 @@ class Lease:
                 return
             self._released = True
         rc = _require().tllm_affinity_release(self.id)
-        # ENOENT: the lease was closed through the C ABI already, which is what we want.
-        if rc < 0 and rc != -errno.ENOENT:
+        # ENOENT: the lease was closed through the C ABI already, which is what we want;
+        # ENOTSUP: the library is off (TLLM_AFFINITY_DISABLE=1), nothing to close.
+        if rc < 0 and rc not in (-errno.ENOENT, -errno.ENOTSUP):
             _raise_errno(rc, "tllm_affinity_release(%d)" % self.id)
 
     def __enter__(self):
@@ -229,7 +230,8 @@ def _open(call, device_id):
     if rc == -errno.ENOTSUP:
         warnings.warn(
             LIBRARY + " is passive or disabled in this process (a bad setting was reported at "
-            "load, or secure execution): %s(%d) changed nothing" % (call, device_id),
+            "load, secure execution, or TLLM_AFFINITY_DISABLE=1): %s(%d) changed nothing"
+            % (call, device_id),
             RuntimeWarning,
             stacklevel=3,
         )
@@ -266,8 +268,8 @@ def end_worker_scope(lease):
             return
         lease = lease.id
     rc = _require().tllm_affinity_end_worker_scope(int(lease))
-    # ENOENT: no open scope has this lease any more, which is what we want.
-    if rc < 0 and rc != -errno.ENOENT:
+    # ENOENT: no open scope has this lease any more, which is what we want; ENOTSUP: off.
+    if rc < 0 and rc not in (-errno.ENOENT, -errno.ENOTSUP):
         _raise_errno(rc, "tllm_affinity_end_worker_scope(%d)" % int(lease))
 
 
@@ -315,7 +317,7 @@ def role(tid=None):
         return "host"
     if rc == 1:
         return "worker"
-    if rc == -errno.ENOENT:
+    if rc in (-errno.ENOENT, -errno.ENOTSUP):
         return None
     _raise_errno(rc, "tllm_affinity_role(%s)" % tid)
 

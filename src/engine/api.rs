@@ -45,8 +45,10 @@ fn open_for_caller(device_id: i32, kind: LeaseKind) -> i64 {
 /// `tllm_affinity_end_worker_scope`: 0, or `-ENOENT` when `lease` is no open scope. The lease
 /// stays open until released.
 pub fn end_worker_scope(lease: i64) -> i32 {
-    if ensure_init() != State::Active {
-        return -libc::ENOENT;
+    match ensure_init() {
+        State::Active => {}
+        State::Off => return -libc::ENOTSUP,
+        _ => return -libc::ENOENT,
     }
     match catch_unwind(|| lock_registry().end_scope(lease)) {
         Ok(Ok(tid)) => {
@@ -83,8 +85,10 @@ fn current_or_register() -> Slot {
 
 /// `tllm_affinity_release` (SPEC §5).
 pub fn release(lease: i64) -> i32 {
-    if ensure_init() != State::Active {
-        return -libc::ENOENT;
+    match ensure_init() {
+        State::Active => {}
+        State::Off => return -libc::ENOTSUP,
+        _ => return -libc::ENOENT,
     }
     let result = catch_unwind(|| {
         let mut reg = lock_registry();
@@ -117,9 +121,12 @@ pub fn fail_open<T>(failed: T, body: impl FnOnce() -> T) -> T {
 }
 
 /// `tllm_affinity_role`: 0 host, 1 worker, `-ENOENT` for a thread the library does not know.
+/// Under `TLLM_AFFINITY_DISABLE=1` every call of the C API answers `-ENOTSUP` (SPEC §8).
 pub fn role(tid: i32) -> i32 {
-    if ensure_init() != State::Active {
-        return -libc::ENOENT;
+    match ensure_init() {
+        State::Active => {}
+        State::Off => return -libc::ENOTSUP,
+        _ => return -libc::ENOENT,
     }
     let reg = lock_registry();
     let slot = if tid == 0 {

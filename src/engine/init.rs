@@ -65,6 +65,11 @@ fn initialise() -> State {
     if sys::is_secure_execution() {
         return State::Disabled;
     }
+    // Before anything is read, set or registered: the operator's off switch leaves the process
+    // as it would be without the library (no mask, table, lock, handler or environment change).
+    if crate::settings::disabled_by(std::env::var_os(crate::settings::DISABLE).as_deref()) {
+        return State::Off;
+    }
     let pid = own_this_process();
     let main_mask = match sys::get_mask(pid) {
         Ok(mask) => mask,
@@ -93,7 +98,7 @@ fn initialise() -> State {
         .into_iter()
         .partition(|e| e.is_cosmetic() && !settings.strict);
     for e in &cosmetic {
-        setting_line(said_already, &format!("{e}; using its default"));
+        setting_line(said_already, &format!("{e}; {}", e.fallback()));
     }
     if !errors.is_empty() {
         // One line per malformed variable, saying what follows from it.

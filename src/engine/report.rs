@@ -219,7 +219,9 @@ pub fn say_if_python_hook_missing(at_exit: bool) {
          the tllm-affinity start-up hook (started with -S; or with -E, -I or embedded, where \
          the tllm_affinity package is not installed in the interpreter's site-packages): if that \
          was TensorRT-LLM's configure_cpu_affinity, it pinned every thread of the process, host \
-         threads included (pip install tllm-affinity in the server's environment, or drop -S)"
+         threads included (install the tllm_affinity package in the server's environment: the wheel \
+         from scripts/wheel, pip install target/wheels/tllm_affinity-*.whl, or pip install ./python \
+         from the repository; or drop -S)"
     );
 }
 
@@ -228,6 +230,7 @@ fn state_name(state: State) -> &'static str {
         State::Active => "active",
         State::Passive => "passive",
         State::Disabled => "disabled",
+        State::Off => "off",
         State::Uninitialised | State::Initialising => "initialising",
     }
 }

@@ -22,6 +22,9 @@ pub enum State {
     Passive = 3,
     /// Secure execution, or the platform refused what the library needs.
     Disabled = 4,
+    /// `TLLM_AFFINITY_DISABLE=1`: loaded and inert, every call passes through, the C API answers
+    /// `-ENOTSUP` (SPEC §8).
+    Off = 5,
 }
 
 /// Written only by `init::ensure_init`.
@@ -33,6 +36,7 @@ pub fn state() -> State {
         1 => State::Initialising,
         2 => State::Active,
         3 => State::Passive,
+        5 => State::Off,
         _ => State::Disabled,
     }
 }
