@@ -69,29 +69,28 @@ pub struct GpuSlice {
 impl GpuSlice {
     /// One phrase for log lines and `plan`: which GPUs share what, and how it was cut.
     pub fn describe(&self) -> String {
-        let domains = if self.domains.is_empty() {
-            "no cache domains known".to_string()
-        } else {
-            let list: Vec<String> = self.domains.iter().map(|d| format!("[{d}]")).collect();
-            format!("cache domain(s) {}", list.join(" "))
-        };
+        let list: Vec<String> = self.domains.iter().map(|d| format!("[{d}]")).collect();
+        let domains = list.join(" ");
         match self.cut {
-            Cut::Alone => format!("the only GPU on [{}]: all of it ({domains})", self.set),
+            Cut::Alone => format!("the only GPU on [{}]: all of it", self.set),
             Cut::TooSmall => format!(
                 "{} GPUs share [{}]: {}",
                 self.sharing,
                 self.set,
                 self.fallback.as_deref().unwrap_or("too small to divide")
             ),
-            Cut::WholeDomains | Cut::Cores => format!(
-                "slice {} of {} of [{}], cut along {} ({domains})",
-                self.rank,
-                self.sharing,
-                self.set,
-                match self.cut {
-                    Cut::WholeDomains => "whole last-level-cache domains",
-                    _ => "cores (fewer cache domains than GPUs)",
-                }
+            Cut::WholeDomains => format!(
+                "slice {} of {} of [{}], whole last-level-cache domains {domains}",
+                self.rank, self.sharing, self.set
+            ),
+            Cut::Cores if self.domains.is_empty() => format!(
+                "slice {} of {} of [{}], runs of cores (no cache domains known)",
+                self.rank, self.sharing, self.set
+            ),
+            Cut::Cores => format!(
+                "slice {} of {} of [{}], runs of cores (fewer last-level-cache domains than \
+                 GPUs: {domains})",
+                self.rank, self.sharing, self.set
             ),
         }
     }
@@ -161,6 +160,49 @@ pub fn slice_for<'a>(
     all.iter()
         .find(|s| s.address == address)
         .filter(|s| s.set == *placed_on && !s.cpus.is_empty())
+}
+
+/// A GPU's worker base (the set the policy's `numa` rule applies) under slicing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerBase {
+    pub cpus: CpuMask,
+    /// The GPU's slice, when it got one narrower than its set or was alone on it.
+    pub slice: Option<GpuSlice>,
+    /// Why the GPU keeps its whole set although slicing is on: one warning line.
+    pub warning: Option<String>,
+}
+
+/// Under `TLLM_AFFINITY_SLICE=gpu`, the worker base of the GPU at `address` placed on
+/// `placed_on` (its GPU-local CPUs): its slice among `all` (computed over `allowed`), or its whole
+/// set with a warning saying why. `configure` and `plan` both ask this.
+pub fn worker_base(
+    all: &[GpuSlice],
+    allowed: &CpuMask,
+    address: &str,
+    placed_on: &CpuMask,
+) -> WorkerBase {
+    let keep = |warning: String| WorkerBase {
+        cpus: placed_on.clone(),
+        slice: None,
+        warning: Some(format!(
+            "TLLM_AFFINITY_SLICE=gpu: GPU {address} keeps its whole set [{placed_on}]: {warning}"
+        )),
+    };
+    let placed = placed_on.intersection(allowed);
+    match slice_for(all, address, &placed) {
+        Some(s) if s.cut == Cut::TooSmall => keep(s.describe()),
+        Some(s) => WorkerBase {
+            cpus: s.cpus.clone(),
+            slice: Some(s.clone()),
+            warning: None,
+        },
+        None if all.iter().any(|s| s.address == address) => keep(
+            "it is placed on other CPUs than sysfs places it on (NVML's affinity), so no \
+             slices are known for them"
+                .to_string(),
+        ),
+        None => keep("sysfs does not list it, so no slices are known for it".to_string()),
+    }
 }
 
 struct Division {
