@@ -573,6 +573,37 @@ mod tests {
         }
     }
 
+    /// Under slicing each GPU's step core is the bottom core of its own slice and its result CPU
+    /// the top one; where a slice holds fewer than two allowed cores nothing is pinned, and a
+    /// GPU that keeps its whole set is placed as without slicing.
+    #[test]
+    fn sliced_step_and_result_cores_come_from_each_gpus_slice() {
+        let t = dgx_h100_like().topology();
+        let all = crate::slice::slices(&t, &t.online);
+        let sliced = auto_placement_sliced(&t, &mask("0-223"), &all);
+        assert_disjoint(&t, &mask("0-223"), &sliced);
+        let p = placed(&sliced);
+        assert_eq!(p[0], Some((mask("0,112"), 13)));
+        assert_eq!(p[1], Some((mask("14,126"), 27)));
+        assert_eq!(p[7], Some((mask("98,210"), 111)));
+        let why = &sliced[1].placement.as_ref().unwrap().why;
+        assert!(why.contains("slice [14-27,126-139]"), "{why}");
+        // A process mask holding one core of GPU 1's slice: GPU 1 pins nothing, never wraps.
+        let allowed = mask("0-14,28-125,140-223");
+        let sliced = auto_placement_sliced(&t, &allowed, &all);
+        let reason = sliced[1].placement.as_ref().unwrap_err();
+        assert!(reason.contains("1 allowed core(s)"), "{reason}");
+        assert_eq!(placed(&sliced)[2], Some((mask("28,140"), 41)));
+        // Two CPUs for two GPUs: too small to slice, so §6's own rule answers (and it too
+        // places nobody: two cores for two GPUs).
+        let t = single_node_vm(2, 2).topology();
+        let all = crate::slice::slices(&t, &t.online);
+        assert_eq!(
+            auto_placement_sliced(&t, &mask("0-1"), &all),
+            auto_placement(&t, &mask("0-1"))
+        );
+    }
+
     #[test]
     fn single_node_vm_without_numa() {
         let t = single_node_vm(8, 2).topology();
