@@ -48,6 +48,7 @@ pub mod report;
 pub mod settings;
 #[cfg(any(test, feature = "simulated"))]
 pub mod simulated;
+pub mod slice;
 pub mod step;
 #[allow(unsafe_code)]
 pub mod sys;

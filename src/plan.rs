@@ -26,7 +26,8 @@ use std::collections::BTreeMap;
 use crate::cgroup::CpuQuota;
 use crate::mask::CpuMask;
 use crate::policy::{self, Decision};
-use crate::settings::{Settings, StepCore};
+use crate::settings::{Settings, SliceMode, StepCore};
+use crate::slice::{self, Cut, GpuSlice, WorkerBase};
 use crate::topology::{LocalCpuSource, Topology};
 
 /// Where one GPU's step and result threads go.
@@ -112,6 +113,72 @@ pub fn auto_placement(topology: &Topology, allowed: &CpuMask) -> Vec<GpuPlacemen
             placement: placed.unwrap_or_else(|| Err("not placed".to_string())),
         })
         .collect()
+}
+
+/// SPEC §6 `auto` under slicing (§18): a GPU with a slice of its own picks its step core from the
+/// bottom of its slice and its result core from the top, within `allowed`, so no other GPU's
+/// workers or pinned threads share them; a GPU that keeps its whole set (alone on it, or too
+/// small to divide) is placed as without slicing. `slices` are [`slice::slices`] of `topology`.
+pub fn auto_placement_sliced(
+    topology: &Topology,
+    allowed: &CpuMask,
+    slices: &[GpuSlice],
+) -> Vec<GpuPlacement> {
+    let unsliced = auto_placement(topology, allowed);
+    let cores = allowed_cores(topology, allowed);
+    unsliced
+        .into_iter()
+        .zip(slices)
+        .map(|(placed, s)| {
+            if !matches!(s.cut, Cut::WholeDomains | Cut::Cores) {
+                return placed;
+            }
+            let mine: Vec<&CpuMask> = cores
+                .iter()
+                .map(|(core, _)| core)
+                .filter(|core| core.is_subset(&s.cpus))
+                .collect();
+            let placement = match (mine.first(), mine.last()) {
+                (Some(step), Some(result)) if mine.len() >= 2 => Ok(StepPlacement {
+                    step: (*step).clone(),
+                    result: result.first(),
+                    why: format!(
+                        "step core from the bottom of the GPU's slice [{}], result core from \
+                         its top",
+                        s.cpus
+                    ),
+                }),
+                _ => Err(format!(
+                    "the GPU's slice [{}] has {} allowed core(s), and a step and a result core \
+                     need two; nothing wraps: widen the mask or name a CPU with \
+                     TLLM_AFFINITY_STEP_CORE=<cpu>",
+                    s.cpus,
+                    mine.len()
+                )),
+            };
+            GpuPlacement {
+                placement,
+                ..placed
+            }
+        })
+        .collect()
+}
+
+/// The CPUs slices divide: the cpuset's online CPUs (what a worker mask is bounded by).
+pub fn slice_allowed(topology: &Topology, cpuset: &CpuMask) -> CpuMask {
+    cpuset.intersection(&topology.online)
+}
+
+/// `auto` for every GPU: sliced when `slices` is given (slicing on), else SPEC §6 as is.
+pub fn step_placements(
+    topology: &Topology,
+    allowed: &CpuMask,
+    slices: Option<&[GpuSlice]>,
+) -> Vec<GpuPlacement> {
+    match slices {
+        Some(slices) => auto_placement_sliced(topology, allowed, slices),
+        None => auto_placement(topology, allowed),
+    }
 }
 
 /// A GPU's (step core, result core) as indices into the allowed cores, or why it has none.
@@ -236,6 +303,13 @@ pub struct CpuPlan {
     /// `auto` for every GPU of the host, whatever `step_core` is: what servers on the other GPUs
     /// would take.
     pub all_gpus: Vec<GpuPlacement>,
+    /// `TLLM_AFFINITY_SLICE` (SPEC §18) applies: on, and no `TLLM_AFFINITY_CPUS`.
+    pub slicing: bool,
+    /// Under slicing, this GPU's worker base: its slice, or its whole set with the warning why.
+    pub slice: Option<WorkerBase>,
+    /// Every GPU's slice, in the order of `topology.gpus`, whether slicing is on or not (what
+    /// `TLLM_AFFINITY_SLICE=gpu` gives).
+    pub all_slices: Vec<GpuSlice>,
     pub pools: PoolSizes,
 }
 
@@ -264,12 +338,18 @@ pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
     let gpu = &topology.gpus[input.gpu_index];
     let local = topology.local_cpus(Some(gpu), input.nvml_cpus);
     let constrained = policy::is_constrained(input.process_mask, input.cpuset);
-    let decision = policy::worker_set(input.settings, &local.cpus, constrained, input.cpuset);
+    let sliceable = slice_allowed(topology, input.cpuset);
+    let all_slices = slice::slices(topology, &sliceable);
+    let slicing = input.settings.slice == SliceMode::Gpu && input.settings.cpus_override.is_none();
+    let slice =
+        slicing.then(|| slice::worker_base(&all_slices, &sliceable, &gpu.address, &local.cpus));
+    let base = slice.as_ref().map_or(&local.cpus, |s| &s.cpus);
+    let decision = policy::worker_set(input.settings, base, constrained, input.cpuset);
     let worker = decision.mask.clone();
     // Pools are sized on where the workers run: their set, or, when the policy keeps their masks,
     // the CPUs the process may use.
     let worker_cpus_of = worker.clone().unwrap_or_else(|| allowed.clone());
-    let all_gpus = auto_placement(topology, &allowed);
+    let all_gpus = step_placements(topology, &allowed, slicing.then_some(&all_slices[..]));
     let placement = match input.step_core {
         StepCore::Off => Err("TLLM_AFFINITY_STEP_CORE is off: nothing pinned".to_string()),
         StepCore::Auto => all_gpus[input.gpu_index].placement.clone(),
@@ -319,6 +399,9 @@ pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
         step_core: input.step_core,
         placement,
         all_gpus,
+        slicing,
+        slice,
+        all_slices,
     }
 }
 
@@ -488,6 +571,37 @@ mod tests {
             let all = auto_placement(&t, &allowed);
             assert_disjoint(&t, &allowed, &all);
         }
+    }
+
+    /// Under slicing each GPU's step core is the bottom core of its own slice and its result CPU
+    /// the top one; where a slice holds fewer than two allowed cores nothing is pinned, and a
+    /// GPU that keeps its whole set is placed as without slicing.
+    #[test]
+    fn sliced_step_and_result_cores_come_from_each_gpus_slice() {
+        let t = dgx_h100_like().topology();
+        let all = crate::slice::slices(&t, &t.online);
+        let sliced = auto_placement_sliced(&t, &mask("0-223"), &all);
+        assert_disjoint(&t, &mask("0-223"), &sliced);
+        let p = placed(&sliced);
+        assert_eq!(p[0], Some((mask("0,112"), 13)));
+        assert_eq!(p[1], Some((mask("14,126"), 27)));
+        assert_eq!(p[7], Some((mask("98,210"), 111)));
+        let why = &sliced[1].placement.as_ref().unwrap().why;
+        assert!(why.contains("slice [14-27,126-139]"), "{why}");
+        // A process mask holding one core of GPU 1's slice: GPU 1 pins nothing, never wraps.
+        let allowed = mask("0-14,28-125,140-223");
+        let sliced = auto_placement_sliced(&t, &allowed, &all);
+        let reason = sliced[1].placement.as_ref().unwrap_err();
+        assert!(reason.contains("1 allowed core(s)"), "{reason}");
+        assert_eq!(placed(&sliced)[2], Some((mask("28,140"), 41)));
+        // Two CPUs for two GPUs: too small to slice, so §6's own rule answers (and it too
+        // places nobody: two cores for two GPUs).
+        let t = single_node_vm(2, 2).topology();
+        let all = crate::slice::slices(&t, &t.online);
+        assert_eq!(
+            auto_placement_sliced(&t, &mask("0-1"), &all),
+            auto_placement(&t, &mask("0-1"))
+        );
     }
 
     #[test]

@@ -37,6 +37,15 @@ pub enum StepCore {
     Cpu(usize),
 }
 
+/// `TLLM_AFFINITY_SLICE`: whether the GPUs sharing a node divide its CPUs (SPEC §18).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SliceMode {
+    /// Every worker of a GPU gets the GPU's whole node (upstream's behaviour).
+    Off,
+    /// Each GPU's workers get its own slice of the node ([`crate::slice`]).
+    Gpu,
+}
+
 /// `TLLM_AFFINITY_LOG`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
@@ -107,6 +116,7 @@ pub struct Settings {
     pub strict: bool,
     pub process_role: ProcessRole,
     pub step_core: StepCore,
+    pub slice: SliceMode,
     pub lock_dir: PathBuf,
     /// `TLLM_AFFINITY_MOVE_MEMORY`: the most bytes of a dedicated worker's memory one configure
     /// moves to its node (`0`: never moved; `1`: [`DEFAULT_MOVE_MEMORY_CAP`]).
@@ -126,6 +136,7 @@ impl Default for Settings {
             strict: false,
             process_role: ProcessRole::Host,
             step_core: StepCore::Off,
+            slice: SliceMode::Off,
             lock_dir: PathBuf::from("/tmp"),
             move_memory: DEFAULT_MOVE_MEMORY_CAP,
         }
@@ -323,6 +334,13 @@ impl Settings {
                     &v,
                     &format!("a cpulist such as 0-3,8 ({})", e.reason),
                 ),
+            }
+        }
+        if let Some(v) = lookup("TLLM_AFFINITY_SLICE") {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "off" | "" => s.slice = SliceMode::Off,
+                "gpu" => s.slice = SliceMode::Gpu,
+                _ => fail("TLLM_AFFINITY_SLICE", &v, "off or gpu"),
             }
         }
         if let Some(v) = lookup("TLLM_AFFINITY_SYSFS_ROOT") {
@@ -523,6 +541,8 @@ mod tests {
             ("TLLM_AFFINITY_DISABLE", "yes"),
             ("TLLM_AFFINITY_DISABLE", "true"),
             ("TLLM_AFFINITY_DISABLE", "2"),
+            ("TLLM_AFFINITY_SLICE", "node"),
+            ("TLLM_AFFINITY_SLICE", "1"),
         ];
         for (var, value) in cases {
             let (_, errors) = parse(&[(var, value)]);
@@ -618,6 +638,22 @@ mod tests {
         assert_eq!(
             parse(&[("TLLM_AFFINITY_STEP_CORE", "7")]).0.step_core,
             StepCore::Cpu(7)
+        );
+    }
+
+    #[test]
+    fn slice_forms() {
+        let slice = |v: &str| parse(&[("TLLM_AFFINITY_SLICE", v)]).0.slice;
+        assert_eq!(parse(&[]).0.slice, SliceMode::Off);
+        assert_eq!(slice("gpu"), SliceMode::Gpu);
+        assert_eq!(slice(" GPU "), SliceMode::Gpu);
+        assert_eq!(slice("off"), SliceMode::Off);
+        assert_eq!(slice(""), SliceMode::Off);
+        let (s, errors) = parse(&[("TLLM_AFFINITY_SLICE", "node")]);
+        assert_eq!(s.slice, SliceMode::Off);
+        assert_eq!(
+            errors[0].to_string(),
+            "TLLM_AFFINITY_SLICE='node' is not valid: expected off or gpu"
         );
     }
 }

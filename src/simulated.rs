@@ -51,6 +51,9 @@ pub struct SimulatedHost {
     pci: Vec<SimPci>,
     idle_states: Vec<(String, u64)>,
     driver: Vec<SimDriverGpu>,
+    /// Last-level-cache domains ([`SimulatedHost::llc_domain`]); a host with none writes no
+    /// cache directories.
+    llc_domains: Vec<CpuMask>,
 }
 
 /// An entry of the driver's list (`/proc/driver/nvidia/gpus`), and whether its device node is
@@ -98,6 +101,14 @@ impl SimulatedHost {
                 siblings,
             },
         );
+        self
+    }
+
+    /// A last-level-cache domain: each of its CPUs gets the kernel's four cache entries (L1 data
+    /// and instruction and L2 shared with its SMT siblings, L3 with the whole domain).
+    #[must_use]
+    pub fn llc_domain(mut self, cpus: &CpuMask) -> Self {
+        self.llc_domains.push(cpus.clone());
         self
     }
 
@@ -259,6 +270,21 @@ impl SimulatedHost {
                 &format!("{}\n", cpu.package_id),
             )?;
             put(&topo.join("thread_siblings_list"), &list(&cpu.siblings))?;
+            if let Some(domain) = self.llc_domains.iter().find(|d| d.contains(id)) {
+                let cache = cpu_dir.join(format!("cpu{id}/cache"));
+                let entries = [
+                    (1, "Data", &cpu.siblings),
+                    (1, "Instruction", &cpu.siblings),
+                    (2, "Unified", &cpu.siblings),
+                    (3, "Unified", domain),
+                ];
+                for (index, (level, kind, shared)) in entries.into_iter().enumerate() {
+                    let dir = cache.join(format!("index{index}"));
+                    put(&dir.join("level"), &format!("{level}\n"))?;
+                    put(&dir.join("type"), &format!("{kind}\n"))?;
+                    put(&dir.join("shared_cpu_list"), &list(shared))?;
+                }
+            }
             put(&topo.join("core_cpus_list"), &list(&cpu.siblings))?;
             put(
                 &topo.join("thread_siblings"),
@@ -443,9 +469,12 @@ pub fn dgx_h100_like() -> SimulatedHost {
         let cores = s * CORES_PER_SOCKET..(s + 1) * CORES_PER_SOCKET;
         CpuMask::from_cpus(cores.clone().chain(cores.map(|c| c + CORES)))
     };
+    // One L3 per socket (Sapphire Rapids without sub-NUMA clustering).
     host = host
         .node(0, &socket_cpus(0))
         .node(1, &socket_cpus(1))
+        .llc_domain(&socket_cpus(0))
+        .llc_domain(&socket_cpus(1))
         .node_distances(vec![vec![10, 21], vec![21, 10]]);
     let gpus_by_node = [
         [
@@ -472,6 +501,59 @@ pub fn dgx_h100_like() -> SimulatedHost {
         .idle_state("C1", 2)
         .idle_state("C1E", 10)
         .idle_state("C6", 170)
+}
+
+/// An AMD EPYC host (Genoa-like, NPS1): 2 sockets × 64 cores × 2 threads (256 CPUs, CPU `c` and
+/// `c + 128` share a core), one NUMA node per socket, each socket 8 CCDs of 8 cores with an L3 of
+/// their own (16 CPUs per domain), and 4 GPUs per node.
+pub fn amd_epyc_like() -> SimulatedHost {
+    const CORES: usize = 128;
+    const CORES_PER_SOCKET: usize = 64;
+    const CORES_PER_CCD: usize = 8;
+    let mut host = SimulatedHost::new();
+    let with_siblings = |cores: std::ops::Range<usize>| {
+        CpuMask::from_cpus(cores.clone().chain(cores.map(|c| c + CORES)))
+    };
+    for core in 0..CORES {
+        let siblings = CpuMask::from_cpus([core, core + CORES]);
+        let socket = core / CORES_PER_SOCKET;
+        let core_id = core % CORES_PER_SOCKET;
+        host = host.cpu(core, core_id, socket, &siblings).cpu(
+            core + CORES,
+            core_id,
+            socket,
+            &siblings,
+        );
+    }
+    for ccd in 0..CORES / CORES_PER_CCD {
+        host = host.llc_domain(&with_siblings(
+            ccd * CORES_PER_CCD..(ccd + 1) * CORES_PER_CCD,
+        ));
+    }
+    host = host
+        .node(0, &with_siblings(0..CORES_PER_SOCKET))
+        .node(1, &with_siblings(CORES_PER_SOCKET..CORES))
+        .node_distances(vec![vec![10, 32], vec![32, 10]]);
+    let gpus_by_node = [
+        [
+            "0000:05:00.0",
+            "0000:15:00.0",
+            "0000:65:00.0",
+            "0000:75:00.0",
+        ],
+        [
+            "0000:85:00.0",
+            "0000:95:00.0",
+            "0000:e5:00.0",
+            "0000:f5:00.0",
+        ],
+    ];
+    for (node, addrs) in gpus_by_node.into_iter().enumerate() {
+        for addr in addrs {
+            host = host.gpu(addr, Some(node), None);
+        }
+    }
+    host
 }
 
 /// Half a GB200 tray in NUMA mode: Grace nodes 0 and 1 on `node0` and `node1`, GPUs
@@ -545,8 +627,9 @@ fn grace_host(
     mode: GpuMemoryMode,
 ) -> GraceHost {
     let mut host = SimulatedHost::new();
+    // One L3 (the SCF cache) per Grace socket.
     for (socket, cpus) in sockets.iter().enumerate() {
-        host = host.node(socket, cpus);
+        host = host.node(socket, cpus).llc_domain(cpus);
     }
     let mut gpus = Vec::new();
     for (g, address) in addresses.iter().enumerate() {

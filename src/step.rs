@@ -18,7 +18,8 @@ use crate::load_facts::LoadFacts;
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::plan::{self, StepPlacement};
-use crate::settings::StepCore;
+use crate::settings::{SliceMode, StepCore};
+use crate::slice;
 use crate::sys;
 use crate::topology::{SysfsRoot, Topology};
 use crate::{log_error, log_warn};
@@ -91,14 +92,21 @@ pub fn choose(facts: &LoadFacts, device_id: i32, result: bool) -> Result<StepPin
                 return Err(-libc::EINVAL);
             }
         },
-        _ => auto(
-            &mut topology,
-            &root,
-            &allowed,
-            &facts.settings.lock_dir,
-            device_id,
-            what,
-        )?,
+        _ => {
+            // Under slicing (SPEC §18) the pinned threads come from the GPU's own slice.
+            let sliced_over = (facts.settings.slice == SliceMode::Gpu
+                && facts.settings.cpus_override.is_none())
+            .then_some(&facts.cpuset);
+            auto(
+                &mut topology,
+                &root,
+                &allowed,
+                sliced_over,
+                &facts.settings.lock_dir,
+                device_id,
+                what,
+            )?
+        }
     };
     let mask = if result {
         match placement.result {
@@ -128,12 +136,14 @@ pub fn choose(facts: &LoadFacts, device_id: i32, result: bool) -> Result<StepPin
     })
 }
 
-/// `auto`: this GPU's placement from the host-wide plan, once this process holds the GPU's lock.
-/// `Err` carries the return value (0 after a warning, or `-errno`).
+/// `auto`: this GPU's placement from the host-wide plan, once this process holds the GPU's lock;
+/// `sliced_over`: the cpuset, when slicing is on. `Err` carries the return value (0 after a
+/// warning, or `-errno`).
 fn auto(
     topology: &mut Topology,
     root: &SysfsRoot,
     allowed: &CpuMask,
+    sliced_over: Option<&CpuMask>,
     lock_dir: &Path,
     device_id: i32,
     what: &str,
@@ -154,7 +164,11 @@ fn auto(
         log_warn!("{what} thread for {target} not pinned: sysfs does not list it");
         return Err(0);
     };
-    let all = plan::auto_placement(topology, allowed);
+    let slices = sliced_over.map(|cpuset| {
+        topology.read_llc_domains(root);
+        slice::slices(topology, &plan::slice_allowed(topology, cpuset))
+    });
+    let all = plan::step_placements(topology, allowed, slices.as_deref());
     let placement = match &all[index].placement {
         Ok(placement) => placement.clone(),
         Err(reason) => {

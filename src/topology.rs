@@ -141,6 +141,10 @@ pub struct Topology {
     /// NVIDIA display/3D functions, by address.
     pub gpus: Vec<PciGpu>,
     pub idle_states: Vec<CpuIdleState>,
+    /// The last-level-cache domains of the online CPUs, by first CPU; empty until
+    /// [`Topology::read_llc_domains`] (only slicing needs them, and they cost a walk of every
+    /// domain's cache directories), and empty when sysfs does not describe every CPU's caches.
+    pub llc_domains: Vec<CpuMask>,
 }
 
 /// The CPUs that count as local to a GPU, and where that answer came from (for the log line).
@@ -205,7 +209,34 @@ impl Topology {
             nodes,
             gpus,
             idle_states,
+            llc_domains: Vec::new(),
         })
+    }
+
+    /// Fills [`Topology::llc_domains`] from `cpu/cpuN/cache/index*`: for each CPU, the
+    /// `shared_cpu_list` of its cache of the highest `level` (instruction caches aside). One CPU
+    /// per domain is read, since the others share its list. A CPU without cache files leaves the
+    /// whole answer empty: half a picture would cut slices along domains that are not there.
+    pub fn read_llc_domains(&mut self, root: &SysfsRoot) {
+        let cpu_dir = root.path("sys/devices/system/cpu");
+        let mut covered = CpuMask::new();
+        let mut domains = Vec::new();
+        for cpu in self.online.iter() {
+            if covered.contains(cpu) {
+                continue;
+            }
+            let Some(mut domain) = read_llc_of(&cpu_dir, cpu) else {
+                self.llc_domains = Vec::new();
+                return;
+            };
+            domain.insert(cpu);
+            // A CPU two lists claim is the first list's: domains stay disjoint.
+            let domain = domain.intersection(&self.online).difference(&covered);
+            covered = covered.union(&domain);
+            domains.push(domain);
+        }
+        domains.sort_by_key(|d| d.first());
+        self.llc_domains = domains;
     }
 
     pub fn node(&self, id: usize) -> Option<&NumaNode> {
@@ -462,6 +493,35 @@ fn read_cpu(cpu_dir: &Path, id: usize) -> Result<Cpu, TopologyError> {
         package_id,
         siblings,
     })
+}
+
+/// The `shared_cpu_list` of `cpu`'s highest-level data or unified cache; `None` when sysfs
+/// describes none.
+fn read_llc_of(cpu_dir: &Path, cpu: usize) -> Option<CpuMask> {
+    let cache_dir = cpu_dir.join(format!("cpu{cpu}/cache"));
+    let mut best: Option<(u32, CpuMask)> = None;
+    for index in numbered_entries(&cache_dir, "index").ok()? {
+        let dir = cache_dir.join(format!("index{index}"));
+        let level = read_text(&dir.join("level"))
+            .ok()??
+            .trim()
+            .parse::<u32>()
+            .ok()?;
+        let kind = read_text(&dir.join("type"))
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if kind.trim() == "Instruction" {
+            continue;
+        }
+        let Ok(Some(shared)) = read_cpulist(&dir.join("shared_cpu_list")) else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(l, _)| level > *l) {
+            best = Some((level, shared));
+        }
+    }
+    best.map(|(_, shared)| shared)
 }
 
 fn read_nodes(root: &SysfsRoot, online: &CpuMask) -> Result<Vec<NumaNode>, TopologyError> {

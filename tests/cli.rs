@@ -297,6 +297,8 @@ fn run_preloads_the_library_and_sets_the_variables() {
         "error",
         "--step-core",
         "off",
+        "--slice",
+        "gpu",
         "--process-role",
         "host",
         "--worker-libs",
@@ -319,6 +321,7 @@ fn run_preloads_the_library_and_sets_the_variables() {
     assert_eq!(env["TLLM_AFFINITY_CPUS"], "0");
     assert_eq!(env["TLLM_AFFINITY_LOG"], "error");
     assert_eq!(env["TLLM_AFFINITY_STEP_CORE"], "off");
+    assert_eq!(env["TLLM_AFFINITY_SLICE"], "gpu");
     assert_eq!(env["TLLM_AFFINITY_PROCESS_ROLE"], "host");
     assert_eq!(env["TLLM_AFFINITY_WORKER_LIBS"], "libnccl*.so*");
     assert_eq!(env["TLLM_AFFINITY_GPU"], "0000:3b:00.0");

@@ -20,6 +20,11 @@ const SETTINGS: &[&[(&str, &str)]] = &[
     &[("TLLM_AFFINITY_POLICY", "numa")],
     &[("TLLM_AFFINITY_POLICY", "auto")],
     &[("TLLM_AFFINITY_CPUS", "FIRST")],
+    &[("TLLM_AFFINITY_SLICE", "gpu")],
+    &[
+        ("TLLM_AFFINITY_SLICE", "gpu"),
+        ("TLLM_AFFINITY_CPUS", "FIRST"),
+    ],
     &[
         ("TLLM_AFFINITY_CPUS", "FIRST"),
         ("TLLM_AFFINITY_POLICY", "clear"),
@@ -62,6 +67,7 @@ fn plan_shows_the_worker_set_configure_applies_over_the_policy_table() {
                 "TLLM_NUMA_AWARE_WORKER_AFFINITY",
                 "TLLM_AFFINITY_POLICY",
                 "TLLM_AFFINITY_CPUS",
+                "TLLM_AFFINITY_SLICE",
             ] {
                 plan.env_remove(var);
             }

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::registry::{Placement, Role};
+use tllm_affinity_core::slice;
 use tllm_affinity_core::threadtable::{self, LeaseLine};
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::untrusted::Dir;
@@ -218,7 +219,10 @@ pub fn gather(root: &SysfsRoot) -> HostView {
     let (found, unreachable) = processes_with_a_table();
     let mut entries = read_bounded(found, ps::PROCESS_LIMIT, VIEW_LIMIT);
     entries.sort_by_key(Entry::pid);
-    let topology = Topology::read(root).ok();
+    let topology = Topology::read(root).ok().map(|mut t| {
+        t.read_llc_domains(root);
+        t
+    });
     let kernel = if root.root() == Path::new("/") {
         topology.clone()
     } else {
@@ -243,7 +247,18 @@ pub fn gather(root: &SysfsRoot) -> HostView {
                 .collect()
         })
         .unwrap_or_default();
-    let flags = flags(&shown, &cores, &kernel_nodes, &gpu_local);
+    // Each GPU's slice under TLLM_AFFINITY_SLICE=gpu, where it is narrower than its set.
+    let slices: BTreeMap<String, CpuMask> = topology
+        .as_ref()
+        .map(|t| {
+            slice::slices(t, &t.online)
+                .into_iter()
+                .filter(|s| matches!(s.cut, slice::Cut::WholeDomains | slice::Cut::Cores))
+                .map(|s| (s.address, s.cpus))
+                .collect()
+        })
+        .unwrap_or_default();
+    let flags = flags(&shown, &cores, &kernel_nodes, &gpu_local, &slices);
     HostView {
         entries,
         unreachable,
@@ -575,17 +590,19 @@ fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
 /// its workers' node (`kernel_nodes`: the kernel's nodes with CPUs; memory on nodes without CPUs,
 /// a GPU's own memory, is left out). `gpu_local`: each GPU's local CPUs by PCI address; workers
 /// of two GPUs sharing CPUs local to both (two GPUs of one Grace node or socket) are where the
-/// library puts them, not a collision.
+/// library puts them, not a collision — unless one of them works on its GPU's slice (`slices`:
+/// each GPU's slice by PCI address, SPEC §18), which no other GPU's workers may share.
 pub fn flags(
     rows: &[&ProcessRow],
     cores: &[CpuMask],
     kernel_nodes: &[(usize, CpuMask)],
     gpu_local: &BTreeMap<String, CpuMask>,
+    slices: &BTreeMap<String, CpuMask>,
 ) -> Vec<Flag> {
     let mut flags = Vec::new();
     for (i, a) in rows.iter().enumerate() {
         for b in &rows[i + 1..] {
-            if let Some(flag) = workers_share(a, b, gpu_local) {
+            if let Some(flag) = workers_share(a, b, gpu_local, slices) {
                 flags.push(flag);
             }
             if let Some(flag) = steps_share_a_core(a, b, cores) {
@@ -605,17 +622,33 @@ fn workers_share(
     a: &ProcessRow,
     b: &ProcessRow,
     gpu_local: &BTreeMap<String, CpuMask>,
+    slices: &BTreeMap<String, CpuMask>,
 ) -> Option<Flag> {
     let (da, db) = (a.devices(), b.devices());
     if da.is_empty() || db.is_empty() || !da.is_disjoint(&db) {
         return None;
     }
-    // The CPUs local to every GPU of both (none when one is not a GPU of this tree).
-    let local_to_all = da
-        .union(&db)
-        .map(|d| gpu_local.get(*d).cloned().unwrap_or_default())
-        .reduce(|acc, m| acc.intersection(&m))
-        .unwrap_or_default();
+    // A process runs under slicing when its workers lie within its GPUs' slices: the table does
+    // not say, but a worker set that narrow is a slice's.
+    let sliced = |p: &ProcessRow| {
+        let slice = p
+            .devices()
+            .iter()
+            .filter_map(|d| slices.get(*d))
+            .fold(CpuMask::default(), |acc, s| acc.union(s));
+        let workers = p.on(Kind::Worker);
+        !slice.is_empty() && !workers.is_empty() && workers.is_subset(&slice)
+    };
+    // The CPUs local to every GPU of both (none when one is not a GPU of this tree, or under
+    // slicing, where a slice is its GPU's alone).
+    let local_to_all = if sliced(a) || sliced(b) {
+        CpuMask::default()
+    } else {
+        da.union(&db)
+            .map(|d| gpu_local.get(*d).cloned().unwrap_or_default())
+            .reduce(|acc, m| acc.intersection(&m))
+            .unwrap_or_default()
+    };
     let shared = a
         .on(Kind::Worker)
         .intersection(&b.on(Kind::Worker))
@@ -1094,6 +1127,7 @@ mod tests {
             &cores,
             &nodes,
             &BTreeMap::new(),
+            &BTreeMap::new(),
         );
         assert_eq!(
             kinds(&f),
@@ -1126,7 +1160,7 @@ mod tests {
         let a = row(1, &[tray0], &[(Kind::Worker, "0-7")], &[]);
         let b = row(2, &[tray1], &[(Kind::Worker, "0-7")], &[]);
         let c = row(3, &[tray2], &[(Kind::Worker, "6-15")], &[]);
-        let f = flags(&[&a, &b, &c], &cores, &nodes, &local);
+        let f = flags(&[&a, &b, &c], &cores, &nodes, &local, &BTreeMap::new());
         assert_eq!(
             kinds(&f),
             [
@@ -1135,7 +1169,13 @@ mod tests {
             ]
         );
         // Without the tree's GPUs, every shared CPU is flagged.
-        let f = flags(&[&a, &b], &cores, &nodes, &BTreeMap::new());
+        let f = flags(
+            &[&a, &b],
+            &cores,
+            &nodes,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        );
         assert_eq!(
             kinds(&f),
             [("workers-share-cpus", vec![1, 2], "0-7".to_string())]
@@ -1153,7 +1193,13 @@ mod tests {
         // Results alone on one core: not a step collision.
         let e = row(5, &[GPU0], &[(Kind::Result, "3")], &[]);
         let f5 = row(6, &[GPU1], &[(Kind::Result, "7")], &[]);
-        let f = flags(&[&a, &b, &c, &d, &e, &f5], &cores, &nodes, &BTreeMap::new());
+        let f = flags(
+            &[&a, &b, &c, &d, &e, &f5],
+            &cores,
+            &nodes,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+        );
         assert_eq!(
             kinds(&f),
             [
@@ -1165,6 +1211,39 @@ mod tests {
             f[1].text,
             "the result thread of 3 and the step thread of 4 on one core: CPUs 2,6"
         );
+    }
+
+    /// Under slicing, two GPUs of one node each own a slice: a worker of the other GPU on it is
+    /// flagged, while workers on their own slices, or both on the whole node (slicing off), are
+    /// not.
+    #[test]
+    fn a_slice_is_its_gpus_alone_and_the_shared_node_excuses_nothing() {
+        let (cores, nodes) = host();
+        let tray0 = ("0008:06:00.0", 0);
+        let tray1 = ("0009:06:00.0", 1);
+        let local: BTreeMap<String, CpuMask> = [
+            (tray0.0.to_string(), m("0-7")),
+            (tray1.0.to_string(), m("0-7")),
+        ]
+        .into();
+        let slices: BTreeMap<String, CpuMask> = [
+            (tray0.0.to_string(), m("0-3")),
+            (tray1.0.to_string(), m("4-7")),
+        ]
+        .into();
+        let sliced0 = row(1, &[tray0], &[(Kind::Worker, "0-3")], &[]);
+        let sliced1 = row(2, &[tray1], &[(Kind::Worker, "4-7")], &[]);
+        let whole1 = row(3, &[tray1], &[(Kind::Worker, "0-7")], &[]);
+        let whole0 = row(4, &[tray0], &[(Kind::Worker, "0-7")], &[]);
+        let f = flags(&[&sliced0, &sliced1], &cores, &nodes, &local, &slices);
+        assert!(f.is_empty(), "{:?}", kinds(&f));
+        let f = flags(&[&sliced0, &whole1], &cores, &nodes, &local, &slices);
+        assert_eq!(
+            kinds(&f),
+            [("workers-share-cpus", vec![1, 3], "0-3".to_string())]
+        );
+        let f = flags(&[&whole0, &whole1], &cores, &nodes, &local, &slices);
+        assert!(f.is_empty(), "slicing off: {:?}", kinds(&f));
     }
 
     #[test]
@@ -1191,6 +1270,7 @@ mod tests {
             &[&off, &half, &gpu_memory, &spread],
             &cores,
             &nodes,
+            &BTreeMap::new(),
             &BTreeMap::new(),
         );
         let memory: Vec<_> = kinds(&f)

@@ -11,6 +11,7 @@ use tllm_affinity_core::device::{resolve_device_on, DeviceEnv};
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::plan::{self, CpuPlan, GpuPlacement, PlanInput, StepPlacement};
 use tllm_affinity_core::settings::{Settings, StepCore};
+use tllm_affinity_core::slice::GpuSlice;
 use tllm_affinity_core::topology::Topology;
 
 #[derive(clap::Args, Debug)]
@@ -39,6 +40,8 @@ enum StepCoreSource {
 pub fn run(args: &PlanArgs) -> Result<(), String> {
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let mut topology = Topology::read(&root).map_err(|e| e.to_string())?;
+    // Slices follow the cache domains; they are shown whether slicing is on or not.
+    topology.read_llc_domains(&root);
     // The list configure numbers into (NVML, the driver's list, sysfs), its GPUs laid into the
     // topology, so plan finds every GPU configure finds.
     let view = tllm_affinity_core::gpus::current_view(&root, &mut topology, true);
@@ -218,6 +221,7 @@ fn to_text(plan: &CpuPlan, cx: &Context<'_>) -> String {
             plan.decision.rule.name()
         ),
     };
+    let _ = writeln!(out, "  slice:         {}", slice_text(plan));
     let _ = writeln!(
         out,
         "  step core:     {} ({})",
@@ -305,7 +309,81 @@ fn to_text(plan: &CpuPlan, cx: &Context<'_>) -> String {
     for r in reasons {
         let _ = writeln!(out, "  not pinned: {r}");
     }
+    let _ = writeln!(out);
+    let state = if plan.slicing {
+        "on"
+    } else {
+        "off: what TLLM_AFFINITY_SLICE=gpu would give"
+    };
+    let _ = writeln!(out, "slices of every GPU of the host (slicing {state}):");
+    let _ = writeln!(
+        out,
+        "  {:<4} {:<14} {:<24} {:<9} cache domains",
+        "GPU", "address", "slice", "cut"
+    );
+    for (i, s) in plan.all_slices.iter().enumerate() {
+        let domains: Vec<String> = s.domains.iter().map(|d| format!("[{d}]")).collect();
+        let domains = if domains.is_empty() {
+            "none known".to_string()
+        } else {
+            domains.join(" ")
+        };
+        let mark = if i == plan.gpu_index {
+            "  <- this GPU"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  {:<4} {:<14} {:<24} {:<9} {domains}{mark}",
+            i,
+            s.address,
+            s.cpus.to_list(),
+            short_cut(s)
+        );
+    }
     out
+}
+
+/// The cut in a table's few letters.
+fn short_cut(s: &GpuSlice) -> &'static str {
+    match s.cut {
+        tllm_affinity_core::slice::Cut::Alone => "alone",
+        tllm_affinity_core::slice::Cut::WholeDomains => "domains",
+        tllm_affinity_core::slice::Cut::Cores => "cores",
+        tllm_affinity_core::slice::Cut::TooSmall => "too-small",
+    }
+}
+
+/// The plan's slice line: this GPU's slice under slicing, the whole set with the reason, or what
+/// slicing would give.
+fn slice_text(plan: &CpuPlan) -> String {
+    let mine = plan.all_slices.get(plan.gpu_index);
+    match (&plan.slice, mine) {
+        (Some(base), _) => match (&base.slice, &base.warning) {
+            (Some(s), _) => format!("{} ({})", s.cpus, s.describe()),
+            (None, Some(w)) => format!("none: {w}"),
+            (None, None) => format!("{}", base.cpus),
+        },
+        (None, Some(s)) => format!(
+            "off (TLLM_AFFINITY_SLICE=gpu would give [{}]: {})",
+            s.cpus,
+            s.describe()
+        ),
+        (None, None) => "off".to_string(),
+    }
+}
+
+fn slice_json(s: &GpuSlice) -> Value {
+    json!({
+        "cpus": s.cpus.to_list(),
+        "set": s.set.to_list(),
+        "rank": s.rank,
+        "sharing": s.sharing,
+        "cut": s.cut.name(),
+        "domains": s.domains.iter().map(|d| d.to_list()).collect::<Vec<_>>(),
+        "fallback": s.fallback,
+    })
 }
 
 fn placement_json(p: &Result<StepPlacement, String>) -> Value {
@@ -354,6 +432,12 @@ fn to_json(plan: &CpuPlan, cx: &Context<'_>) -> Value {
             "empty_reason": plan.decision.empty_reason,
             "source": plan.worker_source.to_string(),
         },
+        "slice": {
+            "on": plan.slicing,
+            "cpus": plan.slice.as_ref().map(|b| b.cpus.to_list()),
+            "warning": plan.slice.as_ref().and_then(|b| b.warning.clone()),
+            "this_gpu": plan.all_slices.get(plan.gpu_index).map(slice_json),
+        },
         "step_core": setting_text(plan.step_core),
         "step_core_note": setting_note(&cx.source),
         "placement": placement_json(&plan.placement),
@@ -363,7 +447,11 @@ fn to_json(plan: &CpuPlan, cx: &Context<'_>) -> Value {
             "quota_cpus": plan.pools.quota_cpus,
             "worker_threads": plan.pools.worker_threads,
         },
-        "gpus": plan.all_gpus.iter().enumerate().map(|(i, g)| gpu_json(i, g)).collect::<Vec<_>>(),
+        "gpus": plan.all_gpus.iter().enumerate().map(|(i, g)| {
+            let mut v = gpu_json(i, g);
+            v["slice"] = plan.all_slices.get(i).map_or(Value::Null, slice_json);
+            v
+        }).collect::<Vec<_>>(),
     })
 }
 

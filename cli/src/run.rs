@@ -50,6 +50,9 @@ pub struct RunArgs {
     /// Step and result thread pinning (TLLM_AFFINITY_STEP_CORE): off, auto or a CPU number.
     #[arg(long, value_name = "off|auto|CPU")]
     pub step_core: Option<String>,
+    /// Each GPU's workers on their own slice of the node (TLLM_AFFINITY_SLICE): off or gpu.
+    #[arg(long, value_parser = ["off", "gpu"])]
+    pub slice: Option<String>,
     /// Log level on stderr (TLLM_AFFINITY_LOG).
     #[arg(long, value_parser = ["off", "error", "warn", "info", "debug"])]
     pub log: Option<String>,
@@ -290,6 +293,7 @@ fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure
     put("TLLM_AFFINITY_WORKER_LIBS", text(&args.worker_libs));
     put("TLLM_AFFINITY_PROCESS_ROLE", text(&args.process_role));
     put("TLLM_AFFINITY_STEP_CORE", text(&args.step_core));
+    put("TLLM_AFFINITY_SLICE", text(&args.slice));
     put("TLLM_AFFINITY_LOG", text(&args.log));
     put("TLLM_AFFINITY_REPORT", absolute(&args.report)?);
     put(

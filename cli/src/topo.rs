@@ -1,6 +1,7 @@
 //! `tllm-affinity topo [--json] [--sysfs-root DIR]`: the host as the library sees it — NUMA nodes
 //! (a CPU-less node holding a GPU's memory named as such), cores with their SMT siblings, GPUs with
-//! their local CPUs, the cgroup's cpuset and CPU quota, and the cpuidle states.
+//! their local CPUs, the last-level-cache domains and each GPU's slice under
+//! `TLLM_AFFINITY_SLICE=gpu`, the cgroup's cpuset and CPU quota, and the cpuidle states.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use tllm_affinity_core::cgroup::{self, CgroupLimits, CgroupVersion};
 use tllm_affinity_core::device::{visible_in_view, DeviceEnv};
 use tllm_affinity_core::gpus::{GpuMemoryMode, GpuMemoryNode, GpuSource, GpuView};
 use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::slice::{self, GpuSlice};
 use tllm_affinity_core::sys;
 use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
@@ -27,19 +29,31 @@ pub struct TopoArgs {
 pub fn run(args: &TopoArgs) -> Result<(), String> {
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let mut topology = Topology::read(&root).map_err(|e| e.to_string())?;
+    topology.read_llc_domains(&root);
     let view = tllm_affinity_core::gpus::current_view(&root, &mut topology, true);
     let memory_nodes = tllm_affinity_core::gpus::memory_nodes(&topology, &view);
     let mode = tllm_affinity_core::gpus::memory_mode(&topology, &memory_nodes);
+    let real = root.root() == Path::new("/");
+    let limits = cgroup::read_limits();
+    // Slices divide the cpuset's online CPUs, as configure divides them; a simulated tree has
+    // no cgroup of its own.
+    let sliceable = if real {
+        limits.cpuset_within(&topology.online)
+    } else {
+        topology.online.clone()
+    };
+    let slices = slice::slices(&topology, &sliceable);
     let host = Host {
+        slices,
         view: &view,
         memory_nodes,
         mode,
         env: DeviceEnv::from_env(),
-        real: root.root() == Path::new("/"),
+        real,
         root: &root,
         topology: &topology,
         process_mask: sys::get_mask(0).ok(),
-        limits: cgroup::read_limits(),
+        limits,
     };
     if args.json {
         let text = crate::json::pretty(&to_json(&host))?;
@@ -52,6 +66,8 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
 
 /// What `topo` shows, gathered once.
 struct Host<'a> {
+    /// Every GPU's slice under `TLLM_AFFINITY_SLICE=gpu`, in PCI order.
+    slices: Vec<GpuSlice>,
     /// The sysfs root is `/`, so the cgroup (always this machine's) describes the same host.
     real: bool,
     root: &'a SysfsRoot,
@@ -224,6 +240,7 @@ fn to_text(h: &Host<'_>) -> String {
             g.address, g.device, local.cpus, local.source
         );
     }
+    slices_text(h, &mut out);
     visible_text(h, &mut out);
     let limits = &h.limits;
     let _ = writeln!(out, "cgroup ({}):", version_name(limits.version));
@@ -270,6 +287,28 @@ fn to_text(h: &Host<'_>) -> String {
         );
     }
     out
+}
+
+/// The last-level-cache domains and every GPU's slice under `TLLM_AFFINITY_SLICE=gpu`.
+fn slices_text(h: &Host<'_>, out: &mut String) {
+    let t = h.topology;
+    let domains: Vec<String> = t.llc_domains.iter().map(|d| format!("[{d}]")).collect();
+    let _ = writeln!(
+        out,
+        "last-level caches: {}",
+        if domains.is_empty() {
+            "not described by sysfs".to_string()
+        } else {
+            format!("{} domain(s) {}", domains.len(), domains.join(" "))
+        }
+    );
+    if h.slices.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "slices (TLLM_AFFINITY_SLICE=gpu):");
+    for (i, s) in h.slices.iter().enumerate() {
+        let _ = writeln!(out, "  {i}: {} [{}]: {}", s.address, s.cpus, s.describe());
+    }
 }
 
 /// What NVML said, in a line: its GPU count, or why it was not used.
@@ -418,6 +457,14 @@ fn to_json(h: &Host<'_>) -> Value {
                 "local_cpus_from": local.source.to_string(),
                 "memory_node": h.memory_nodes[i].map(|m| m.node),
                 "memory_node_from": h.memory_nodes[i].map(|m| m.source.key()),
+                "slice": h.slices.get(i).map(|s| json!({
+                    "cpus": s.cpus.to_list(),
+                    "set": s.set.to_list(),
+                    "rank": s.rank,
+                    "sharing": s.sharing,
+                    "cut": s.cut.name(),
+                    "domains": s.domains.iter().map(CpuMask::to_list).collect::<Vec<_>>(),
+                })),
             })
         })
         .collect();
@@ -430,6 +477,7 @@ fn to_json(h: &Host<'_>) -> Value {
         "nodes": nodes,
         "cpus": cpus,
         "gpus": gpus,
+        "llc_domains": t.llc_domains.iter().map(CpuMask::to_list).collect::<Vec<_>>(),
         "visible": visible_json(h),
         "hint": t.gpus.is_empty().then_some(super::NO_GPU_HINT),
         "cgroup": {
@@ -481,10 +529,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         dgx_h100_like().write(dir.path()).unwrap();
         let root = SysfsRoot::new(dir.path());
-        let t = Topology::read(&root).unwrap();
+        let mut t = Topology::read(&root).unwrap();
+        t.read_llc_domains(&root);
         let view = tllm_affinity_core::gpus::view(&root, &t.gpus, None);
         let memory_nodes = tllm_affinity_core::gpus::memory_nodes(&t, &view);
         let host = Host {
+            slices: slice::slices(&t, &t.online),
             mode: tllm_affinity_core::gpus::memory_mode(&t, &memory_nodes),
             memory_nodes,
             view: &view,
@@ -511,5 +561,17 @@ mod tests {
         assert_eq!(v["nodes"][1]["cores"].as_array().unwrap().len(), 56);
         assert_eq!(v["gpu_memory_mode"], Value::Null, "an x86 host has no mode");
         assert!(!text.contains("GPU memory:"), "{text}");
+        // One L3 per socket, four GPUs on each: runs of 14 cores with their siblings.
+        assert!(
+            text.contains("last-level caches: 2 domain(s) [0-55,112-167] [56-111,168-223]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  1: 0000:2a:00.0 [14-27,126-139]: slice 1 of 4 of [0-55,112-167]"),
+            "{text}"
+        );
+        assert_eq!(v["gpus"][7]["slice"]["cpus"], "98-111,210-223");
+        assert_eq!(v["gpus"][7]["slice"]["cut"], "cores");
+        assert_eq!(v["llc_domains"][1], "56-111,168-223");
     }
 }

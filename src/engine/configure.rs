@@ -11,9 +11,11 @@ use super::state::{load_facts, lock_registry};
 use crate::device::{resolve_device_on, DeviceEnv};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
+use crate::plan;
 use crate::policy::{self, Rule};
 use crate::registry::{LeaseKind, Slot};
-use crate::settings::PolicyChoice;
+use crate::settings::{PolicyChoice, SliceMode};
+use crate::slice;
 use crate::sys;
 use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
 use crate::{log_debug, log_error, log_info, log_warn};
@@ -75,7 +77,7 @@ fn resolve_worker_set(
     let view = crate::gpus::current_view(&root, &mut topology, nvml);
     let resolved = resolve_device_on(device_id, env, &view, &root)
         .map_err(|e| (libc::ENODEV, e.to_string()))?;
-    let local = crate::gpus::local_cpus(&topology, &view.gpus[resolved.gpu_index]);
+    let mut local = crate::gpus::local_cpus(&topology, &view.gpus[resolved.gpu_index]);
     // A device whose node the kernel does not know (`numa_node` -1) has every online CPU in its
     // `local_cpulist` on a real kernel (seen in tests/guest.rs): that list says nothing either.
     let node_unknown = local.cpus == topology.online
@@ -83,7 +85,7 @@ fn resolve_worker_set(
         && topology
             .gpu_by_address(&resolved.address)
             .is_some_and(|g| g.numa_node.is_none());
-    let note = match local.source {
+    let mut note = match local.source {
         LocalCpuSource::PciLocalCpulist if node_unknown => Some(format!(
             "GPU {} has no NUMA node: using every online CPU",
             resolved.address
@@ -106,6 +108,30 @@ fn resolve_worker_set(
         _ => None,
     };
     log_debug!("{}", resolved.how);
+    if settings.slice == SliceMode::Gpu {
+        // SPEC §18: the GPU's slice of its set, from the topology alone, so every process
+        // computes the same slices. Resolved once per device, so the warning is one line.
+        topology.read_llc_domains(&root);
+        let sliceable = plan::slice_allowed(&topology, &load_facts().cpuset);
+        let all = slice::slices(&topology, &sliceable);
+        let base = slice::worker_base(&all, &sliceable, &resolved.address, &local.cpus);
+        if let Some(warning) = &base.warning {
+            log_warn!("{warning}");
+        }
+        if let Some(s) = &base.slice {
+            let sliced = format!(
+                "GPU {}'s workers on its slice [{}]: {}",
+                resolved.address,
+                s.cpus,
+                s.describe()
+            );
+            note = Some(match note {
+                Some(n) => format!("{n}; {sliced}"),
+                None => sliced,
+            });
+        }
+        local.cpus = base.cpus;
+    }
     let memory_nodes = if topology.nodes.len() > 1 {
         topology
             .nodes

@@ -158,6 +158,7 @@ pub fn preload<'a>(cmd: &'a mut Command, sysfs: &Sysfs) -> &'a mut Command {
         "TLLM_AFFINITY_GPU",
         "TLLM_AFFINITY_PROCESS_ROLE",
         "TLLM_AFFINITY_STEP_CORE",
+        "TLLM_AFFINITY_SLICE",
         "TLLM_AFFINITY_STRICT",
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "SLURM_LOCALID",
