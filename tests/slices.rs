@@ -250,65 +250,6 @@ fn one_process_per_gpu(
         .collect()
 }
 
-#[test]
-fn one_process_per_gpu_works_on_its_own_slice_and_host_threads_keep_every_cpu() {
-    let allowed = allowed_cpus();
-    require!(
-        allowed.count() >= 8,
-        format!(
-            "eight allowed CPUs (two nodes of two GPUs each, two cores per slice; this process \
-             has [{allowed}])"
-        )
-    );
-    let cpus: Vec<usize> = allowed.iter().collect();
-    let (host, nodes) = two_nodes_two_gpus_each(&cpus);
-    let dir = tempfile::tempdir().unwrap();
-    host.write(dir.path()).unwrap();
-    let sliced = [
-        ("TLLM_AFFINITY_SLICE", "gpu"),
-        ("TLLM_AFFINITY_STEP_CORE", "auto"),
-        ("STEP", "1"),
-    ];
-    let seen = one_process_per_gpu(dir.path(), 4, &sliced);
-    let mut taken = CpuMask::new();
-    for (gpu, (v, stderr)) in seen.iter().enumerate() {
-        let node = &nodes[gpu / 2];
-        let planned = plan(dir.path(), gpu, &allowed, &sliced[..2]);
-        let slice = cpulist(&planned["worker"]["cpus"]);
-        // Each node's two domains, one per GPU.
-        let node_cpus: Vec<usize> = node.iter().collect();
-        let half = node_cpus.len() / 2;
-        let expected: CpuMask = if gpu % 2 == 0 {
-            node_cpus[..half].iter().copied().collect()
-        } else {
-            node_cpus[half..].iter().copied().collect()
-        };
-        assert_eq!(slice, expected, "GPU {gpu}: plan");
-        assert_eq!(mask_of(&v["worker"]), slice, "GPU {gpu}: {stderr}");
-        assert_eq!(mask_of(&v["child"]), slice, "GPU {gpu}: {stderr}");
-        assert_eq!(mask_of(&v["host"]), allowed, "GPU {gpu}: the host thread");
-        let step = mask_of(&v["step"]);
-        assert!(v["pinned"].as_i64().unwrap() > 0, "GPU {gpu}: {stderr}");
-        assert!(
-            step.is_subset(&slice),
-            "GPU {gpu}: step {step} outside {slice}"
-        );
-        assert!(
-            taken.intersection(&slice).is_empty(),
-            "GPU {gpu}: {slice} shared"
-        );
-        taken = taken.union(&slice);
-        assert!(stderr.contains("on its slice"), "GPU {gpu}: {stderr}");
-    }
-    assert_eq!(taken, allowed);
-
-    // Without the variable every worker gets its whole node.
-    for (gpu, (v, stderr)) in one_process_per_gpu(dir.path(), 4, &[]).iter().enumerate() {
-        assert_eq!(mask_of(&v["worker"]), nodes[gpu / 2], "GPU {gpu}: {stderr}");
-        assert_eq!(mask_of(&v["host"]), allowed);
-    }
-}
-
 /// Two nodes of one CPU each, two GPUs on each: a slice would be half a core, so each GPU keeps
 /// its whole node, and says why once; without the variable, nothing is said. Any machine of two
 /// CPUs or more shows it, since the tree describes two of them only.
