@@ -49,6 +49,25 @@ fn in_private_shm(program: &Path, args: &[&str], options: &str, before: &str) ->
     cmd
 }
 
+/// The pid of a run that printed `WAIT <pid>` and waits.
+fn waiting_pid(run: &mut Driver) -> u32 {
+    let line = run.line("WAIT ");
+    line["WAIT ".len()..].trim().parse().unwrap()
+}
+
+/// `tllm-affinity ps PID --json` run in the mount namespace of process `pid` (its `/dev/shm`).
+fn ps_json_in_the_mounts_of(pid: u32) -> Value {
+    let out = Command::new("nsenter")
+        .args(["-t", &pid.to_string(), "-m", "--"])
+        .arg(cli())
+        .args(["ps", &pid.to_string(), "--json"])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", output_text(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)))
+}
+
 /// The library's own lines in a run's stderr.
 fn library_lines(stderr: &str) -> Vec<&str> {
     stderr
@@ -92,17 +111,8 @@ fn a_dev_shm_that_fills_after_the_first_thread_costs_the_table_never_a_sigbus() 
     let mut cmd = in_private_shm(&program, &FILL_AFTER_FIRST_THREAD, "size=64k", "");
     preload(&mut cmd, &sysfs).env("TLLM_AFFINITY_LOG", "warn");
     let mut run = Driver::spawn(cmd, LIMIT);
-    let line = run.line("WAIT ");
-    let pid: u32 = line["WAIT ".len()..].trim().parse().unwrap();
-    let out = Command::new("nsenter")
-        .args(["-t", &pid.to_string(), "-m", "--"])
-        .arg(cli())
-        .args(["ps", &pid.to_string(), "--json"])
-        .env_remove("LD_PRELOAD")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", output_text(&out));
-    let ps: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pid = waiting_pid(&mut run);
+    let ps = ps_json_in_the_mounts_of(pid);
     run.proceed();
     let with = run.finish();
 
@@ -167,19 +177,12 @@ fn a_dev_shm_full_before_the_table_leaves_no_file_and_ps_says_why() {
     );
     preload(&mut cmd, &sysfs).env("TLLM_AFFINITY_LOG", "warn");
     let mut run = Driver::spawn(cmd, LIMIT);
-    let line = run.line("WAIT ");
-    let pid: u32 = line["WAIT ".len()..].trim().parse().unwrap();
+    let pid = waiting_pid(&mut run);
     let listing = Command::new("nsenter")
         .args(["-t", &pid.to_string(), "-m", "--", "ls", "-A", "/dev/shm"])
         .output()
         .unwrap();
-    let out = Command::new("nsenter")
-        .args(["-t", &pid.to_string(), "-m", "--"])
-        .arg(cli())
-        .args(["ps", &pid.to_string(), "--json"])
-        .env_remove("LD_PRELOAD")
-        .output()
-        .unwrap();
+    let ps = ps_json_in_the_mounts_of(pid);
     run.proceed();
     let with = run.succeed();
     let names = String::from_utf8_lossy(&listing.stdout).into_owned();
@@ -188,7 +191,6 @@ fn a_dev_shm_full_before_the_table_leaves_no_file_and_ps_says_why() {
         "no table file left half-made: {names}"
     );
     assert!(with.stdout.contains("CONFIGURE ok"), "{}", with.stdout);
-    let ps: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ps["table"], false, "{ps}");
     let note = ps["note"].as_str().unwrap_or_default();
     assert!(
@@ -329,8 +331,7 @@ fn ps_under_hidepid_sees_only_its_own_and_ends() {
     let mut cmd = preloaded(shm_exhaustion(), &sysfs);
     cmd.args(["thread", "configure", "0", "wait"]);
     let mut run = Driver::spawn(cmd, LIMIT);
-    let line = run.line("WAIT ");
-    let pid: u32 = line["WAIT ".len()..].trim().parse().unwrap();
+    let pid = waiting_pid(&mut run);
     let as_nobody = |args: &str| {
         let mut cmd = Command::new("unshare");
         cmd.args(["-m", "--propagation", "private", "sh", "-c"])
