@@ -47,7 +47,10 @@ fn code_blocks(text: &str) -> Vec<(String, String)> {
         let fence = line.trim_start().starts_with("```");
         match open.as_mut() {
             None if fence => {
-                open = Some((line.trim().trim_start_matches('`').to_string(), String::new()))
+                open = Some((
+                    line.trim().trim_start_matches('`').to_string(),
+                    String::new(),
+                ))
             }
             Some(_) if fence => blocks.extend(open.take()),
             Some((_, body)) => {
@@ -226,7 +229,10 @@ fn every_chart_shows_the_numbers_of_its_table() {
             .nth(1)
             .and_then(|rest| rest.split("</metadata>").next())
             .unwrap_or_else(|| panic!("{}: no chart-data metadata", path.display()));
-        let meta = meta.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&");
+        let meta = meta
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&");
         let items: Vec<serde_json::Value> = serde_json::from_str(&meta).unwrap();
         assert!(!items.is_empty(), "{}: no data", path.display());
         for item in items {
@@ -320,8 +326,8 @@ fn figures_quoted_are_the_benchmark_tables() {
                 .find(|(_, c)| !(c.is_ascii_digit() || *c == '.'))
                 .map_or(0, |(i, c)| i + c.len_utf8());
             // `8×H100` is a count of GPUs, not a figure.
-            let names_a_thing = text[at + '×'.len_utf8()..]
-                .starts_with(|c: char| c.is_ascii_alphanumeric());
+            let names_a_thing =
+                text[at + '×'.len_utf8()..].starts_with(|c: char| c.is_ascii_alphanumeric());
             if let Ok(value) = before[start..].parse::<f64>() {
                 if !names_a_thing && !source.contains(&value) {
                     wrong.push(format!("{page}: {value}×"));
@@ -464,7 +470,11 @@ fn every_variable_and_test_file_the_docs_name_exists() {
             }
         }
     }
-    assert!(missing.is_empty(), "named but not in the code:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "named but not in the code:\n{}",
+        missing.join("\n")
+    );
 }
 
 /// `tllm-affinity SUB --flag` as the pages show it: every subcommand is one the command has, and
@@ -472,7 +482,11 @@ fn every_variable_and_test_file_the_docs_name_exists() {
 #[test]
 fn every_subcommand_and_flag_the_docs_show_exists() {
     let help = |args: &[&str]| -> String {
-        let out = Command::new(cli()).args(args).arg("--help").output().unwrap();
+        let out = Command::new(cli())
+            .args(args)
+            .arg("--help")
+            .output()
+            .unwrap();
         assert!(out.status.success(), "tllm-affinity {args:?} --help failed");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
@@ -496,11 +510,7 @@ fn every_subcommand_and_flag_the_docs_show_exists() {
             .into_iter()
             .flat_map(|(_, body)| body.lines().map(str::to_string).collect::<Vec<_>>())
             .collect();
-        let prose: String = text
-            .split("```")
-            .step_by(2)
-            .collect::<Vec<_>>()
-            .join("\n");
+        let prose: String = text.split("```").step_by(2).collect::<Vec<_>>().join("\n");
         snippets.extend(
             prose
                 .split('`')
@@ -556,7 +566,11 @@ fn every_subcommand_and_flag_the_docs_show_exists() {
         }
     }
     assert!(checked > 20, "only {checked} flags found in the docs");
-    assert!(wrong.is_empty(), "not in the command:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "not in the command:\n{}",
+        wrong.join("\n")
+    );
 }
 
 #[test]

@@ -134,11 +134,7 @@ fn every_readme_recipe_runs_as_written() {
         let text = std::fs::read_to_string(repo().join(page)).unwrap();
         all.extend(recipes(&text).into_iter().map(|recipe| (page, recipe)));
     }
-    assert!(
-        all.len() >= 20,
-        "only {} sh blocks in {PAGES:?}",
-        all.len()
-    );
+    assert!(all.len() >= 20, "only {} sh blocks in {PAGES:?}", all.len());
 
     let scratch = tempfile::tempdir().unwrap();
     let sim = scratch.path().join("simulated-host");
