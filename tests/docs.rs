@@ -371,10 +371,11 @@ fn every_link_leads_somewhere() {
                 broken.push(format!("{name}: {link} (no such file)"));
                 continue;
             }
-            if !fragment.is_empty() && target.is_file() {
-                if !anchors(&read(&target)).contains(fragment) {
-                    broken.push(format!("{name}: {link} (no such heading)"));
-                }
+            if !fragment.is_empty()
+                && target.is_file()
+                && !anchors(&read(&target)).contains(fragment)
+            {
+                broken.push(format!("{name}: {link} (no such heading)"));
             }
         }
     }
