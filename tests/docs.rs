@@ -588,3 +588,41 @@ fn anchors_are_githubs() {
     assert_eq!(first_number("1.89 (1.82–1.94)"), Some(1.89));
     assert_eq!(first_number("**245 MiB/s**"), Some(245.0));
 }
+
+/// Names of other projects' functions and metrics that the docs name in backticks.
+const OTHER_PROJECTS_NAMES: [&str; 2] = ["omp_set_num_threads", "openblas_set_num_threads"];
+
+/// A test, function or metric name in backticks (`snake_case` of four words or more, as
+/// `device_check_script_against_the_double`) is in the code, the tests or the monitoring files.
+#[test]
+fn every_test_and_function_name_the_docs_show_exists() {
+    let mut sources = all_sources();
+    for file in ["rules.yml", "rules_test.yml", "dashboard.json"] {
+        sources.push_str(&read(&repo().join("docs/monitoring").join(file)));
+    }
+    sources.push_str(&read(&repo().join("include/tllm_affinity.h")));
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for (name, text) in pages() {
+        for word in text.split('`').skip(1).step_by(2) {
+            let is_name = word.split('_').count() >= 4
+                && word.starts_with(|c: char| c.is_ascii_lowercase())
+                && word
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !is_name || OTHER_PROJECTS_NAMES.contains(&word) {
+                continue;
+            }
+            checked += 1;
+            if !sources.contains(word) {
+                missing.push(format!("{name}: {word}"));
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} names found in the docs");
+    assert!(
+        missing.is_empty(),
+        "named but not in the code:\n{}",
+        missing.join("\n")
+    );
+}
