@@ -1,9 +1,9 @@
 //! sysfs trees captured on real machines (`tests/fixtures/sysfs`, from hwloc's test tarballs),
 //! read by the real `tllm-affinity topo` and `plan` binaries and by
-//! `tllm_affinity_core::topology`, and checked against hwloc's own expected output for the same
+//! `tllm_affinity_core::host::topology`, and checked against hwloc's own expected output for the same
 //! tarball (`hwloc.console`): CPUs, packages, cores, NUMA nodes, node distances and which CPUs
 //! each GPU is local to. The expectations come from that file, never from our own output, so a
-//! misreading of real sysfs that `src/simulated.rs` shares with the reader shows up here.
+//! misreading of real sysfs that `src/host/simulated.rs` shares with the reader shows up here.
 
 mod common;
 
@@ -13,8 +13,8 @@ use std::process::Output;
 
 use common::*;
 use serde_json::Value;
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 /// One object line of `lstopo -v` output: `  Package L#0 (P#0 total=46GiB ...)`.
 struct HwObject {

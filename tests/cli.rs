@@ -836,7 +836,7 @@ fn ps_sees_a_fork_childs_own_table() {
 /// (here at its first thread) removes it, so tables never pile up in /dev/shm.
 #[test]
 fn a_killed_processs_thread_table_is_removed_by_the_next_one() {
-    let dir = tllm_affinity_core::threadtable::directory(std::path::Path::new("/tmp"));
+    let dir = tllm_affinity_core::table::threadtable::directory(std::path::Path::new("/tmp"));
     let calls = Program::c("calls").build();
     let mut killed = clean(&calls)
         .args(["thread", "kill"])

@@ -1089,8 +1089,11 @@ fn ps_on_the_host_follows_no_link_planted_in_a_containers_root() {
     let namespace_tids: Vec<i32> = (1..=256).collect();
     let shm = PathBuf::from(format!("/proc/{pid}/root/dev/shm"));
     let namespace =
-        tllm_affinity_core::threadtable::pid_namespace(Path::new(&format!("/proc/{pid}"))).unwrap();
-    let table = shm.join(tllm_affinity_core::threadtable::file_name(1, namespace));
+        tllm_affinity_core::table::threadtable::pid_namespace(Path::new(&format!("/proc/{pid}")))
+            .unwrap();
+    let table = shm.join(tllm_affinity_core::table::threadtable::file_name(
+        1, namespace,
+    ));
     assert!(table.exists(), "{}", table.display());
     let t = SwapTargets::plant(&table, None);
     let forged = t.held_dir.path().join("forged-table");

@@ -140,7 +140,7 @@ fn run(mut cmd: Command, limit: Duration) -> Outcome {
 }
 
 /// A run whose `unlink` failed leaves its thread table in /dev/shm; thousands of runs would pile
-/// them up. Only a dead pid's, and only names the library gives (src/threadtable.rs).
+/// them up. Only a dead pid's, and only names the library gives (src/table/threadtable.rs).
 fn remove_table_left_by(pid: u32) {
     // SAFETY: signal 0 only asks whether the pid exists.
     if unsafe { libc::kill(pid as i32, 0) } == 0 {
@@ -765,7 +765,7 @@ fn a_read_only_dev_shm_costs_the_table_only() {
 }
 
 /// No `/dev/shm` directory (a file there, on a tmpfs over `/dev`), so the table goes to
-/// `TLLM_AFFINITY_LOCK_DIR` (src/threadtable.rs `directory`), a tmpfs filled to its last block
+/// `TLLM_AFFINITY_LOCK_DIR` (src/table/threadtable.rs `directory`), a tmpfs filled to its last block
 /// before the start.
 #[test]
 fn a_full_lock_directory_costs_the_table_only() {

@@ -1,5 +1,5 @@
 //! Grace hosts at full scale (GB200 tray in NUMA and CDMM mode, GB300 tray, GH200, quad GH200,
-//! DGX Spark): sysfs trees written by `tllm_affinity_core::simulated`, with the driver's list
+//! DGX Spark): sysfs trees written by `tllm_affinity_core::host::simulated`, with the driver's list
 //! under the same root and NVML answered by the test double (`tests/programs/nvml_double.c`) as
 //! the driver would. Each is checked against the table of docs/grace.md, read here: `topo`,
 //! `plan` over every CPU of the written host, `configure` for every GPU in a real preloaded
@@ -18,8 +18,8 @@ use std::process::Command;
 
 use common::*;
 use serde_json::Value;
+use tllm_affinity_core::host::simulated::{self, GraceHost};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated::{self, GraceHost};
 
 /// One row of docs/grace.md's table.
 #[derive(Debug)]

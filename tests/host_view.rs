@@ -275,13 +275,13 @@ fn a_table_it_may_not_believe_is_one_line() {
     // A process without the library, and a file planted at the path its table would have.
     let mut plain = Command::new("sleep").arg("120").spawn().unwrap();
     let ns = |pid: u32| {
-        tllm_affinity_core::threadtable::pid_namespace(std::path::Path::new(&format!(
+        tllm_affinity_core::table::threadtable::pid_namespace(std::path::Path::new(&format!(
             "/proc/{pid}"
         )))
         .unwrap()
     };
-    let dir = tllm_affinity_core::threadtable::directory(std::path::Path::new("/tmp"));
-    let planted = dir.join(tllm_affinity_core::threadtable::file_name(
+    let dir = tllm_affinity_core::table::threadtable::directory(std::path::Path::new("/tmp"));
+    let planted = dir.join(tllm_affinity_core::table::threadtable::file_name(
         plain.id(),
         ns(plain.id()),
     ));
@@ -290,7 +290,7 @@ fn a_table_it_may_not_believe_is_one_line() {
     let mut given_away = None;
     if root() {
         let other = Server::start(&host, &[], &[]);
-        let table = dir.join(tllm_affinity_core::threadtable::file_name(
+        let table = dir.join(tllm_affinity_core::table::threadtable::file_name(
             other.pid(),
             ns(other.pid()),
         ));

@@ -213,10 +213,12 @@ fn a_child_that_skipped_the_fork_handlers_never_writes_the_parents_table() {
     let table = run.line("TABLE");
     let path = table.split_whitespace().nth(1).unwrap().to_string();
     let bytes = std::fs::read(&path).unwrap();
-    let tids: Vec<i32> = bytes[tllm_affinity_core::threadtable::HEADER_BYTES..]
+    let tids: Vec<i32> = bytes[tllm_affinity_core::table::threadtable::HEADER_BYTES..]
         .chunks_exact(8)
         .filter_map(|c| {
-            tllm_affinity_core::threadtable::decode(u64::from_le_bytes(c.try_into().unwrap()))
+            tllm_affinity_core::table::threadtable::decode(u64::from_le_bytes(
+                c.try_into().unwrap(),
+            ))
         })
         .map(|(tid, _, _)| tid)
         .collect();

@@ -1,24 +1,37 @@
-//! The layers, read from the sources (issues 16, 30, 49): no core module names the engine, no
-//! top-level modules depend on each other in a cycle, no file of the engine names another round a
-//! cycle, `unsafe` is allowed only on the modules `src/lib.rs` lists for it, the CLI crate
-//! (`cli/`, which the compiler already keeps the core from naming) names the core but never the
-//! engine, has no `unsafe` and no cycle among its modules, and the Python package (`python/`)
-//! imports round no cycle.
+//! The layers, read from the sources (issues 16, 30, 49, 61): the core's folders each use only the
+//! folders below them (the leaves at `src/`'s root, then `handoff`, `host`, `table`, `placement`,
+//! `registry`, `engine`), no two modules depend on each other round a cycle, no file of the engine
+//! names another round a cycle, `unsafe` is allowed only on the modules `src/lib.rs` lists for it,
+//! the CLI crate (`cli/`, which the compiler already keeps the core from naming) names the core but
+//! never the engine, has no `unsafe` and no cycle among its modules, and the Python package
+//! (`python/`) imports round no cycle.
 //!
-//! A module's dependencies are the `crate::<module>` paths its code names, over its file and, for
-//! a directory module, every file under it; inside the engine, a file's are the `super::<file>`
-//! and `crate::engine::<file>` paths it names, in `use` lines or inline. The engine's `mod.rs`
-//! only names its files and hands on the C ABI's functions, so a file names another by its home:
-//! `super::lock_registry` through a re-export would hide the arrow, and is refused. Comments are
-//! left out (a doc link is no dependency), and so are `#[cfg(test)]` items: a unit test may write
-//! any module's simulated host.
+//! A module's dependencies are the `crate::<module>` paths its code names (`crate::<folder>::<file>`
+//! for a file of a folder, and `super::<file>` from inside one), over its file and, for a
+//! directory module such as the registry, every file under it; inside the engine, a file's are the
+//! `super::<file>` and `crate::engine::<file>` paths it names, in `use` lines or inline. The
+//! engine's `mod.rs` only names its files and hands on the C ABI's functions, so a file names
+//! another by its home: `super::lock_registry` through a re-export would hide the arrow, and is
+//! refused. Comments are left out (a doc link is no dependency), and so are `#[cfg(test)]` items:
+//! a unit test may write any module's simulated host.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The modules the compiler lets use `unsafe`, each for a reason `src/lib.rs`'s doc gives.
-const UNSAFE_ALLOWED: [&str; 5] = ["engine", "lock", "nvml", "sys", "untrusted"];
+const UNSAFE_ALLOWED: [&str; 5] = ["engine", "lock", "host::nvml", "sys", "table::untrusted"];
+/// The core's layers, bottom first: the leaves at `src/`'s root (""), then its folders. A module
+/// names only modules of its own layer or below.
+const LAYERS: [&str; 7] = [
+    "",
+    "handoff",
+    "host",
+    "table",
+    "placement",
+    "registry",
+    "engine",
+];
 /// The layer above the core inside this crate: it may name the core; no core module names it.
 const ENGINE: &str = "engine";
 
@@ -129,9 +142,42 @@ fn files_under(dir: &Path, extension: &str, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level modules `lib.rs` declares, each with the text of all its files.
+/// A folder of modules: a directory whose `mod.rs` only declares its files, each a module of the
+/// crate's graph (`host::topology`), as the registry and the engine are not (their `mod.rs` holds
+/// code, so each is one module).
+fn is_folder_of_modules(src: &Path, name: &str) -> bool {
+    let Ok(face) = fs::read_to_string(src.join(name).join("mod.rs")) else {
+        return false;
+    };
+    code_of(&face).lines().all(|line| {
+        let line = line.trim();
+        line.is_empty() || line.starts_with("#[") || line.starts_with("pub mod ")
+    })
+}
+
+/// The crate's modules: the top-level ones `lib.rs` declares, with each folder of modules
+/// replaced by its files (`host::topology`), each with the text of all its files.
 fn modules(src: &Path) -> BTreeMap<String, String> {
-    modules_declared_in(src, "lib.rs")
+    let mut found = BTreeMap::new();
+    for (name, text) in modules_declared_in(src, "lib.rs") {
+        if is_folder_of_modules(src, &name) {
+            for (file, text) in modules_declared_in(&src.join(&name), "mod.rs") {
+                found.insert(format!("{name}::{file}"), text);
+            }
+        } else {
+            found.insert(name, text);
+        }
+    }
+    found
+}
+
+/// The layer `module` sits in: its folder, or "" for a leaf at the root.
+fn folder_of(module: &str) -> &str {
+    match module.split_once("::") {
+        Some((folder, _)) => folder,
+        None if module == "registry" || module == "engine" => module,
+        None => "",
+    }
 }
 
 /// The top-level modules the crate root `root` (`lib.rs`, `main.rs`) declares in files of their
@@ -176,7 +222,24 @@ fn graph(modules: &BTreeMap<String, String>) -> Graph {
     modules
         .iter()
         .map(|(name, text)| {
-            let deps = named_after_crate(&without_test_items(&code_of(text)))
+            let code = without_test_items(&code_of(text));
+            let mut named = BTreeSet::new();
+            for first in named_after_crate(&code) {
+                if modules.contains_key(&first) {
+                    named.insert(first);
+                } else {
+                    // A folder: the file after it, `crate::host::topology`.
+                    for file in named_after(&code, &format!("crate::{first}::")) {
+                        named.insert(format!("{first}::{file}"));
+                    }
+                }
+            }
+            if let Some((folder, _)) = name.split_once("::") {
+                for file in named_after(&code, "super::") {
+                    named.insert(format!("{folder}::{file}"));
+                }
+            }
+            let deps = named
                 .into_iter()
                 .filter(|d| d != name && modules.contains_key(d))
                 .collect();
@@ -270,8 +333,9 @@ fn engine_graph(engine: &Path) -> (Graph, Vec<String>) {
     (graph, refused)
 }
 
-/// Each way the sources at `src` break the layers, as one line.
-fn violations(src: &Path) -> Vec<String> {
+/// Each way the sources at `src` break the layers, as one line; `layers` lists the folders
+/// bottom first ("" for the leaves at the root).
+fn violations(src: &Path, layers: &[&str]) -> Vec<String> {
     let modules = modules(src);
     let graph = graph(&modules);
     let mut found = Vec::new();
@@ -282,9 +346,19 @@ fn violations(src: &Path) -> Vec<String> {
             found.push(format!("engine import cycle: {}", cycle.join(" -> ")));
         }
     }
+    let layer = |module: &str| layers.iter().position(|l| *l == folder_of(module));
     for (module, deps) in &graph {
-        if module != ENGINE && deps.contains(ENGINE) {
-            found.push(format!("{module} names crate::{ENGINE}"));
+        let Some(mine) = layer(module) else {
+            found.push(format!("{module} is in no layer"));
+            continue;
+        };
+        for dep in deps {
+            if layer(dep).is_some_and(|theirs| theirs > mine) {
+                found.push(format!(
+                    "{module} names crate::{dep}, a layer above it ({})",
+                    folder_of(dep)
+                ));
+            }
         }
     }
     if let Some(cycle) = find_cycle(&graph) {
@@ -294,22 +368,39 @@ fn violations(src: &Path) -> Vec<String> {
     if !lib.contains("#![deny(unsafe_code)]") {
         found.push("lib.rs does not deny unsafe_code".into());
     }
-    let mut lines = lib.lines().peekable();
-    while let Some(line) = lines.next() {
-        if line.trim() == "#[allow(unsafe_code)]" {
-            let next = lines.peek().map(|l| l.trim()).unwrap_or("");
-            let module = next
-                .strip_prefix("pub mod ")
-                .unwrap_or(next)
-                .trim_end_matches(';');
-            if !UNSAFE_ALLOWED.contains(&module) {
-                found.push(format!("lib.rs allows unsafe_code on {module}"));
+    // `allow(unsafe_code)` only where a listed module is declared: in lib.rs, or a folder's mod.rs.
+    let mut declaring = vec![(String::new(), "lib.rs".to_string())];
+    for folder in layers.iter().filter(|f| is_folder_of_modules(src, f)) {
+        declaring.push((format!("{folder}::"), format!("{folder}/mod.rs")));
+    }
+    for (prefix, file) in &declaring {
+        let text = fs::read_to_string(src.join(file)).unwrap_or_default();
+        let mut lines = text.lines().peekable();
+        while let Some(line) = lines.next() {
+            if line.trim() == "#[allow(unsafe_code)]" {
+                let next = lines.peek().map(|l| l.trim()).unwrap_or("");
+                let module = next
+                    .strip_prefix("pub mod ")
+                    .unwrap_or(next)
+                    .trim_end_matches(';');
+                let module = format!("{prefix}{module}");
+                if !UNSAFE_ALLOWED.contains(&module.as_str()) {
+                    found.push(format!("{file} allows unsafe_code on {module}"));
+                }
             }
         }
     }
     let mut files = Vec::new();
     files_under(src, "rs", &mut files);
-    for file in files.iter().filter(|f| !f.ends_with("lib.rs")) {
+    for file in &files {
+        let relative = file
+            .strip_prefix(src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if declaring.iter().any(|(_, declares)| *declares == relative) {
+            continue;
+        }
         let text = code_of(&fs::read_to_string(file).unwrap());
         if text.contains("allow(unsafe_code)") {
             found.push(format!("{} allows unsafe_code itself", file.display()));
@@ -321,7 +412,7 @@ fn violations(src: &Path) -> Vec<String> {
 #[test]
 fn the_layers_hold_in_this_crates_sources() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let found = violations(&src);
+    let found = violations(&src, &LAYERS);
     assert!(
         found.is_empty(),
         "the layers are broken:\n{}",
@@ -333,9 +424,9 @@ fn the_layers_hold_in_this_crates_sources() {
         "engine",
         "sys",
         "identity",
-        "load_facts",
+        "placement::load_facts",
+        "host::topology",
         "registry",
-        "report",
     ] {
         assert!(
             modules.contains_key(expected),
@@ -557,10 +648,11 @@ fn the_check_names_each_kind_of_break() {
     };
     write(
         "lib.rs",
-        "#![deny(unsafe_code)]\npub mod a;\npub mod b;\npub mod c;\n#[allow(unsafe_code)]\npub mod d;\npub mod engine;\n",
+        "#![deny(unsafe_code)]\npub mod a;\npub mod b;\npub mod c;\n#[allow(unsafe_code)]\npub mod d;\npub mod e;\npub mod engine;\n",
     );
-    // A cycle through a brace group, core modules naming the engine (one from a directory
-    // module), unsafe allowed on a module outside the list and inside a file.
+    // A cycle through a brace group, leaves naming the engine and a folder's file naming a folder
+    // above it, unsafe allowed on modules outside the list (in lib.rs and a folder's mod.rs) and
+    // inside a file.
     write("a.rs", "use crate::{b::Thing, log_debug};\n");
     write("b.rs", "use crate::a;\nfn f() { crate::engine::go() }\n");
     write(
@@ -571,7 +663,9 @@ fn the_check_names_each_kind_of_break() {
         "engine/inner.rs",
         "#![allow(unsafe_code)]\nuse crate::c::kept;\n",
     );
-    write("d/mod.rs", "pub mod deep;\n");
+    write("d/mod.rs", "//! A folder.\n\npub mod deep;\n");
+    write("e/mod.rs", "#[allow(unsafe_code)]\npub mod up;\n");
+    write("e/up.rs", "use crate::a;\n");
     // Inside the engine: a cycle through an inline `super::` path and a `crate::engine::` group,
     // a name taken through the face, and a face that defines something.
     write(
@@ -583,21 +677,26 @@ fn the_check_names_each_kind_of_break() {
         "use crate::engine::{first::x, third};\nfn g() { super::lock_registry() }\n",
     );
     write("engine/third.rs", "use self::nested::y;\nmod nested {}\n");
-    write("d/deep.rs", "use crate::engine;\n");
+    write(
+        "d/deep.rs",
+        "use crate::engine;\nfn f() { crate::e::up::go() }\n",
+    );
     // Test-only items name what they like: none of these counts.
     write(
         "c.rs",
         "#[cfg(test)]\nuse crate::engine;\n#[cfg(test)]\nmod tests {\n    fn f() { crate::engine::go(\"{}\") }\n}\npub fn kept() {}\n",
     );
-    let found = violations(src);
+    let found = violations(src, &["", "d", "e", "engine"]);
     let expect = [
-        "b names crate::engine",
-        "d names crate::engine",
+        "b names crate::engine, a layer above it (engine)",
+        "d::deep names crate::engine, a layer above it (engine)",
+        "d::deep names crate::e::up, a layer above it (e)",
         "import cycle: a -> b -> a",
         "engine import cycle: first -> second -> first",
         "engine/second.rs names super::lock_registry",
         "engine/mod.rs defines something (static)",
         "lib.rs allows unsafe_code on d",
+        "e/mod.rs allows unsafe_code on e::up",
         "allows unsafe_code itself",
     ];
     for line in expect {
@@ -607,6 +706,42 @@ fn the_check_names_each_kind_of_break() {
         );
     }
     assert_eq!(found.len(), expect.len(), "{found:#?}");
+}
+
+/// Every folder of the core opens its `mod.rs` with a paragraph saying what it owns and what it
+/// may use, and docs/design.md's map names every folder; `src/`'s root keeps at most eight files.
+#[test]
+fn every_folder_says_what_it_owns_and_the_design_maps_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let design = fs::read_to_string(root.join("docs/design.md")).unwrap();
+    let mut missing = Vec::new();
+    for folder in LAYERS.iter().filter(|f| !f.is_empty()) {
+        let face = fs::read_to_string(src.join(folder).join("mod.rs"))
+            .unwrap_or_else(|e| panic!("src/{folder}/mod.rs: {e}"));
+        let opening: Vec<&str> = face.lines().take_while(|l| l.starts_with("//!")).collect();
+        if opening.len() < 2 {
+            missing.push(format!("src/{folder}/mod.rs opens with no paragraph"));
+        }
+        if !design.contains(&format!("`src/{folder}/`")) {
+            missing.push(format!(
+                "docs/design.md's map does not name `src/{folder}/`"
+            ));
+        }
+    }
+    let root_files: Vec<String> = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    if root_files.len() > 8 {
+        missing.push(format!(
+            "src/ holds {} files at its root: {root_files:?}",
+            root_files.len()
+        ));
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
 
 /// What only the CLI and the tests need stays out of the preload library's dependency graph: no

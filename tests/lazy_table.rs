@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use tllm_affinity_core::threadtable;
+use tllm_affinity_core::table::threadtable;
 
 const LIMIT: Duration = Duration::from_secs(30);
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use common::host_view_target::HostViewTarget as Server;
 use common::*;
 use serde_json::Value;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 
 /// How long Prometheus gets to show what a test waits for (it scrapes every second).
 const WAIT: Duration = Duration::from_secs(40);
@@ -472,7 +472,7 @@ struct Unreadable {
 
 impl Unreadable {
     fn plant() -> Unreadable {
-        use tllm_affinity_core::threadtable;
+        use tllm_affinity_core::table::threadtable;
         let process = Command::new("sleep").arg("120").spawn().unwrap();
         let namespace =
             threadtable::pid_namespace(Path::new(&format!("/proc/{}", process.id()))).unwrap();

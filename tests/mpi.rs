@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::*;
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
+use tllm_affinity_core::placement::settings::DEFAULT_WORKER_LIBS;
 
 fn rank_program() -> PathBuf {
     Program::c("mpi_rank").compiler(&["mpicc"]).build()

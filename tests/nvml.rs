@@ -12,8 +12,8 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tllm_affinity_core::host::simulated::{gb200_like, SimulatedHost, GB200_GPUS};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated::{gb200_like, SimulatedHost, GB200_GPUS};
 
 /// sysfs's eight GPUs: four on node 0, four on node 1, in PCI order.
 const SYSFS_GPUS: [(&str, usize); 8] = [

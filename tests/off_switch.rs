@@ -15,7 +15,7 @@ use std::process::Command;
 
 use common::*;
 use serde_json::Value;
-use tllm_affinity_core::threadtable;
+use tllm_affinity_core::table::threadtable;
 
 const ENOTSUP: i32 = 95;
 

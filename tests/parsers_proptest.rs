@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use tllm_affinity_core::cgroup;
-use tllm_affinity_core::device::{resolve_device_in, DeviceEnv};
+use tllm_affinity_core::host::cgroup;
+use tllm_affinity_core::host::simulated::SimulatedHost;
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::{CpuMask, MAX_CPU};
-use tllm_affinity_core::settings::Settings;
-use tllm_affinity_core::simulated::SimulatedHost;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
+use tllm_affinity_core::placement::device::{resolve_device_in, DeviceEnv};
+use tllm_affinity_core::placement::settings::Settings;
 
 /// Runs `test` over `cases` values of `strategy`, failing with proptest's shrunk input, and
 /// prints the number of cases executed.
@@ -469,7 +469,7 @@ fn settings_parser_names_every_bad_variable_in_one_line() {
 #[test]
 fn load_and_configure_agree_on_a_malformed_gpu() {
     let dir = tempfile::tempdir().unwrap();
-    tllm_affinity_core::simulated::two_node_one_gpu(&CpuMask::parse_list("0-3").unwrap())
+    tllm_affinity_core::host::simulated::two_node_one_gpu(&CpuMask::parse_list("0-3").unwrap())
         .write(dir.path())
         .unwrap();
     let root = SysfsRoot::new(dir.path());

@@ -11,8 +11,8 @@ use std::path::Path;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use tllm_affinity_core::identity::{Placement, Role};
-use tllm_affinity_core::threadtable::{self, Expect, FILE_BYTES, HEADER_BYTES};
-use tllm_affinity_core::untrusted::Dir;
+use tllm_affinity_core::table::threadtable::{self, Expect, FILE_BYTES, HEADER_BYTES};
+use tllm_affinity_core::table::untrusted::Dir;
 
 fn cases(default: u32) -> u32 {
     std::env::var("TLLM_AFFINITY_FUZZ_CASES")

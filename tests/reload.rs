@@ -114,10 +114,12 @@ fn population(sysfs: &Sysfs, preload: &str) -> (Vec<Phase>, Finished, usize) {
     for i in 0..5 {
         phases.push(run.phase());
         if i == 1 {
-            let name = tllm_affinity_core::threadtable::file_name(
+            let name = tllm_affinity_core::table::threadtable::file_name(
                 run.pid(),
-                tllm_affinity_core::threadtable::pid_namespace(std::path::Path::new("/proc/self"))
-                    .unwrap(),
+                tllm_affinity_core::table::threadtable::pid_namespace(std::path::Path::new(
+                    "/proc/self",
+                ))
+                .unwrap(),
             );
             let maps = std::fs::read_to_string(format!("/proc/{}/maps", run.pid())).unwrap();
             tables = maps.lines().filter(|l| l.ends_with(&name)).count();

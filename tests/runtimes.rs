@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use tllm_affinity_core::settings::DEFAULT_WORKER_LIBS;
+use tllm_affinity_core::placement::settings::DEFAULT_WORKER_LIBS;
 
 /// The pool sizes are forced so that the test does not depend on the CPU count (see
 /// `with_openmp`).

@@ -15,8 +15,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use tllm_affinity_core::host::simulated::SimulatedHost;
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated::SimulatedHost;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -341,9 +341,9 @@ fn table_run(sysfs: &Sysfs, umask: bool) -> (Driver, PathBuf) {
         .env_remove("LD_PRELOAD")
         .env_remove("TLLM_AFFINITY_PROCESS_ROLE");
     let run = Driver::spawn(cmd, LIMIT);
-    let path = Path::new("/dev/shm").join(tllm_affinity_core::threadtable::file_name(
+    let path = Path::new("/dev/shm").join(tllm_affinity_core::table::threadtable::file_name(
         run.pid(),
-        tllm_affinity_core::threadtable::pid_namespace(Path::new("/proc/self")).unwrap(),
+        tllm_affinity_core::table::threadtable::pid_namespace(Path::new("/proc/self")).unwrap(),
     ));
     (run, path)
 }
@@ -464,9 +464,9 @@ fn ps_believes_a_table_only_from_the_processs_owner() {
     run.line("WAIT");
     let pid = run.pid();
     assert_eq!(roles(&ps_json(pid)), ["worker"]);
-    let table = Path::new("/dev/shm").join(tllm_affinity_core::threadtable::file_name(
+    let table = Path::new("/dev/shm").join(tllm_affinity_core::table::threadtable::file_name(
         pid,
-        tllm_affinity_core::threadtable::pid_namespace(Path::new("/proc/self")).unwrap(),
+        tllm_affinity_core::table::threadtable::pid_namespace(Path::new("/proc/self")).unwrap(),
     ));
     std::os::unix::fs::chown(&table, Some(65534), None).unwrap();
     let ps = ps_json(pid);
@@ -486,14 +486,15 @@ fn ps_reads_a_bounded_amount_of_a_planted_table() {
     let mut run = Driver::spawn(calls(&["wait"], &sysfs), LIMIT);
     run.line("WAIT");
     let pid = run.pid();
-    let header = tllm_affinity_core::threadtable::header(
+    let header = tllm_affinity_core::table::threadtable::header(
         pid,
-        tllm_affinity_core::threadtable::start_time(pid).unwrap(),
+        tllm_affinity_core::table::threadtable::start_time(pid).unwrap(),
     );
     let namespace =
-        tllm_affinity_core::threadtable::pid_namespace(Path::new("/proc/self")).unwrap();
-    let planted =
-        Path::new("/dev/shm").join(tllm_affinity_core::threadtable::file_name(pid, namespace));
+        tllm_affinity_core::table::threadtable::pid_namespace(Path::new("/proc/self")).unwrap();
+    let planted = Path::new("/dev/shm").join(tllm_affinity_core::table::threadtable::file_name(
+        pid, namespace,
+    ));
     let file = std::fs::File::create(&planted).unwrap();
     std::io::Write::write_all(&mut &file, &header).unwrap();
     file.set_len(2 << 30).unwrap();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use hostile_files::*;
-use tllm_affinity_core::threadtable;
+use tllm_affinity_core::table::threadtable;
 
 const LIMIT: Duration = Duration::from_secs(60);
 /// The most one `ps` may take here, swaps and all.

@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 
 use common::*;
 use serde_json::Value;
+use tllm_affinity_core::host::simulated::{self, GpuMemoryMode, SimulatedHost};
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated::{self, GpuMemoryMode, SimulatedHost};
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 /// `program` on the tree at `root`, NVML left out (the tree is the whole host), none of the
 /// test's own steering variables inherited.

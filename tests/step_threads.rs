@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_json::Value;
+use tllm_affinity_core::host::simulated::{two_node_one_gpu, SimulatedHost};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated::{two_node_one_gpu, SimulatedHost};
 use tllm_affinity_core::sys;
 
 fn step_pin() -> PathBuf {

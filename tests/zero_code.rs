@@ -1234,11 +1234,13 @@ fn under_the_off_switch_upstream_pins_as_without_the_library() {
             .env("TLLM_AFFINITY_LOCK_DIR", lock_dir.path());
         let mut run = Driver::spawn(cmd, LIMIT);
         let pid = run.pid();
-        let namespace =
-            tllm_affinity_core::threadtable::pid_namespace(&PathBuf::from(format!("/proc/{pid}")))
-                .unwrap();
-        let table = tllm_affinity_core::threadtable::directory(lock_dir.path())
-            .join(tllm_affinity_core::threadtable::file_name(pid, namespace));
+        let namespace = tllm_affinity_core::table::threadtable::pid_namespace(&PathBuf::from(
+            format!("/proc/{pid}"),
+        ))
+        .unwrap();
+        let table = tllm_affinity_core::table::threadtable::directory(lock_dir.path()).join(
+            tllm_affinity_core::table::threadtable::file_name(pid, namespace),
+        );
         let mut off = Vec::new();
         for i in 0..MPI_SESSION.phases {
             if i > 0 {

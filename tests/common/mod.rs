@@ -54,9 +54,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
+use tllm_affinity_core::host::simulated;
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 /// Skips the test where the host lacks something it needs: prints `skipped: needs <what>` and
 /// returns, except in CI (`CI=true`, where `.ci/run` installs everything), where it fails.

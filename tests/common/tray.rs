@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
+use tllm_affinity_core::host::simulated;
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated;
 
 use super::{grace_nvml, mask};
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tllm_affinity_core::identity::{Placement, Role};
-use tllm_affinity_core::threadtable;
+use tllm_affinity_core::table::threadtable;
 
 /// Removes what a test left in `/dev/shm` when it ends, passed or failed: a failure must not
 /// leave another user's files in the way of later tests.

@@ -9,6 +9,7 @@ use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
+use crate::log::LogLevel;
 use crate::mask::CpuMask;
 
 /// `TLLM_AFFINITY_POLICY`.
@@ -42,18 +43,8 @@ pub enum StepCore {
 pub enum SliceMode {
     /// Every worker of a GPU gets the GPU's whole node (upstream's behaviour).
     Off,
-    /// Each GPU's workers get its own slice of the node ([`crate::slice`]).
+    /// Each GPU's workers get its own slice of the node ([`crate::placement::slice`]).
     Gpu,
-}
-
-/// `TLLM_AFFINITY_LOG`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    Off = 0,
-    Error = 1,
-    Warn = 2,
-    Info = 3,
-    Debug = 4,
 }
 
 /// `TLLM_AFFINITY_PROCESS_ROLE`.
@@ -86,7 +77,7 @@ pub fn parse_gpu(value: &str) -> Result<Option<GpuChoice>, &'static str> {
     if let Some(index) = parse_index(text) {
         return Ok(Some(GpuChoice::Index(index)));
     }
-    crate::topology::normalize_pci_address(text)
+    crate::host::topology::normalize_pci_address(text)
         .map(|address| Some(GpuChoice::Address(address)))
         .ok_or(GPU_EXPECTED)
 }

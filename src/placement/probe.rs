@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::host::topology::{CpuIdleState, Topology};
 use crate::mask::CpuMask;
 use crate::sys;
-use crate::topology::{CpuIdleState, Topology};
 
 /// How long the woken thread has been blocked before each wake-up: long enough for its core to
 /// go idle, as a step thread's core does between steps.
@@ -540,7 +540,7 @@ fn round1(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulated::{dgx_h100_like, single_node_vm, two_node_one_gpu};
+    use crate::host::simulated::{dgx_h100_like, single_node_vm, two_node_one_gpu};
 
     use crate::mask::mask;
 

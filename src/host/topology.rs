@@ -2,14 +2,14 @@
 //! cpuidle states.
 //!
 //! Every read goes through a [`SysfsRoot`] (like hwloc's `HWLOC_FSROOT`), so tests and demos point
-//! it at a tree written by [`crate::simulated`] and production uses `/`. Files are parsed
+//! it at a tree written by [`crate::host::simulated`] and production uses `/`. Files are parsed
 //! leniently about whitespace and trailing newlines, strictly about content: a file that exists
 //! but does not say what the kernel would write is a [`TopologyError`] naming the path, never a
 //! panic and never a silent guess.
 
 #![forbid(unsafe_code)]
 
-use crate::kernel_text::{hex_number, number_or_unknown, numbers, read_if_present};
+use crate::host::kernel_text::{hex_number, number_or_unknown, numbers, read_if_present};
 use crate::mask::CpuMask;
 use std::collections::HashSet;
 use std::fmt;
@@ -285,7 +285,7 @@ impl Topology {
 
     /// The CPUs local to a GPU (SPEC §4), always a subset of the online CPUs: `gpu` is its sysfs
     /// function (`None` when sysfs does not list it), `nvml` NVML's CPU affinity for it. The one
-    /// decision `configure`, `plan` and `topo` all take (through [`crate::gpus::local_cpus`]):
+    /// decision `configure`, `plan` and `topo` all take (through [`crate::host::gpus::local_cpus`]):
     ///
     /// 1. one NUMA node (or none) → every online CPU ([`LocalCpuSource::SingleNode`]);
     /// 2. a `local_cpulist` that is non-empty and narrower than all online CPUs →
@@ -660,8 +660,8 @@ fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<usize>, TopologyErro
 mod tests {
     use super::*;
 
+    use crate::host::simulated::write_tree_file as put;
     use crate::mask::mask;
-    use crate::simulated::write_tree_file as put;
 
     fn put_cpu(root: &Path, id: usize, core: usize, pkg: usize, siblings: &str) {
         let dir = format!("sys/devices/system/cpu/cpu{id}/topology");

@@ -316,8 +316,8 @@ fn quota_of(quota_us: u64, period_us: u64) -> Option<CpuQuota> {
 mod tests {
     use super::*;
 
+    use crate::host::simulated::{tree_of, write_tree_file as put};
     use crate::mask::mask;
-    use crate::simulated::{tree_of, write_tree_file as put};
 
     const V1_CONTAINER_MOUNTINFO: &str = "\
 1185 1084 0:251 / / rw,relatime master:403 - overlay overlay rw,lowerdir=/a,upperdir=/b

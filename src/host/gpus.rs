@@ -17,11 +17,11 @@
 
 #![forbid(unsafe_code)]
 
-use crate::kernel_text::{hex_number, keyed_value, number_or_unknown};
+use crate::host::kernel_text::{hex_number, keyed_value, number_or_unknown};
+use crate::host::nvml::NvmlGpu;
+use crate::host::topology::{normalize_pci_address, LocalCpus, PciGpu, SysfsRoot, Topology};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
-use crate::nvml::NvmlGpu;
-use crate::topology::{normalize_pci_address, LocalCpus, PciGpu, SysfsRoot, Topology};
 use std::fmt;
 use std::fs;
 
@@ -258,7 +258,7 @@ pub fn nvml_lock() -> &'static EngineLock<Option<Result<Vec<NvmlGpu>, String>>> 
     &NVML_ANSWER
 }
 
-/// [`crate::nvml::query`], once per process. `TLLM_AFFINITY_NVML=0` skips NVML (a host where
+/// [`crate::host::nvml::query`], once per process. `TLLM_AFFINITY_NVML=0` skips NVML (a host where
 /// loading it is unwanted); the answer is then an error saying so.
 pub fn nvml_answer() -> Result<Vec<NvmlGpu>, String> {
     if let Some(answer) = NVML_ANSWER.lock().as_ref() {
@@ -269,7 +269,7 @@ pub fn nvml_answer() -> Result<Vec<NvmlGpu>, String> {
     let answer = if std::env::var_os("TLLM_AFFINITY_NVML").is_some_and(|v| v == "0") {
         Err("TLLM_AFFINITY_NVML=0".to_string())
     } else {
-        crate::nvml::query().map_err(|unusable| {
+        crate::host::nvml::query().map_err(|unusable| {
             if unusable.initialised {
                 crate::log_warn!(
                     "NVML initialised but cannot name every GPU it counts ({}): counted as no \
@@ -310,7 +310,7 @@ pub fn adopt_listed_gpus(root: &SysfsRoot, topology: &mut Topology, view: &GpuVi
         if topology.gpus.iter().any(|g| g.address == gpu.address) {
             continue;
         }
-        if let Ok(Some(pci)) = crate::topology::read_pci_function(root, &gpu.address) {
+        if let Ok(Some(pci)) = crate::host::topology::read_pci_function(root, &gpu.address) {
             topology.gpus.push(pci);
             adopted = true;
         }
@@ -474,7 +474,7 @@ pub fn memory_mode(
         return Some(GpuMemoryMode::Numa);
     }
     let cpu_less =
-        |n: &&crate::topology::NumaNode| n.cpus.intersection(&topology.online).is_empty();
+        |n: &&crate::host::topology::NumaNode| n.cpus.intersection(&topology.online).is_empty();
     let placeholders = topology
         .nodes
         .iter()
@@ -494,7 +494,7 @@ pub fn memory_mode(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::LocalCpuSource;
+    use crate::host::topology::LocalCpuSource;
 
     fn nv(bus: &str, uuid: &str) -> NvmlGpu {
         NvmlGpu {
@@ -579,7 +579,7 @@ mod tests {
     /// 8 GPUs in sysfs over two nodes, the driver listing 2 of them with device nodes for 1.
     fn container() -> (tempfile::TempDir, SysfsRoot, Topology) {
         let dir = tempfile::tempdir().unwrap();
-        crate::simulated::dgx_h100_like()
+        crate::host::simulated::dgx_h100_like()
             .driver_gpu(
                 "0000:ba:00.0",
                 "GPU-aaaa0000-0000-0000-0000-000000000006",
@@ -662,7 +662,7 @@ mod tests {
     #[test]
     fn nvml_cpus_win_over_an_all_cpu_local_cpulist() {
         let dir = tempfile::tempdir().unwrap();
-        crate::simulated::dgx_h100_like()
+        crate::host::simulated::dgx_h100_like()
             .gpu("000f:01:00.0", None, None)
             .write(dir.path())
             .unwrap();
@@ -708,7 +708,7 @@ mod tests {
     /// the driver's numa_status names them too (GPU 1's wrongly as node 1, which has CPUs).
     #[test]
     fn a_gpus_memory_node_is_a_cpu_less_node_from_nvml_else_the_driver() {
-        use crate::simulated::{gb200_like, GB200_GPUS};
+        use crate::host::simulated::{gb200_like, GB200_GPUS};
         let dir = tempfile::tempdir().unwrap();
         gb200_like(&CpuMask::from_cpus(0..4), &CpuMask::from_cpus(4..8))
             .driver_gpu(GB200_GPUS[0], "GPU-a", 0, true)
@@ -749,7 +749,9 @@ mod tests {
     /// placeholders; CDMM from placeholders alone; no mode without placeholders.
     #[test]
     fn the_memory_mode_of_grace_hosts_and_of_others() {
-        use crate::simulated::{dgx_h100_like, dgx_spark, gb200_like, gb200_tray, GpuMemoryMode};
+        use crate::host::simulated::{
+            dgx_h100_like, dgx_spark, gb200_like, gb200_tray, GpuMemoryMode,
+        };
         let unnamed = |t: &Topology| vec![None; t.gpus.len()];
         let t = gb200_like(&CpuMask::from_cpus([0]), &CpuMask::from_cpus([1])).topology();
         assert_eq!(memory_mode(&t, &unnamed(&t)), Some(GpuMemoryMode::Numa));

@@ -20,8 +20,8 @@
 //! 5. A run of fewer than two cores gives every GPU of the set the whole set, with a reason:
 //!    nothing is ever empty or wraps.
 
+use crate::host::topology::Topology;
 use crate::mask::CpuMask;
-use crate::topology::Topology;
 
 /// How a GPU's slice was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,12 +281,12 @@ fn even_runs(len: usize, n: usize) -> impl Iterator<Item = std::ops::Range<usize
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mask::mask;
-    use crate::simulated::{
+    use crate::host::simulated::{
         amd_epyc_like, dgx_h100_like, gb200_tray, gh200, single_node_vm, GpuMemoryMode,
         SimulatedHost,
     };
-    use crate::topology::SysfsRoot;
+    use crate::host::topology::SysfsRoot;
+    use crate::mask::mask;
 
     /// `host` written and read back with its cache domains, as slicing reads it.
     fn read(host: &SimulatedHost) -> Topology {

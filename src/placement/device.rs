@@ -2,15 +2,15 @@
 //!
 //! A CUDA device number is an index into the GPUs the CUDA runtime makes visible, which
 //! `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` decide. This module reproduces that mapping
-//! from the environment and the PCI-ordered GPU list of [`crate::gpus`] (NVML's, the driver's or
+//! from the environment and the PCI-ordered GPU list of [`crate::host::gpus`] (NVML's, the driver's or
 //! sysfs's), without loading CUDA. UUIDs resolve where the list has them (NVML, the driver's
 //! list), MIG names where it has MIG instances (NVML).
 
 #![forbid(unsafe_code)]
 
-use crate::gpus::{GpuSource, GpuView, HostGpu};
-use crate::settings::{parse_gpu, parse_index, GpuChoice, GPU_EXPECTED};
-use crate::topology::{PciGpu, SysfsRoot};
+use crate::host::gpus::{GpuSource, GpuView, HostGpu};
+use crate::host::topology::{PciGpu, SysfsRoot};
+use crate::placement::settings::{parse_gpu, parse_index, GpuChoice, GPU_EXPECTED};
 use std::fmt;
 
 /// The launcher variables holding the process's local rank, in the order they are consulted.

@@ -2,7 +2,7 @@
 //! CPU quota, which CPUs a GPU's worker threads get, where its step and result threads go, and how
 //! large the thread pools should be with what is left.
 //!
-//! Everything here is pure: the engine (`crate::step`) and the CLI (`tllm-affinity plan`) read the
+//! Everything here is pure: the engine (`crate::placement::step`) and the CLI (`tllm-affinity plan`) read the
 //! inputs and call the same functions, so what the plan prints is what the library does.
 //!
 //! # The `auto` rule (SPEC §6)
@@ -23,12 +23,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::cgroup::CpuQuota;
+use crate::host::cgroup::CpuQuota;
+use crate::host::topology::{LocalCpuSource, Topology};
 use crate::mask::CpuMask;
-use crate::policy::{self, Decision};
-use crate::settings::{Settings, SliceMode, StepCore};
-use crate::slice::{self, Cut, GpuSlice, WorkerBase};
-use crate::topology::{LocalCpuSource, Topology};
+use crate::placement::policy::{self, Decision};
+use crate::placement::settings::{Settings, SliceMode, StepCore};
+use crate::placement::slice::{self, Cut, GpuSlice, WorkerBase};
 
 /// Where one GPU's step and result threads go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -408,7 +408,7 @@ pub fn plan(input: &PlanInput<'_>) -> CpuPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulated::{dgx_h100_like, single_node_vm};
+    use crate::host::simulated::{dgx_h100_like, single_node_vm};
 
     use crate::mask::mask;
 
@@ -579,7 +579,7 @@ mod tests {
     #[test]
     fn sliced_step_and_result_cores_come_from_each_gpus_slice() {
         let t = dgx_h100_like().topology();
-        let all = crate::slice::slices(&t, &t.online);
+        let all = crate::placement::slice::slices(&t, &t.online);
         let sliced = auto_placement_sliced(&t, &mask("0-223"), &all);
         assert_disjoint(&t, &mask("0-223"), &sliced);
         let p = placed(&sliced);
@@ -597,7 +597,7 @@ mod tests {
         // Two CPUs for two GPUs: too small to slice, so §6's own rule answers (and it too
         // places nobody: two cores for two GPUs).
         let t = single_node_vm(2, 2).topology();
-        let all = crate::slice::slices(&t, &t.online);
+        let all = crate::placement::slice::slices(&t, &t.online);
         assert_eq!(
             auto_placement_sliced(&t, &mask("0-1"), &all),
             auto_placement(&t, &mask("0-1"))

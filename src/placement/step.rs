@@ -2,7 +2,7 @@
 //! `tllm_affinity_pin_result_thread`, and the per-GPU lock that keeps two processes on one GPU
 //! from pinning to the same CPUs under `auto`.
 //!
-//! Which CPUs is decided by [`crate::plan`] (the same code `tllm-affinity plan` prints); this
+//! Which CPUs is decided by [`crate::placement::plan`] (the same code `tllm-affinity plan` prints); this
 //! module reads the inputs and takes the lock ([`choose`]). The engine pins the calling thread
 //! through the registry (`engine::step_pin`), whose birth rule keeps the pinned thread's children
 //! off its core.
@@ -12,16 +12,16 @@ use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::device::{resolve_device_on, DeviceEnv};
+use crate::host::topology::{SysfsRoot, Topology};
 use crate::identity::Placement;
-use crate::load_facts::LoadFacts;
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
-use crate::plan::{self, StepPlacement};
-use crate::settings::{SliceMode, StepCore};
-use crate::slice;
+use crate::placement::device::{resolve_device_on, DeviceEnv};
+use crate::placement::load_facts::LoadFacts;
+use crate::placement::plan::{self, StepPlacement};
+use crate::placement::settings::{SliceMode, StepCore};
+use crate::placement::slice;
 use crate::sys;
-use crate::topology::{SysfsRoot, Topology};
 use crate::{log_error, log_warn};
 
 /// SPEC §6: `TLLM_AFFINITY_STEP_CORE=<cpu>` outside the process mask is a startup error; the
@@ -148,7 +148,7 @@ fn auto(
     device_id: i32,
     what: &str,
 ) -> Result<(StepPlacement, String), i32> {
-    let view = crate::gpus::current_view(root, topology, true);
+    let view = crate::host::gpus::current_view(root, topology, true);
     let resolved =
         resolve_device_on(device_id, &DeviceEnv::from_env(), &view, root).map_err(|e| {
             log_error!("{what} thread for device {device_id} not pinned: {e}");

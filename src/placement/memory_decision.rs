@@ -6,13 +6,13 @@
 //! worker's, so the engine moves the pages on the other nodes with CPUs to the node the worker
 //! set lies on. Everything that decides is here and pure; the engine's `memory_effects` reads
 //! `/proc/self/smaps`, `/proc/self/numa_maps` (each line through
-//! [`crate::kernel_text::numa_maps_line`], as the CLI's `ps` reads another process's) and the
+//! [`crate::host::kernel_text::numa_maps_line`], as the CLI's `ps` reads another process's) and the
 //! memory policy, and calls `move_pages(2)` (`crate::sys`). The node moved to is
-//! [`crate::policy::worker_memory_node`], the one a worker scope's caller prefers too.
+//! [`crate::placement::policy::worker_memory_node`], the one a worker scope's caller prefers too.
 
-use crate::kernel_text::{numa_maps_line, NodePages};
+use crate::host::kernel_text::{numa_maps_line, NodePages};
 use crate::mask::CpuMask;
-use crate::policy::{worker_memory_node, Rule};
+use crate::placement::policy::{worker_memory_node, Rule};
 
 /// `MPOL_DEFAULT` of `get_mempolicy(2)`: no policy of the process's own.
 const MPOL_DEFAULT: i32 = 0;

@@ -18,7 +18,7 @@
 //! the report was made (absent if the thread was gone), `natural` what restoration puts back.
 //! The history fields count over the process's life, so a report written at exit, after the last
 //! release restored everything, still says what happened. `launch` names the launch the process
-//! belongs to (its first process's pid and start time, see [`crate::launch`]). `memory_moved`
+//! belongs to (its first process's pid and start time, see [`crate::handoff::launch`]). `memory_moved`
 //! (absent until a move ran) says what moving a dedicated worker's memory did.
 
 use std::io::Write;
@@ -26,8 +26,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::load_facts::LoadFacts;
 use crate::mask::CpuMask;
+use crate::placement::load_facts::LoadFacts;
 use crate::registry::{History, LeaseInfo, Registry, Role, ThreadView, Tid};
 
 #[derive(Debug, Serialize)]

@@ -1,12 +1,12 @@
 //! Writes sysfs trees of made-up hosts, for tests and the demo (`TLLM_AFFINITY_SYSFS_ROOT`).
 //!
-//! Values are formatted as the kernel writes them, so [`crate::topology::Topology::read`] sees a
+//! Values are formatted as the kernel writes them, so [`crate::host::topology::Topology::read`] sees a
 //! simulated host exactly as it would see a real one.
 
 #![forbid(unsafe_code)]
 
+use crate::host::topology::NVIDIA_VENDOR;
 use crate::mask::CpuMask;
-use crate::topology::NVIDIA_VENDOR;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
@@ -577,7 +577,7 @@ pub fn gb200_like(node0: &CpuMask, node1: &CpuMask) -> SimulatedHost {
 /// The PCI addresses of [`gb200_like`]'s GPUs, in PCI order.
 pub const GB200_GPUS: [&str; 2] = ["0008:06:00.0", "0009:06:00.0"];
 
-pub use crate::gpus::GpuMemoryMode;
+pub use crate::host::gpus::GpuMemoryMode;
 
 /// One GPU of a [`GraceHost`], as the driver and NVML describe it.
 #[derive(Debug, Clone)]
@@ -817,18 +817,19 @@ pub(crate) fn tree_of(files: &[(&str, &str)]) -> tempfile::TempDir {
 #[cfg(test)]
 impl SimulatedHost {
     /// Writes this host into a temporary directory and reads it back, as the library would.
-    pub(crate) fn topology(&self) -> crate::topology::Topology {
+    pub(crate) fn topology(&self) -> crate::host::topology::Topology {
         let dir = tempfile::tempdir().unwrap();
         self.write(dir.path()).unwrap();
-        crate::topology::Topology::read(&crate::topology::SysfsRoot::new(dir.path())).unwrap()
+        crate::host::topology::Topology::read(&crate::host::topology::SysfsRoot::new(dir.path()))
+            .unwrap()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{resolve_device, DeviceEnv};
-    use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
+    use crate::host::topology::{LocalCpuSource, SysfsRoot, Topology};
+    use crate::placement::device::{resolve_device, DeviceEnv};
 
     use crate::mask::mask;
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::identity::{Placement, Role, Tid};
 use crate::log_warn;
-use crate::untrusted::{Dir, OwnFile, Rules};
+use crate::table::untrusted::{Dir, OwnFile, Rules};
 
 pub const MAGIC: &[u8; 8] = b"TLLMAFT1";
 pub const HEADER_BYTES: usize = 64;
@@ -496,7 +496,7 @@ impl LeaseLine {
 /// library under qemu would record a start time that `ps` never reads back.
 pub fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat")).ok()?;
-    crate::kernel_text::stat_field(&stat, 22)
+    crate::host::kernel_text::stat_field(&stat, 22)
 }
 
 /// Removes the tables in `dir` that processes of this user left when they ended without running
@@ -504,7 +504,7 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// that started at another time. Run by each process as it maps its own, so they never pile up.
 /// Only tables of `namespace`, our own PID namespace, can be judged: another namespace's pids
 /// mean other processes, and its tables are left to its own processes. Each is opened by the
-/// shared rules ([`crate::untrusted`]): whatever another user (or this one) swaps in, nothing
+/// shared rules ([`crate::table::untrusted`]): whatever another user (or this one) swaps in, nothing
 /// but a regular file of `uid` is opened, and nothing blocks.
 ///
 /// It runs on a process's first thread, in a directory every local user can write, so it is
@@ -605,7 +605,7 @@ impl std::fmt::Display for NoTable {
 
 /// Opens the table `expect` names in `dir`: its usual name, else the alternatives its process
 /// may have published under when the usual one was taken (see [`alternative_name`]), each only
-/// through [`crate::untrusted`]'s rules: never a link, never anything but a regular file of the
+/// through [`crate::table::untrusted`]'s rules: never a link, never anything but a regular file of the
 /// process's owner, one name, at most [`FILE_BYTES`].
 pub fn open(dir: &Dir, expect: &Expect) -> Result<Table, NoTable> {
     let usual = file_name(expect.pid, expect.namespace);
@@ -799,7 +799,7 @@ mod tests {
         // The main thread's file and the process's agree on a kernel (not under qemu-user,
         // which fakes the process's).
         let stat = std::fs::read_to_string(format!("/proc/{me}/stat")).unwrap();
-        let process = crate::kernel_text::stat_field(&stat, 22);
+        let process = crate::host::kernel_text::stat_field(&stat, 22);
         assert!(process.is_some());
         assert_eq!(start_time(me), process);
     }

@@ -3,7 +3,7 @@
 //! step pinning and the report read it.
 
 use crate::mask::CpuMask;
-use crate::settings::Settings;
+use crate::placement::settings::Settings;
 
 /// The load-time facts of one process; a fork child keeps its parent's.
 #[derive(Debug)]

@@ -1,7 +1,7 @@
 //! The policy table of SPEC §3: which mask worker threads get, decided in one place.
 
 use crate::mask::CpuMask;
-use crate::settings::{NumaAwareFlag, PolicyChoice, Settings};
+use crate::placement::settings::{NumaAwareFlag, PolicyChoice, Settings};
 
 /// What the table says to do with worker threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
