@@ -100,7 +100,7 @@ macro_rules! table_tests {
 #[allow(unused_imports)]
 pub(crate) use table_tests;
 
-/// The tests of one tier that each hand the tier to a check of tests/common (tests/aarch64.rs):
+/// The tests of one tier that each hand the tier to a check of tests/common (tests/emulated/aarch64.rs):
 /// `tier_tests! { tier(); /// doc\n name: check; ... }`, one `#[test]` per row, named and
 /// documented by the row, each taking the tier with [`require!`] (a probe giving
 /// `Result<&Tier, String>`) and running `check(tier)`.

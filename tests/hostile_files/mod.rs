@@ -1,5 +1,5 @@
-//! What a hostile local user plants, and how a test watches it (tests/shared_host.rs,
-//! tests/containers.rs): FIFOs, a device node, a forged table, inotify on their opens.
+//! What a hostile local user plants, and how a test watches it (tests/process/shared_host.rs,
+//! tests/process/containers.rs): FIFOs, a device node, a forged table, inotify on their opens.
 #![allow(dead_code)]
 
 use std::ffi::CString;
