@@ -52,7 +52,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run a program with libtllm_affinity.so preloaded (execs it; waits with --simulate).
+    /// Run a program with libtllm_affinity.so preloaded (execs it, --simulate included).
     Run(Box<run::RunArgs>),
     /// Write a simulated host (two NUMA nodes over this machine's CPUs, two GPUs) into DIR, to
     /// reuse with --sysfs-root DIR or TLLM_AFFINITY_SYSFS_ROOT=DIR.

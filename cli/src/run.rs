@@ -72,8 +72,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub strict: bool,
     /// Run on a built-in simulated host (two NUMA nodes over this process's CPUs, two GPUs),
-    /// written to a temporary directory that is removed when the program ends (to keep one:
-    /// `tllm-affinity simulate DIR`, then --sysfs-root DIR).
+    /// kept in the user's cache directory ($XDG_CACHE_HOME/tllm-affinity, else
+    /// ~/.cache/tllm-affinity, else a private directory in /tmp) and reused by the next run; the
+    /// program is then execed as without it (a tree of your own: `tllm-affinity simulate DIR`,
+    /// then --sysfs-root DIR).
     #[arg(long)]
     pub simulate: bool,
     /// Leave Python programs alone: no start-up hook (TLLM_AFFINITY_PYTHON_HOOKS=0), so an

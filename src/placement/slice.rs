@@ -363,20 +363,10 @@ mod tests {
         let t = read(&dgx_h100_like());
         assert_eq!(t.llc_domains.len(), 2);
         let all = check(&t, &mask("0-223"));
-        let cpus: Vec<String> = all.iter().map(|s| s.cpus.to_list()).collect();
-        assert_eq!(
-            cpus,
-            [
-                "0-13,112-125",
-                "14-27,126-139",
-                "28-41,140-153",
-                "42-55,154-167",
-                "56-69,168-181",
-                "70-83,182-195",
-                "84-97,196-209",
-                "98-111,210-223",
-            ]
-        );
+        // Each slice is 14 whole cores with their siblings; tests/process/slices.rs checks the
+        // exact lists `plan` prints.
+        assert!(all.iter().all(|s| s.cpus.count() == 28), "{all:?}");
+        assert_eq!(all[0].cpus.to_list(), "0-13,112-125");
         assert!(all.iter().all(|s| s.cut == Cut::Cores && s.sharing == 4));
         assert_eq!(all[5].rank, 1);
         assert_eq!(all[0].domains, vec![mask("0-55,112-167")]);

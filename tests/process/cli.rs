@@ -884,3 +884,25 @@ fn pid_of(table: &std::path::Path) -> u32 {
         .and_then(|(_, pid)| pid.parse().ok())
         .unwrap_or(0)
 }
+
+/// `run --simulate`'s help says what the code does: the simulated host is kept in the user's
+/// cache directory and reused, and `run` execs the program (no temporary directory to remove,
+/// no waiting parent).
+#[test]
+fn simulate_help_says_the_tree_is_cached_and_the_program_execed() {
+    let run_help = tllm_affinity(&["run", "--help"]).output().unwrap();
+    let run_help = stdout_of(&run_help)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    says(&run_help, &["kept in the user's cache directory", "reused"]);
+    for stale in ["temporary directory", "removed when the program ends"] {
+        assert!(!run_help.contains(stale), "run --help still says {stale:?}");
+    }
+    let top_help = tllm_affinity(&["--help"]).output().unwrap();
+    let top_help = stdout_of(&top_help);
+    assert!(
+        !top_help.contains("waits with --simulate"),
+        "tllm-affinity --help says run waits with --simulate, while it execs: {top_help}"
+    );
+}

@@ -17,6 +17,7 @@ mod constraints;
 mod containers;
 mod deployments;
 mod device_variables;
+mod docs;
 mod engine_population;
 mod fault_injection;
 mod grace_shapes;

@@ -1,4 +1,5 @@
-//! Every `sh` block of README.md, run as written, so that a recipe that stops working fails here.
+//! Every `sh` block of README.md, docs/recipes.md and docs/monitoring.md, run as written, so that
+//! a recipe that stops working fails here.
 //!
 //! Each block runs in a fresh `bash -e` from the repository root, in the state the README's
 //! Install section leaves a reader in: `target/release` (the real `tllm-affinity` and library) on
@@ -16,7 +17,9 @@
 //!
 //! The GPU is the simulated host of `tllm-affinity simulate` (`TLLM_AFFINITY_SYSFS_ROOT`). A block
 //! passes when it exits 0 with no library error, no false "constrained" warning and no panic.
-//! The one block not run is `scripts/test`, which runs this test.
+//! The blocks not run are `scripts/test` and `scripts/test --quick`, which run this test, and
+//! `scripts/demo`, which builds the whole workspace first (minutes) and is the reader's own first
+//! command.
 
 use crate::common;
 
@@ -27,7 +30,19 @@ use common::*;
 
 const LIMIT: Duration = Duration::from_secs(180);
 
-/// One fenced `sh` block of the README: where it starts and what it says.
+/// The pages whose `sh` blocks are recipes a reader runs as written.
+const PAGES: [&str; 3] = ["README.md", "docs/recipes.md", "docs/monitoring.md"];
+
+/// Blocks not run here, and why.
+fn not_run(script: &str) -> Option<&'static str> {
+    match script.trim() {
+        "scripts/test" | "scripts/test --quick" => Some("it runs this test"),
+        "scripts/demo" => Some("the reader's first command: it builds the workspace first"),
+        _ => None,
+    }
+}
+
+/// One fenced `sh` block of a page: where it starts and what it says.
 struct Recipe {
     line: usize,
     script: String,
@@ -52,7 +67,7 @@ fn recipes(readme: &str) -> Vec<Recipe> {
             None => {}
         }
     }
-    assert!(current.is_none(), "README.md: an sh block is never closed");
+    assert!(current.is_none(), "an sh block is never closed");
     found
 }
 
@@ -114,9 +129,12 @@ fn failure(end: &Finished) -> Option<String> {
 
 #[test]
 fn every_readme_recipe_runs_as_written() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let all = recipes(&readme);
-    assert!(all.len() >= 10, "only {} sh blocks in README.md", all.len());
+    let mut all = Vec::new();
+    for page in PAGES {
+        let text = std::fs::read_to_string(repo().join(page)).unwrap();
+        all.extend(recipes(&text).into_iter().map(|recipe| (page, recipe)));
+    }
+    assert!(all.len() >= 20, "only {} sh blocks in {PAGES:?}", all.len());
 
     let scratch = tempfile::tempdir().unwrap();
     let sim = scratch.path().join("simulated-host");
@@ -129,13 +147,11 @@ fn every_readme_recipe_runs_as_written() {
 
     let mut ran = Vec::new();
     let mut failed = Vec::new();
-    for recipe in &all {
+    for (page, recipe) in &all {
         let first = recipe.script.lines().next().unwrap_or_default().to_string();
-        if recipe.script.trim() == "scripts/test" {
-            ran.push(format!(
-                "README.md:{:<4} not run  {first}  (it runs this test)",
-                recipe.line
-            ));
+        let at = format!("{page}:{}", recipe.line);
+        if let Some(why) = not_run(&recipe.script) {
+            ran.push(format!("{at:<24} not run  {first}  ({why})"));
             continue;
         }
         let work = tempfile::tempdir_in(scratch.path()).unwrap();
@@ -144,8 +160,7 @@ fn every_readme_recipe_runs_as_written() {
         let took = started.elapsed().as_secs_f64();
         let verdict = failure(&end);
         ran.push(format!(
-            "README.md:{:<4} {}  {first}{}  ({took:.1} s)",
-            recipe.line,
+            "{at:<24} {}  {first}{}  ({took:.1} s)",
             if verdict.is_none() {
                 "ok     "
             } else {
@@ -159,12 +174,12 @@ fn every_readme_recipe_runs_as_written() {
         ));
         if let Some(why) = verdict {
             failed.push(format!(
-                "README.md:{}: {why}\n--- recipe\n{}--- stdout\n{}\n--- stderr\n{}",
-                recipe.line, recipe.script, end.stdout, end.stderr
+                "{at}: {why}\n--- recipe\n{}--- stdout\n{}\n--- stderr\n{}",
+                recipe.script, end.stdout, end.stderr
             ));
         }
     }
-    println!("README recipes ({} sh blocks):", all.len());
+    println!("recipes ({} sh blocks):", all.len());
     for line in &ran {
         println!("  {line}");
     }
