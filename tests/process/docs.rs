@@ -463,7 +463,8 @@ fn every_variable_and_test_file_the_docs_name_exists() {
                 if let Some(after) = line.split("--test ").nth(1) {
                     let mut words = after.split_whitespace();
                     let tier = words.next().unwrap_or_default();
-                    let is_name = |w: &str| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                    let is_name =
+                        |w: &str| w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
                     if tier.is_empty() || !is_name(tier) {
                         continue;
                     }
