@@ -447,28 +447,38 @@ pub fn two_node_one_gpu(allowed: &CpuMask) -> SimulatedHost {
         .gpu("0000:86:00.0", Some(0), None)
 }
 
+/// `cores` cores in sockets of `cores_per_socket`, two threads a core, numbered as Linux numbers
+/// Intel and AMD hosts: CPU `c` and `c + cores` share a core.
+fn smt_sockets(cores: usize, cores_per_socket: usize) -> SimulatedHost {
+    let mut host = SimulatedHost::new();
+    for core in 0..cores {
+        let siblings = CpuMask::from_cpus([core, core + cores]);
+        let socket = core / cores_per_socket;
+        let core_id = core % cores_per_socket;
+        host = host.cpu(core, core_id, socket, &siblings).cpu(
+            core + cores,
+            core_id,
+            socket,
+            &siblings,
+        );
+    }
+    host
+}
+
+/// The CPUs of the cores `range` of an [`smt_sockets`] host of `cores` cores, siblings included.
+fn with_siblings(range: std::ops::Range<usize>, cores: usize) -> CpuMask {
+    CpuMask::from_cpus(range.clone().chain(range.map(|c| c + cores)))
+}
+
 /// A DGX H100-like host: 2 sockets × 56 cores × 2 threads (224 CPUs, Linux-on-Intel numbering:
 /// CPU `c` and `c + 112` share a core), one NUMA node per socket, 4 GPUs per node, an ASPEED BMC
 /// VGA and an NVSwitch-like NVIDIA bridge (neither is a GPU), and the usual Intel idle states.
 pub fn dgx_h100_like() -> SimulatedHost {
     const CORES: usize = 112;
     const CORES_PER_SOCKET: usize = 56;
-    let mut host = SimulatedHost::new();
-    for core in 0..CORES {
-        let siblings = CpuMask::from_cpus([core, core + CORES]);
-        let socket = core / CORES_PER_SOCKET;
-        let core_id = core % CORES_PER_SOCKET;
-        host = host.cpu(core, core_id, socket, &siblings).cpu(
-            core + CORES,
-            core_id,
-            socket,
-            &siblings,
-        );
-    }
-    let socket_cpus = |s: usize| {
-        let cores = s * CORES_PER_SOCKET..(s + 1) * CORES_PER_SOCKET;
-        CpuMask::from_cpus(cores.clone().chain(cores.map(|c| c + CORES)))
-    };
+    let mut host = smt_sockets(CORES, CORES_PER_SOCKET);
+    let socket_cpus =
+        |s: usize| with_siblings(s * CORES_PER_SOCKET..(s + 1) * CORES_PER_SOCKET, CORES);
     // One L3 per socket (Sapphire Rapids without sub-NUMA clustering).
     host = host
         .node(0, &socket_cpus(0))
@@ -510,29 +520,16 @@ pub fn amd_epyc_like() -> SimulatedHost {
     const CORES: usize = 128;
     const CORES_PER_SOCKET: usize = 64;
     const CORES_PER_CCD: usize = 8;
-    let mut host = SimulatedHost::new();
-    let with_siblings = |cores: std::ops::Range<usize>| {
-        CpuMask::from_cpus(cores.clone().chain(cores.map(|c| c + CORES)))
-    };
-    for core in 0..CORES {
-        let siblings = CpuMask::from_cpus([core, core + CORES]);
-        let socket = core / CORES_PER_SOCKET;
-        let core_id = core % CORES_PER_SOCKET;
-        host = host.cpu(core, core_id, socket, &siblings).cpu(
-            core + CORES,
-            core_id,
-            socket,
-            &siblings,
-        );
-    }
+    let mut host = smt_sockets(CORES, CORES_PER_SOCKET);
+    let cores_with_siblings = |cores: std::ops::Range<usize>| with_siblings(cores, CORES);
     for ccd in 0..CORES / CORES_PER_CCD {
-        host = host.llc_domain(&with_siblings(
+        host = host.llc_domain(&cores_with_siblings(
             ccd * CORES_PER_CCD..(ccd + 1) * CORES_PER_CCD,
         ));
     }
     host = host
-        .node(0, &with_siblings(0..CORES_PER_SOCKET))
-        .node(1, &with_siblings(CORES_PER_SOCKET..CORES))
+        .node(0, &cores_with_siblings(0..CORES_PER_SOCKET))
+        .node(1, &cores_with_siblings(CORES_PER_SOCKET..CORES))
         .node_distances(vec![vec![10, 32], vec![32, 10]]);
     let gpus_by_node = [
         [
