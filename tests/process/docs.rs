@@ -597,7 +597,7 @@ fn anchors_are_githubs() {
     );
     assert_eq!(
         anchor("Tested on real kernels — `tests/guests/guest.rs`"),
-        "tested-on-real-kernels--testsguestrs"
+        "tested-on-real-kernels--testsguestsguestrs"
     );
     assert_eq!(first_number("1.89 (1.82–1.94)"), Some(1.89));
     assert_eq!(first_number("**245 MiB/s**"), Some(245.0));
