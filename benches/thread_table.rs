@@ -7,8 +7,8 @@ use std::path::Path;
 
 use criterion::{criterion_group, Criterion};
 use tllm_affinity_core::identity::{Placement, Role, Tid};
-use tllm_affinity_core::threadtable::{self, Expect};
-use tllm_affinity_core::untrusted::Dir;
+use tllm_affinity_core::table::threadtable::{self, Expect};
+use tllm_affinity_core::table::untrusted::Dir;
 
 fn records(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("a temporary directory");

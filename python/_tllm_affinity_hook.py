@@ -27,7 +27,7 @@ ctypes (about half a millisecond), to look the symbol up.
 import os
 import sys
 
-# The adapter's WATCHED_MODULES (kept here so that start-up imports nothing; tests/python_hook.rs
+# The adapter's WATCHED_MODULES (kept here so that start-up imports nothing; tests/process/python_hook.rs
 # checks that the two agree): upstream's utils, then the module of each call site it covers.
 UPSTREAM_MODULES = (
     "tensorrt_llm.llmapi.utils",

@@ -5,7 +5,15 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::settings::LogLevel;
+/// `TLLM_AFFINITY_LOG`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Off = 0,
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+}
 
 static LEVEL: AtomicU8 = AtomicU8::new(LogLevel::Warn as u8);
 
@@ -39,8 +47,8 @@ pub fn emit(level: LogLevel, message: &str) {
 #[macro_export]
 macro_rules! log_at {
     ($level:ident, $($t:tt)*) => {
-        if $crate::log::enabled($crate::settings::LogLevel::$level) {
-            $crate::log::emit($crate::settings::LogLevel::$level, &format!($($t)*))
+        if $crate::log::enabled($crate::log::LogLevel::$level) {
+            $crate::log::emit($crate::log::LogLevel::$level, &format!($($t)*))
         }
     };
 }

@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 
 use super::run::{find_library, find_python_hook_dir, LIBRARY_FILE};
 use super::Failure;
-use tllm_affinity_core::elf;
+use tllm_affinity_core::host::elf;
 
 pub const KIND: &str = "tllm-affinity.dev/preload";
 pub const DEVICE: &str = "default";
@@ -124,7 +124,7 @@ fn spec(name: &str, library: &Path, preload: &Path, hook: Option<&HookSources>) 
     if let Some(hook) = hook {
         let python = format!(
             "{CONTAINER_DIR}/{}",
-            tllm_affinity_core::pyhook::PYTHON_BESIDE_LIBRARY
+            tllm_affinity_core::handoff::pyhook::PYTHON_BESIDE_LIBRARY
         );
         mounts.push(mount(&hook.package, format!("{python}/tllm_affinity")));
         mounts.push(mount(

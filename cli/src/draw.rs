@@ -7,9 +7,9 @@ use std::io::IsTerminal;
 
 use serde_json::{json, Value};
 
+use tllm_affinity_core::host::topology::Topology;
 use tllm_affinity_core::registry::{Placement, Role};
-use tllm_affinity_core::threadtable::LeaseLine;
-use tllm_affinity_core::topology::Topology;
+use tllm_affinity_core::table::threadtable::LeaseLine;
 
 use crate::memory_reading::NodeMemory;
 

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::CpuMask;
+use tllm_affinity_core::placement::slice;
 use tllm_affinity_core::registry::{Placement, Role};
-use tllm_affinity_core::slice;
-use tllm_affinity_core::threadtable::{self, LeaseLine};
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
-use tllm_affinity_core::untrusted::Dir;
+use tllm_affinity_core::table::threadtable::{self, LeaseLine};
+use tllm_affinity_core::table::untrusted::Dir;
 
 use crate::draw::{self, visible};
 use crate::memory_reading::NodeMemory;

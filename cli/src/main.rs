@@ -13,9 +13,9 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use tllm_affinity_core::host::topology::SysfsRoot;
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::sys;
-use tllm_affinity_core::topology::SysfsRoot;
 
 mod cdi;
 mod draw;

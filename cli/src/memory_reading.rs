@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tllm_affinity_core::kernel_text::{node_count, numa_maps_line, read_capped};
+use tllm_affinity_core::host::kernel_text::{node_count, numa_maps_line, read_capped};
 
 /// The most of `numa_maps` read: about 100 000 mappings.
 pub const READ_LIMIT: usize = 16 << 20;

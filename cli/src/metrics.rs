@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tllm_affinity_core::topology::SysfsRoot;
-use tllm_affinity_core::untrusted::{self, Dir};
+use tllm_affinity_core::host::topology::SysfsRoot;
+use tllm_affinity_core::table::untrusted::{self, Dir};
 
 use crate::host::{self, Entry, HostView, Kind};
 
@@ -790,7 +790,7 @@ mod tests {
     use crate::host::{CpuGroup, Flag, ProcessLine, ProcessRow};
     use crate::memory_reading::NodeMemory;
     use tllm_affinity_core::mask::CpuMask;
-    use tllm_affinity_core::threadtable::LeaseLine;
+    use tllm_affinity_core::table::threadtable::LeaseLine;
 
     fn m(list: &str) -> CpuMask {
         CpuMask::parse_list(list).unwrap()

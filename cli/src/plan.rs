@@ -1,4 +1,4 @@
-//! `tllm-affinity plan --gpu N [--json]`: the CPU plan of [`tllm_affinity_core::plan`] for one GPU, with the
+//! `tllm-affinity plan --gpu N [--json]`: the CPU plan of [`tllm_affinity_core::placement::plan`] for one GPU, with the
 //! `auto` step and result CPUs of every GPU of the host.
 
 use std::fmt::Write as _;
@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use tllm_affinity_core::cgroup;
-use tllm_affinity_core::device::{resolve_device_on, DeviceEnv};
+use tllm_affinity_core::host::cgroup;
+use tllm_affinity_core::host::topology::Topology;
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::plan::{self, CpuPlan, GpuPlacement, PlanInput, StepPlacement};
-use tllm_affinity_core::settings::{Settings, StepCore};
-use tllm_affinity_core::slice::GpuSlice;
-use tllm_affinity_core::topology::Topology;
+use tllm_affinity_core::placement::device::{resolve_device_on, DeviceEnv};
+use tllm_affinity_core::placement::plan::{self, CpuPlan, GpuPlacement, PlanInput, StepPlacement};
+use tllm_affinity_core::placement::settings::{Settings, StepCore};
+use tllm_affinity_core::placement::slice::GpuSlice;
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
@@ -44,7 +44,7 @@ pub fn run(args: &PlanArgs) -> Result<(), String> {
     topology.read_llc_domains(&root);
     // The list configure numbers into (NVML, the driver's list, sysfs), its GPUs laid into the
     // topology, so plan finds every GPU configure finds.
-    let view = tllm_affinity_core::gpus::current_view(&root, &mut topology, true);
+    let view = tllm_affinity_core::host::gpus::current_view(&root, &mut topology, true);
     if topology.gpus.is_empty() && args.gpu >= -1 {
         return Err(format!(
             "{} (looked under {})",
@@ -348,10 +348,10 @@ fn to_text(plan: &CpuPlan, cx: &Context<'_>) -> String {
 /// The cut in a table's few letters.
 fn short_cut(s: &GpuSlice) -> &'static str {
     match s.cut {
-        tllm_affinity_core::slice::Cut::Alone => "alone",
-        tllm_affinity_core::slice::Cut::WholeDomains => "domains",
-        tllm_affinity_core::slice::Cut::Cores => "cores",
-        tllm_affinity_core::slice::Cut::TooSmall => "too-small",
+        tllm_affinity_core::placement::slice::Cut::Alone => "alone",
+        tllm_affinity_core::placement::slice::Cut::WholeDomains => "domains",
+        tllm_affinity_core::placement::slice::Cut::Cores => "cores",
+        tllm_affinity_core::placement::slice::Cut::TooSmall => "too-small",
     }
 }
 
@@ -458,13 +458,16 @@ fn to_json(plan: &CpuPlan, cx: &Context<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tllm_affinity_core::simulated::dgx_h100_like;
+    use tllm_affinity_core::host::simulated::dgx_h100_like;
 
     #[test]
     fn text_and_json_for_the_dgx_under_several_masks() {
         let dir = tempfile::tempdir().unwrap();
         dgx_h100_like().write(dir.path()).unwrap();
-        let t = Topology::read(&tllm_affinity_core::topology::SysfsRoot::new(dir.path())).unwrap();
+        let t = Topology::read(&tllm_affinity_core::host::topology::SysfsRoot::new(
+            dir.path(),
+        ))
+        .unwrap();
         for (mask, expect) in [
             ("0-223", "0,112"),
             ("0-27,56-83,112-139,168-195", "0,112"),

@@ -1,10 +1,10 @@
 //! `tllm-affinity probe [--json] [--rounds N]`: thread handoff latency and cpuidle exit latencies,
-//! with a recommendation for `TLLM_AFFINITY_STEP_CORE` (see [`tllm_affinity_core::probe`]).
+//! with a recommendation for `TLLM_AFFINITY_STEP_CORE` (see [`tllm_affinity_core::placement::probe`]).
 
 use std::path::PathBuf;
 
-use tllm_affinity_core::probe;
-use tllm_affinity_core::topology::Topology;
+use tllm_affinity_core::host::topology::Topology;
+use tllm_affinity_core::placement::probe;
 
 #[derive(clap::Args, Debug)]
 pub struct ProbeArgs {
@@ -48,7 +48,8 @@ mod tests {
             .ok()
             .and_then(|r| r.parse().ok())
             .unwrap_or(50);
-        let topology = Topology::read(&tllm_affinity_core::topology::SysfsRoot::default()).unwrap();
+        let topology =
+            Topology::read(&tllm_affinity_core::host::topology::SysfsRoot::default()).unwrap();
         let mask = crate::process_mask().unwrap();
         let report = probe::run(&topology, &mask, rounds);
         let text = report.to_text();

@@ -1,5 +1,5 @@
 //! `tllm-affinity ps PID [--json] [--no-color]`: every thread of a live process with its role and
-//! placement (from the thread table the library publishes, see [`tllm_affinity_core::threadtable`]) and its
+//! placement (from the thread table the library publishes, see [`tllm_affinity_core::table::threadtable`]) and its
 //! mask exactly as the kernel reports it (`Cpus_allowed_list` of `/proc/PID/task/TID/status`),
 //! drawn as a grid: one row per thread, one column per CPU of the host. Without a PID, `main`
 //! shows the host view of [`crate::host`] instead: every process with a table, built on this
@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use tllm_affinity_core::kernel_text::{keyed_value, read_capped};
+use tllm_affinity_core::host::kernel_text::{keyed_value, read_capped};
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::registry::{Placement, Role, Tid};
-use tllm_affinity_core::threadtable::{self, LeaseLine, NoTable};
-use tllm_affinity_core::untrusted;
+use tllm_affinity_core::table::threadtable::{self, LeaseLine, NoTable};
+use tllm_affinity_core::table::untrusted;
 
 use crate::draw::{
     cell, grid_header, lease_device, lease_json, mark, memory_json, memory_line, paint,
@@ -257,11 +257,13 @@ fn off_by_its_environment(s: &Snapshot) -> bool {
         return false;
     };
     // The first entry is the one getenv finds, as the library did.
-    let prefix = format!("{}=", tllm_affinity_core::settings::DISABLE);
+    let prefix = format!("{}=", tllm_affinity_core::placement::settings::DISABLE);
     environ
         .split('\0')
         .find_map(|entry| entry.strip_prefix(&prefix))
-        .is_some_and(|value| tllm_affinity_core::settings::disabled_by(Some(value.as_ref())))
+        .is_some_and(|value| {
+            tllm_affinity_core::placement::settings::disabled_by(Some(value.as_ref()))
+        })
 }
 
 /// Reads `/proc/<pid>/task` and joins it with the process's thread table.

@@ -25,8 +25,8 @@ use std::process::Command;
 use serde_json::{json, Map, Value};
 
 use super::Failure;
-use tllm_affinity_core::pyhook;
-use tllm_affinity_core::settings::{parse_gpu, GpuChoice, Settings, GPU_EXPECTED};
+use tllm_affinity_core::handoff::pyhook;
+use tllm_affinity_core::placement::settings::{parse_gpu, GpuChoice, Settings, GPU_EXPECTED};
 use tllm_affinity_core::sys;
 
 pub const LIBRARY_FILE: &str = "libtllm_affinity.so";
@@ -306,7 +306,7 @@ fn settings_env(args: &RunArgs) -> Result<Vec<(&'static str, OsString)>, Failure
     put("TLLM_AFFINITY_LOCK_DIR", absolute(&args.lock_dir)?);
     put("TLLM_AFFINITY_STRICT", args.strict.then(|| "1".into()));
     put(
-        tllm_affinity_core::settings::DISABLE,
+        tllm_affinity_core::placement::settings::DISABLE,
         args.disable.then(|| "1".into()),
     );
     let lookup = |name: &str| {

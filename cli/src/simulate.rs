@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use tllm_affinity_core::simulated;
+use tllm_affinity_core::host::simulated;
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::sys;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
 pub struct SimulateArgs {

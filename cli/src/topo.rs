@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use tllm_affinity_core::cgroup::{self, CgroupLimits, CgroupVersion};
-use tllm_affinity_core::device::{visible_in_view, DeviceEnv};
-use tllm_affinity_core::gpus::{GpuMemoryMode, GpuMemoryNode, GpuSource, GpuView};
+use tllm_affinity_core::host::cgroup::{self, CgroupLimits, CgroupVersion};
+use tllm_affinity_core::host::gpus::{GpuMemoryMode, GpuMemoryNode, GpuSource, GpuView};
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::slice::{self, GpuSlice};
+use tllm_affinity_core::placement::device::{visible_in_view, DeviceEnv};
+use tllm_affinity_core::placement::slice::{self, GpuSlice};
 use tllm_affinity_core::sys;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 #[derive(clap::Args, Debug)]
 pub struct TopoArgs {
@@ -30,9 +30,9 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
     let root = crate::sysfs_root(args.sysfs_root.as_deref());
     let mut topology = Topology::read(&root).map_err(|e| e.to_string())?;
     topology.read_llc_domains(&root);
-    let view = tllm_affinity_core::gpus::current_view(&root, &mut topology, true);
-    let memory_nodes = tllm_affinity_core::gpus::memory_nodes(&topology, &view);
-    let mode = tllm_affinity_core::gpus::memory_mode(&topology, &memory_nodes);
+    let view = tllm_affinity_core::host::gpus::current_view(&root, &mut topology, true);
+    let memory_nodes = tllm_affinity_core::host::gpus::memory_nodes(&topology, &view);
+    let mode = tllm_affinity_core::host::gpus::memory_mode(&topology, &memory_nodes);
     let real = root.root() == Path::new("/");
     let limits = cgroup::read_limits();
     // Slices divide the cpuset's online CPUs, as configure divides them; a simulated tree has
@@ -224,7 +224,7 @@ fn to_text(h: &Host<'_>) -> String {
         let _ = writeln!(out, "  hint: {}", super::NO_GPU_HINT);
     }
     for (i, g) in t.gpus.iter().enumerate() {
-        let local = tllm_affinity_core::gpus::pci_local_cpus(t, h.view, g);
+        let local = tllm_affinity_core::host::gpus::pci_local_cpus(t, h.view, g);
         let node = g.numa_node.map_or("unknown".to_string(), |n| n.to_string());
         let memory = match (h.memory_nodes[i], h.mode) {
             (Some(m), _) => format!(", its memory on node {} (from {})", m.node, m.source),
@@ -346,7 +346,7 @@ fn visible_text(h: &Host<'_>, out: &mut String) {
         Ok(visible) => {
             for (cuda, &i) in visible.iter().enumerate() {
                 let g = &v.gpus[i];
-                let local = tllm_affinity_core::gpus::local_cpus(h.topology, g);
+                let local = tllm_affinity_core::host::gpus::local_cpus(h.topology, g);
                 let _ = writeln!(
                     out,
                     "  CUDA device {cuda}: {}{}, local CPUs [{}] from {}",
@@ -378,7 +378,7 @@ fn visible_json(h: &Host<'_>) -> Value {
                 .enumerate()
                 .map(|(cuda, &i)| {
                     let g = &v.gpus[i];
-                    let local = tllm_affinity_core::gpus::local_cpus(h.topology, g);
+                    let local = tllm_affinity_core::host::gpus::local_cpus(h.topology, g);
                     json!({
                         "cuda_device": cuda,
                         "address": g.address,
@@ -447,7 +447,7 @@ fn to_json(h: &Host<'_>) -> Value {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let local = tllm_affinity_core::gpus::pci_local_cpus(t, h.view, g);
+            let local = tllm_affinity_core::host::gpus::pci_local_cpus(t, h.view, g);
             json!({
                 "index": i,
                 "address": g.address,
@@ -501,7 +501,7 @@ fn to_json(h: &Host<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tllm_affinity_core::simulated::dgx_h100_like;
+    use tllm_affinity_core::host::simulated::dgx_h100_like;
 
     fn masks(lists: &[&str]) -> Vec<CpuMask> {
         lists
@@ -531,11 +531,11 @@ mod tests {
         let root = SysfsRoot::new(dir.path());
         let mut t = Topology::read(&root).unwrap();
         t.read_llc_domains(&root);
-        let view = tllm_affinity_core::gpus::view(&root, &t.gpus, None);
-        let memory_nodes = tllm_affinity_core::gpus::memory_nodes(&t, &view);
+        let view = tllm_affinity_core::host::gpus::view(&root, &t.gpus, None);
+        let memory_nodes = tllm_affinity_core::host::gpus::memory_nodes(&t, &view);
         let host = Host {
             slices: slice::slices(&t, &t.online),
-            mode: tllm_affinity_core::gpus::memory_mode(&t, &memory_nodes),
+            mode: tllm_affinity_core::host::gpus::memory_mode(&t, &memory_nodes),
             memory_nodes,
             view: &view,
             env: DeviceEnv::default(),

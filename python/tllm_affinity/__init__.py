@@ -59,7 +59,7 @@ __all__ = [
     "worker_scope",
 ]
 
-# The workspace's version (Cargo.toml); scripts/wheel and tests/wheel.rs check that they agree.
+# The workspace's version (Cargo.toml); scripts/wheel and tests/process/wheel.rs check that they agree.
 __version__ = "0.1.0"
 
 LIBRARY = "libtllm_affinity.so"

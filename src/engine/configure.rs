@@ -8,16 +8,16 @@ use super::kernel::Kernel;
 use super::memory_effects::{self, Configured};
 use super::memory_preference;
 use super::state::{load_facts, lock_registry};
-use crate::device::{resolve_device_on, DeviceEnv};
+use crate::host::topology::{LocalCpuSource, SysfsRoot, Topology};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
-use crate::plan;
-use crate::policy::{self, Rule};
+use crate::placement::device::{resolve_device_on, DeviceEnv};
+use crate::placement::plan;
+use crate::placement::policy::{self, Rule};
+use crate::placement::settings::{PolicyChoice, SliceMode};
+use crate::placement::slice;
 use crate::registry::{LeaseKind, Slot};
-use crate::settings::{PolicyChoice, SliceMode};
-use crate::slice;
 use crate::sys;
-use crate::topology::{LocalCpuSource, SysfsRoot, Topology};
 use crate::{log_debug, log_error, log_info, log_warn};
 
 /// The worker CPU set for `device_id`, with a key naming the device and words saying where the
@@ -43,7 +43,7 @@ type SetKey = (i32, DeviceEnv, bool);
 /// (a program may set `CUDA_VISIBLE_DEVICES` after load) from `environ.rs`'s copy by the caller,
 /// never with a `getenv` that another thread's `setenv` could race, so a repeated configure with
 /// the same ones costs a copy of a few strings and no sysfs walk. NVML's answer is cached apart, in
-/// [`crate::gpus`].
+/// [`crate::host::gpus`].
 pub(super) static WORKER_SETS: EngineLock<Vec<(SetKey, WorkerSet)>> = EngineLock::new(Vec::new());
 
 fn gpu_local_set(device_id: i32, env: DeviceEnv, nvml: bool) -> Result<WorkerSet, (i32, String)> {
@@ -74,10 +74,10 @@ fn resolve_worker_set(
     }
     let root = SysfsRoot::new(settings.sysfs_root.clone());
     let mut topology = Topology::read(&root).map_err(|e| (libc::EIO, e.to_string()))?;
-    let view = crate::gpus::current_view(&root, &mut topology, nvml);
+    let view = crate::host::gpus::current_view(&root, &mut topology, nvml);
     let resolved = resolve_device_on(device_id, env, &view, &root)
         .map_err(|e| (libc::ENODEV, e.to_string()))?;
-    let mut local = crate::gpus::local_cpus(&topology, &view.gpus[resolved.gpu_index]);
+    let mut local = crate::host::gpus::local_cpus(&topology, &view.gpus[resolved.gpu_index]);
     // A device whose node the kernel does not know (`numa_node` -1) has every online CPU in its
     // `local_cpulist` on a real kernel (seen in tests/guest.rs): that list says nothing either.
     let node_unknown = local.cpus == topology.online

@@ -1,5 +1,5 @@
 //! The exec family, interposed to hand a launch's state to the programs it starts (SPEC §2,
-//! §12; the variable is described in [`crate::launch`]).
+//! §12; the variable is described in [`crate::handoff::launch`]).
 //!
 //! The state that never changes (the launch's id, the settings already reported) is put in the
 //! environment once, at load, while the process has a single thread; every way of starting a
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use super::real::{self, Argv};
-use crate::launch::{self, LaunchId, StackText};
+use crate::handoff::launch::{self, LaunchId, StackText};
 use crate::mask::CpuMask;
 
 /// What the process knows of its launch, from load on.

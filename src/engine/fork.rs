@@ -104,10 +104,10 @@ pub(super) fn register_fork_handlers() {
         IN_PROGRESS.store(true, Ordering::Release);
         objects::PUBLISHED.hold_for_fork();
         timer_calls::CONTEXTS.hold_for_fork();
-        crate::step::HELD.hold_for_fork();
+        crate::placement::step::HELD.hold_for_fork();
         configure::WORKER_SETS.hold_for_fork();
         environ::shadow_lock().hold_for_fork();
-        crate::gpus::nvml_lock().hold_for_fork();
+        crate::host::gpus::nvml_lock().hold_for_fork();
         publish::TABLE_PATH.hold_for_fork();
         report::ADAPTERS.hold_for_fork();
         report::NOTES.hold_for_fork();
@@ -122,10 +122,10 @@ pub(super) fn register_fork_handlers() {
             report::NOTES.force_unlock();
             report::ADAPTERS.force_unlock();
             publish::TABLE_PATH.force_unlock();
-            crate::gpus::nvml_lock().force_unlock();
+            crate::host::gpus::nvml_lock().force_unlock();
             environ::shadow_lock().force_unlock();
             configure::WORKER_SETS.force_unlock();
-            crate::step::HELD.force_unlock();
+            crate::placement::step::HELD.force_unlock();
             timer_calls::CONTEXTS.force_unlock();
             objects::PUBLISHED.force_unlock();
         }

@@ -12,13 +12,13 @@ use super::publish::{self, publish_table_if_pending};
 use super::state::{load_facts, lock_registry, own_this_process, state, State, LOAD_FACTS, STATE};
 use super::{environ, exec, fork, real, thread_key};
 
-use crate::cgroup;
-use crate::launch::{self, LaunchId};
-use crate::load_facts::LoadFacts;
+use crate::handoff::launch::{self, LaunchId};
+use crate::host::cgroup;
 use crate::mask::CpuMask;
-use crate::policy;
+use crate::placement::load_facts::LoadFacts;
+use crate::placement::policy;
+use crate::placement::settings::{ProcessRole, Settings};
 use crate::registry::{LeaseKind, Role, ThreadMasks};
-use crate::settings::{ProcessRole, Settings};
 use crate::sys;
 use crate::{log_debug, log_error, log_warn};
 
@@ -67,7 +67,9 @@ fn initialise() -> State {
     }
     // Before anything is read, set or registered: the operator's off switch leaves the process
     // as it would be without the library (no mask, table, lock, handler or environment change).
-    if crate::settings::disabled_by(std::env::var_os(crate::settings::DISABLE).as_deref()) {
+    if crate::placement::settings::disabled_by(
+        std::env::var_os(crate::placement::settings::DISABLE).as_deref(),
+    ) {
         return State::Off;
     }
     let pid = own_this_process();
@@ -128,17 +130,18 @@ fn initialise() -> State {
         .unwrap_or_else(|| mask_at_load.clone());
     let cpuset = cgroup::read_limits().cpuset_within(&online);
     let constrained = policy::is_constrained(&mask_at_load, &cpuset);
-    let step_core_invalid = match crate::step::check_at_load(settings.step_core, &mask_at_load) {
-        Ok(()) => false,
-        Err(line) => {
-            setting_line(said_already, &line);
-            if settings.strict {
-                // As above: TLLM_AFFINITY_STRICT asks to stop at a bad setting.
-                sys::exit_now(2);
+    let step_core_invalid =
+        match crate::placement::step::check_at_load(settings.step_core, &mask_at_load) {
+            Ok(()) => false,
+            Err(line) => {
+                setting_line(said_already, &line);
+                if settings.strict {
+                    // As above: TLLM_AFFINITY_STRICT asks to stop at a bad setting.
+                    sys::exit_now(2);
+                }
+                true
             }
-            true
-        }
-    };
+        };
     if !thread_key::create_thread_key() {
         log_error!("no pthread key available; the library stays passive");
         return State::Disabled;
@@ -178,7 +181,7 @@ fn initialise() -> State {
     State::Active
 }
 
-/// What this image learned of its launch at load (SPEC §2, §12; see [`crate::launch`]).
+/// What this image learned of its launch at load (SPEC §2, §12; see [`crate::handoff::launch`]).
 struct LaunchAtLoad {
     id: LaunchId,
     fingerprint: u64,
@@ -211,7 +214,7 @@ fn learn_launch(pid: i32, main_mask: &CpuMask) -> LaunchAtLoad {
         launch::settings_fingerprint(vars.iter().map(|(n, v)| (n.as_str(), v.as_str())));
     let id = handed.as_ref().map(|h| h.id).unwrap_or(LaunchId {
         pid: pid as u32,
-        start: crate::threadtable::start_time(pid as u32).unwrap_or(0),
+        start: crate::table::threadtable::start_time(pid as u32).unwrap_or(0),
     });
     LaunchAtLoad {
         id,

@@ -1,7 +1,7 @@
 //! The real kernel behind the registry model: [`Kernel`] runs the model's [`ThreadMasks`] on the
 //! raw syscalls of [`crate::sys`].
 
-use crate::kernel_text::stat_field;
+use crate::host::kernel_text::stat_field;
 use crate::mask::CpuMask;
 use crate::registry::{ThreadMasks, Tid};
 use crate::sys::{get_mask, set_mask, with_mask};

@@ -1,7 +1,7 @@
 //! Memory follows a dedicated worker (SPEC §15): after a configure of the process's main thread
 //! put the process on one node's CPUs, its pages on the other nodes with CPUs move there, on the
 //! configuring thread (never in a fork handler or a signal handler: configure is neither), once
-//! per configure that changes the node. [`crate::memory_decision`] decides; this file reads
+//! per configure that changes the node. [`crate::placement::memory_decision`] decides; this file reads
 //! `/proc/self/smaps` and `numa_maps`, walks each private mapping in batches aligned to the
 //! transparent huge page size, picks the pages to move from `/proc/self/pagemap` (present,
 //! anonymous, this process's alone) and `move_pages(2)`'s answer of where each lies, moves those
@@ -17,9 +17,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::mask::CpuMask;
-use crate::memory_decision::{self, pagemap, MoveDecision, MoveInput, Stay, StoppedShort, Walk};
-use crate::policy::Rule;
-use crate::report::MemoryMoved;
+use crate::placement::memory_decision::{
+    self, pagemap, MoveDecision, MoveInput, Stay, StoppedShort, Walk,
+};
+use crate::placement::policy::Rule;
+use crate::registry::report::MemoryMoved;
 use crate::{log_debug, log_info, log_warn, sys};
 
 /// No node yet.

@@ -7,8 +7,9 @@
 
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
+use crate::placement::policy;
 use crate::registry::Tid;
-use crate::{log_debug, log_info, policy, sys};
+use crate::{log_debug, log_info, sys};
 
 /// A preference the library gave: the scope's lease, the thread, the node.
 pub(super) struct Preference {

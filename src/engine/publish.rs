@@ -1,4 +1,4 @@
-//! Publishing: the live thread table (see [`crate::threadtable`]) that `tllm-affinity ps` reads,
+//! Publishing: the live thread table (see [`crate::table::threadtable`]) that `tllm-affinity ps` reads,
 //! mapped when the process first starts to matter, its path, and what happens at exit (the
 //! report `TLLM_AFFINITY_REPORT` asks for, the table's removal).
 
@@ -14,8 +14,8 @@ use super::{exec, report};
 
 use crate::lock::EngineLock;
 use crate::sys;
-use crate::threadtable::{self, Mapped, FILE_BYTES};
-use crate::untrusted::{self, Dir, OwnFile};
+use crate::table::threadtable::{self, Mapped, FILE_BYTES};
+use crate::table::untrusted::{self, Dir, OwnFile};
 use crate::{log_debug, log_error, log_warn};
 
 /// Creates the table file for this pid and maps it. The file is created exclusively
@@ -221,16 +221,16 @@ fn write_report_at_exit() {
         else {
             return;
         };
-        let used = crate::report::used_the_library(&REGISTRY.lock().history());
+        let used = crate::registry::report::used_the_library(&REGISTRY.lock().history());
         let launch = exec::LAUNCH.get().map(|f| f.id.to_string());
-        if !used && crate::report::a_user_of_the_launch_wrote(&path, launch.as_deref()) {
+        if !used && crate::registry::report::a_user_of_the_launch_wrote(&path, launch.as_deref()) {
             log_debug!(
                 "TLLM_AFFINITY_REPORT='{}': kept the report of the program of this launch that used the library",
                 path.display()
             );
             return;
         }
-        if let Err(e) = crate::report::write_file(&path, &report::json(state(), true)) {
+        if let Err(e) = crate::registry::report::write_file(&path, &report::json(state(), true)) {
             log_error!("TLLM_AFFINITY_REPORT='{}': {e}", path.display());
         }
     });

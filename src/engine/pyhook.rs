@@ -1,7 +1,7 @@
 //! At load, a library that brings its own Python start-up hook beside it (the container layout
 //! of `tllm-affinity cdi`: `/opt/tllm-affinity/libtllm_affinity.so` and
 //! `/opt/tllm-affinity/python/`) puts the hook in front of `PYTHONPATH`, keeping the image's own
-//! entries ([`crate::pyhook::python_path_at_load`] decides). Every process of the container loads
+//! entries ([`crate::handoff::pyhook::python_path_at_load`] decides). Every process of the container loads
 //! the library through `/etc/ld.so.preload`, so every interpreter reads the variable after this
 //! ran, and its children inherit it.
 
@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use super::init::alone;
 use super::report;
 use super::state::{state, State};
-use crate::pyhook;
+use crate::handoff::pyhook;
 
 /// Called once from the library's constructor, after initialisation.
 pub fn at_load() {

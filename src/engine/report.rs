@@ -1,5 +1,5 @@
 //! The report the C ABI's `tllm_affinity_report` and the exit report (`TLLM_AFFINITY_REPORT`)
-//! give: [`crate::report`] built over the registry, with what language adapters said about
+//! give: [`crate::registry::report`] built over the registry, with what language adapters said about
 //! themselves (`tllm_affinity_note_adapter`, `_detail`), which only the report shows.
 
 use super::state::{lock_registry, State, LOAD_FACTS};
@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use crate::lock::EngineLock;
+use crate::registry::report::Report;
 use crate::registry::Registry;
-use crate::report::Report;
 use crate::sys;
-use crate::threadtable::Mapped;
+use crate::table::threadtable::Mapped;
 
 /// What language adapters said about themselves (`tllm_affinity_note_adapter`): the Python
 /// adapter records whether it found TensorRT-LLM's function to wrap, so a report shows a server

@@ -5,9 +5,9 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use crate::load_facts::LoadFacts;
 use crate::lock::{EngineGuard, EngineLock};
 use crate::per_thread::PerThread;
+use crate::placement::load_facts::LoadFacts;
 use crate::registry::{Registry, Tid};
 use crate::sys;
 

@@ -1,4 +1,4 @@
-//! Pinning a step or result thread (SPEC §6): [`crate::step`] chooses the CPUs and takes the
+//! Pinning a step or result thread (SPEC §6): [`crate::placement::step`] chooses the CPUs and takes the
 //! GPU's lock; this pins the calling thread under the registry lock, whose birth rule then keeps
 //! the pinned thread's children off its core.
 
@@ -6,8 +6,8 @@ use std::io;
 
 use super::kernel::Kernel;
 use super::state::{load_facts, lock_registry};
+use crate::placement::step;
 use crate::registry::Slot;
-use crate::step;
 use crate::sys;
 use crate::{log_info, log_warn};
 

@@ -9,7 +9,9 @@
 //! This file holds the model's types, its lookups, and the changes one call makes to one thread
 //! (a role, the application's own mask, a step pin). Each other file holds the rules of one
 //! concern: births, exits, leases, publishing into the thread table `ps` reads, and the registry
-//! of a fork child.
+//! of a fork child; [`report`] writes the model as the JSON report.
+//!
+//! Uses the root's leaves, `handoff`, `table` (to publish) and `placement`; never the engine.
 
 use std::sync::Arc;
 
@@ -20,10 +22,11 @@ mod exits;
 mod fork;
 mod leases;
 mod publish;
+pub mod report;
 
 pub use crate::identity::{Placement, Role, Tid};
 use crate::mask::CpuMask;
-use crate::threadtable;
+use crate::table::threadtable;
 
 pub type SharedMask = Arc<CpuMask>;
 
@@ -223,7 +226,7 @@ pub struct Registry {
     /// Bumped whenever the target changes, so a thread born across a change re-decides.
     epoch: u64,
     /// The shared thread table `tllm-affinity ps` reads (see
-    /// [`threadtable`](crate::threadtable)), when mapped.
+    /// [`threadtable`](crate::table::threadtable)), when mapped.
     published: Option<&'static threadtable::Mapped>,
     /// Its records whose pages exist (see [`threadtable::Mapped::allocated_records`]).
     published_records: &'static [std::sync::atomic::AtomicU64],

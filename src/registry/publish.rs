@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Registry, Slot};
-use crate::threadtable;
+use crate::table::threadtable;
 
 impl Registry {
     /// Starts publishing roles, placements and the open leases into `table`, one record per

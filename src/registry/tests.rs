@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
-use crate::threadtable;
+use crate::table::threadtable;
 
 fn m(s: &str) -> CpuMask {
     CpuMask::parse_list(s).unwrap()

@@ -1,4 +1,4 @@
-//! The aarch64 builds of the wheel and the test programs (tests/aarch64.rs, tests/guest_aarch64.rs).
+//! The aarch64 builds of the wheel and the test programs (tests/emulated/aarch64.rs, tests/guests/guest_aarch64.rs).
 
 use super::*;
 

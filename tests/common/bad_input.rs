@@ -1,7 +1,7 @@
 //! Bad input, table-driven: every library variable with malformed values, under
 //! the real library, in a compiled C program (`lifecycle_scenarios exit 3`, which also makes a
 //! thread and reports) and in `sh -c 'exit 3'`, checked the same way on every tier
-//! (tests/bad_input.rs, tests/aarch64.rs).
+//! (tests/process/bad_input.rs, tests/emulated/aarch64.rs).
 //!
 //! Load-time variables: exactly one `[tllm-affinity]` line, naming the variable, the value (as
 //! the line escapes it) and what was expected; the program runs on, with its own exit status;

@@ -1,6 +1,6 @@
 //! The four shared-process deployments of seeds/shared-process-affinity-never-restored.txt
 //! (issue #5, item 4; docs/runtimes.md), checked the same way on every tier
-//! (tests/deployments.rs, tests/aarch64.rs): each as a Python program shaped like the
+//! (tests/process/deployments.rs, tests/emulated/aarch64.rs): each as a Python program shaped like the
 //! deployment (tests/programs/deploy_*.py over trtllm_shape.py, a shape-alike of the server's
 //! worker plumbing, with the real `tllm_affinity` adapter in place of `configure_cpu_affinity`).
 //! For each, the mask of every thread before, during and after the worker's life (released at

@@ -1,5 +1,5 @@
 //! The ways out of a thread, fork and exec under the library (tests/programs/lifecycle_scenarios.c),
-//! checked the same way on every tier (tests/lifecycle.rs, tests/aarch64.rs, and tests/wheel.rs
+//! checked the same way on every tier (tests/process/lifecycle.rs, tests/emulated/aarch64.rs, and tests/process/wheel.rs
 //! with the wheel's own library).
 
 use std::path::PathBuf;

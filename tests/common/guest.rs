@@ -1,4 +1,4 @@
-//! The real-kernel tiers' harness (tests/guest.rs, x86_64; tests/guest_aarch64.rs, aarch64): a
+//! The real-kernel tiers' harness (tests/guests/guest.rs, x86_64; tests/guests/guest_aarch64.rs, aarch64): a
 //! guest machine booted with virtme-ng (`vng`) under QEMU's software emulation, one script of
 //! `tests/guest/` run inside it, and the lines each of its scenarios printed
 //! (`tests/guest/scenario.sh` prefixes them), parsed for the tests.

@@ -1,6 +1,6 @@
 //! Roles, leases and restoration around a thread made with an attribute mask
 //! (tests/programs/lifecycle_scenarios.c, mode `explicit`), checked the same way on every tier
-//! (tests/lifecycle.rs, tests/aarch64.rs).
+//! (tests/process/lifecycle.rs, tests/emulated/aarch64.rs).
 
 use std::time::Duration;
 

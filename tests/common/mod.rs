@@ -54,9 +54,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
+use tllm_affinity_core::host::simulated;
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated;
-use tllm_affinity_core::topology::{SysfsRoot, Topology};
 
 /// Skips the test where the host lacks something it needs: prints `skipped: needs <what>` and
 /// returns, except in CI (`CI=true`, where `.ci/run` installs everything), where it fails.
@@ -100,7 +100,7 @@ macro_rules! table_tests {
 #[allow(unused_imports)]
 pub(crate) use table_tests;
 
-/// The tests of one tier that each hand the tier to a check of tests/common (tests/aarch64.rs):
+/// The tests of one tier that each hand the tier to a check of tests/common (tests/emulated/aarch64.rs):
 /// `tier_tests! { tier(); /// doc\n name: check; ... }`, one `#[test]` per row, named and
 /// documented by the row, each taking the tier with [`require!`] (a probe giving
 /// `Result<&Tier, String>`) and running `check(tier)`.

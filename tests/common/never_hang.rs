@@ -1,6 +1,6 @@
 //! The host never hangs because of the library, whatever its other threads hold at a `fork`
 //! (docs/reliability.md, "Locks and contexts"), checked the same way on every tier
-//! (tests/never_hang.rs, tests/aarch64.rs). Each program runs for a few seconds, several
+//! (tests/process/never_hang.rs, tests/emulated/aarch64.rs). Each program runs for a few seconds, several
 //! times, under a deadline; a run that does not finish fails with every thread's stack of every
 //! process of its group (gdb), collected before the kill.
 //!

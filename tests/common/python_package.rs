@@ -1,9 +1,9 @@
-//! The pip-installed Python package (tests/zero_code.rs, tests/wheel.rs) and the populations it runs.
+//! The pip-installed Python package (tests/process/zero_code.rs, tests/process/wheel.rs) and the populations it runs.
 
 use super::*;
 
 /// The worker threads of the zero-code fixture's single-process TP1 LLM
-/// (tests/programs/zero_code, tests/zero_code.rs and tests/containers.rs).
+/// (tests/programs/zero_code, tests/process/zero_code.rs and tests/process/containers.rs).
 pub const TP1_WORKERS: [&str; 5] = [
     "executor_loop",
     "await_response_thread",
@@ -13,8 +13,8 @@ pub const TP1_WORKERS: [&str; 5] = [
 ];
 
 /// The worker threads of the zero-code fixture's MpiCommSession rank 0: the session's first
-/// pool thread (where worker_main configures) and the engine it starts (tests/zero_code.rs,
-/// tests/guest.rs).
+/// pool thread (where worker_main configures) and the engine it starts (tests/process/zero_code.rs,
+/// tests/guests/guest.rs).
 pub const SESSION_WORKERS: [&str; 6] = joined(&["ThreadPoolExecutor-*_0"], &TP1_WORKERS);
 
 /// The worker threads of the zero-code fixture's VisualGen rank 0: the worker function's thread,

@@ -1,11 +1,11 @@
-//! Debian root filesystems made with debootstrap (tests/wheel.rs, tests/containers.rs).
+//! Debian root filesystems made with debootstrap (tests/process/wheel.rs, tests/process/containers.rs).
 
 use super::*;
 
 pub const ROOTFS_CACHE: &str = "/var/cache/tllm-affinity";
 pub const MIRROR: &str = "http://deb.debian.org/debian";
 
-/// Debian bullseye (glibc 2.31: the old-glibc checks of tests/wheel.rs and tests/containers.rs),
+/// Debian bullseye (glibc 2.31: the old-glibc checks of tests/process/wheel.rs and tests/process/containers.rs),
 /// `debootstrap --variant=minbase`, made once and kept in
 /// `/var/cache/tllm-affinity/bullseye-minbase` for every checkout. The error (for [`require!`])
 /// says what is missing when it cannot be made: root, debootstrap, or the mirror.
@@ -13,7 +13,7 @@ pub fn bullseye_rootfs() -> Result<PathBuf, String> {
     minbase_rootfs("bullseye", &[], "usr/bin/true")
 }
 
-/// Debian trixie (glibc 2.41, Python 3.13 with venv: the new-glibc check of tests/wheel.rs),
+/// Debian trixie (glibc 2.41, Python 3.13 with venv: the new-glibc check of tests/process/wheel.rs),
 /// made and kept as [`bullseye_rootfs`], in `/var/cache/tllm-affinity/trixie-minbase`.
 pub fn trixie_rootfs() -> Result<PathBuf, String> {
     minbase_rootfs("trixie", &["python3", "python3-venv"], "usr/bin/python3")

@@ -1,4 +1,4 @@
-//! A real single-node Slurm for the tests (tests/slurm.rs): `munged`, `slurmctld` and `slurmd`
+//! A real single-node Slurm for the tests (tests/launchers/slurm.rs): `munged`, `slurmctld` and `slurmd`
 //! started by the test binary as its own processes, in the foreground, under one temporary
 //! directory (its own munge key and socket, ports, state, spool, logs; no systemd), once per test
 //! binary and per task plugin, and stopped by pid when the binary exits — a failing test too,

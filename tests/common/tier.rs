@@ -1,5 +1,5 @@
 //! A tier: one build of the library and the programs, and how its processes run. The x86_64
-//! tier runs them here, natively ([`Native`]); the aarch64 tier (tests/aarch64.rs) runs the
+//! tier runs them here, natively ([`Native`]); the aarch64 tier (tests/emulated/aarch64.rs) runs the
 //! aarch64 build under qemu-user in an arm64 root filesystem. The checks both tiers make are
 //! written once, against this trait (tests/common/fork_exec.rs, bad_input.rs, never_hang.rs,
 //! deployments.rs), so the aarch64 tier asserts exactly what the x86_64 one does.
@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::*;
 
 /// What a tier does differently. The defaults are this machine's (x86_64, native); a tier that
-/// runs elsewhere (tests/aarch64.rs) overrides them.
+/// runs elsewhere (tests/emulated/aarch64.rs) overrides them.
 pub trait Tier {
     /// A C program of tests/programs, built for this tier.
     fn program(&self, source: &str) -> PathBuf {

@@ -1,13 +1,13 @@
 //! Four servers on one GB200 tray (tests/programs/tray_servers.py), checked the same on this
-//! machine (tests/grace_shapes.rs) and in a guest with eight CPUs (tests/guest.rs), where `auto`
+//! machine (tests/process/grace_shapes.rs) and in a guest with eight CPUs (tests/guests/guest.rs), where `auto`
 //! has cores enough to pin every server's step and result threads.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
+use tllm_affinity_core::host::simulated;
 use tllm_affinity_core::mask::CpuMask;
-use tllm_affinity_core::simulated;
 
 use super::{grace_nvml, mask};
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside the guest of tests/guest.rs: the machine of two_nodes.sh (two nodes of two CPUs, 0-1 and
+# Inside the guest of tests/guests/guest.rs: the machine of two_nodes.sh (two nodes of two CPUs, 0-1 and
 # 2-3, QEMU's pci-testdev at 0000:81:00.0 on node 1, named GPU 0 by the NVML test double), booted
 # apart for the seed deployments so that each boot stays well inside its limit. Arguments: the
 # preload library, the CLI, the double's directory, numa_placement (unused here), then the

@@ -1,4 +1,4 @@
-"""Drives an app of tests/programs/zero_code inside the guest, as tests/zero_code.rs's Driver does on
+"""Drives an app of tests/programs/zero_code inside the guest, as tests/process/zero_code.rs's Driver does on
 the host: at each `PHASE <name> <thread>=<tid>:<role> ...` line it waits 50 ms (threads that were
 exiting are gone then), reads each listed thread's mask from the kernel and prints
 `PHASE <name> <thread>=<tid>:<role>:<cpulist> ...` (threads gone are left out), then lets the app

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside the guest of tests/guest.rs: four NUMA nodes of one CPU each (SNC/NPS-like) and node 4
+# Inside the guest of tests/guests/guest.rs: four NUMA nodes of one CPU each (SNC/NPS-like) and node 4
 # with memory and no CPU (GB200-like), nearest to node 3. QEMU's pci-testdev at 0000:81:00.0
 # behind a root bridge on node 4, and another at 0000:00:10.0 on the root bus, where the kernel
 # knows no node (numa_node -1); the NVML test double names them GPU 0 and GPU 1. Arguments: the

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside the aarch64 guest of tests/guest_aarch64.rs, a GB200 compute tray at small scale: Grace
+# Inside the aarch64 guest of tests/guests/guest_aarch64.rs, a GB200 compute tray at small scale: Grace
 # nodes 0 (CPUs 0-1) and 1 (CPUs 2-3), placeholder nodes 3-9 (no CPUs, no memory), node 2 one
 # more placeholder or GPU 1's memory (see below), node 10 the GPU's memory (memory, no CPU) in
 # NUMA mode or one more placeholder in CDMM mode, and QEMU's pci-testdev at 0000:00:02.0 on node
@@ -56,7 +56,7 @@ bound_to_gpu_memory=""
 scenario dedicated env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info $bound_to_gpu_memory "$follows" main 0
 scenario shared env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" thread 0
 # Transparent huge pages (`always`): a buffer half a huge page past a huge page boundary, moved
-# by a dedicated worker's configure: 68 MiB with 2 MiB huge pages (as tests/guest.rs's), three
+# by a dedicated worker's configure: 68 MiB with 2 MiB huge pages (as tests/guests/guest.rs's), three
 # huge pages and 4 MiB with bigger ones (100 MiB with the 32 MiB of 16 KiB pages).
 thp=/sys/kernel/mm/transparent_hugepage
 thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/enabled)

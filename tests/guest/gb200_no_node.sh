@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside the aarch64 guest of tests/guest_aarch64.rs booted with QEMU's own device tree: the same
+# Inside the aarch64 guest of tests/guests/guest_aarch64.rs booted with QEMU's own device tree: the same
 # nodes as gb200.sh, but the PCI host bridge has no NUMA node, so the GPU at 0000:00:02.0 has
 # numa_node -1 (a DGX Spark's GPU is so) and NVML's CPU affinity (node 1's CPUs) is all that says
 # where it is. Arguments: as gb200.sh.

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside the guest of tests/guest.rs: two NUMA nodes of two CPUs each (0-1, 2-3) and a
+# Inside the guest of tests/guests/guest.rs: two NUMA nodes of two CPUs each (0-1, 2-3) and a
 # pci-testdev on each: 0000:41:00.0 on node 0 (GPU 0) and 0000:81:00.0 on node 1 (GPU 1), named
 # GPUs by the NVML test double and by a driver list of the same two (what a dedicated worker
 # configured at load reads, where NVML must not be loaded). Arguments: the preload library, the
@@ -37,7 +37,7 @@ visualgen visualgen_thread thread
 # the GPU on node 1 as its one visible GPU (-x: how a launcher hands a rank its device).
 under_run worker_main_rank mpirun -np 1 --bind-to none --allow-run-as-root \
   -x CUDA_VISIBLE_DEVICES=1 "$python" "$programs/memory_follows_worker_main.py"
-# What runs beside the move (tests/guest.rs, issue of the move's safety): a thread allocating and
+# What runs beside the move (tests/guests/guest.rs, issue of the move's safety): a thread allocating and
 # a thread forking while it runs; an 8 MiB shmem object shared with a child that set its own
 # policy on half of it; transparent huge pages (`always`) in a buffer 1 MiB past a huge page
 # boundary, which NUMA balancing has had 3 s of the program's run time to mark; a budget smaller than the buffer, of huge pages and of base pages; and a target

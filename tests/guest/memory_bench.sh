@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside the guest of tests/guest.rs with a device on each node (memory.sh's machine, booted
+# Inside the guest of tests/guests/guest.rs with a device on each node (memory.sh's machine, booted
 # apart): the move's cost, a dedicated worker's configure for GPU 1 (node 1) after it touched
 # 64 MiB or 1 GiB on node 0, with the move and with TLLM_AFFINITY_MOVE_MEMORY=0, ROUNDS times
 # each, alternating (the test takes the medians); for 1 GiB also numactl's `migratepages PID 0 1`

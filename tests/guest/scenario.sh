@@ -1,4 +1,4 @@
-# Sourced by the guest scripts of tests/guest.rs, which run inside the guest. Every line a
+# Sourced by the guest scripts of tests/guests/guest.rs, which run inside the guest. Every line a
 # scenario prints goes to the console as `<name>| <line>` (stdout) or `<name>! <line>` (stderr),
 # then `<name>= <exit status>`, so the host test finds each scenario's output whatever ran
 # around it.

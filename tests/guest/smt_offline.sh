@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside the guest of tests/guest.rs: two sockets of two cores of two SMT threads (an Intel CPU
+# Inside the guest of tests/guests/guest.rs: two sockets of two cores of two SMT threads (an Intel CPU
 # model), one NUMA node per socket (0-3, 4-7), QEMU's pci-testdev at 0000:81:00.0 on node 1,
 # named GPU 0 by the NVML test double. CPU 7 goes offline here, and comes back online while a
 # process whose worker masks the library restored is still running. Before that, with every CPU

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Inside the guest of tests/guest.rs: two NUMA nodes of two CPUs each (0-1, 2-3), QEMU's
+# Inside the guest of tests/guests/guest.rs: two NUMA nodes of two CPUs each (0-1, 2-3), QEMU's
 # pci-testdev at 0000:81:00.0 behind a root bridge on node 1, which the NVML test double names
 # GPU 0. Arguments: the preload library, the CLI, the double's directory, numa_placement.
 lib=$1 cli=$2 nvml_dir=$3 placement=$4

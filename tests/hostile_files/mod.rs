@@ -1,5 +1,5 @@
-//! What a hostile local user plants, and how a test watches it (tests/shared_host.rs,
-//! tests/containers.rs): FIFOs, a device node, a forged table, inotify on their opens.
+//! What a hostile local user plants, and how a test watches it (tests/process/shared_host.rs,
+//! tests/process/containers.rs): FIFOs, a device node, a forged table, inotify on their opens.
 #![allow(dead_code)]
 
 use std::ffi::CString;
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tllm_affinity_core::identity::{Placement, Role};
-use tllm_affinity_core::threadtable;
+use tllm_affinity_core::table::threadtable;
 
 /// Removes what a test left in `/dev/shm` when it ends, passed or failed: a failure must not
 /// leave another user's files in the way of later tests.

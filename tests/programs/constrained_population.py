@@ -1,4 +1,4 @@
-"""A Python thread population for the external-constraint tests (tests/constraints.rs): run under
+"""A Python thread population for the external-constraint tests (tests/process/constraints.rs): run under
 `numactl --physcpubind`, `taskset -c` or inside a cpuset cgroup.
 
 Threads: main (host); host, a host thread started before the worker; worker, which configures

@@ -1,4 +1,4 @@
-"""The device variables set after load (tests/device_variables.rs). Steps come from argv, each a
+"""The device variables set after load (tests/process/device_variables.rs). Steps come from argv, each a
 word; after each the program prints `PHASE <step> <thread>=<tid>:<role> ...` for its threads and
 waits for a line on stdin. Threads `a` and `b` live throughout; `a` makes the assignments (so they
 come from a thread other than the main one, as Ray's do), a thread `late_<n>` is started after

@@ -1,4 +1,4 @@
-"""What the start-up hook did to this interpreter, as one JSON line (tests/python_hook.rs).
+"""What the start-up hook did to this interpreter, as one JSON line (tests/process/python_hook.rs).
 
 An unmodified program: it imports `tensorrt_llm.executor.base_worker` (one of the
 tests/programs/hook_cases packages, on PYTHONPATH), which binds `configure_cpu_affinity` at import

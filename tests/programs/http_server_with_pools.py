@@ -1,4 +1,4 @@
-"""One process mixed like a real server (tests/runtimes.rs): the main thread serves HTTP on
+"""One process mixed like a real server (tests/process/runtimes.rs): the main thread serves HTTP on
 loopback (stdlib ThreadingHTTPServer, a thread per request), while a worker thread imports numpy
 (OpenBLAS starts its pool from the importing thread), configures, runs a real OpenMP region
 (libgomp starts a pool for the worker thread) and BLAS work, and finally releases.

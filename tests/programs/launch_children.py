@@ -1,4 +1,4 @@
-"""Programs started from a process under the library (tests/launch.rs).
+"""Programs started from a process under the library (tests/process/launch.rs).
 
 Usage: launch_children.py MODE
   worker-subprocess   a worker thread (configure(0)) starts the child with subprocess

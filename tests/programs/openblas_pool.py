@@ -1,4 +1,4 @@
-"""Where numpy's OpenBLAS pool lands (tests/runtimes.rs, docs/runtimes.md).
+"""Where numpy's OpenBLAS pool lands (tests/process/runtimes.rs, docs/runtimes.md).
 
 OpenBLAS (pthreads build, as in numpy's wheels) starts its pool when the library loads, i.e. at
 `import numpy`, from the importing thread, sized to that thread's CPUs. Usage:

@@ -1,4 +1,4 @@
-"""Ray actors under the library (tests/ray.rs).
+"""Ray actors under the library (tests/launchers/ray.rs).
 Usage: ray_actors.py <library> <sysfs root> <Ray temp dir>
 
 The driver (this process, preloaded by the test as a host process) starts a local cluster with

@@ -1,5 +1,5 @@
 """A shape-alike of TensorRT-LLM's worker plumbing for the deployment programs
-(tests/programs/deploy_*.py, tests/deployments.rs): no inference, the same threads.
+(tests/programs/deploy_*.py, tests/process/deployments.rs): no inference, the same threads.
 
 `Worker.setup_engine()` runs on the thread that owns the worker (base_worker.py): it calls this
 module's `configure_cpu_affinity(device_id)` and starts the engine's threads (the executor loop

@@ -1,5 +1,5 @@
-"""A mixed population in one Python process, for the wheel tests (tests/wheel.rs,
-tests/aarch64.rs): the main thread and a host thread, a worker configured for device 0 and its two
+"""A mixed population in one Python process, for the wheel tests (tests/process/wheel.rs,
+tests/emulated/aarch64.rs): the main thread and a host thread, a worker configured for device 0 and its two
 children. It prints what it is as one JSON line, waits for a line on stdin, exits."""
 import json, os, sys, threading, tllm_affinity
 seen, ready, stop = {}, threading.Barrier(5), threading.Event()

@@ -22,7 +22,7 @@ use tllm_affinity_core::identity::{Placement, Role, Tid};
 use tllm_affinity_core::lock::EngineLock;
 use tllm_affinity_core::per_thread::{self, PerThread};
 use tllm_affinity_core::sys;
-use tllm_affinity_core::threadtable;
+use tllm_affinity_core::table::threadtable;
 
 /// A mask as an entry holds it: shared with its creator's entry (a reference count taken at birth
 /// and dropped at exit), or, with `plain-masks`, a number naming it.
