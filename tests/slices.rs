@@ -11,6 +11,7 @@ mod common;
 
 use std::process::{Child, Command, Stdio};
 
+use common::slices::two_nodes_two_gpus_each;
 use common::*;
 use serde_json::Value;
 use tllm_affinity_core::mask::CpuMask;
@@ -167,33 +168,6 @@ fn grace_trays_two_gpus_share_each_grace() {
     }
     let shape = simulated::gh200();
     assert_eq!(lists(&check_shape(shape.name, &shape.host)), ["0-71"]);
-}
-
-/// Two nodes over `cpus` (the lower half and the rest), each CPU its own core, each node two
-/// last-level-cache domains (its halves), two GPUs per node.
-fn two_nodes_two_gpus_each(cpus: &[usize]) -> (SimulatedHost, [CpuMask; 2]) {
-    let half = cpus.len() / 2;
-    let of = |part: &[usize]| CpuMask::from_cpus(part.iter().copied());
-    let nodes = [of(&cpus[..half]), of(&cpus[half..])];
-    let mut host = SimulatedHost::new();
-    for (i, &c) in cpus.iter().enumerate() {
-        host = host.cpu(c, c, usize::from(i >= half), &CpuMask::from_cpus([c]));
-    }
-    for part in [&cpus[..half], &cpus[half..]] {
-        let quarter = part.len() / 2;
-        host = host
-            .llc_domain(&of(&part[..quarter]))
-            .llc_domain(&of(&part[quarter..]));
-    }
-    let host = host
-        .node(0, &nodes[0])
-        .node(1, &nodes[1])
-        .node_distances(vec![vec![10, 21], vec![21, 10]])
-        .gpu("0000:1a:00.0", Some(0), None)
-        .gpu("0000:2a:00.0", Some(0), None)
-        .gpu("0000:9a:00.0", Some(1), None)
-        .gpu("0000:aa:00.0", Some(1), None);
-    (host, nodes)
 }
 
 /// In a worker thread: configure(GPU), the worker's mask, a child thread's, and under
