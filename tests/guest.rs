@@ -644,7 +644,7 @@ fn four_servers_on_a_tray_get_distinct_step_cores_and_upstreams_pin_is_flagged()
 /// Four engines on two nodes of four CPUs, one process per GPU started at once, each the upstream
 /// stand-in under `tllm-affinity run` with upstream's `TLLM_EXECUTOR_LOOP_PIN=1` (offset 0, one
 /// CPU). With `--slice gpu` every GPU's workers are on its own cache domain, which no other GPU's
-/// workers share, host threads keep every CPU, `plan` agrees, the host view flags nothing and
+/// workers share, host threads keep every CPU, `plan` agrees, the host view flags no shared CPU and
 /// `metrics` gives each lease's slice; the executor loop stays inside its slice (upstream's CPU
 /// where it lies there, the slice's step core where it would leave it, each said in the log).
 /// Without it every worker has its whole node, and upstream's loop pin stands.

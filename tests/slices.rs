@@ -280,3 +280,43 @@ fn a_malformed_slice_value_is_one_clear_line() {
         "{stderr}"
     );
 }
+
+/// The executor loop's rule under slicing, alone (no library in the process): upstream's CPUs
+/// stand inside the slice, go to the slice's step core when any lies outside (the whole slice
+/// where it has none), and nothing changes without a pin or without a slice.
+#[test]
+fn the_executor_loop_goes_where_upstream_asks_inside_the_slice_else_on_its_step_core() {
+    let out = succeeded(
+        clean(python())
+            .env("PYTHONPATH", repo().join("python"))
+            .args([
+                "-c",
+                "import json\n\
+                 from tllm_affinity.adapters.trtllm import executor_loop_cpus as rule\n\
+                 print(json.dumps([rule([2, 3], {2, 3, 4, 5}, {2}), rule([1], {2, 3}, {2}),\n\
+                 rule([3, 4], {0, 1, 2, 3}, {0}), rule([7], {0, 1}, set()),\n\
+                 rule([], {0, 1}, {0}), rule([9], None, None)]))",
+            ]),
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cpus: Vec<&Value> = got.as_array().unwrap().iter().map(|r| &r[0]).collect();
+    assert_eq!(
+        cpus,
+        [
+            &serde_json::json!([2, 3]),
+            &serde_json::json!([2]),
+            &serde_json::json!([0]),
+            &serde_json::json!([0, 1]),
+            &serde_json::json!([]),
+            &serde_json::json!([9]),
+        ],
+        "{got}"
+    );
+    let why = |i: usize| got[i][1].as_str().unwrap_or_default().to_string();
+    assert!(why(0).contains("lie inside the GPU's slice"), "{got}");
+    assert!(why(1).contains("on the slice's step core instead"), "{got}");
+    assert!(why(2).contains("[4] outside it"), "{got}");
+    assert!(why(3).contains("on the whole slice instead"), "{got}");
+    assert_eq!(got[4][1], Value::Null);
+    assert_eq!(got[5][1], Value::Null);
+}
