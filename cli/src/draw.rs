@@ -161,7 +161,11 @@ pub fn lease_device(lease: &LeaseLine) -> String {
 
 /// A lease as `--json` gives it.
 pub fn lease_json(lease: &LeaseLine) -> Value {
-    json!({ "lease": lease.id, "gpu": lease.gpu_index, "device": lease.device })
+    let mut v = json!({ "lease": lease.id, "gpu": lease.gpu_index, "device": lease.device });
+    if let Some(slice) = &lease.slice {
+        v["slice"] = json!(slice.to_list());
+    }
+    v
 }
 
 /// `memory per node: node 0 1.0 GiB, node 1 12.0 MiB (from ...)`, or why not.

@@ -1067,6 +1067,7 @@ mod tests {
             id: 1,
             gpu_index: Some(gpu),
             device: device.into(),
+            slice: None,
         }
     }
 

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::host::topology::SysfsRoot;
 use tllm_affinity_core::table::untrusted::{self, Dir};
 
@@ -564,7 +565,7 @@ fn with(
 }
 
 /// The families the exposition writes, in its order: each name and HELP text.
-const FAMILIES: [(&str, &str); 14] = [
+const FAMILIES: [(&str, &str); 15] = [
     (
         "tllm_affinity_build_info",
         "The tllm-affinity version that scanned the host (value 1).",
@@ -608,6 +609,11 @@ const FAMILIES: [(&str, &str); 14] = [
         "Open leases of a process per GPU (sum by gpu for the leases of each GPU).",
     ),
     (
+        "tllm_affinity_lease_slice_cpus",
+        "CPUs of the GPU slice a process's open leases put its workers on \
+         (TLLM_AFFINITY_SLICE=gpu), per GPU; the cpus label lists them.",
+    ),
+    (
         "tllm_affinity_memory_resident_bytes",
         "Resident memory of a process per NUMA node.",
     ),
@@ -628,7 +634,7 @@ const FAMILIES: [(&str, &str); 14] = [
 
 /// The metrics of `view`, scanned in `took`.
 pub fn render(view: &HostView, took: Duration) -> String {
-    let [mut build, mut duration, mut processes, mut unreadable, mut unreachable, mut stuck, mut threads, mut worker_cpus, mut worker_cpus_info, mut leases, mut memory, mut off_node, mut flags, mut process_flags] =
+    let [mut build, mut duration, mut processes, mut unreadable, mut unreachable, mut stuck, mut threads, mut worker_cpus, mut worker_cpus_info, mut leases, mut lease_slices, mut memory, mut off_node, mut flags, mut process_flags] =
         FAMILIES.map(|(name, help)| Family::new(name, help));
     build.add(vec![("version", env!("CARGO_PKG_VERSION").into())], 1.0);
     duration.add(Vec::new(), took.as_secs_f64());
@@ -671,18 +677,27 @@ pub fn render(view: &HostView, took: Duration) -> String {
         }
         if let Ok(open) = &r.leases {
             let mut per_device: BTreeMap<(Option<usize>, &str), usize> = BTreeMap::new();
+            // The leases of one GPU share its slice (it follows from the topology alone).
+            let mut slice_of: BTreeMap<(Option<usize>, &str), &CpuMask> = BTreeMap::new();
             for lease in open {
-                *per_device
-                    .entry((lease.gpu_index, lease.device.as_str()))
-                    .or_default() += 1;
+                let key = (lease.gpu_index, lease.device.as_str());
+                *per_device.entry(key).or_default() += 1;
+                if let Some(slice) = &lease.slice {
+                    slice_of.insert(key, slice);
+                }
             }
+            let device_labels = |gpu: Option<usize>, device: &str| match gpu {
+                Some(gpu) => vec![("gpu", gpu.to_string()), ("pci_bus_id", device.into())],
+                // A lease whose CPUs TLLM_AFFINITY_CPUS chose names no GPU.
+                None => vec![("device", device.into())],
+            };
             for ((gpu, device), n) in per_device {
-                let device_labels = match gpu {
-                    Some(gpu) => vec![("gpu", gpu.to_string()), ("pci_bus_id", device.into())],
-                    // A lease whose CPUs TLLM_AFFINITY_CPUS chose names no GPU.
-                    None => vec![("device", device.into())],
-                };
-                leases.add(with(labels.clone(), &device_labels), n as f64);
+                leases.add(with(labels.clone(), &device_labels(gpu, device)), n as f64);
+            }
+            for ((gpu, device), slice) in slice_of {
+                let mut slice_labels = device_labels(gpu, device);
+                slice_labels.push(("cpus", slice.to_list()));
+                lease_slices.add(with(labels.clone(), &slice_labels), slice.count() as f64);
             }
         }
         if let Ok(m) = &r.memory {
@@ -741,6 +756,7 @@ pub fn render(view: &HostView, took: Duration) -> String {
         worker_cpus,
         worker_cpus_info,
         leases,
+        lease_slices,
         memory,
         off_node,
         flags,
@@ -807,11 +823,13 @@ mod tests {
                     id: 1,
                     gpu_index: Some(0),
                     device: "0000:3b:00.0".into(),
+                    slice: None,
                 },
                 LeaseLine {
                     id: 2,
                     gpu_index: Some(0),
                     device: "0000:3b:00.0".into(),
+                    slice: Some(m("4-7")),
                 },
             ]),
             cpus: [(Kind::Worker, m("4-7")), (Kind::Host, m("0-7"))]
@@ -866,6 +884,10 @@ mod tests {
             format!("tllm_affinity_worker_cpus{{{p},node=\"1\"}} 4"),
             format!("tllm_affinity_worker_cpus_info{{{p},cpus=\"4-7\"}} 1"),
             format!("tllm_affinity_leases{{{p},gpu=\"0\",pci_bus_id=\"0000:3b:00.0\"}} 2"),
+            format!(
+                "tllm_affinity_lease_slice_cpus{{{p},gpu=\"0\",pci_bus_id=\"0000:3b:00.0\",\
+                 cpus=\"4-7\"}} 4"
+            ),
             format!("tllm_affinity_memory_resident_bytes{{{p},node=\"2\"}} 5368709120"),
             // Node 2 has no CPU (a GPU's memory): 3 GiB of 4 GiB off node 1.
             format!("tllm_affinity_memory_off_workers_node_ratio{{{p},node=\"1\"}} 0.75"),

@@ -8,16 +8,16 @@ use super::kernel::Kernel;
 use super::memory_effects::{self, Configured};
 use super::memory_preference;
 use super::state::{load_facts, lock_registry};
-use crate::host::topology::{LocalCpuSource, SysfsRoot, Topology};
+use crate::placement::device::{resolve_device_on, DeviceEnv};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
-use crate::placement::device::{resolve_device_on, DeviceEnv};
 use crate::placement::plan;
 use crate::placement::policy::{self, Rule};
+use crate::registry::{LeaseKind, LeaseSlice, Slot};
 use crate::placement::settings::{PolicyChoice, SliceMode};
 use crate::placement::slice;
-use crate::registry::{LeaseKind, Slot};
 use crate::sys;
+use crate::host::topology::{LocalCpuSource, SysfsRoot, Topology};
 use crate::{log_debug, log_error, log_info, log_warn};
 
 /// The worker CPU set for `device_id`, with a key naming the device and words saying where the
@@ -31,6 +31,8 @@ pub(super) struct WorkerSet {
     /// The host's nodes with memory, with their CPUs (none on a host of one node).
     memory_nodes: Vec<(usize, CpuMask)>,
     note: Option<String>,
+    /// Under slicing, the GPU's slice and its step core, for the lease (SPEC §18).
+    slice: Option<LeaseSlice>,
     /// A configure already warned that the policy leaves this device no worker CPU.
     empty_warned: bool,
 }
@@ -69,6 +71,7 @@ fn resolve_worker_set(
             gpu_local: cpus.clone(),
             memory_nodes: Vec::new(),
             note: None,
+            slice: None,
             empty_warned: false,
         });
     }
@@ -108,6 +111,7 @@ fn resolve_worker_set(
         _ => None,
     };
     log_debug!("{}", resolved.how);
+    let mut lease_slice = None;
     if settings.slice == SliceMode::Gpu {
         // SPEC §18: the GPU's slice of its set, from the topology alone, so every process
         // computes the same slices. Resolved once per device, so the warning is one line.
@@ -129,6 +133,10 @@ fn resolve_worker_set(
                 Some(n) => format!("{n}; {sliced}"),
                 None => sliced,
             });
+            lease_slice = Some(LeaseSlice {
+                cpus: s.cpus.clone(),
+                step_core: slice_step_core(&topology, &all, &resolved.address),
+            });
         }
         local.cpus = base.cpus;
     }
@@ -148,8 +156,22 @@ fn resolve_worker_set(
         gpu_local: local.cpus,
         memory_nodes,
         note,
+        slice: lease_slice,
         empty_warned: false,
     })
+}
+
+/// The step core `auto` gives the GPU at `address` within its slice (`all`: every GPU's slice),
+/// or `None` where its slice is too small for one: where upstream's executor-loop pin goes when
+/// it would leave the slice.
+fn slice_step_core(topology: &Topology, all: &[slice::GpuSlice], address: &str) -> Option<CpuMask> {
+    let facts = load_facts();
+    let allowed = facts.mask_at_load.intersection(&facts.cpuset);
+    plan::step_placements(topology, &allowed, Some(all))
+        .into_iter()
+        .find(|g| g.address == address)
+        .and_then(|g| g.placement.ok())
+        .map(|p| p.step)
 }
 
 /// True the first time a configure finds `device`'s worker set empty: a repeated configure logs
@@ -199,6 +221,9 @@ pub(super) fn configure_for(
             decision.mask.clone(),
             &Kernel,
         );
+        if let Some(slice) = &set.slice {
+            reg.describe_slice(outcome.lease, slice);
+        }
         exec::publish_target(reg.target().map(|t| &*t.mask));
         (outcome, on_main)
     };

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use super::{
-    ConfigureOutcome, LeaseInfo, LeaseKind, Placement, Registry, ReleaseOutcome, Role, SharedMask,
-    Slot, Target, ThreadMasks, Tid, UnknownLease,
+    ConfigureOutcome, LeaseInfo, LeaseKind, LeaseSlice, Placement, Registry, ReleaseOutcome, Role,
+    SharedMask, Slot, Target, ThreadMasks, Tid, UnknownLease,
 };
 use crate::mask::CpuMask;
 
@@ -41,6 +41,8 @@ impl Registry {
             id: lease,
             device: device.to_string(),
             gpu,
+            slice: None,
+            slice_step_core: None,
         });
         self.publish_leases();
         let mut outcome = ConfigureOutcome {
@@ -64,6 +66,15 @@ impl Registry {
         self.set_target(device, worker_mask, &mut outcome);
         self.place_workers(promote, kernel, &mut outcome);
         outcome
+    }
+
+    /// Records the GPU slice `lease` was opened on (SPEC §18), for the report and the table.
+    pub fn describe_slice(&mut self, lease: i64, slice: &LeaseSlice) {
+        if let Some(info) = self.leases.iter_mut().find(|l| l.id == lease) {
+            info.slice = Some(slice.cpus.to_list());
+            info.slice_step_core = slice.step_core.as_ref().map(CpuMask::to_list);
+        }
+        self.publish_leases();
     }
 
     /// The worker mask in force from now on: a repeated mask changes nothing (SPEC §5), another

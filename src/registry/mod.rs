@@ -94,6 +94,20 @@ pub struct LeaseInfo {
     /// The GPU's index among the GPUs the process sees; `None` where no GPU chose the CPUs
     /// (`TLLM_AFFINITY_CPUS`).
     pub gpu: Option<usize>,
+    /// Under `TLLM_AFFINITY_SLICE=gpu`, the GPU's slice (its worker CPUs before the policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slice: Option<String>,
+    /// The step core `auto` gives the GPU within its slice, where the slice holds one: where
+    /// an executor-loop pin that would leave the slice goes instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slice_step_core: Option<String>,
+}
+
+/// A lease's GPU slice, as [`Registry::describe_slice`] records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSlice {
+    pub cpus: CpuMask,
+    pub step_core: Option<CpuMask>,
 }
 
 /// What the creator decided for a thread about to be born; travels in the start packet.

@@ -3,6 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{Registry, Slot};
+use crate::mask::CpuMask;
 use crate::table::threadtable;
 
 impl Registry {
@@ -27,6 +28,7 @@ impl Registry {
                 id: l.id,
                 gpu_index: l.gpu,
                 device: l.device.clone(),
+                slice: l.slice.as_deref().and_then(|s| CpuMask::parse_list(s).ok()),
             })
             .collect();
         table.write_leases(&open);

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::identity::{Placement, Role, Tid};
 use crate::log_warn;
+use crate::mask::CpuMask;
 use crate::table::untrusted::{Dir, OwnFile, Rules};
 
 pub const MAGIC: &[u8; 8] = b"TLLMAFT1";
@@ -450,14 +451,16 @@ fn write_text(area: &TextArea, header: &[AtomicU64], words: &[AtomicU64], text: 
     sequence.fetch_add(1, Ordering::Release);
 }
 
-/// One open lease as the table carries it: `<lease> <GPU index or -> <device>`, the device being
-/// the GPU's PCI address (or `TLLM_AFFINITY_CPUS=<list>` where that variable chose the CPUs), the
-/// index the GPU's among the GPUs the process sees.
+/// One open lease as the table carries it: `<lease> <GPU index or -> <device> [<slice>]`, the
+/// device being the GPU's PCI address (or `TLLM_AFFINITY_CPUS=<list>` where that variable chose
+/// the CPUs), the index the GPU's among the GPUs the process sees, the slice the GPU's CPU list
+/// under `TLLM_AFFINITY_SLICE=gpu` (absent otherwise, and in a library from before slices).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseLine {
     pub id: i64,
     pub gpu_index: Option<usize>,
     pub device: String,
+    pub slice: Option<CpuMask>,
 }
 
 impl LeaseLine {
@@ -471,10 +474,14 @@ impl LeaseLine {
             .chars()
             .map(|c| if c.is_ascii_graphic() { c } else { '_' })
             .collect();
-        format!("{} {index} {device}\n", self.id)
+        match &self.slice {
+            Some(slice) => format!("{} {index} {device} {}\n", self.id, slice.to_list()),
+            None => format!("{} {index} {device}\n", self.id),
+        }
     }
 
-    /// A line [`Self::to_line`] wrote; words after the device (a later library's) are ignored.
+    /// A line [`Self::to_line`] wrote; a slice that is not a CPU list is no slice, and words after
+    /// it (a later library's) are ignored.
     fn parse(line: &str) -> Option<LeaseLine> {
         let mut words = line.split_whitespace();
         let id = words.next()?.parse().ok()?;
@@ -482,10 +489,13 @@ impl LeaseLine {
             "-" => None,
             index => Some(index.parse().ok()?),
         };
+        let device = words.next()?.to_string();
+        let slice = words.next().and_then(|w| CpuMask::parse_list(w).ok());
         Some(LeaseLine {
             id,
             gpu_index,
-            device: words.next()?.to_string(),
+            device,
+            slice,
         })
     }
 }
@@ -1010,11 +1020,13 @@ mod tests {
                 id: 1,
                 gpu_index: Some(1),
                 device: "0000:86:00.0".into(),
+                slice: Some(CpuMask::parse_list("4-7,12-15").unwrap()),
             },
             LeaseLine {
                 id: 2,
                 gpu_index: None,
                 device: "TLLM_AFFINITY_CPUS=0-3".into(),
+                slice: None,
             },
         ];
         write_leases(&header, &leases, &open);

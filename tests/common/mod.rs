@@ -41,6 +41,7 @@ pub mod guest;
 pub mod host_view_target;
 pub mod leases;
 pub mod never_hang;
+pub mod slices;
 pub mod slurm;
 pub mod tier;
 pub mod tray;

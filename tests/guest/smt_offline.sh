@@ -7,11 +7,13 @@
 # = CPUs 0-3, node 1 = 4-7; the written tree says each CPU is a core of its own, as on Grace):
 # eight CPUs give `auto` the two cores per GPU it needs. Arguments: the preload library, the
 # CLI, the double's directory, step_result_hotplug, Python, the test programs' directory, the
-# written tray.
-lib=$1 cli=$2 nvml_dir=$3 program=$4 python=$5 programs=$6 tray=$7
+# written tray, the written tree of four GPUs over the two sockets (two per node, each node two
+# last-level-cache domains) on which four engines run side by side, with slices and without.
+lib=$1 cli=$2 nvml_dir=$3 program=$4 python=$5 programs=$6 tray=$7 slice_tree=$8
 . "$(dirname "$0")/scenario.sh"
 scenario guest identity
 scenario tray "$python" "$programs/tray_servers.py" "$cli" "$python" "$programs" "$tray" "$nvml_dir"
+scenario slices "$python" "$programs/slice_servers.py" "$cli" "$python" "$programs" "$slice_tree" 4
 scenario siblings sh -c 'for c in /sys/devices/system/cpu/cpu[0-9]*; do
   echo "${c##*/} $(cat $c/topology/thread_siblings_list) $(cat $c/topology/physical_package_id)"
 done'

@@ -22,6 +22,7 @@
 use crate::common;
 
 use common::guest::*;
+use common::slices;
 use common::tray;
 use common::*;
 use std::collections::BTreeMap;
@@ -36,9 +37,10 @@ const BOOT_LIMIT: Duration = Duration::from_secs(200);
 /// The seed deployments' boot: four Python apps under `tllm-affinity run`, each 30–60 s under
 /// TCG on a quiet machine (and up to three times that on a loaded one).
 const DEPLOYMENTS_LIMIT: Duration = Duration::from_secs(540);
-/// The SMT machine's boot: eight vCPUs, and four Python servers on a tray before its scenarios
-/// (about 190 s in all with two other builds on this machine's two cores).
-const SMT_LIMIT: Duration = Duration::from_secs(400);
+/// The SMT machine's boot: eight vCPUs, and four Python servers on a tray, then four engines side
+/// by side twice, before its scenarios (about 190 s in all with two other builds on this
+/// machine's two cores before the engines).
+const SMT_LIMIT: Duration = Duration::from_secs(540);
 /// The move's cost: 1 GiB first-touched and moved three times under TCG, about 3 minutes with
 /// the boot on a quiet machine (and past `BOOT_LIMIT` on a loaded one).
 const MEMORY_BENCH_LIMIT: Duration = Duration::from_secs(540);
@@ -123,7 +125,12 @@ fn script_extra_args(machine: &Machine) -> Vec<std::path::PathBuf> {
         ];
     }
     if machine.script == SMT_SCRIPT {
-        return vec![python(), programs_dir(), tray_over_the_smt_sockets()];
+        return vec![
+            python(),
+            programs_dir(),
+            tray_over_the_smt_sockets(),
+            slice_tree_over_the_smt_sockets(),
+        ];
     }
     if machine.script == MEMORY_BENCH_SCRIPT {
         let (rounds, against) = bench_rounds_and_against();
@@ -558,6 +565,19 @@ fn tray_over_the_smt_sockets() -> std::path::PathBuf {
     dir
 }
 
+/// The tree of four GPUs, two per socket, each socket two last-level-cache domains (halves of
+/// its CPUs), written under the build directory (tests/common/slices.rs).
+fn slice_tree_over_the_smt_sockets() -> std::path::PathBuf {
+    let dir = target_dir().join("guest-slices");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    slices::write_slice_tree(&dir, &SLICE_CPUS);
+    dir
+}
+
+/// The guest's eight CPUs, as the slice tree describes them.
+const SLICE_CPUS: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+
 booted_once!(smt, smt_machine);
 
 /// The kernel's sibling list of each CPU, read in the guest before CPU 7 went offline.
@@ -619,6 +639,20 @@ fn four_servers_on_a_tray_get_distinct_step_cores_and_upstreams_pin_is_flagged()
     let run = guest.ok("tray");
     let pinned = tray::check_tray_servers(&run.text(), &mask(TRAY_NODES[0]), &mask(TRAY_NODES[1]));
     assert!(pinned, "`auto` pinned no step thread:\n{}", run.text());
+}
+
+/// Four engines on two nodes of four CPUs, one process per GPU started at once, each the upstream
+/// stand-in under `tllm-affinity run` with upstream's `TLLM_EXECUTOR_LOOP_PIN=1` (offset 0, one
+/// CPU). With `--slice gpu` every GPU's workers are on its own cache domain, which no other GPU's
+/// workers share, host threads keep every CPU, `plan` agrees, the host view flags no shared CPU and
+/// `metrics` gives each lease's slice; the executor loop stays inside its slice (upstream's CPU
+/// where it lies there, the slice's step core where it would leave it, each said in the log).
+/// Without it every worker has its whole node, and upstream's loop pin stands.
+#[test]
+fn engines_side_by_side_get_disjoint_slices_and_keep_the_loop_pin_inside() {
+    let guest = require!(smt());
+    let run = guest.ok("slices");
+    slices::check_slice_servers(&run.text(), &SLICE_CPUS);
 }
 
 #[test]

@@ -320,16 +320,21 @@ fn expected(v: &Value, pid: u32) -> BTreeMap<String, BTreeMap<String, f64>> {
             }
         }
     }
+    let mut slices = BTreeMap::new();
     for lease in p["leases"].as_array().unwrap() {
-        add(
-            "tllm_affinity_leases",
-            format!(
-                "gpu={},pci_bus_id={}",
-                lease["gpu"],
-                lease["device"].as_str().unwrap()
-            ),
-            1.0,
+        let device = format!(
+            "gpu={},pci_bus_id={}",
+            lease["gpu"],
+            lease["device"].as_str().unwrap()
         );
+        add("tllm_affinity_leases", device.clone(), 1.0);
+        if let Some(slice) = lease["slice"].as_str() {
+            slices.insert(format!("{device},cpus={slice}"), mask(slice).count() as f64);
+        }
+    }
+    // One series per GPU, however many of its leases are open.
+    for (labels, cpus) in slices {
+        add("tllm_affinity_lease_slice_cpus", labels, cpus);
     }
     let mut resident = BTreeMap::new();
     for (node, bytes) in p["memory"]["bytes_per_node"].as_object().unwrap() {
@@ -387,6 +392,7 @@ fn scraped(
         "tllm_affinity_worker_cpus_info",
         "tllm_affinity_worker_cpus",
         "tllm_affinity_leases",
+        "tllm_affinity_lease_slice_cpus",
         "tllm_affinity_memory_resident_bytes",
         "tllm_affinity_memory_off_workers_node_ratio",
     ] {
@@ -689,6 +695,53 @@ fn prometheus_scrapes_what_the_host_view_sees_both_ways_and_forgets_processes_th
         });
     }
     step("their series gone");
+}
+
+/// A process whose lease was opened under `TLLM_AFFINITY_SLICE=gpu` and one without, on the
+/// simulated host (GPU 0 alone on node 1's CPUs: its slice is all of them): the exporter's scan
+/// gives the first one's slice as `ps --json` reads it from the process's table, with its CPU
+/// list and count, and nothing for the second; promtool accepts the text.
+#[test]
+fn a_lease_opened_on_a_slice_shows_the_slice_in_the_metrics() {
+    let host = Sysfs::two_nodes();
+    let sliced = Server::start(&host, &["--gpu", "0"], &[("TLLM_AFFINITY_SLICE", "gpu")]);
+    let whole = Server::start(&host, &["--gpu", "0"], &[]);
+    let v = ps_json(&host);
+    let row = |pid: u32| {
+        v["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .unwrap_or_else(|| panic!("no process {pid} in {v:#}"))
+            .clone()
+    };
+    let slice = &row(sliced.pid())["leases"][0]["slice"];
+    assert_eq!(slice.as_str(), Some(host.node1.to_list().as_str()), "{v:#}");
+    assert_eq!(row(whole.pid())["leases"][0].get("slice"), None, "{v:#}");
+
+    let out = succeeded(
+        clean(cli())
+            .args(["metrics", "--sysfs-root"])
+            .arg(host.path()),
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("tllm_affinity_lease_slice_cpus{"))
+        .collect();
+    let command = escaped(row(sliced.pid())["command"].as_str().unwrap());
+    let want = format!(
+        "tllm_affinity_lease_slice_cpus{{pid=\"{}\",command=\"{command}\",gpu=\"0\",\
+         pci_bus_id=\"0000:3b:00.0\",cpus=\"{}\"}} {}",
+        sliced.pid(),
+        host.node1.to_list(),
+        host.node1.count()
+    );
+    assert_eq!(series, [want.as_str()], "{text}");
+    if prometheus_installed().is_ok() {
+        promtool_accepts(&text);
+    }
 }
 
 /// The alert rules pass `promtool check rules` and their unit tests (each alert fires on

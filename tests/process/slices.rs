@@ -11,6 +11,7 @@ use crate::common;
 
 use std::process::{Child, Command, Stdio};
 
+use common::slices::two_nodes_two_gpus_each;
 use common::*;
 use serde_json::Value;
 use tllm_affinity_core::host::simulated::{self, GpuMemoryMode, SimulatedHost};
@@ -169,33 +170,6 @@ fn grace_trays_two_gpus_share_each_grace() {
     assert_eq!(lists(&check_shape(shape.name, &shape.host)), ["0-71"]);
 }
 
-/// Two nodes over `cpus` (the lower half and the rest), each CPU its own core, each node two
-/// last-level-cache domains (its halves), two GPUs per node.
-fn two_nodes_two_gpus_each(cpus: &[usize]) -> (SimulatedHost, [CpuMask; 2]) {
-    let half = cpus.len() / 2;
-    let of = |part: &[usize]| CpuMask::from_cpus(part.iter().copied());
-    let nodes = [of(&cpus[..half]), of(&cpus[half..])];
-    let mut host = SimulatedHost::new();
-    for (i, &c) in cpus.iter().enumerate() {
-        host = host.cpu(c, c, usize::from(i >= half), &CpuMask::from_cpus([c]));
-    }
-    for part in [&cpus[..half], &cpus[half..]] {
-        let quarter = part.len() / 2;
-        host = host
-            .llc_domain(&of(&part[..quarter]))
-            .llc_domain(&of(&part[quarter..]));
-    }
-    let host = host
-        .node(0, &nodes[0])
-        .node(1, &nodes[1])
-        .node_distances(vec![vec![10, 21], vec![21, 10]])
-        .gpu("0000:1a:00.0", Some(0), None)
-        .gpu("0000:2a:00.0", Some(0), None)
-        .gpu("0000:9a:00.0", Some(1), None)
-        .gpu("0000:aa:00.0", Some(1), None);
-    (host, nodes)
-}
-
 /// In a worker thread: configure(GPU), the worker's mask, a child thread's, and under
 /// `STEP` the step thread's; then the main (host) thread's mask.
 const PER_GPU: &str = "\
@@ -305,4 +279,44 @@ fn a_malformed_slice_value_is_one_clear_line() {
         lines[0].contains("TLLM_AFFINITY_SLICE='node' is not valid: expected off or gpu"),
         "{stderr}"
     );
+}
+
+/// The executor loop's rule under slicing, alone (no library in the process): upstream's CPUs
+/// stand inside the slice, go to the slice's step core when any lies outside (the whole slice
+/// where it has none), and nothing changes without a pin or without a slice.
+#[test]
+fn the_executor_loop_goes_where_upstream_asks_inside_the_slice_else_on_its_step_core() {
+    let out = succeeded(
+        clean(python())
+            .env("PYTHONPATH", repo().join("python"))
+            .args([
+                "-c",
+                "import json\n\
+                 from tllm_affinity.adapters.trtllm import executor_loop_cpus as rule\n\
+                 print(json.dumps([rule([2, 3], {2, 3, 4, 5}, {2}), rule([1], {2, 3}, {2}),\n\
+                 rule([3, 4], {0, 1, 2, 3}, {0}), rule([7], {0, 1}, set()),\n\
+                 rule([], {0, 1}, {0}), rule([9], None, None)]))",
+            ]),
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cpus: Vec<&Value> = got.as_array().unwrap().iter().map(|r| &r[0]).collect();
+    assert_eq!(
+        cpus,
+        [
+            &serde_json::json!([2, 3]),
+            &serde_json::json!([2]),
+            &serde_json::json!([0]),
+            &serde_json::json!([0, 1]),
+            &serde_json::json!([]),
+            &serde_json::json!([9]),
+        ],
+        "{got}"
+    );
+    let why = |i: usize| got[i][1].as_str().unwrap_or_default().to_string();
+    assert!(why(0).contains("lie inside the GPU's slice"), "{got}");
+    assert!(why(1).contains("on the slice's step core instead"), "{got}");
+    assert!(why(2).contains("[4] outside it"), "{got}");
+    assert!(why(3).contains("on the whole slice instead"), "{got}");
+    assert_eq!(got[4][1], Value::Null);
+    assert_eq!(got[5][1], Value::Null);
 }

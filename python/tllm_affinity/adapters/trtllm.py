@@ -19,6 +19,9 @@ themselves, wherever a reference was stored before: :func:`_replace_everywhere`)
 * the entry functions of the table (VisualGen's module-level ``run_diffusion_worker``), wrapped
   in their module at import with ``try``/``finally``, and the worker methods that are themselves
   the affinity call in older layouts (``RayGPUWorker._configure_affinity``);
+* ``get_executor_loop_cpus(device_id)`` (``TLLM_EXECUTOR_LOOP_PIN=1``), under
+  ``TLLM_AFFINITY_SLICE=gpu``, with :func:`_wrap_loop_pin`'s wrapper: the loop stays inside its
+  GPU's slice (:func:`executor_loop_cpus` decides);
 * upstream's all-thread sweeps (``_set_affinity_all_threads(cpus)``,
   ``_reapply_current_thread_affinity_to_all_threads()``), where a version has them, with functions
   that touch no thread: the library already put every worker thread on the set, and new worker
@@ -45,6 +48,9 @@ __all__ = ["install", "uninstall", "patch_upstream", "status", "summary", "relea
 
 CONFIGURE = "configure_cpu_affinity"
 SWEEPS = ("_set_affinity_all_threads", "_reapply_current_thread_affinity_to_all_threads")
+# Upstream's choice of CPUs for its executor loop under TLLM_EXECUTOR_LOOP_PIN=1 (the loop pins
+# itself to what it returns).
+LOOP_PIN = "get_executor_loop_cpus"
 UPSTREAM_PACKAGE = "tensorrt_llm"
 UTILS = "tensorrt_llm.llmapi.utils"
 _ORIGINAL = "_tllm_affinity_original"
@@ -531,6 +537,63 @@ def _wrap_sweep(original):
     return sweep
 
 
+def executor_loop_cpus(wanted, slice_cpus, step_core):
+    """Where the executor loop goes under slicing: upstream's ``wanted`` CPUs when they lie inside
+    the GPU's slice (``slice_cpus``, a set; None when slicing is off), else the slice's step core
+    (``step_core``, or the whole slice where it has none). ``(cpus, why)``; ``why`` is None where
+    upstream's choice stands untouched (no pin asked for, or no slice)."""
+    wanted = list(wanted or [])
+    if not wanted or slice_cpus is None:
+        return wanted, None
+    if set(wanted) <= slice_cpus:
+        return wanted, "upstream's CPUs %s lie inside the GPU's slice" % wanted
+    outside = sorted(set(wanted) - slice_cpus)
+    if step_core:
+        return sorted(step_core), ("upstream's CPUs %s leave the GPU's slice (%s outside it): "
+                                   "on the slice's step core instead" % (wanted, outside))
+    return sorted(slice_cpus), ("upstream's CPUs %s leave the GPU's slice (%s outside it), which "
+                                "has no step core: on the whole slice instead" % (wanted, outside))
+
+
+def _cpu_list(text):
+    """A kernel CPU list (``0-3,8``) as a set."""
+    cpus = set()
+    for part in filter(None, (text or "").split(",")):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _lease_slice(device):
+    """(slice, step core) of this process's newest open lease on ``device`` (the index
+    configure_cpu_affinity was given), as sets; (None, None) when it was opened without slicing."""
+    for lease in reversed(tllm_affinity.report().get("leases", [])):
+        if lease.get("gpu") == device and "slice" in lease:
+            return _cpu_list(lease["slice"]), _cpu_list(lease.get("slice_step_core"))
+    return None, None
+
+
+def _wrap_loop_pin(original):
+    @functools.wraps(original)
+    def get_executor_loop_cpus(*args, **kwargs):
+        wanted = original(*args, **kwargs)
+        if not wanted:
+            return wanted
+        try:
+            device = int(_device_of(args, kwargs))
+            cpus, why = executor_loop_cpus(wanted, *_lease_slice(device))
+        except Exception as error:  # never into the executor's start-up
+            _log("warn", "%s: %s: %s; upstream's CPUs %s stand"
+                 % (LOOP_PIN, type(error).__name__, error, list(wanted)))
+            return wanted
+        if why is not None:
+            _log("info", "executor loop of GPU %d on CPUs %s: %s" % (device, cpus, why))
+        return cpus
+
+    setattr(get_executor_loop_cpus, _ORIGINAL, original)
+    return get_executor_loop_cpus
+
+
 def _wrap_owner_shutdown(cls):
     current = getattr(cls, "shutdown")
     if hasattr(current, _ORIGINAL):
@@ -761,6 +824,9 @@ def _patch_utils(module, where):
              "TLLM_AFFINITY_GPU or the launcher's local rank); host threads are left alone"
              % (where, CONFIGURE, _signature_text(original)), once_key="signature")
     wrapped = {CONFIGURE: (original, _wrap_configure)}
+    loop_pin = getattr(module, LOOP_PIN, None)
+    if callable(loop_pin) and not hasattr(loop_pin, _ORIGINAL):
+        wrapped[LOOP_PIN] = (loop_pin, _wrap_loop_pin)
     wrapped.update(_sweeps_of(module))
     replaced = _replace_everywhere(module, wrapped)
     _set_status("engaged", where)

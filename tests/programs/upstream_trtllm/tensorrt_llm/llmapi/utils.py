@@ -113,6 +113,25 @@ def get_numa_aware_cpu_affinity(device_id: int) -> List[int]:
     return _cpulist(local) if local else _all_cpus()
 
 
+def get_executor_loop_cpus(device_id: int) -> List[int]:
+    """Where upstream pins its executor loop under ``TLLM_EXECUTOR_LOOP_PIN=1`` (PR #18701): a run
+    of ``TLLM_EXECUTOR_LOOP_PIN_NCORES`` (default 2) CPUs of the GPU's NUMA-aware list, starting
+    ``TLLM_EXECUTOR_LOOP_PIN_OFFSET`` (default 16) entries in and moved on by that many per GPU
+    sharing the list before it; a run past the list's end, or the variable unset, pins nothing.
+    Upstream's unit test: GPUs 0, 1 on CPUs 0-31 get [16, 17] and [18, 19], GPUs 2, 3 on 32-63
+    get [48, 49] and [50, 51]; offset 4 with three CPUs gives GPU 1 [7, 8, 9]."""
+    if os.environ.get("TLLM_EXECUTOR_LOOP_PIN") != "1":
+        return []
+    offset = int(os.environ.get("TLLM_EXECUTOR_LOOP_PIN_OFFSET", "16"))
+    ncores = int(os.environ.get("TLLM_EXECUTOR_LOOP_PIN_NCORES", "2"))
+    cpus = get_numa_aware_cpu_affinity(device_id)
+    sharing = [d for d in range(device_id) if get_numa_aware_cpu_affinity(d) == cpus]
+    first = offset + len(sharing) * ncores
+    if ncores <= 0 or first + ncores > len(cpus):
+        return []
+    return cpus[first:first + ncores]
+
+
 # ---- The affinity code the seeds describe: process-wide, never restored.
 
 

@@ -12,6 +12,8 @@ import threading
 
 from ... import _native
 from ...executor.executor import GenerationRequest, GenerationResponse
+from ...llmapi.utils import get_executor_loop_cpus
+from ...logger import logger
 
 
 class PyExecutor:
@@ -24,6 +26,7 @@ class PyExecutor:
         self._stop = threading.Event()
         self.iterations = 0
         self.loop_tid = None
+        self.loop_cpus = []
         self.worker_thread = threading.Thread(target=self._event_loop_wrapper,
                                               name="executor_loop",
                                               daemon=True)
@@ -37,6 +40,10 @@ class PyExecutor:
 
     def _event_loop_wrapper(self):
         self.loop_tid = threading.get_native_id()
+        self.loop_cpus = get_executor_loop_cpus(self.device_id)
+        if self.loop_cpus:
+            os.sched_setaffinity(0, self.loop_cpus)
+            logger.info(f"Executor loop pinned to CPUs {self.loop_cpus}")
         if os.environ.get("RT_ENGINE_LOOP") == "1":
             return self._continuous_loop()
         while (request := self.request_queue.get()) is not None:
