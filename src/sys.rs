@@ -566,3 +566,18 @@ mod tests {
         assert_eq!(effective_uid(), proc_self.uid());
     }
 }
+
+/// The width in columns of the terminal on descriptor `fd` (`TIOCGWINSZ`); `None` when `fd` is
+/// not a terminal or the terminal reports no width.
+pub fn terminal_columns(fd: std::os::unix::io::RawFd) -> Option<usize> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct the pointer names, which lives
+    // for the call; an fd that is no terminal fails with ENOTTY and writes nothing.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut size as *mut libc::winsize) };
+    (rc == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}

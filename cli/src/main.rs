@@ -19,6 +19,7 @@ use tllm_affinity_core::topology::SysfsRoot;
 
 mod cdi;
 mod draw;
+mod grid;
 mod host;
 mod json;
 mod memory_reading;

@@ -7,8 +7,11 @@ use serde_json::{json, Value};
 
 use tllm_affinity_core::mask::CpuMask;
 
+use tllm_affinity_core::registry::{Placement, Role};
+
 use super::model::*;
 use crate::draw::{self, visible};
+use crate::grid::wrap;
 
 /// `-` for no CPU.
 fn list_or_dash(cpus: &CpuMask) -> String {
@@ -55,14 +58,17 @@ fn memory_of(r: &ProcessRow) -> String {
     }
 }
 
-pub fn to_text(v: &HostView, colour: bool) -> String {
+/// The host view as text within `width` columns: the processes (a table where it fits, else a
+/// few lines each), those not shown, the grid ([`grid`]), the flags and notes, wrapped between
+/// words.
+pub fn to_text(v: &HostView, colour: bool, width: usize) -> String {
     let mut out = String::new();
     let shown = rows(&v.entries).count();
-    let _ = writeln!(
-        out,
+    let heading = format!(
         "{shown} process{} with a thread table (roles and leases from each table, masks from the kernel)",
         if shown == 1 { "" } else { "es" }
     );
+    let _ = writeln!(out, "{}", wrap(&heading, width, 2));
     let header = [
         "PID",
         "COMMAND",
@@ -76,7 +82,7 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
     .map(String::from);
     let mut table: Vec<[String; 8]> = Vec::new();
     if shown > 0 {
-        table.push(header);
+        table.push(header.clone());
     }
     for e in &v.entries {
         if let Entry::Row(r) = e {
@@ -105,44 +111,102 @@ pub fn to_text(v: &HostView, colour: bool) -> String {
                 .unwrap_or(0)
         })
         .collect();
-    for r in &table {
-        let mut line = format!("{:>w$}", r[0], w = widths[0].max(8));
-        for (c, cell) in r.iter().enumerate().skip(1) {
-            let _ = write!(line, "  {cell:<w$}", w = widths[c]);
+    let lines: Vec<String> = table
+        .iter()
+        .map(|r| {
+            let mut line = format!("{:>w$}", r[0], w = widths[0].max(8));
+            for (c, cell) in r.iter().enumerate().skip(1) {
+                let _ = write!(line, "  {cell:<w$}", w = widths[c]);
+            }
+            line.trim_end().to_string()
+        })
+        .collect();
+    if lines.iter().all(|l| l.chars().count() <= width) {
+        for line in lines {
+            let _ = writeln!(out, "{line}");
         }
-        let _ = writeln!(out, "{}", line.trim_end());
+    } else {
+        // Too wide for a table: each process a few lines, each value after its column's name.
+        for r in table.iter().skip(1) {
+            let _ = writeln!(
+                out,
+                "{}",
+                wrap(&format!("{:>8}  {}", r[0], r[1]), width, 10)
+            );
+            let pinned = format!(
+                "{} {}; {} {}; {} {}",
+                header[3].to_lowercase(),
+                r[3],
+                header[4].to_lowercase(),
+                r[4],
+                header[5].to_lowercase(),
+                r[5]
+            );
+            for detail in [
+                format!("{} {}", header[2], r[2]),
+                pinned,
+                format!("{} {}", header[6].to_lowercase(), r[6]),
+                format!("{} {}", header[7].to_lowercase(), r[7]),
+            ] {
+                let _ = writeln!(out, "{}", wrap(&format!("{:10}{detail}", ""), width, 12));
+            }
+        }
     }
     for e in &v.entries {
         if let Entry::Line(l) = e {
             let command = visible(l.command.as_deref().unwrap_or("?"));
             let why = visible(&l.why);
-            let _ = writeln!(out, "{:>8}  {command}: not shown: {why}", l.pid);
+            let line = format!("{:>8}  {command}: not shown: {why}", l.pid);
+            let _ = writeln!(out, "{}", wrap(&line, width, 10));
         }
     }
     if shown > 0 {
         out.push('\n');
-        out.push_str(&grid(v, colour));
+        out.push_str(&grid(v, colour, width));
     }
     if v.flags.is_empty() {
         let _ = writeln!(out, "flags: none");
     }
     for f in &v.flags {
-        let _ = writeln!(out, "flag: {}", visible(&f.text));
+        let line = format!("flag: {}", visible(&f.text));
+        let _ = writeln!(out, "{}", wrap(&line, width, 6));
     }
     if v.unreachable > 0 {
-        let _ = writeln!(
-            out,
+        let note = format!(
             "note: {} process{} in other PID namespaces could not be looked into (their root is not yours to read)",
             v.unreachable,
             if v.unreachable == 1 { "" } else { "es" }
         );
+        let _ = writeln!(out, "{}", wrap(&note, width, 6));
     }
     out
 }
 
-/// The host's CPUs grouped by NUMA node, one row per process shown: at each CPU the most
-/// particular thing its threads may do there.
-fn grid(v: &HostView, colour: bool) -> String {
+/// What a grid cell can show for a process, most particular first: a CPU (or a column) shows
+/// the first of these the process's threads may run on.
+fn layers(r: &ProcessRow) -> Vec<(Option<(Role, Placement)>, CpuMask)> {
+    let kind = |k: Kind| (k.known(), r.on(k));
+    vec![
+        kind(Kind::Step),
+        kind(Kind::Result),
+        (
+            Some((Role::Worker, Placement::External)),
+            r.external.clone(),
+        ),
+        (
+            Some((Role::Worker, Placement::Explicit)),
+            r.explicit.clone(),
+        ),
+        kind(Kind::Worker),
+        kind(Kind::Host),
+        kind(Kind::Unknown),
+    ]
+}
+
+/// The host's CPUs grouped by NUMA node, one row per process shown: at each CPU (or each column
+/// of whole cores, where one CPU a column does not fit in `width`) the most particular thing
+/// its threads may do there; the legend names only the marks the grid prints.
+fn grid(v: &HostView, colour: bool, width: usize) -> String {
     let mut out = String::new();
     let shown: Vec<&ProcessRow> = rows(&v.entries).collect();
     let w_name = shown
@@ -152,56 +216,51 @@ fn grid(v: &HostView, colour: bool) -> String {
         .unwrap_or(0)
         .max(7);
     let prefix = |pid: &str, name: &str| format!("{pid:>8}  {name:<w_name$}  ");
-    let mut nodes = String::new();
-    let mut labels = String::new();
-    let mut digits = String::new();
-    for (i, g) in v.groups.iter().enumerate() {
-        if i > 0 {
-            nodes.push(' ');
-            labels.push(' ');
-            digits.push(' ');
-        }
-        let (l, d) = draw::grid_header(&g.cpus);
-        let node = g.node.map_or_else(|| "-".to_string(), |n| n.to_string());
-        nodes.push_str(&format!("{node:<w$}", w = g.cpus.len()));
-        labels.push_str(&format!("{l:<w$}", w = g.cpus.len()));
-        digits.push_str(&d);
-    }
-    let _ = writeln!(out, "{}{}", prefix("", "NODE"), nodes.trim_end());
-    let _ = writeln!(out, "{}{}", prefix("", ""), labels.trim_end());
-    let _ = writeln!(out, "{}{digits}", prefix("PID", "COMMAND"));
+    let room = width.saturating_sub(prefix("", "").len());
+    let layout = crate::grid::layout(&v.groups, &v.cores, room);
+    let [nodes, labels, ticks] = layout.header();
+    let _ = writeln!(out, "{}{nodes}", prefix("", "NODE"));
+    let _ = writeln!(out, "{}{labels}", prefix("", ""));
+    let _ = writeln!(out, "{}{ticks}", prefix("PID", "COMMAND"));
+    let mut printed = Vec::new();
+    let mut dot = false;
     for r in &shown {
-        let mut cells = String::new();
-        for (i, g) in v.groups.iter().enumerate() {
-            if i > 0 {
-                cells.push(' ');
+        let layers = layers(r);
+        let cells = layout.row(|column| {
+            let (known, _) = layers
+                .iter()
+                .find(|(_, cpus)| !cpus.intersection(column).is_empty())?;
+            if !printed.contains(known) {
+                printed.push(*known);
             }
-            for &cpu in &g.cpus {
-                let kind = Kind::ALL
-                    .into_iter()
-                    .find(|k| r.cpus.get(k).is_some_and(|m| m.contains(cpu)));
-                match kind {
-                    Some(kind) => cells.push_str(&draw::cell(draw::mark(kind.known()), colour)),
-                    None => cells.push(draw::NOT_ALLOWED),
-                }
-            }
-        }
+            Some(draw::cell(draw::mark(*known), colour))
+        });
+        dot |= cells.contains(draw::NOT_ALLOWED);
         let _ = writeln!(
             out,
             "{}{cells}",
             prefix(&r.pid.to_string(), &visible(&r.command))
         );
     }
-    let legend: Vec<String> = Kind::ALL
-        .iter()
-        .map(|k| format!("{} {}", draw::cell(draw::mark(k.known()), colour), k.name()))
-        .collect();
-    let _ = writeln!(
-        out,
-        "legend: {}  {} none (a CPU shows the first of these its threads may run on)",
-        legend.join("  "),
-        draw::NOT_ALLOWED
+    // The legend in the grid's order of precedence.
+    let order: Vec<Option<(Role, Placement)>> = shown
+        .first()
+        .map(|r| layers(r).into_iter().map(|(k, _)| k).collect())
+        .unwrap_or_default();
+    printed.sort_by_key(|k| order.iter().position(|o| o == k));
+    let what = if layout.cores_per_column == 0 {
+        "a CPU"
+    } else {
+        "a column"
+    };
+    let legend = format!(
+        "{} ({what} shows the first of these its threads may run on)",
+        draw::legend(&printed, dot.then_some("none"), colour)
     );
+    let _ = writeln!(out, "{}", wrap(&legend, width, 8));
+    if let Some(scale) = layout.scale() {
+        let _ = writeln!(out, "{}", wrap(&scale, width, 2));
+    }
     out
 }
 
@@ -222,6 +281,8 @@ pub fn to_json(v: &HostView) -> Value {
                 "step_cpus": r.on(Kind::Step).to_list(),
                 "result_cpus": r.on(Kind::Result).to_list(),
                 "host_cpus": r.on(Kind::Host).to_list(),
+                "explicit_cpus": r.explicit.to_list(),
+                "external_cpus": r.external.to_list(),
                 "threads": r.threads.iter().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
                 "memory": draw::memory_json(&r.memory),
             }),
@@ -302,10 +363,11 @@ mod tests {
                     cpus: cpus.iter().collect(),
                 })
                 .collect(),
+            cores: Vec::new(),
             flags: Vec::new(),
             kernel_nodes: nodes,
         };
-        let text = to_text(&view, false);
+        let text = to_text(&view, false, 120);
         let lines: Vec<&str> = text.lines().collect();
         assert!(
             lines.iter().any(|l| l.ends_with("  hhhhhhhh swwwwwww")),

@@ -27,7 +27,8 @@ pub fn run(args: &PsArgs) -> Result<(), String> {
         let text = crate::json::pretty(&to_json(&view))?;
         println!("{text}");
     } else {
-        print!("{}", to_text(&view, draw::wants_colour(args.no_color)));
+        let colour = draw::wants_colour(args.no_color);
+        print!("{}", to_text(&view, colour, crate::grid::width()));
     }
     Ok(())
 }

@@ -81,6 +81,10 @@ pub struct ProcessRow {
     /// The CPUs the threads of each kind may run on, and how many threads of each kind.
     pub cpus: BTreeMap<Kind, CpuMask>,
     pub threads: BTreeMap<Kind, usize>,
+    /// The CPUs of threads whose mask the application chose (`configure` with a mask of its
+    /// own) and of those whose mask someone else changed after the library placed them.
+    pub explicit: CpuMask,
+    pub external: CpuMask,
     pub memory: Result<NodeMemory, String>,
 }
 
@@ -88,7 +92,13 @@ impl ProcessRow {
     fn from_snapshot(s: &ps::Snapshot) -> ProcessRow {
         let mut cpus: BTreeMap<Kind, CpuMask> = BTreeMap::new();
         let mut threads = BTreeMap::new();
+        let (mut explicit, mut external) = (CpuMask::default(), CpuMask::default());
         for t in &s.threads {
+            match t.known {
+                Some((_, Placement::Explicit)) => explicit = explicit.union(&t.mask),
+                Some((_, Placement::External)) => external = external.union(&t.mask),
+                _ => {}
+            }
             let kind = Kind::of(t.known);
             let on = cpus.entry(kind).or_default();
             *on = on.union(&t.mask);
@@ -101,6 +111,8 @@ impl ProcessRow {
             leases: s.leases.clone(),
             cpus,
             threads,
+            explicit,
+            external,
             memory: s.memory.clone(),
         }
     }
@@ -187,6 +199,8 @@ pub struct HostView {
     /// Reader threads of earlier scans of this process still stuck ([`readers_stuck`]).
     pub readers_stuck: usize,
     pub groups: Vec<CpuGroup>,
+    /// The host's cores (SMT sibling sets) under the tree read: the grid groups CPUs by them.
+    pub cores: Vec<CpuMask>,
     pub flags: Vec<Flag>,
     /// The kernel's NUMA nodes with CPUs: where memory is judged (see [`off_node`]).
     pub kernel_nodes: Vec<(usize, CpuMask)>,
@@ -243,6 +257,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
         unreachable,
         readers_stuck: readers_stuck(),
         groups,
+        cores,
         flags,
         kernel_nodes,
     }
@@ -532,7 +547,7 @@ pub fn entry_of(pid: u32, start: Option<u64>) -> Entry {
 
 /// The grid's column groups: each node's CPUs among those shown (the online CPUs of the tree and
 /// every CPU a thread may run on), then any CPU no node lists.
-fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
+pub(crate) fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
     let online = topology.map(|t| t.online.clone()).unwrap_or_else(|| {
         std::fs::read_to_string("/sys/devices/system/cpu/online")
             .ok()
@@ -809,6 +824,8 @@ pub(super) mod tests {
             leases: Ok(devices.iter().map(|(d, g)| lease(d, *g)).collect()),
             cpus: kinds.iter().map(|(k, l)| (*k, m(l))).collect(),
             threads: kinds.iter().map(|(k, _)| (*k, 1)).collect(),
+            explicit: CpuMask::default(),
+            external: CpuMask::default(),
             memory: Ok(NodeMemory {
                 bytes: memory.iter().copied().collect(),
                 source: "test".into(),
