@@ -131,9 +131,9 @@ pub fn mark_name(known: Option<(Role, Placement)>) -> &'static str {
     }
 }
 
-/// `legend: s step  w worker  . not allowed`: each mark in `marks` (in their order, each once)
-/// and what it stands for, then `.` with `dot` where the grid prints one.
-pub fn legend(marks: &[Option<(Role, Placement)>], dot: Option<&str>, colour: bool) -> String {
+/// The legend's items (`s step`, `w worker`, `. not allowed`): each mark in `marks` (in their
+/// order, each once) and what it stands for, then `.` with `dot` where the grid prints one.
+pub fn legend(marks: &[Option<(Role, Placement)>], dot: Option<&str>, colour: bool) -> Vec<String> {
     let mut seen = Vec::new();
     let mut items = Vec::new();
     for &known in marks {
@@ -147,7 +147,7 @@ pub fn legend(marks: &[Option<(Role, Placement)>], dot: Option<&str>, colour: bo
     if let Some(dot) = dot {
         items.push(format!("{NOT_ALLOWED} {dot}"));
     }
-    format!("legend: {}", items.join("  "))
+    items
 }
 
 /// Two header lines over the grid's columns: CPU numbers at every tenth CPU (where they fit),

@@ -292,6 +292,29 @@ pub fn wrap(text: &str, width: usize, indent: usize) -> String {
         .join("\n")
 }
 
+/// `head` then `items` two spaces apart, in lines of at most `width` characters broken only
+/// between items (a mark and its meaning stay together), each line after the first indented by
+/// `indent` spaces. Ends without a newline.
+pub fn wrap_items(head: &str, items: &[String], width: usize, indent: usize) -> String {
+    let mut out = head.to_string();
+    let mut line = shown_width(head);
+    for (i, item) in items.iter().enumerate() {
+        let sep = if i == 0 { " " } else { "  " };
+        let w = shown_width(item);
+        if line + sep.len() + w > width && line > indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent));
+            out.push_str(item);
+            line = indent + w;
+        } else {
+            out.push_str(sep);
+            out.push_str(item);
+            line += sep.len() + w;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,5 +423,10 @@ mod tests {
         // A word longer than the line stays whole.
         assert_eq!(wrap("a 0123456789 b", 6, 2), "a\n  0123456789\n  b");
         assert_eq!(shown_width("\x1b[32m█\x1b[0m w"), 3);
+        let items = ["s step", "w worker", ". none (a CPU shows the first)"].map(String::from);
+        assert_eq!(
+            wrap_items("legend:", &items, 30, 8),
+            "legend: s step  w worker\n        . none (a CPU shows the first)"
+        );
     }
 }

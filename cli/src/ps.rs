@@ -22,7 +22,7 @@ use crate::draw::{
     cell, lease_device, lease_json, legend, mark, memory_json, memory_line, paint, placement_name,
     role_name, visible, NOT_ALLOWED,
 };
-use crate::grid::wrap;
+use crate::grid::{wrap, wrap_items};
 
 #[derive(clap::Args, Debug)]
 pub struct PsArgs {
@@ -570,7 +570,7 @@ pub fn to_text(s: &Snapshot, columns: &GridCpus, colour: bool, width: usize) -> 
     let blank = " ".repeat(indent);
     let heading = prefix("TID", "NAME", &pad_role("ROLE"), "PLACEMENT", "MASK");
     if layout.groups.len() > 1 {
-        let _ = writeln!(out, "{blank}{nodes}");
+        let _ = writeln!(out, "{:>w$}  {nodes}", "NODE", w = indent - 2);
     }
     let _ = writeln!(out, "{blank}{labels}");
     if beside {
@@ -614,8 +614,8 @@ pub fn to_text(s: &Snapshot, columns: &GridCpus, colour: bool, width: usize) -> 
     // The legend's marks in the order a reader meets roles, then the placements of their own.
     let order = |k: &Option<(Role, Placement)>| "hwsrx!?".find(mark(*k).0).unwrap_or(usize::MAX);
     printed.sort_by_key(order);
-    let legend = legend(&printed, dot.then_some("not allowed"), colour);
-    let _ = writeln!(out, "{}", wrap(&legend, width, 8));
+    let items = legend(&printed, dot.then_some("not allowed"), colour);
+    let _ = writeln!(out, "{}", wrap_items("legend:", &items, width, 8));
     if let Some(scale) = layout.scale() {
         let _ = writeln!(out, "{}", wrap(&scale, width, 2));
     }

@@ -134,7 +134,7 @@ pub fn to_text(v: &HostView, colour: bool, width: usize) -> String {
                 wrap(&format!("{:>8}  {}", r[0], r[1]), width, 10)
             );
             let pinned = format!(
-                "{} {}; {} {}; {} {}",
+                "{}: {}; {}: {}; {}: {}",
                 header[3].to_lowercase(),
                 r[3],
                 header[4].to_lowercase(),
@@ -143,10 +143,10 @@ pub fn to_text(v: &HostView, colour: bool, width: usize) -> String {
                 r[5]
             );
             for detail in [
-                format!("{} {}", header[2], r[2]),
+                format!("{}: {}", header[2], r[2]),
                 pinned,
-                format!("{} {}", header[6].to_lowercase(), r[6]),
-                format!("{} {}", header[7].to_lowercase(), r[7]),
+                format!("{}: {}", header[6].to_lowercase(), r[6]),
+                format!("{}: {}", header[7].to_lowercase(), r[7]),
             ] {
                 let _ = writeln!(out, "{}", wrap(&format!("{:10}{detail}", ""), width, 12));
             }
@@ -253,11 +253,15 @@ fn grid(v: &HostView, colour: bool, width: usize) -> String {
     } else {
         "a column"
     };
-    let legend = format!(
-        "{} ({what} shows the first of these its threads may run on)",
-        draw::legend(&printed, dot.then_some("none"), colour)
+    let mut items = draw::legend(&printed, dot.then_some("none"), colour);
+    items.push(format!(
+        "({what} shows the first of these its threads may run on)"
+    ));
+    let _ = writeln!(
+        out,
+        "{}",
+        crate::grid::wrap_items("legend:", &items, width, 8)
     );
-    let _ = writeln!(out, "{}", wrap(&legend, width, 8));
     if let Some(scale) = layout.scale() {
         let _ = writeln!(out, "{}", wrap(&scale, width, 2));
     }
