@@ -28,6 +28,8 @@ mod plan;
 mod probe;
 mod ps;
 mod run;
+#[cfg(test)]
+mod samples;
 mod simulate;
 mod topo;
 
