@@ -35,8 +35,8 @@ pub struct PsArgs {
     /// No colour (also when stdout is not a terminal or NO_COLOR is set).
     #[arg(long)]
     pub no_color: bool,
-    /// Without a PID: read the CPUs' NUMA nodes and cores under this directory (default:
-    /// TLLM_AFFINITY_SYSFS_ROOT, else /).
+    /// Read the CPUs' NUMA nodes and cores, which the grid groups its columns by, under this
+    /// directory (default: TLLM_AFFINITY_SYSFS_ROOT, else /).
     #[arg(long, value_name = "DIR")]
     pub sysfs_root: Option<PathBuf>,
 }
