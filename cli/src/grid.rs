@@ -4,8 +4,7 @@
 //! wrapped between words. Nothing here is cut: a number, a range or a word stays whole.
 
 use tllm_affinity_core::mask::CpuMask;
-
-use crate::host::CpuGroup;
+use tllm_affinity_core::topology::Topology;
 
 /// The width used when neither `COLUMNS` nor a terminal gives one.
 pub const DEFAULT_WIDTH: usize = 120;
@@ -43,6 +42,46 @@ pub fn width_from(columns: Option<&str>, terminal: Option<usize>) -> (usize, Opt
             ),
         },
     }
+}
+
+/// The CPUs of one NUMA node of the sysfs tree read (`None`: CPUs no node lists).
+#[derive(Debug, Clone)]
+pub struct CpuGroup {
+    pub node: Option<usize>,
+    pub cpus: Vec<usize>,
+}
+
+/// The grid's column groups: each node's CPUs among those shown (the online CPUs of the tree and
+/// every CPU a thread may run on), then any CPU no node lists.
+pub fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
+    let online = topology.map(|t| t.online.clone()).unwrap_or_else(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|t| CpuMask::parse_list(&t).ok())
+            .unwrap_or_default()
+    });
+    let all = online.union(masks);
+    let mut placed = CpuMask::default();
+    let mut groups = Vec::new();
+    for node in topology.map(|t| t.nodes.as_slice()).unwrap_or_default() {
+        let cpus = node.cpus.intersection(&all);
+        if cpus.is_empty() {
+            continue;
+        }
+        placed = placed.union(&cpus);
+        groups.push(CpuGroup {
+            node: Some(node.id),
+            cpus: cpus.iter().collect(),
+        });
+    }
+    let rest: Vec<usize> = all.iter().filter(|&c| !placed.contains(c)).collect();
+    if !rest.is_empty() {
+        groups.push(CpuGroup {
+            node: None,
+            cpus: rest,
+        });
+    }
+    groups
 }
 
 /// One group of the grid (a node's CPUs, or those no node lists) as columns: the CPUs each

@@ -229,7 +229,7 @@ pub fn run(pid: u32, args: &PsArgs) -> Result<(), String> {
 /// the sysfs root read (its online CPUs and every CPU a thread may run on), as the host view
 /// shows them.
 pub struct GridCpus {
-    pub groups: Vec<crate::host::CpuGroup>,
+    pub groups: Vec<crate::grid::CpuGroup>,
     pub cores: Vec<CpuMask>,
 }
 
@@ -243,7 +243,7 @@ impl GridCpus {
                 acc.union(&t.mask)
             });
         GridCpus {
-            groups: crate::host::groups(topology.as_ref(), &masks),
+            groups: crate::grid::groups(topology.as_ref(), &masks),
             cores: topology.as_ref().map(|t| t.cores()).unwrap_or_default(),
         }
     }
@@ -720,7 +720,7 @@ mod tests {
     /// The snapshot's CPUs as one group of no node, cores unknown.
     fn flat(s: &Snapshot) -> GridCpus {
         GridCpus {
-            groups: vec![crate::host::CpuGroup {
+            groups: vec![crate::grid::CpuGroup {
                 node: None,
                 cpus: s.cpus.clone(),
             }],

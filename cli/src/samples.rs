@@ -146,7 +146,7 @@ fn host_view(shape: &SimulatedHost, gpus: &[usize]) -> String {
     let shown: Vec<&ProcessRow> = rows.iter().collect();
     let flags = host::flags(&shown, &cores, &kernel_nodes, &gpu_local, &BTreeMap::new());
     let view = HostView {
-        groups: host::groups(Some(&t), &masks),
+        groups: crate::grid::groups(Some(&t), &masks),
         entries: rows.into_iter().map(Entry::Row).collect(),
         unreachable: 0,
         readers_stuck: 0,
@@ -215,7 +215,7 @@ fn ps_pid(shape: &SimulatedHost, gpu: usize) -> String {
         leases: Ok(vec![lease]),
     };
     let columns = GridCpus {
-        groups: host::groups(Some(&t), &t.online),
+        groups: crate::grid::groups(Some(&t), &t.online),
         cores: t.cores(),
     };
     crate::ps::to_text(&snapshot, &columns, false, WIDTH)

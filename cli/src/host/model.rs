@@ -15,6 +15,7 @@ use tllm_affinity_core::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::untrusted::Dir;
 
 use crate::draw;
+pub use crate::grid::CpuGroup;
 use crate::memory_reading::NodeMemory;
 use crate::ps;
 
@@ -183,13 +184,6 @@ pub struct Flag {
     pub text: String,
 }
 
-/// The CPUs of one NUMA node of the sysfs tree read (`None`: CPUs no node lists).
-#[derive(Debug, Clone)]
-pub struct CpuGroup {
-    pub node: Option<usize>,
-    pub cpus: Vec<usize>,
-}
-
 /// The host view.
 #[derive(Debug)]
 pub struct HostView {
@@ -228,7 +222,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
             masks = masks.union(m);
         }
     }
-    let groups = groups(topology.as_ref(), &masks);
+    let groups = crate::grid::groups(topology.as_ref(), &masks);
     let cores = topology.as_ref().map(Topology::cores).unwrap_or_default();
     let kernel_nodes = kernel.map(|t| t.nodes_with_cpus()).unwrap_or_default();
     let gpu_local: BTreeMap<String, CpuMask> = topology
@@ -543,39 +537,6 @@ pub fn entry_of(pid: u32, start: Option<u64>) -> Entry {
             None => Entry::Row(ProcessRow::from_snapshot(&s)),
         },
     }
-}
-
-/// The grid's column groups: each node's CPUs among those shown (the online CPUs of the tree and
-/// every CPU a thread may run on), then any CPU no node lists.
-pub(crate) fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
-    let online = topology.map(|t| t.online.clone()).unwrap_or_else(|| {
-        std::fs::read_to_string("/sys/devices/system/cpu/online")
-            .ok()
-            .and_then(|t| CpuMask::parse_list(&t).ok())
-            .unwrap_or_default()
-    });
-    let all = online.union(masks);
-    let mut placed = CpuMask::default();
-    let mut groups = Vec::new();
-    for node in topology.map(|t| t.nodes.as_slice()).unwrap_or_default() {
-        let cpus = node.cpus.intersection(&all);
-        if cpus.is_empty() {
-            continue;
-        }
-        placed = placed.union(&cpus);
-        groups.push(CpuGroup {
-            node: Some(node.id),
-            cpus: cpus.iter().collect(),
-        });
-    }
-    let rest: Vec<usize> = all.iter().filter(|&c| !placed.contains(c)).collect();
-    if !rest.is_empty() {
-        groups.push(CpuGroup {
-            node: None,
-            cpus: rest,
-        });
-    }
-    groups
 }
 
 /// SPEC §16's flags over the rows: workers of two processes on different GPUs sharing CPUs; a
