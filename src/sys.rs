@@ -478,6 +478,21 @@ pub fn effective_uid() -> u32 {
 }
 
 /// `mkfifo` with mode 0644, for tests that plant a FIFO where a file is expected.
+/// The width in columns of the terminal on descriptor `fd` (`TIOCGWINSZ`); `None` when `fd` is
+/// not a terminal or the terminal reports no width.
+pub fn terminal_columns(fd: std::os::unix::io::RawFd) -> Option<usize> {
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct the pointer names, which lives
+    // for the call; an fd that is no terminal fails with ENOTTY and writes nothing.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut size as *mut libc::winsize) };
+    (rc == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
 #[cfg(test)]
 pub fn make_fifo(path: &std::path::Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
@@ -564,5 +579,11 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let proc_self = std::fs::metadata("/proc/self").unwrap();
         assert_eq!(effective_uid(), proc_self.uid());
+    }
+
+    #[test]
+    fn a_file_has_no_terminal_width() {
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert_eq!(terminal_columns(file.as_raw_fd()), None);
     }
 }

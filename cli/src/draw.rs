@@ -95,12 +95,15 @@ pub fn placement_name(known: Option<(Role, Placement)>) -> &'static str {
 }
 
 /// The grid's mark for a thread (a letter without colour) and its ANSI colour. A placement other
-/// than the role's own gets its own colour, so a glance tells step from result threads and a
-/// mask the application (cyan) or someone else (red) chose from one the library chose.
+/// than the role's own gets its own letter and colour, so a glance tells step from result
+/// threads and a mask the application (`x`, cyan) or someone else (`!`, red) chose from one the
+/// library chose, with or without colour.
 pub fn mark(known: Option<(Role, Placement)>) -> (char, &'static str) {
     let letter = match known {
         Some((_, Placement::Step)) => 's',
         Some((_, Placement::Result)) => 'r',
+        Some((_, Placement::Explicit)) => 'x',
+        Some((_, Placement::External)) => '!',
         Some((Role::Worker, _)) => 'w',
         Some((Role::Host, _)) => 'h',
         None => '?',
@@ -115,6 +118,36 @@ pub fn mark(known: Option<(Role, Placement)>) -> (char, &'static str) {
         None => GREY,
     };
     (letter, colour)
+}
+
+/// What a grid mark stands for in the legend: the placement where it has a mark of its own,
+/// else the role.
+pub fn mark_name(known: Option<(Role, Placement)>) -> &'static str {
+    match known.map(|(_, p)| p) {
+        Some(
+            p @ (Placement::Step | Placement::Result | Placement::Explicit | Placement::External),
+        ) => placement_name(Some((Role::Worker, p))),
+        _ => role_name(known),
+    }
+}
+
+/// The legend's items (`s step`, `w worker`, `. not allowed`): each mark in `marks` (in their
+/// order, each once) and what it stands for, then `.` with `dot` where the grid prints one.
+pub fn legend(marks: &[Option<(Role, Placement)>], dot: Option<&str>, colour: bool) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut items = Vec::new();
+    for &known in marks {
+        let m = mark(known);
+        if seen.contains(&m.0) {
+            continue;
+        }
+        seen.push(m.0);
+        items.push(format!("{} {}", cell(m, colour), mark_name(known)));
+    }
+    if let Some(dot) = dot {
+        items.push(format!("{NOT_ALLOWED} {dot}"));
+    }
+    items
 }
 
 /// Two header lines over the grid's columns: CPU numbers at every tenth CPU (where they fit),

@@ -19,6 +19,7 @@ use tllm_affinity_core::sys;
 
 mod cdi;
 mod draw;
+mod grid;
 mod host;
 mod json;
 mod memory_reading;
@@ -27,6 +28,8 @@ mod plan;
 mod probe;
 mod ps;
 mod run;
+#[cfg(test)]
+mod samples;
 mod simulate;
 mod topo;
 

@@ -836,6 +836,8 @@ mod tests {
                 .into_iter()
                 .collect(),
             threads: [(Kind::Worker, 2), (Kind::Host, 3)].into_iter().collect(),
+            explicit: CpuMask::default(),
+            external: CpuMask::default(),
             memory: Ok(NodeMemory {
                 bytes: [(0, 3 * gib), (1, gib), (2, 5 * gib)].into_iter().collect(),
                 source: "test".into(),
@@ -863,6 +865,7 @@ mod tests {
                     cpus: (4..8).collect(),
                 },
             ],
+            cores: Vec::new(),
             flags: vec![Flag {
                 kind: "memory-off-node",
                 pids: vec![42],

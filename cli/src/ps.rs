@@ -19,9 +19,10 @@ use tllm_affinity_core::table::threadtable::{self, LeaseLine, NoTable};
 use tllm_affinity_core::table::untrusted;
 
 use crate::draw::{
-    cell, grid_header, lease_device, lease_json, mark, memory_json, memory_line, paint,
-    placement_name, role_name, visible, BLUE, CYAN, GREEN, GREY, MAGENTA, NOT_ALLOWED, RED, YELLOW,
+    cell, lease_device, lease_json, legend, mark, memory_json, memory_line, paint, placement_name,
+    role_name, visible, NOT_ALLOWED,
 };
+use crate::grid::{wrap, wrap_items};
 
 #[derive(clap::Args, Debug)]
 pub struct PsArgs {
@@ -34,8 +35,8 @@ pub struct PsArgs {
     /// No colour (also when stdout is not a terminal or NO_COLOR is set).
     #[arg(long)]
     pub no_color: bool,
-    /// Without a PID: read the CPUs' NUMA nodes and cores under this directory (default:
-    /// TLLM_AFFINITY_SYSFS_ROOT, else /).
+    /// Read the CPUs' NUMA nodes and cores, which the grid groups its columns by, under this
+    /// directory (default: TLLM_AFFINITY_SYSFS_ROOT, else /).
     #[arg(long, value_name = "DIR")]
     pub sysfs_root: Option<PathBuf>,
 }
@@ -213,12 +214,39 @@ pub fn run(pid: u32, args: &PsArgs) -> Result<(), String> {
         let text = crate::json::pretty(&to_json(&snapshot))?;
         println!("{text}");
     } else {
+        let root = crate::sysfs_root(args.sysfs_root.as_deref());
+        let columns = GridCpus::of(&root, &snapshot);
+        let colour = crate::draw::wants_colour(args.no_color);
         print!(
             "{}",
-            to_text(&snapshot, crate::draw::wants_colour(args.no_color))
+            to_text(&snapshot, &columns, colour, crate::grid::width())
         );
     }
     Ok(())
+}
+
+/// The CPUs `ps PID`'s grid shows, by NUMA node, and the host's cores: those of the tree under
+/// the sysfs root read (its online CPUs and every CPU a thread may run on), as the host view
+/// shows them.
+pub struct GridCpus {
+    pub groups: Vec<crate::grid::CpuGroup>,
+    pub cores: Vec<CpuMask>,
+}
+
+impl GridCpus {
+    pub fn of(root: &tllm_affinity_core::host::topology::SysfsRoot, s: &Snapshot) -> GridCpus {
+        let topology = tllm_affinity_core::host::topology::Topology::read(root).ok();
+        let masks = s
+            .threads
+            .iter()
+            .fold(CpuMask::from_cpus(s.cpus.iter().copied()), |acc, t| {
+                acc.union(&t.mask)
+            });
+        GridCpus {
+            groups: crate::grid::groups(topology.as_ref(), &masks),
+            cores: topology.as_ref().map(|t| t.cores()).unwrap_or_default(),
+        }
+    }
 }
 
 /// [`read`] on a thread of its own, given up after `limit`: a process whose `/proc` files block
@@ -505,10 +533,14 @@ fn describe_process(s: &Snapshot) -> String {
     out
 }
 
-/// The process's threads as text: what it is and what is known of it ([`describe_process`]),
-/// then the grid, one row a thread, and its legend.
-pub fn to_text(s: &Snapshot, colour: bool) -> String {
-    let mut out = describe_process(s);
+/// The process's threads as text within `width` columns: what it is and what is known of it
+/// ([`describe_process`], wrapped between words), then the grid over `columns` (at the width's
+/// scale, [`crate::grid::layout`]), one row a thread, and its legend.
+pub fn to_text(s: &Snapshot, columns: &GridCpus, colour: bool, width: usize) -> String {
+    let mut out = String::new();
+    for line in describe_process(s).lines() {
+        let _ = writeln!(out, "{}", wrap(line, width, 2));
+    }
     let w_name = s
         .threads
         .iter()
@@ -528,23 +560,38 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
         format!("{tid:>8}  {name:<w_name$}  {role}  {placement:<9}  {mask:<w_mask$}  ")
     };
     let pad_role = |role: &str| format!("{role:<7}");
-    let (labels, digits) = grid_header(&s.cpus);
-    let blank = " ".repeat(prefix("", "", &pad_role(""), "", "").len());
+    let blank_width = prefix("", "", &pad_role(""), "", "").len();
+    let fits = |room: usize| crate::grid::layout(&columns.groups, &columns.cores, room);
+    // The grid beside each thread where a column a node fits there; else under it, indented.
+    let (layout, beside) = match fits(width.saturating_sub(blank_width)) {
+        l if l.width() + blank_width <= width => (l, true),
+        _ => (fits(width.saturating_sub(GRID_INDENT)), false),
+    };
+    let [nodes, labels, ticks] = layout.header();
+    let indent = if beside { blank_width } else { GRID_INDENT };
+    let blank = " ".repeat(indent);
+    let heading = prefix("TID", "NAME", &pad_role("ROLE"), "PLACEMENT", "MASK");
+    if layout.groups.len() > 1 {
+        let _ = writeln!(out, "{:>w$}  {nodes}", "NODE", w = indent - 2);
+    }
     let _ = writeln!(out, "{blank}{labels}");
-    let _ = writeln!(
-        out,
-        "{}{digits}",
-        prefix("TID", "NAME", &pad_role("ROLE"), "PLACEMENT", "MASK")
-    );
+    if beside {
+        let _ = writeln!(out, "{heading}{ticks}");
+    } else {
+        let _ = writeln!(out, "{}", heading.trim_end());
+        let _ = writeln!(out, "{blank}{ticks}");
+    }
+    let mut printed = Vec::new();
+    let mut dot = false;
     for t in &s.threads {
         let (_, code) = mark(t.known);
-        let mut grid = String::new();
-        for &cpu in &s.cpus {
-            if t.mask.contains(cpu) {
-                grid.push_str(&cell(mark(t.known), colour));
-            } else {
-                grid.push(NOT_ALLOWED);
-            }
+        let grid = layout.row(|column| {
+            let on = !t.mask.intersection(column).is_empty();
+            on.then(|| cell(mark(t.known), colour))
+        });
+        dot |= grid.contains(NOT_ALLOWED);
+        if grid.chars().any(|c| c != NOT_ALLOWED && c != ' ') {
+            printed.push(t.known);
         }
         let role = role_name(t.known);
         let role_cell = if colour {
@@ -559,45 +606,38 @@ pub fn to_text(s: &Snapshot, colour: bool) -> String {
             placement_name(t.known),
             &t.mask_text,
         );
-        let _ = writeln!(out, "{row}{grid}");
+        if beside {
+            let _ = writeln!(out, "{row}{grid}");
+        } else {
+            let _ = writeln!(out, "{}", row.trim_end());
+            let _ = writeln!(out, "{blank}{grid}");
+        }
     }
-    out.push_str(&legend(colour));
+    // The legend's marks in the order a reader meets roles, then the placements of their own.
+    let order = |k: &Option<(Role, Placement)>| "hwsrx!?".find(mark(*k).0).unwrap_or(usize::MAX);
+    printed.sort_by_key(order);
+    let items = legend(&printed, dot.then_some("not allowed"), colour);
+    let _ = writeln!(out, "{}", wrap_items("legend:", &items, width, 8));
+    if let Some(scale) = layout.scale() {
+        let _ = writeln!(out, "{}", wrap(&scale, width, 2));
+    }
     if s.no_table.is_none() && s.threads.iter().any(|t| t.known.is_none()) {
         let _ = writeln!(
             out,
-            "unknown: threads the library never saw (created before it loaded, by raw clone, or \
-             inside glibc); treated as host, never touched"
+            "{}",
+            wrap(
+                "unknown: threads the library never saw (created before it loaded, by raw clone, \
+                 or inside glibc); treated as host, never touched",
+                width,
+                2
+            )
         );
     }
     out
 }
 
-/// The grid's legend: each mark and what it stands for.
-fn legend(colour: bool) -> String {
-    let mut out = String::new();
-    let mut legend = vec![
-        ('h', BLUE, "host"),
-        ('w', GREEN, "worker"),
-        ('s', YELLOW, "step"),
-        ('r', MAGENTA, "result"),
-        ('?', GREY, "unknown"),
-    ];
-    // Explicit and external masks keep their role's letter: only colour can show them.
-    if colour {
-        legend.push(('x', CYAN, "explicit"));
-        legend.push(('!', RED, "external"));
-    }
-    let items: Vec<String> = legend
-        .iter()
-        .map(|&(letter, code, what)| format!("{} {what}", cell((letter, code), colour)))
-        .collect();
-    let _ = writeln!(
-        out,
-        "legend: {}  {NOT_ALLOWED} not allowed",
-        items.join("  ")
-    );
-    out
-}
+/// Where the grid goes under each thread (a row too wide for it beside): this far in.
+const GRID_INDENT: usize = 10;
 
 /// Why a process shows no roles. The library maps its table only at the process's first thread,
 /// configure, worker scope or pin, so a loaded library with no table is no fault.
@@ -679,6 +719,17 @@ mod tests {
         }
     }
 
+    /// The snapshot's CPUs as one group of no node, cores unknown.
+    fn flat(s: &Snapshot) -> GridCpus {
+        GridCpus {
+            groups: vec![crate::grid::CpuGroup {
+                node: None,
+                cpus: s.cpus.clone(),
+            }],
+            cores: Vec::new(),
+        }
+    }
+
     fn snapshot() -> Snapshot {
         Snapshot {
             pid: 10,
@@ -704,7 +755,7 @@ mod tests {
 
     #[test]
     fn plain_grid_marks_roles_with_letters() {
-        let text = to_text(&snapshot(), false);
+        let text = to_text(&snapshot(), &flat(&snapshot()), false, 120);
         assert!(!text.contains('\x1b'), "{text}");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[1], "memory per node: not readable (test)", "{text}");
@@ -727,7 +778,7 @@ mod tests {
             .push(row(15, Some((Role::Worker, Placement::Explicit)), "8"));
         s.threads
             .push(row(16, Some((Role::Host, Placement::External)), "9"));
-        let text = to_text(&s, true);
+        let text = to_text(&s, &flat(&s), true, 120);
         // The colour code painting each thread's row of the grid.
         let grid_colour = |tid: &str| {
             let line = text
@@ -748,7 +799,7 @@ mod tests {
 
     #[test]
     fn colour_grid_paints_by_role() {
-        let text = to_text(&snapshot(), true);
+        let text = to_text(&snapshot(), &flat(&snapshot()), true, 120);
         assert!(text.contains("\x1b[34m█\x1b[0m"), "host blue");
         assert!(text.contains("\x1b[32m█\x1b[0m"), "worker green");
         assert!(text.contains("\x1b[33m█\x1b[0m"), "step yellow");
@@ -757,7 +808,7 @@ mod tests {
         // A thread named like a role keeps its name plain; only the role cell is painted.
         let mut named = snapshot();
         named.threads[1].name = "host".into();
-        let text = to_text(&named, true);
+        let text = to_text(&named, &flat(&named), true, 120);
         assert!(text.contains("host  \x1b[32mworker\x1b[0m "), "{text}");
     }
 
@@ -771,7 +822,7 @@ mod tests {
         .iter()
         .filter_map(|l| AdapterLine::parse(l))
         .collect());
-        let text = to_text(&s, false);
+        let text = to_text(&s, &flat(&s), false, 120);
         assert!(
             text.contains("adapter trtllm: engaged; tensorrt_llm 1.2; base_worker found 1/0\n"),
             "{text}"
@@ -781,7 +832,9 @@ mod tests {
             "{text}"
         );
         s.adapters = Err("kept changing".into());
-        assert!(to_text(&s, false).contains("adapters: not readable (kept changing)"));
+        assert!(
+            to_text(&s, &flat(&s), false, 120).contains("adapters: not readable (kept changing)")
+        );
     }
 
     #[test]

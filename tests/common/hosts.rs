@@ -105,6 +105,19 @@ impl Sysfs {
         Sysfs { dir, node0, node1 }
     }
 
+    /// `host` written as it is: a full-scale shape whose CPUs are mostly not this machine's (the
+    /// library places threads on the allowed CPUs among them, and `ps` draws all of them).
+    /// `node0` and `node1` are left empty: the shape's own nodes are in the tree.
+    pub fn written(host: &simulated::SimulatedHost) -> Sysfs {
+        let dir = tempfile::tempdir().unwrap();
+        host.write(dir.path()).unwrap();
+        Sysfs {
+            dir,
+            node0: CpuMask::new(),
+            node1: CpuMask::new(),
+        }
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }

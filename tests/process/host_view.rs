@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 use common::host_view_target::HostViewTarget as Server;
 use common::*;
 use serde_json::Value;
+use tllm_affinity_core::host::simulated;
 
 /// A table given to another user, given back to root when dropped (also when a test fails): a
 /// killed process's table owned by another user would stay in /dev/shm, where only that user's
@@ -384,6 +385,138 @@ fn processes_that_end_while_it_reads_never_abort_it() {
             let row = p["worker_cpus"].is_string() && p["threads"].is_object();
             let line = p["error"].is_string();
             assert!(row != line, "neither a row nor one line: {p:#}");
+        }
+    }
+}
+
+/// The written full-scale hosts: a name, the tree, and the GPU each of three servers works for
+/// (two per node where a node has several, so that GPUs sharing a node's CPUs are shown).
+fn full_scale_hosts() -> Vec<(&'static str, simulated::SimulatedHost, [usize; 3])> {
+    use simulated::GpuMemoryMode;
+    vec![
+        (
+            "GB200 tray, 144 CPUs",
+            simulated::gb200_tray(GpuMemoryMode::Numa).host,
+            [0, 1, 2],
+        ),
+        ("8×H100, 224 CPUs", simulated::dgx_h100_like(), [0, 1, 4]),
+        (
+            "quad GH200, 288 CPUs",
+            simulated::quad_gh200().host,
+            [0, 1, 2],
+        ),
+    ]
+}
+
+/// `ps` (PID or none) with `--no-color` and `COLUMNS=columns` on `host`: its text, each line
+/// checked to be within `columns`.
+fn ps_within(host: &Sysfs, pid: Option<u32>, columns: usize, name: &str) -> String {
+    let mut cmd = clean(cli());
+    cmd.arg("ps");
+    if let Some(pid) = pid {
+        cmd.arg(pid.to_string());
+    }
+    cmd.args(["--no-color", "--sysfs-root"])
+        .arg(host.path())
+        .env("COLUMNS", columns.to_string());
+    let text = String::from_utf8(succeeded(&mut cmd).stdout).unwrap();
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= columns,
+            "{name}, COLUMNS={columns}, ps {pid:?}: a line of {} characters:\n{line}\n\n{text}",
+            line.chars().count()
+        );
+    }
+    text
+}
+
+/// Four servers on 144-, 224- and 288-CPU hosts (a GB200 tray, an 8×H100 host, a quad GH200):
+/// at 80, 120 and 200 columns every line of the host view and of `ps PID` fits, and each
+/// server, its GPU, and every role and placement its threads have is there without colour
+/// (`x` explicit, `!` external included).
+#[test]
+fn the_grid_fits_80_120_and_200_columns_on_144_224_and_288_cpu_hosts() {
+    require!(two_cpus(
+        "an explicit or external mask apart from the worker's"
+    ));
+    for (name, shape, gpus) in full_scale_hosts() {
+        let host = Sysfs::written(&shape);
+        // This machine's CPUs are a few of the host's: the step core is named, not found.
+        let step_cpu = allowed_cpus().first().unwrap().to_string();
+        let step = [("TLLM_AFFINITY_STEP_CORE", step_cpu.as_str())];
+        let g = gpus.map(|g| g.to_string());
+        let servers = [
+            Server::start(
+                &host,
+                &["--gpu", &g[0], "--step", &g[0], "--result", &g[0]],
+                &step,
+            ),
+            Server::start(&host, &["--gpu", &g[1]], &[]),
+            Server::start(&host, &["--gpu", &g[2], "--explicit"], &[]),
+            // Its lease released after its mask was changed behind the library's back (on the
+            // first GPU's node, whose CPUs include this machine's: the library placed it).
+            Server::start(&host, &["--external", &g[0]], &[]),
+        ];
+        let pids = servers.each_ref().map(Server::pid);
+        let v = json(&host);
+        // Each server's threads' marks (`ps PID` gives each thread a row), and the one mark of
+        // its own its host-view row shows: this machine's few CPUs may share one column, which
+        // shows the most particular of them.
+        let marks = [
+            &[('h', "host"), ('w', "worker"), ('s', "step")][..],
+            &[('h', "host"), ('w', "worker")],
+            &[('h', "host"), ('w', "worker"), ('x', "explicit")],
+            &[('h', "host"), ('!', "external")],
+        ];
+        let own = ['s', 'w', 'x', '!'];
+        for columns in [80, 120, 200] {
+            let text = ps_within(&host, None, columns, name);
+            for (i, pid) in pids.iter().enumerate() {
+                let entry = process(&v, *pid);
+                let row = grid_row(&text, *pid);
+                assert!(
+                    row.contains(own[i]),
+                    "{name}, COLUMNS={columns}: no {} in {pid}'s row {row:?}:\n{text}\n{entry:#}",
+                    own[i]
+                );
+                // The roles its row counts.
+                for (role, n) in entry["threads"].as_object().unwrap() {
+                    assert!(
+                        text.contains(&format!("{n} {role}")),
+                        "{name}, COLUMNS={columns}: {pid}'s {n} {role} not shown:\n{text}"
+                    );
+                }
+                if i < 3 {
+                    let lease = &entry["leases"][0];
+                    assert_eq!(lease["gpu"], gpus[i], "{name}: {entry:#}");
+                    let gpu = format!("GPU {} ({})", gpus[i], lease["device"].as_str().unwrap());
+                    assert!(
+                        text.contains(&gpu),
+                        "{name}, COLUMNS={columns}: {pid}'s {gpu} not shown:\n{text}"
+                    );
+                }
+            }
+            for item in ["x explicit", "! external", "s step"] {
+                assert!(
+                    text.lines()
+                        .skip_while(|l| !l.starts_with("legend:"))
+                        .take_while(|l| l.starts_with("legend:") || l.starts_with(' '))
+                        .any(|l| l.contains(item)),
+                    "{name}, COLUMNS={columns}: no {item:?} in the legend:\n{text}"
+                );
+            }
+            for (i, pid) in pids.iter().enumerate() {
+                let text = ps_within(&host, Some(*pid), columns, name);
+                for (mark, named) in marks[i] {
+                    assert!(
+                        text.contains(&format!("{mark} {named}")),
+                        "{name}, COLUMNS={columns}: ps {pid} shows no {mark} {named}:\n{text}"
+                    );
+                }
+            }
+        }
+        for server in servers {
+            server.finish();
         }
     }
 }

@@ -1,20 +1,11 @@
-//! `tllm-affinity ps` without a PID (SPEC §16): the host at a glance. Every process whose thread
-//! table the caller may read, containerised ones included (found as `ps PID` finds them, through
-//! [`ps::locate`]), one row each: the GPU of each open lease, the CPUs of its workers, step and
-//! result threads, its threads by role and its memory per NUMA node; then the host's CPUs grouped
-//! by node with the processes on each, as a grid; then what collides, one line each.
-//!
-//! Each process is read by [`ps::read`], bounded in time and bytes as `ps PID` is; one that
-//! cannot be read (a table not believed, a process that exits meanwhile) is one line, never an
-//! abort.
+//! The host view's model: every process with a table read (bounded in time and bytes), the
+//! CPUs' groups, and the flags a user must see. Data only; [`super::drawing`] formats it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
+
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
-
-use serde_json::{json, Value};
 
 use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::CpuMask;
@@ -23,9 +14,10 @@ use tllm_affinity_core::registry::{Placement, Role};
 use tllm_affinity_core::table::threadtable::{self, LeaseLine};
 use tllm_affinity_core::table::untrusted::Dir;
 
-use crate::draw::{self, visible};
+use crate::draw;
+pub use crate::grid::CpuGroup;
 use crate::memory_reading::NodeMemory;
-use crate::ps::{self, PsArgs};
+use crate::ps;
 
 /// What a thread does, as the host view tells them apart; in the grid's order of precedence
 /// (a CPU shows the most particular thing a process's threads may do there).
@@ -39,7 +31,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    pub(crate) const ALL: [Kind; 5] = [
         Kind::Step,
         Kind::Result,
         Kind::Worker,
@@ -68,7 +60,7 @@ impl Kind {
     }
 
     /// A role and placement of this kind, for `ps PID`'s mark and colour.
-    fn known(self) -> Option<(Role, Placement)> {
+    pub(crate) fn known(self) -> Option<(Role, Placement)> {
         match self {
             Kind::Step => Some((Role::Worker, Placement::Step)),
             Kind::Result => Some((Role::Worker, Placement::Result)),
@@ -90,6 +82,10 @@ pub struct ProcessRow {
     /// The CPUs the threads of each kind may run on, and how many threads of each kind.
     pub cpus: BTreeMap<Kind, CpuMask>,
     pub threads: BTreeMap<Kind, usize>,
+    /// The CPUs of threads whose mask the application chose (`configure` with a mask of its
+    /// own) and of those whose mask someone else changed after the library placed them.
+    pub explicit: CpuMask,
+    pub external: CpuMask,
     pub memory: Result<NodeMemory, String>,
 }
 
@@ -97,7 +93,13 @@ impl ProcessRow {
     fn from_snapshot(s: &ps::Snapshot) -> ProcessRow {
         let mut cpus: BTreeMap<Kind, CpuMask> = BTreeMap::new();
         let mut threads = BTreeMap::new();
+        let (mut explicit, mut external) = (CpuMask::default(), CpuMask::default());
         for t in &s.threads {
+            match t.known {
+                Some((_, Placement::Explicit)) => explicit = explicit.union(&t.mask),
+                Some((_, Placement::External)) => external = external.union(&t.mask),
+                _ => {}
+            }
             let kind = Kind::of(t.known);
             let on = cpus.entry(kind).or_default();
             *on = on.union(&t.mask);
@@ -110,6 +112,8 @@ impl ProcessRow {
             leases: s.leases.clone(),
             cpus,
             threads,
+            explicit,
+            external,
             memory: s.memory.clone(),
         }
     }
@@ -119,7 +123,7 @@ impl ProcessRow {
     }
 
     /// `GPU 0 (0000:3b:00.0)` for each open lease, `-` for none.
-    fn gpus(&self) -> String {
+    pub(crate) fn gpus(&self) -> String {
         match &self.leases {
             Ok(leases) if leases.is_empty() => "-".into(),
             Ok(leases) => leases
@@ -155,7 +159,7 @@ pub enum Entry {
 }
 
 /// The entries that are rows.
-fn rows(entries: &[Entry]) -> impl Iterator<Item = &ProcessRow> {
+pub(crate) fn rows(entries: &[Entry]) -> impl Iterator<Item = &ProcessRow> {
     entries.iter().filter_map(|e| match e {
         Entry::Row(r) => Some(r),
         Entry::Line(_) => None,
@@ -180,13 +184,6 @@ pub struct Flag {
     pub text: String,
 }
 
-/// The CPUs of one NUMA node of the sysfs tree read (`None`: CPUs no node lists).
-#[derive(Debug, Clone)]
-pub struct CpuGroup {
-    pub node: Option<usize>,
-    pub cpus: Vec<usize>,
-}
-
 /// The host view.
 #[derive(Debug)]
 pub struct HostView {
@@ -196,21 +193,11 @@ pub struct HostView {
     /// Reader threads of earlier scans of this process still stuck ([`readers_stuck`]).
     pub readers_stuck: usize,
     pub groups: Vec<CpuGroup>,
+    /// The host's cores (SMT sibling sets) under the tree read: the grid groups CPUs by them.
+    pub cores: Vec<CpuMask>,
     pub flags: Vec<Flag>,
     /// The kernel's NUMA nodes with CPUs: where memory is judged (see [`off_node`]).
     pub kernel_nodes: Vec<(usize, CpuMask)>,
-}
-
-pub fn run(args: &PsArgs) -> Result<(), String> {
-    let root = crate::sysfs_root(args.sysfs_root.as_deref());
-    let view = gather(&root);
-    if args.json {
-        let text = crate::json::pretty(&to_json(&view))?;
-        println!("{text}");
-    } else {
-        print!("{}", to_text(&view, draw::wants_colour(args.no_color)));
-    }
-    Ok(())
 }
 
 /// Reads every process with a table, the CPUs' nodes and cores under `root`, and judges memory
@@ -235,7 +222,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
             masks = masks.union(m);
         }
     }
-    let groups = groups(topology.as_ref(), &masks);
+    let groups = crate::grid::groups(topology.as_ref(), &masks);
     let cores = topology.as_ref().map(Topology::cores).unwrap_or_default();
     let kernel_nodes = kernel.map(|t| t.nodes_with_cpus()).unwrap_or_default();
     let gpu_local: BTreeMap<String, CpuMask> = topology
@@ -264,6 +251,7 @@ pub fn gather(root: &SysfsRoot) -> HostView {
         unreachable,
         readers_stuck: readers_stuck(),
         groups,
+        cores,
         flags,
         kernel_nodes,
     }
@@ -551,39 +539,6 @@ pub fn entry_of(pid: u32, start: Option<u64>) -> Entry {
     }
 }
 
-/// The grid's column groups: each node's CPUs among those shown (the online CPUs of the tree and
-/// every CPU a thread may run on), then any CPU no node lists.
-fn groups(topology: Option<&Topology>, masks: &CpuMask) -> Vec<CpuGroup> {
-    let online = topology.map(|t| t.online.clone()).unwrap_or_else(|| {
-        std::fs::read_to_string("/sys/devices/system/cpu/online")
-            .ok()
-            .and_then(|t| CpuMask::parse_list(&t).ok())
-            .unwrap_or_default()
-    });
-    let all = online.union(masks);
-    let mut placed = CpuMask::default();
-    let mut groups = Vec::new();
-    for node in topology.map(|t| t.nodes.as_slice()).unwrap_or_default() {
-        let cpus = node.cpus.intersection(&all);
-        if cpus.is_empty() {
-            continue;
-        }
-        placed = placed.union(&cpus);
-        groups.push(CpuGroup {
-            node: Some(node.id),
-            cpus: cpus.iter().collect(),
-        });
-    }
-    let rest: Vec<usize> = all.iter().filter(|&c| !placed.contains(c)).collect();
-    if !rest.is_empty() {
-        groups.push(CpuGroup {
-            node: None,
-            cpus: rest,
-        });
-    }
-    groups
-}
-
 /// SPEC §16's flags over the rows: workers of two processes on different GPUs sharing CPUs; a
 /// step thread sharing a core with another process's step or result thread (`cores`: the SMT
 /// sibling sets; a CPU none lists is a core of its own); a process whose memory lies mostly off
@@ -799,270 +754,15 @@ fn plural(cpus: &CpuMask) -> &'static str {
     }
 }
 
-/// `-` for no CPU.
-fn list_or_dash(cpus: &CpuMask) -> String {
-    if cpus.is_empty() {
-        "-".into()
-    } else {
-        cpus.to_list()
-    }
-}
-
-fn command_of(r: &ProcessRow) -> String {
-    match r.namespace_pid {
-        Some(inner) => format!("{} (pid {inner} inside)", r.command),
-        None => r.command.clone(),
-    }
-}
-
-fn threads_of(r: &ProcessRow) -> String {
-    // Host first: the order a reader counts a server's threads in.
-    [
-        Kind::Host,
-        Kind::Worker,
-        Kind::Step,
-        Kind::Result,
-        Kind::Unknown,
-    ]
-    .iter()
-    .filter_map(|k| r.threads.get(k).map(|n| format!("{n} {}", k.name())))
-    .collect::<Vec<_>>()
-    .join(", ")
-}
-
-fn memory_of(r: &ProcessRow) -> String {
-    match &r.memory {
-        Ok(m) => {
-            let partial = if m.partial.is_some() {
-                " (partial)"
-            } else {
-                ""
-            };
-            format!("{}{partial}", draw::per_node(&m.bytes))
-        }
-        Err(why) => format!("not readable ({why})"),
-    }
-}
-
-pub fn to_text(v: &HostView, colour: bool) -> String {
-    let mut out = String::new();
-    let shown = rows(&v.entries).count();
-    let _ = writeln!(
-        out,
-        "{shown} process{} with a thread table (roles and leases from each table, masks from the kernel)",
-        if shown == 1 { "" } else { "es" }
-    );
-    let header = [
-        "PID",
-        "COMMAND",
-        "GPU",
-        "WORKERS",
-        "STEP",
-        "RESULT",
-        "THREADS",
-        "MEMORY PER NODE",
-    ]
-    .map(String::from);
-    let mut table: Vec<[String; 8]> = Vec::new();
-    if shown > 0 {
-        table.push(header);
-    }
-    for e in &v.entries {
-        if let Entry::Row(r) = e {
-            // Commands and errors are another process's strings: escaped (no colour here).
-            table.push(
-                [
-                    r.pid.to_string(),
-                    command_of(r),
-                    r.gpus(),
-                    list_or_dash(&r.on(Kind::Worker)),
-                    list_or_dash(&r.on(Kind::Step)),
-                    list_or_dash(&r.on(Kind::Result)),
-                    threads_of(r),
-                    memory_of(r),
-                ]
-                .map(|cell| visible(&cell).into_owned()),
-            );
-        }
-    }
-    let widths: Vec<usize> = (0..8)
-        .map(|c| {
-            table
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for r in &table {
-        let mut line = format!("{:>w$}", r[0], w = widths[0].max(8));
-        for (c, cell) in r.iter().enumerate().skip(1) {
-            let _ = write!(line, "  {cell:<w$}", w = widths[c]);
-        }
-        let _ = writeln!(out, "{}", line.trim_end());
-    }
-    for e in &v.entries {
-        if let Entry::Line(l) = e {
-            let command = visible(l.command.as_deref().unwrap_or("?"));
-            let why = visible(&l.why);
-            let _ = writeln!(out, "{:>8}  {command}: not shown: {why}", l.pid);
-        }
-    }
-    if shown > 0 {
-        out.push('\n');
-        out.push_str(&grid(v, colour));
-    }
-    if v.flags.is_empty() {
-        let _ = writeln!(out, "flags: none");
-    }
-    for f in &v.flags {
-        let _ = writeln!(out, "flag: {}", visible(&f.text));
-    }
-    if v.unreachable > 0 {
-        let _ = writeln!(
-            out,
-            "note: {} process{} in other PID namespaces could not be looked into (their root is not yours to read)",
-            v.unreachable,
-            if v.unreachable == 1 { "" } else { "es" }
-        );
-    }
-    out
-}
-
-/// The host's CPUs grouped by NUMA node, one row per process shown: at each CPU the most
-/// particular thing its threads may do there.
-fn grid(v: &HostView, colour: bool) -> String {
-    let mut out = String::new();
-    let shown: Vec<&ProcessRow> = rows(&v.entries).collect();
-    let w_name = shown
-        .iter()
-        .map(|r| visible(&r.command).chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(7);
-    let prefix = |pid: &str, name: &str| format!("{pid:>8}  {name:<w_name$}  ");
-    let mut nodes = String::new();
-    let mut labels = String::new();
-    let mut digits = String::new();
-    for (i, g) in v.groups.iter().enumerate() {
-        if i > 0 {
-            nodes.push(' ');
-            labels.push(' ');
-            digits.push(' ');
-        }
-        let (l, d) = draw::grid_header(&g.cpus);
-        let node = g.node.map_or_else(|| "-".to_string(), |n| n.to_string());
-        nodes.push_str(&format!("{node:<w$}", w = g.cpus.len()));
-        labels.push_str(&format!("{l:<w$}", w = g.cpus.len()));
-        digits.push_str(&d);
-    }
-    let _ = writeln!(out, "{}{}", prefix("", "NODE"), nodes.trim_end());
-    let _ = writeln!(out, "{}{}", prefix("", ""), labels.trim_end());
-    let _ = writeln!(out, "{}{digits}", prefix("PID", "COMMAND"));
-    for r in &shown {
-        let mut cells = String::new();
-        for (i, g) in v.groups.iter().enumerate() {
-            if i > 0 {
-                cells.push(' ');
-            }
-            for &cpu in &g.cpus {
-                let kind = Kind::ALL
-                    .into_iter()
-                    .find(|k| r.cpus.get(k).is_some_and(|m| m.contains(cpu)));
-                match kind {
-                    Some(kind) => cells.push_str(&draw::cell(draw::mark(kind.known()), colour)),
-                    None => cells.push(draw::NOT_ALLOWED),
-                }
-            }
-        }
-        let _ = writeln!(
-            out,
-            "{}{cells}",
-            prefix(&r.pid.to_string(), &visible(&r.command))
-        );
-    }
-    let legend: Vec<String> = Kind::ALL
-        .iter()
-        .map(|k| format!("{} {}", draw::cell(draw::mark(k.known()), colour), k.name()))
-        .collect();
-    let _ = writeln!(
-        out,
-        "legend: {}  {} none (a CPU shows the first of these its threads may run on)",
-        legend.join("  "),
-        draw::NOT_ALLOWED
-    );
-    out
-}
-
-pub fn to_json(v: &HostView) -> Value {
-    let processes: Vec<Value> = v
-        .entries
-        .iter()
-        .map(|e| match e {
-            Entry::Row(r) => json!({
-                "pid": r.pid,
-                "namespace_pid": r.namespace_pid,
-                "command": r.command,
-                "leases": match &r.leases {
-                    Ok(leases) => json!(leases.iter().map(draw::lease_json).collect::<Vec<_>>()),
-                    Err(why) => json!({ "error": why }),
-                },
-                "worker_cpus": r.on(Kind::Worker).to_list(),
-                "step_cpus": r.on(Kind::Step).to_list(),
-                "result_cpus": r.on(Kind::Result).to_list(),
-                "host_cpus": r.on(Kind::Host).to_list(),
-                "threads": r.threads.iter().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-                "memory": draw::memory_json(&r.memory),
-            }),
-            Entry::Line(l) => json!({
-                "pid": l.pid,
-                "command": l.command,
-                "error": l.why,
-            }),
-        })
-        .collect();
-    let mut cpus = Vec::new();
-    for g in &v.groups {
-        for &cpu in &g.cpus {
-            let on: Vec<Value> = rows(&v.entries)
-                .filter_map(|r| {
-                    let roles: Vec<&str> = Kind::ALL
-                        .iter()
-                        .filter(|k| r.cpus.get(k).is_some_and(|m| m.contains(cpu)))
-                        .map(|k| k.name())
-                        .collect();
-                    (!roles.is_empty()).then(|| json!({ "pid": r.pid, "roles": roles }))
-                })
-                .collect();
-            cpus.push(json!({ "cpu": cpu, "node": g.node, "processes": on }));
-        }
-    }
-    json!({
-        "processes": processes,
-        "nodes": v.groups.iter().map(|g| json!({
-            "node": g.node,
-            "cpus": CpuMask::from_cpus(g.cpus.iter().copied()).to_list(),
-        })).collect::<Vec<_>>(),
-        "cpus": cpus,
-        "flags": v.flags.iter().map(|f| json!({
-            "kind": f.kind,
-            "pids": f.pids,
-            "cpus": f.cpus.to_list(),
-            "text": f.text,
-        })).collect::<Vec<_>>(),
-        "not_looked_into": v.unreachable,
-    })
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn m(list: &str) -> CpuMask {
+    pub(crate) fn m(list: &str) -> CpuMask {
         CpuMask::parse_list(list).unwrap()
     }
 
-    fn lease(device: &str, gpu: usize) -> LeaseLine {
+    pub(crate) fn lease(device: &str, gpu: usize) -> LeaseLine {
         LeaseLine {
             id: 1,
             gpu_index: Some(gpu),
@@ -1073,7 +773,7 @@ mod tests {
 
     /// A process with `kinds`' CPUs, a thread of each, leases on `devices`, and `memory` bytes
     /// per node.
-    fn row(
+    pub(crate) fn row(
         pid: u32,
         devices: &[(&str, usize)],
         kinds: &[(Kind, &str)],
@@ -1086,6 +786,8 @@ mod tests {
             leases: Ok(devices.iter().map(|(d, g)| lease(d, *g)).collect()),
             cpus: kinds.iter().map(|(k, l)| (*k, m(l))).collect(),
             threads: kinds.iter().map(|(k, _)| (*k, 1)).collect(),
+            explicit: CpuMask::default(),
+            external: CpuMask::default(),
             memory: Ok(NodeMemory {
                 bytes: memory.iter().copied().collect(),
                 source: "test".into(),
@@ -1094,11 +796,11 @@ mod tests {
         }
     }
 
-    const GPU0: (&str, usize) = ("0000:3b:00.0", 0);
-    const GPU1: (&str, usize) = ("0000:86:00.0", 1);
+    pub(crate) const GPU0: (&str, usize) = ("0000:3b:00.0", 0);
+    pub(crate) const GPU1: (&str, usize) = ("0000:86:00.0", 1);
 
     /// Two nodes of four CPUs, two hardware threads a core (0,4 1,5 2,6 3,7 on node 0).
-    fn host() -> (Vec<CpuMask>, Vec<(usize, CpuMask)>) {
+    pub(crate) fn host() -> (Vec<CpuMask>, Vec<(usize, CpuMask)>) {
         let cores = (0..4)
             .map(|c| m(&format!("{c},{}", c + 4)))
             .collect::<Vec<_>>();
@@ -1109,7 +811,7 @@ mod tests {
         (cores, vec![(0, m("0-7")), (1, m("8-15"))])
     }
 
-    fn kinds(flags: &[Flag]) -> Vec<(&'static str, Vec<u32>, String)> {
+    pub(crate) fn kinds(flags: &[Flag]) -> Vec<(&'static str, Vec<u32>, String)> {
         flags
             .iter()
             .map(|f| (f.kind, f.pids.clone(), f.cpus.to_list()))
@@ -1438,70 +1140,5 @@ mod tests {
             "a directory listed more than once"
         );
         drop(children);
-    }
-
-    #[test]
-    fn the_grid_groups_cpus_by_node_and_shows_the_most_particular_role() {
-        let (_, nodes) = host();
-        let r = row(
-            7,
-            &[GPU0],
-            &[
-                (Kind::Host, "0-15"),
-                (Kind::Worker, "8-15"),
-                (Kind::Step, "8"),
-            ],
-            &[],
-        );
-        let view = HostView {
-            entries: vec![
-                Entry::Row(r),
-                Entry::Line(ProcessLine {
-                    pid: 9,
-                    command: Some("other".into()),
-                    why: "exited while it was read".into(),
-                }),
-            ],
-            unreachable: 2,
-            readers_stuck: 0,
-            groups: nodes
-                .iter()
-                .map(|(id, cpus)| CpuGroup {
-                    node: Some(*id),
-                    cpus: cpus.iter().collect(),
-                })
-                .collect(),
-            flags: Vec::new(),
-            kernel_nodes: nodes,
-        };
-        let text = to_text(&view, false);
-        let lines: Vec<&str> = text.lines().collect();
-        assert!(
-            lines.iter().any(|l| l.ends_with("  hhhhhhhh swwwwwww")),
-            "{text}"
-        );
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.trim_start().starts_with("NODE     0        1")),
-            "{text}"
-        );
-        assert!(
-            lines.contains(&"       9  other: not shown: exited while it was read"),
-            "{text}"
-        );
-        assert!(text.contains("flags: none"), "{text}");
-        assert!(
-            text.contains("note: 2 processes in other PID namespaces"),
-            "{text}"
-        );
-        let v = to_json(&view);
-        assert_eq!(v["processes"][0]["step_cpus"], "8");
-        assert_eq!(v["processes"][1]["error"], "exited while it was read");
-        assert_eq!(
-            v["cpus"][8]["processes"][0]["roles"],
-            json!(["step", "worker", "host"])
-        );
-        assert_eq!(v["not_looked_into"], 2);
     }
 }
