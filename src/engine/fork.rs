@@ -70,6 +70,7 @@ pub fn adopt_if_forked_without_handlers() {
 /// and the parent's table, still mapped, is left to the parent.
 pub(super) fn start_as_fork_child() {
     environ::after_fork_child();
+    memory_preference::clear_in_fork_child();
     memory_effects::after_fork_child();
     own_this_process();
     arm_mark();
