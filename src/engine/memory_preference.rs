@@ -8,17 +8,15 @@
 //! A policy the library set is its thread's alone (SPEC §15): the threads it creates meanwhile
 //! inherit it (the scope's point), but a process it starts does not. The kernel copies a thread's
 //! policy into every `fork`, `vfork`, `clone` and `posix_spawn` child and keeps it across
-//! `execve`, so the thread marks itself ([`HELD`]) and the paths that start a process drop the
+//! `execve`, so the thread marks itself in its block ([`note_held`]) and the paths that start a process drop the
 //! policy for the child: the fork child handler sets the default in the child, and the
 //! interposed `posix_spawn` and exec functions drop it around the real call (the caller, or a
 //! `vfork` child with its own policy copy, is the only task that runs meanwhile).
 
-use std::cell::Cell;
-
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::registry::Tid;
-use crate::{log_debug, log_info, policy, sys};
+use crate::{log_debug, log_info, per_thread, policy, sys};
 
 /// A preference the library gave: the scope's lease, the thread, the node.
 pub(super) struct Preference {
@@ -30,27 +28,21 @@ pub(super) struct Preference {
 /// The preferences given and not yet taken back.
 pub(super) static PREFERRED: EngineLock<Vec<Preference>> = EngineLock::new(Vec::new());
 
-thread_local! {
-    /// The node this thread prefers because the library set it, plus one; 0: its policy is not
-    /// the library's. A plain `Cell` with a const initializer: no destructor to register, and a
-    /// `vfork` child (which runs on its parent thread's thread-local block) reads its parent
-    /// thread's, whose policy it inherited.
-    static HELD: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Notes that this thread's policy is now `MPOL_PREFERRED` on `node`, set by the library.
+/// Notes that this thread's policy is now `MPOL_PREFERRED` on `node`, set by the library: in the
+/// thread's own block ([`per_thread`]), which a `vfork` child shares with its parent thread,
+/// whose policy it inherited.
 pub(super) fn note_held(node: usize) {
-    HELD.with(|held| held.set(node + 1));
+    per_thread::with(|me| me.preferred_node.set(node + 1));
 }
 
 /// Notes that this thread's policy is no longer one the library set.
 pub(super) fn note_released() {
-    HELD.with(|held| held.set(0));
+    per_thread::with(|me| me.preferred_node.set(0));
 }
 
 /// The node this thread prefers because the library set it.
 fn held() -> Option<usize> {
-    HELD.with(|held| held.get().checked_sub(1))
+    per_thread::with(|me| me.preferred_node.get().checked_sub(1))
 }
 
 /// Before a call that starts a process from this thread (`posix_spawn`, an exec in a `vfork`
