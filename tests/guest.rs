@@ -1026,20 +1026,13 @@ fn children_of_a_scopes_caller_start_with_the_default_policy() {
     // MPOL_PREFERRED (1) on node 1 in the scope; MPOL_DEFAULT (0) after it.
     assert_eq!(words("CALLER during "), "1 0x2", "{text}");
     assert_eq!(words("CALLER after "), "0 0x0", "{text}");
+    // numactl --show: `policy: default`, `preferred node: current` and no node after
+    // `preferred:` (a child that inherited the preference says `preferred`, `1` and `1`).
     for child in ["SUBPROCESS ", "SPAWN "] {
-        let shown = run.lines(child);
-        let policy: Vec<_> = shown
-            .iter()
-            .filter(|l| l.first().is_some_and(|w| w == "policy:"))
-            .collect();
-        assert_eq!(policy.len(), 1, "{child}: {text}");
-        assert_eq!(policy[0][1], "default", "{child}: {text}");
-        assert!(
-            !shown
-                .iter()
-                .any(|l| l.first().is_some_and(|w| w == "preferred")),
-            "{child}: {text}"
-        );
+        let shown: Vec<String> = run.lines(child).into_iter().map(|l| l.join(" ")).collect();
+        for line in ["policy: default", "preferred node: current", "preferred:"] {
+            assert!(shown.contains(&line.to_string()), "{child}{line}: {text}");
+        }
     }
     assert_eq!(words("FORK "), "0 0x0", "{text}");
     let worker: Vec<String> = run
@@ -1085,6 +1078,7 @@ fn pinned_pages_neither_spend_the_budget_nor_hide_the_pages_beside_them() {
     let guest = require!(memory());
     const PAGE: u64 = 4096;
     let pages_256 = 256 * 256;
+    let mut failures = Vec::new();
     for every_kib in [1024u64, 8192] {
         let pinned_total = 256 * 1024 / every_kib;
         for budget in [true, false] {
@@ -1104,34 +1098,48 @@ fn pinned_pages_neither_spend_the_budget_nor_hide_the_pages_beside_them() {
                 "{name}: after {after:?}; reported {reported}; busy {busy:?}; {}",
                 move_line(run)
             );
-            let busy = busy
-                .unwrap_or_else(|| panic!("{name}: no line of refused pages:\n{}", run.stderr()));
+            let Some(busy) = busy else {
+                failures.push(format!(
+                    "{name}: no line of refused pages:\n{}",
+                    run.stderr()
+                ));
+                continue;
+            };
             // The buffer's share of what moved; the process's other private pages (its stack,
-            // heap, libc's data) are a few hundred KiB at most.
+            // heap, libc's data) are a few hundred KiB at most, and a few of them are busy too.
             let buffer_moved = moved_pages * PAGE;
-            assert!(
-                reported >= buffer_moved && reported <= buffer_moved + (1 << 20),
-                "{name}: reported {reported}, the buffer's pages moved {buffer_moved}"
-            );
+            if reported < buffer_moved || reported > buffer_moved + (1 << 20) {
+                failures.push(format!(
+                    "{name}: reported {reported}, the buffer's pages moved {buffer_moved}"
+                ));
+            }
+            let other_busy = 8;
             if budget {
                 let cap = 64u64 << 20;
-                assert!(
-                    reported <= cap && reported >= cap - 2 * PAGE,
-                    "{name}: {reported} moved for a budget of {cap}"
-                );
+                if reported > cap || reported < cap - 2 * PAGE {
+                    failures.push(format!("{name}: {reported} moved for a budget of {cap}"));
+                }
                 // The walk went through about as much of the buffer as moved, and each pinned
                 // page in it refused.
                 let reached = buffer_moved / (every_kib << 10);
-                assert!(
-                    (reached.saturating_sub(1)..=reached + 2).contains(&busy),
-                    "{name}: {busy} busy where the walk reached about {reached} pinned pages"
-                );
+                if !(reached.saturating_sub(1)..=reached + other_busy).contains(&busy) {
+                    failures.push(format!(
+                        "{name}: {busy} busy where the walk reached about {reached} pinned pages"
+                    ));
+                }
             } else {
-                assert_eq!(moved_pages, pages_256 - pinned_total, "{name}: {after:?}");
-                assert_eq!(busy, pinned_total, "{name}");
+                if moved_pages != pages_256 - pinned_total {
+                    failures.push(format!("{name}: {moved_pages} pages moved: {after:?}"));
+                }
+                if !(pinned_total..=pinned_total + other_busy).contains(&busy) {
+                    failures.push(format!(
+                        "{name}: {busy} busy for {pinned_total} pinned pages"
+                    ));
+                }
             }
         }
     }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// A thread forking short-lived children in a loop while the move runs: every fork maps the
@@ -1154,48 +1162,6 @@ fn a_forking_thread_beside_the_move_does_not_keep_the_memory_where_it_was() {
             run.stderr()
         );
     }
-}
-
-/// As root, a file's page cache on node 0 that another process maps private, mapped private by
-/// the worker too, whose reads that take hinting faults are refused so that pages stay hidden
-/// from `move_pages`: after the move the file's pages are still on node 0, while the worker's
-/// anonymous pages `move_pages` could see moved.
-#[test]
-fn nothing_another_process_maps_moves_as_root() {
-    let guest = require!(memory());
-    let mapper = guest.ok("mapper");
-    assert!(mapper.text().contains("MAPPED"), "{}", mapper.text());
-    let run = guest.ok("private_file");
-    let (file_before, file_after) = (
-        buffer_pages(run, "file_before"),
-        buffer_pages(run, "file_after"),
-    );
-    let after = buffer_pages(run, "after");
-    let hidden = refused_count(run, " pages hidden");
-    println!(
-        "private_file: file before {file_before:?}, after {file_after:?}; buffer after {after:?}; hidden {hidden:?}; {}",
-        move_line(run)
-    );
-    let file_pages = 16 * 256;
-    assert_eq!(
-        file_before.get(&0).copied(),
-        Some(file_pages),
-        "{file_before:?}"
-    );
-    assert_eq!(
-        file_after.get(&0).copied(),
-        Some(file_pages),
-        "{}",
-        run.stderr()
-    );
-    // The case the sweep was for: pages hidden after the walk.
-    let hidden = hidden.unwrap_or(0) as usize;
-    assert!(hidden > 0, "no page stayed hidden:\n{}", run.stderr());
-    let on_target = after.get(&1).copied().unwrap_or(0);
-    assert!(
-        on_target + hidden + 256 >= BUFFER_PAGES,
-        "{on_target} pages moved, {hidden} hidden: {after:?}"
-    );
 }
 
 /// No policy window: while the move runs, a thread allocating and touching memory in a loop and

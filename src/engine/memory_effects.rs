@@ -16,6 +16,7 @@ use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::memory_decision::{self, pagemap, MoveDecision, MoveInput, Stay, StoppedShort, Walk};
 use crate::policy::Rule;
@@ -28,6 +29,14 @@ const NONE: usize = usize::MAX;
 static MOVED_TO: AtomicUsize = AtomicUsize::new(NONE);
 /// A move runs: a configure on another thread meanwhile leaves memory alone.
 static MOVING: AtomicBool = AtomicBool::new(false);
+/// Held by a walk again after pages another process mapped were seen: the fork prepare handler
+/// takes it first (before any other engine lock), so a thread that forks waits in its `fork`
+/// call until the walk is done, and the children forked before it have a bounded while to exit
+/// or exec, after which the pages are this process's alone. A fork child maps every private page
+/// of its parent; a thread forking in a loop keeps one such child alive nearly all the time.
+pub(super) static FORK_GATE: EngineLock<()> = EngineLock::new(());
+/// How long a walk again, forks held off, waits for the children forked before it to be gone.
+const CHILDREN_GONE_WITHIN: Duration = Duration::from_millis(100);
 static MOVES: AtomicU64 = AtomicU64::new(0);
 static BYTES_MOVED: AtomicU64 = AtomicU64::new(0);
 static BYTES_NOT_MOVED: AtomicU64 = AtomicU64::new(0);
@@ -264,6 +273,14 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
             // What is refused in this walk is what stays: the counts start again.
             (walker.hidden, walker.shared, walker.busy, walker.not_alone) = (0, 0, 0, 0);
         }
+        let _no_fork_meanwhile = (round > 0).then(|| {
+            let gate = FORK_GATE.lock();
+            let waiting = Instant::now();
+            while has_child_processes() && waiting.elapsed() < CHILDREN_GONE_WITHIN {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            gate
+        });
         'walks: for walk in &plan.walks {
             // Huge pages only where the mapping's pages are the base size (not hugetlbfs).
             let batch = memory_decision::batch_bytes(walk.page_bytes, walker.huge_bytes);

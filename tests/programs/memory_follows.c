@@ -16,10 +16,6 @@
  *                     pages meanwhile: numactl's migratepages, the bench's comparison)
  *   hold NODE MIB     takes node NODE's free memory down to MIB (bound there), prints HELD and
  *                     sleeps until killed: another tenant filling the target node
- *   mapfile FILE      maps FILE private and reads each page bound to node 0 (its page cache
- *                     there, when this is its first reader), prints MAPPED and sleeps until
- *                     killed: another process mapping a file the worker maps (a model file
- *                     other ranks map, a library)
  *
  * MF_MIB sets the buffer's size (default 64). With MF_GPU_NODE=N the main thread also maps a
  * second buffer of 16 MiB bound to node N for good (mbind MPOL_BIND: what a program that puts
@@ -31,6 +27,8 @@
  *               thread forking in a loop, each child counting the mappings of its numa_maps with
  *               a policy: WINDOW <policies seen> <chunks>, FORKS <children with a policy> <forks>,
  *               then POLICIES <numa_maps lines with a policy> after ACTION.
+ *   MF_WATCH=fork  the forking thread alone (the allocating one fills the target node when a
+ *               move runs long).
  *   MF_SHM=1    an 8 MiB shmem object (memfd) mapped shared with a child, which binds its second
  *               half to node 0 (its own shared policy) and touches it all on node 0: after
  *               ACTION the child prints SHM_POLICY <mode of the first half> <mode of the second>
@@ -45,11 +43,6 @@
  *   MF_PIN_EVERY_KIB=N  one page in every N KiB of the buffer long-term pinned, registered as an
  *               io_uring fixed buffer (what cudaHostRegister and RDMA registration do to a worker's
  *               host buffers): such a page cannot migrate. PINNED <pages> before ACTION.
- *   MF_FILE=PATH  the main thread also maps PATH private and reads each page:
- *               PAGES file_before|file_after <node>=<pages> ... (the file's page cache).
- *   MF_NO_VM_READ=1  the main thread refuses itself process_vm_readv (a seccomp filter, as a
- *               container's profile may) right before ACTION: pages NUMA balancing marked stay
- *               hidden from move_pages.
  *   MF_RUN_MS=N the main thread then runs N ms without touching the buffer, as a worker does
  *               between loading its model and configure: automatic NUMA balancing's scanner,
  *               driven by a task's run time, marks the buffer for hinting faults meanwhile.
@@ -78,13 +71,6 @@
 #include <sys/wait.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <fcntl.h>
-#include <errno.h>
-#include <stddef.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <time.h>
 
 /* memfd_create(2) through syscall(2): glibc declares it from 2.27 on, and the aarch64 build is
@@ -332,51 +318,6 @@ static long pin_every(long every_kib, long page) {
     return (long)count;
 }
 
-/* Maps `path` private and reads each page; returns the mapping (its length in *length). */
-static char *map_file(const char *path, size_t *length, long page) {
-    int fd = open(path, O_RDONLY);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) return NULL;
-    *length = (size_t)st.st_size;
-    char *mapped = mmap(NULL, *length, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (mapped == MAP_FAILED) return NULL;
-    for (size_t i = 0; i < *length; i += (size_t)page) (void)*(volatile char *)(mapped + i);
-    return mapped;
-}
-
-static int map_file_and_wait(const char *path) {
-    size_t length = 0;
-    set_policy(2 /* MPOL_BIND */, 1UL);
-    char *mapped = map_file(path, &length, sysconf(_SC_PAGESIZE));
-    set_policy(0 /* MPOL_DEFAULT */, 0);
-    if (!mapped) {
-        perror(path);
-        return 2;
-    }
-    pages_of("file", mapped, length);
-    printf("MAPPED\n");
-    fflush(stdout);
-    for (;;) pause();
-}
-
-/* process_vm_readv refused to the calling thread (EPERM), as a seccomp profile may. */
-static int refuse_vm_read(void) {
-    struct sock_filter filter[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog program = {(unsigned short)(sizeof filter / sizeof filter[0]), filter};
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
-        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
-        perror("seccomp");
-        return -1;
-    }
-    return 0;
-}
-
 static int hold(int node, long keep_mib) {
     set_policy(2 /* MPOL_BIND */, 1UL << node);
     long page = sysconf(_SC_PAGESIZE);
@@ -402,7 +343,6 @@ int main(int argc, char **argv) {
     const char *action = argv[1];
     if (strcmp(action, "hold") == 0)
         return hold(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atol(argv[3]) : 0);
-    if (strcmp(action, "mapfile") == 0 && argc > 2) return map_file_and_wait(argv[2]);
     const char *mib = getenv("MF_MIB");
     size = (size_t)(mib ? atol(mib) : 64) << 20;
     long page = sysconf(_SC_PAGESIZE);
@@ -504,21 +444,13 @@ int main(int argc, char **argv) {
         printf("MARKED %ld\n", huge_kb());
     }
     pthread_t allocator, forker;
-    int watch = flag("MF_WATCH");
+    int fork_only = getenv("MF_WATCH") && strcmp(getenv("MF_WATCH"), "fork") == 0;
+    int watch = flag("MF_WATCH") || fork_only;
     if (watch) {
-        pthread_create(&allocator, NULL, allocate_in_a_loop, NULL);
+        if (!fork_only) pthread_create(&allocator, NULL, allocate_in_a_loop, NULL);
         pthread_create(&forker, NULL, fork_in_a_loop, NULL);
     }
-    const char *file = getenv("MF_FILE");
-    char *file_map = NULL;
-    size_t file_length = 0;
-    if (file && !(file_map = map_file(file, &file_length, page))) {
-        perror(file);
-        return 2;
-    }
     pages("before");
-    if (file_map) pages_of("file_before", file_map, file_length);
-    if (flag("MF_NO_VM_READ") && refuse_vm_read() != 0) return 2;
     fflush(stdout);
     long fault_moves = proc_value("/proc/vmstat", "numa_pages_migrated");
     long started = now_us();
@@ -555,7 +487,7 @@ int main(int argc, char **argv) {
     printf("FAULT_MOVES %ld\n", proc_value("/proc/vmstat", "numa_pages_migrated") - fault_moves);
     action_done = 1;
     if (watch) {
-        pthread_join(allocator, NULL);
+        if (!fork_only) pthread_join(allocator, NULL);
         pthread_join(forker, NULL);
         printf("WINDOW %ld %ld\nFORKS %ld %ld\nPOLICIES %d\n", window_seen, window_chunks,
                fork_policies, forks, policies());
@@ -570,7 +502,6 @@ int main(int argc, char **argv) {
             printf("SHM_CHILD failed %d\n", status);
     }
     pages("after");
-    if (file_map) pages_of("file_after", file_map, file_length);
     if (tllm_report) {
         static char json[1 << 16];
         int64_t need = tllm_report(json, sizeof json);
