@@ -1116,7 +1116,9 @@ fn pinned_pages_neither_spend_the_budget_nor_hide_the_pages_beside_them() {
             let other_busy = 8;
             if budget {
                 let cap = 64u64 << 20;
-                if reported > cap || reported < cap - 2 * PAGE {
+                // Within two pages of numa_maps' count: a page of another mapping may land
+                // or leave meanwhile (a fault, the stack).
+                if reported.abs_diff(cap) > 2 * PAGE {
                     failures.push(format!("{name}: {reported} moved for a budget of {cap}"));
                 }
                 // The walk went through about as much of the buffer as moved, and each pinned
