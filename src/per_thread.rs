@@ -18,6 +18,9 @@ pub struct PerThread {
     pub locks_held: Cell<u32>,
     /// The thread's registry slot and exit bookkeeping flags (see `engine::thread_key`).
     pub registry_word: Cell<usize>,
+    /// The NUMA node this thread prefers because the library set its memory policy, plus one; 0:
+    /// its policy is not the library's (see `engine::memory_preference`).
+    pub preferred_node: Cell<usize>,
 }
 
 thread_local! {
@@ -25,6 +28,7 @@ thread_local! {
         PerThread {
             locks_held: Cell::new(0),
             registry_word: Cell::new(0),
+            preferred_node: Cell::new(0),
         }
     };
 }

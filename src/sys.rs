@@ -182,17 +182,24 @@ const MPOL_MF_MOVE: libc::c_int = 1 << 1;
 /// errno (`-ENOENT`: not present; `-EFAULT`: no such page). Nothing moves. Errors are positive
 /// errno values (`ENOSYS` on a kernel without NUMA).
 pub fn page_nodes(addresses: &[usize], status: &mut [i32]) -> Result<(), i32> {
-    move_pages(addresses, None, status)
+    move_pages(addresses, None, status).map(|_| ())
 }
 
 /// Moves this process's pages at `addresses` to `node`; `status[i]` is then the node page `i`
 /// lies on, or a negative errno (`-EBUSY`, `-EACCES` for a page shared with another process,
-/// `-ENOMEM`). Errors of the whole call are positive errno values.
-pub fn move_pages_to(addresses: &[usize], node: usize, status: &mut [i32]) -> Result<(), i32> {
+/// `-ENOMEM`), or [`NO_STATUS`] where the kernel wrote none. Returns the count the kernel gave
+/// of pages it did not move: when a page of a group cannot migrate (long-term pinned, busy) it
+/// gives up on the group and the pages after it, and writes no status for them, so after a
+/// positive count the pages must be asked where they lie. Errors of the whole call are
+/// positive errno values.
+pub fn move_pages_to(addresses: &[usize], node: usize, status: &mut [i32]) -> Result<usize, i32> {
     let node = libc::c_int::try_from(node).map_err(|_| libc::EINVAL)?;
     let nodes = vec![node; addresses.len()];
     move_pages(addresses, Some(&nodes), status)
 }
+
+/// What `status` holds for a page `move_pages(2)` wrote nothing for: no node, no errno.
+pub const NO_STATUS: i32 = i32::MIN;
 
 /// The `/proc/self/pagemap` entries of this process's pages from `start` (page aligned, pages of
 /// `page_bytes`): one 64-bit word per page into `out` (bit 63 present, bit 61 a file page or
@@ -291,13 +298,19 @@ pub fn migrate_own_pages(from: &[usize], to: usize) -> Result<u64, i32> {
     }
 }
 
-fn move_pages(addresses: &[usize], nodes: Option<&[i32]>, status: &mut [i32]) -> Result<(), i32> {
+fn move_pages(
+    addresses: &[usize],
+    nodes: Option<&[i32]>,
+    status: &mut [i32],
+) -> Result<usize, i32> {
     if status.len() != addresses.len() || nodes.is_some_and(|n| n.len() != addresses.len()) {
         return Err(libc::EINVAL);
     }
     if addresses.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
+    // A status the kernel leaves unwritten must not read as node 0.
+    status.fill(NO_STATUS);
     let nodes_ptr = nodes.map_or(std::ptr::null(), |n| n.as_ptr());
     // SAFETY: pid 0 is this process; the kernel reads `addresses.len()` addresses (values, never
     // dereferenced by us: an unmapped one answers -EFAULT in its status) and as many nodes when
@@ -313,11 +326,11 @@ fn move_pages(addresses: &[usize], nodes: Option<&[i32]>, status: &mut [i32]) ->
             if nodes.is_some() { MPOL_MF_MOVE } else { 0 },
         )
     };
-    // A positive count (pages the kernel could not move) is told per page in `status` too.
+    // A positive count: pages not moved, which `status` may not tell (see `move_pages_to`).
     if rc < 0 {
         Err(errno())
     } else {
-        Ok(())
+        Ok(rc as usize)
     }
 }
 
@@ -558,7 +571,7 @@ mod tests {
         }
         assert!(status[0] >= 0, "status {}", status[0]);
         let node = status[0] as usize;
-        move_pages_to(&[address], node, &mut status).unwrap();
+        assert_eq!(move_pages_to(&[address], node, &mut status), Ok(0));
         assert_eq!(status[0], node as i32);
         assert_eq!(memory_policy().map(|(mode, _)| mode), Ok(MPOL_DEFAULT));
         assert_eq!(page_nodes(&[address], &mut []), Err(libc::EINVAL));

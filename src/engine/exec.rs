@@ -15,6 +15,7 @@ use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use super::memory_preference;
 use super::real::{self, Argv};
 use crate::handoff::launch::{self, LaunchId, StackText};
 use crate::mask::CpuMask;
@@ -95,12 +96,30 @@ fn worker_mask_of_caller(facts: &LaunchFacts) -> Option<([u64; WORDS], usize)> {
 const MOST_ENTRIES: usize = 512;
 const LONGEST_ENTRY: usize = 768;
 
-/// Runs `exec` with `envp` plus the hand-over, when there is one to add; otherwise with `envp`
-/// itself. An entry of ours already in `envp` is replaced.
+/// Runs `exec` (an exec function or `posix_spawn`) with `envp` plus the hand-over, when there is
+/// one to add; otherwise with `envp` itself. An entry of ours already in `envp` is replaced. The
+/// process it starts never inherits a memory policy the library gave the calling thread: it is
+/// dropped for the call and given back if the call returns (a `posix_spawn`'s child runs on
+/// with the default; an exec that returned failed).
 ///
 /// # Safety
 /// `envp` is null or a null-terminated array of NUL-terminated strings.
 unsafe fn with_handover<R>(
+    envp: *const *const c_char,
+    exec: impl FnOnce(*const *const c_char) -> R,
+) -> R {
+    let preferred = memory_preference::before_starting_a_child();
+    // SAFETY: the caller's contract on `envp`, passed on.
+    let returned = unsafe { with_handover_env(envp, exec) };
+    memory_preference::after_starting_a_child(preferred);
+    returned
+}
+
+/// [`with_handover`]'s environment.
+///
+/// # Safety
+/// As for [`with_handover`].
+unsafe fn with_handover_env<R>(
     envp: *const *const c_char,
     exec: impl FnOnce(*const *const c_char) -> R,
 ) -> R {

@@ -70,6 +70,7 @@ pub fn adopt_if_forked_without_handlers() {
 /// and the parent's table, still mapped, is left to the parent.
 pub(super) fn start_as_fork_child() {
     environ::after_fork_child();
+    memory_preference::clear_in_fork_child();
     memory_effects::after_fork_child();
     own_this_process();
     arm_mark();
@@ -101,6 +102,8 @@ pub(super) fn register_fork_handlers() {
     // would spin forever on a lock its holder is not there to release. No code path holds two
     // of them at once, so the order here cannot deadlock.
     extern "C" fn prepare() {
+        // First, holding nothing: a walk of the memory move may hold it for a bounded while.
+        memory_effects::FORK_GATE.hold_for_fork();
         IN_PROGRESS.store(true, Ordering::Release);
         objects::PUBLISHED.hold_for_fork();
         timer_calls::CONTEXTS.hold_for_fork();
@@ -128,6 +131,7 @@ pub(super) fn register_fork_handlers() {
             crate::placement::step::HELD.force_unlock();
             timer_calls::CONTEXTS.force_unlock();
             objects::PUBLISHED.force_unlock();
+            memory_effects::FORK_GATE.force_unlock();
         }
     }
     extern "C" fn parent() {

@@ -16,6 +16,7 @@ use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::placement::memory_decision::{
     self, pagemap, MoveDecision, MoveInput, Stay, StoppedShort, Walk,
@@ -30,6 +31,14 @@ const NONE: usize = usize::MAX;
 static MOVED_TO: AtomicUsize = AtomicUsize::new(NONE);
 /// A move runs: a configure on another thread meanwhile leaves memory alone.
 static MOVING: AtomicBool = AtomicBool::new(false);
+/// Held by a walk again after pages another process mapped were seen: the fork prepare handler
+/// takes it first (before any other engine lock), so a thread that forks waits in its `fork`
+/// call until the walk is done, and the children forked before it have a bounded while to exit
+/// or exec, after which the pages are this process's alone. A fork child maps every private page
+/// of its parent; a thread forking in a loop keeps one such child alive nearly all the time.
+pub(super) static FORK_GATE: EngineLock<()> = EngineLock::new(());
+/// How long a walk again, forks held off, waits for the children forked before it to be gone.
+const CHILDREN_GONE_WITHIN: Duration = Duration::from_millis(100);
 static MOVES: AtomicU64 = AtomicU64::new(0);
 static BYTES_MOVED: AtomicU64 = AtomicU64::new(0);
 static BYTES_NOT_MOVED: AtomicU64 = AtomicU64::new(0);
@@ -189,6 +198,9 @@ struct Walker<'a> {
     hidden: u64,
     shared: u64,
     busy: u64,
+    /// Anonymous pages present but mapped by another process too (`pagemap`), for now perhaps:
+    /// a fork child's copy-on-write until it execs or exits.
+    not_alone: u64,
     read: u64,
     read_refused: u64,
     steps: Steps,
@@ -240,6 +252,7 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         hidden: 0,
         shared: 0,
         busy: 0,
+        not_alone: 0,
         read: 0,
         read_refused: 0,
         steps: Steps::default(),
@@ -248,13 +261,36 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
     // Set once the plan is read: numa_maps shows a mapping without a policy of its own under
     // the policy of the process's first thread, which may be this one.
     let own_faults_stay = OwnFaultsMoveNothing::set(to);
-    'walks: for walk in &plan.walks {
-        // Huge pages only where the mapping's pages are the base size (not hugetlbfs).
-        let batch = memory_decision::batch_bytes(walk.page_bytes, walker.huge_bytes);
-        for (start, len) in memory_decision::batches(walk, batch) {
-            if let Err(why) = walker.batch(walk, start, len) {
-                stopped = Some(why);
-                break 'walks;
+    for round in 0.. {
+        if round > 0 {
+            // Pages not this process's alone count only while it has a child: the zero page,
+            // which every process may map, is never its alone either.
+            let shared_seen = walker.shared > 0 || (walker.not_alone > 0 && has_child_processes());
+            let Some(wait) =
+                memory_decision::walk_again_after(round, shared_seen, stopped.is_some())
+            else {
+                break;
+            };
+            std::thread::sleep(wait);
+            // What is refused in this walk is what stays: the counts start again.
+            (walker.hidden, walker.shared, walker.busy, walker.not_alone) = (0, 0, 0, 0);
+        }
+        let _no_fork_meanwhile = (round > 0).then(|| {
+            let gate = FORK_GATE.lock();
+            let waiting = Instant::now();
+            while has_child_processes() && waiting.elapsed() < CHILDREN_GONE_WITHIN {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            gate
+        });
+        'walks: for walk in &plan.walks {
+            // Huge pages only where the mapping's pages are the base size (not hugetlbfs).
+            let batch = memory_decision::batch_bytes(walk.page_bytes, walker.huge_bytes);
+            for (start, len) in memory_decision::batches(walk, batch) {
+                if let Err(why) = walker.batch(walk, start, len) {
+                    stopped = Some(why);
+                    break 'walks;
+                }
             }
         }
     }
@@ -268,17 +304,22 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
     let (mut moved, mut left) = memory_decision::outcome(&plan.walks, &numa_maps()?, from);
     // Pages move_pages could not see even after the read (a hinting fault it did not take):
     // migrate_pages(2) walks the page tables itself and writes no policy either, but moves every
-    // page of the process alone on the sources, locked, shared-memory and bound ones included.
-    // So only where the process has none of those on a source, and the rest fits the budget.
+    // page of the process on the sources, locked, shared-memory and bound ones included, and with
+    // CAP_SYS_NICE those other processes map too. So only where that is the walk's own pages
+    // (`memory_decision::may_sweep`).
     let mut swept = 0;
-    if stopped.is_none()
-        && walker.hidden > 0
-        && plan.kept_bytes() == 0
-        && plan.bound_bytes == 0
-        && walker
+    let sweep = memory_decision::SweepInput {
+        stopped: stopped.is_some(),
+        hidden: walker.hidden,
+        kept: plan.kept_bytes(),
+        bound: plan.bound_bytes,
+        fits: walker
             .allowance(base_page)
-            .is_ok_and(|allowed| allowed >= left)
-    {
+            .is_ok_and(|allowed| allowed >= left),
+        cap_sys_nice: std::fs::read_to_string("/proc/self/status")
+            .map_or(true, |status| memory_decision::has_cap_sys_nice(&status)),
+    };
+    if memory_decision::may_sweep(&sweep) {
         match sys::migrate_own_pages(from, to) {
             Ok(_) => {
                 let before = moved;
@@ -344,6 +385,9 @@ struct OwnFaultsMoveNothing {
 impl OwnFaultsMoveNothing {
     fn set(to: usize) -> Self {
         let set = sys::set_memory_policy(Some(to)).is_ok();
+        if set {
+            super::memory_preference::note_held(to);
+        }
         Self { set }
     }
 }
@@ -351,11 +395,24 @@ impl OwnFaultsMoveNothing {
 impl Drop for OwnFaultsMoveNothing {
     fn drop(&mut self) {
         if self.set {
+            super::memory_preference::note_released();
             if let Err(errno) = sys::set_memory_policy(None) {
                 log_warn!("dedicated worker: its configuring thread's memory policy could not be set back to the default after the move (errno {errno})");
             }
         }
     }
+}
+
+/// Whether a thread of this process has a child process now (`/proc/self/task/*/children`): a
+/// fork child maps every private page of its parent until it execs or exits.
+fn has_child_processes() -> bool {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        std::fs::read_to_string(task.path().join("children"))
+            .is_ok_and(|children| !children.trim().is_empty())
+    })
 }
 
 fn page_size() -> u64 {
@@ -381,7 +438,7 @@ impl Walker<'_> {
     }
 
     /// Moves the pages at `at` to the target (`sys::move_pages_to`), timed.
-    fn move_pages(&mut self, at: &[usize], status: &mut [i32]) -> Result<(), i32> {
+    fn move_pages(&mut self, at: &[usize], status: &mut [i32]) -> Result<usize, i32> {
         let moving = Instant::now();
         let moved = sys::move_pages_to(at, self.to, status);
         self.steps.moving += moving.elapsed();
@@ -423,6 +480,10 @@ impl Walker<'_> {
         {
             return Ok(());
         }
+        self.not_alone += entries
+            .iter()
+            .filter(|&&e| pagemap::shared_for_now(e))
+            .count() as u64;
         let addresses: Vec<usize> = (0..count)
             .filter(|&i| pagemap::movable(entries[i]))
             .map(|i| (start + i as u64 * page) as usize)
@@ -610,42 +671,83 @@ impl Walker<'_> {
         (whole, unsure)
     }
 
-    /// Moves the pages at `at` to the target and returns where each lies afterwards, counting
-    /// those refused by why. NUMA balancing's scan may mark pages between the question and the
-    /// move (it runs as the thread returns from a call): those are read and moved again, twice
-    /// at most.
+    /// Moves the pages at `at` to the target and returns, for each, the target's node where it
+    /// landed or a negative errno why not (`-EBUSY`, `-EACCES`, `-ENOENT`, ...), counting those
+    /// refused by why. `move_pages` is read exactly ([`memory_decision::after_move`]): after a
+    /// positive return (a page of a group would not migrate, and the kernel wrote no status for
+    /// the group) the pages are asked where they lie, and those it never tried are moved again,
+    /// in [`memory_decision::MOVE_ROUNDS`] rounds at most; those still on a source count as
+    /// busy. NUMA balancing's scan may mark pages between the question and the move (it runs as
+    /// the thread returns from a call): those are read and moved again too.
     fn move_and_count(&mut self, at: &[usize]) -> Result<Vec<i32>, StoppedShort> {
-        let mut status = vec![0i32; at.len()];
-        if at.is_empty() {
-            return Ok(status);
-        }
-        self.move_pages(at, &mut status)
-            .map_err(StoppedShort::Refused)?;
-        for _ in 0..2 {
-            let hidden: Vec<usize> = hidden_by_a_hinting_fault(&status).collect();
-            if hidden.is_empty() {
+        use memory_decision::AfterMove;
+        let mut result = vec![-libc::EBUSY; at.len()];
+        let mut pending: Vec<usize> = (0..at.len()).collect();
+        for _ in 0..memory_decision::MOVE_ROUNDS {
+            if pending.is_empty() {
                 break;
             }
-            let again: Vec<usize> = hidden.iter().map(|&i| at[i]).collect();
-            if !self.read_to_take_faults(&again) {
-                break;
-            }
-            let mut again_status = vec![0i32; again.len()];
-            self.move_pages(&again, &mut again_status)
+            let addresses: Vec<usize> = pending.iter().map(|&i| at[i]).collect();
+            let mut written = vec![sys::NO_STATUS; addresses.len()];
+            let not_moved = self
+                .move_pages(&addresses, &mut written)
                 .map_err(StoppedShort::Refused)?;
-            for (&i, s) in hidden.iter().zip(again_status) {
-                status[i] = s;
+            let mut now = None;
+            if memory_decision::ask_after_move(not_moved, &written) {
+                let mut asked = vec![sys::NO_STATUS; addresses.len()];
+                if self.ask(&addresses, &mut asked).is_ok() {
+                    now = Some(asked);
+                }
             }
+            let (mut again, mut hidden) = (Vec::new(), Vec::new());
+            let mut landed = 0;
+            for (k, &i) in pending.iter().enumerate() {
+                let fate = memory_decision::after_move(
+                    written[k],
+                    now.as_ref().map(|n| n[k]),
+                    self.to,
+                    self.from,
+                );
+                result[i] = match fate {
+                    AfterMove::Landed => {
+                        landed += 1;
+                        self.to as i32
+                    }
+                    AfterMove::TryAgain => {
+                        again.push(i);
+                        -libc::EBUSY
+                    }
+                    AfterMove::Hidden => {
+                        hidden.push(i);
+                        -libc::ENOENT
+                    }
+                    AfterMove::Shared => -libc::EACCES,
+                    AfterMove::Busy => -libc::EBUSY,
+                    AfterMove::Elsewhere => -libc::EINVAL,
+                };
+            }
+            // Hidden pages are read (taking their hinting fault) and tried again with the rest.
+            let read: Vec<usize> = hidden.iter().map(|&i| at[i]).collect();
+            let took_faults = !read.is_empty() && self.read_to_take_faults(&read);
+            if took_faults {
+                again.extend(hidden);
+                again.sort_unstable();
+            }
+            // A round where nothing landed and nothing was made visible: what is left stays.
+            if landed == 0 && !took_faults {
+                break;
+            }
+            pending = again;
         }
-        for &s in &status {
+        for &s in &result {
             match -s {
-                libc::ENOENT | libc::EFAULT => self.hidden += 1,
+                libc::ENOENT => self.hidden += 1,
                 libc::EACCES => self.shared += 1,
-                libc::EBUSY | libc::EAGAIN | libc::ENOMEM => self.busy += 1,
+                libc::EBUSY => self.busy += 1,
                 _ => {}
             }
         }
-        Ok(status)
+        Ok(result)
     }
 
     /// How many of `status` lie on the target.

@@ -4,12 +4,20 @@
 //! ends, unless it already has a policy of its own (`numactl --membind`, `--preferred`), which is
 //! left alone. A thread's memory policy can only be set by the thread itself: a scope ended on
 //! another thread leaves the preference in place, and says so.
+//!
+//! A policy the library set is its thread's alone (SPEC §15): the threads it creates meanwhile
+//! inherit it (the scope's point), but a process it starts does not. The kernel copies a thread's
+//! policy into every `fork`, `vfork`, `clone` and `posix_spawn` child and keeps it across
+//! `execve`, so the thread marks itself in its block ([`note_held`]) and the paths that start a process drop the
+//! policy for the child: the fork child handler sets the default in the child, and the
+//! interposed `posix_spawn` and exec functions drop it around the real call (the caller, or a
+//! `vfork` child with its own policy copy, is the only task that runs meanwhile).
 
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
 use crate::placement::policy;
 use crate::registry::Tid;
-use crate::{log_debug, log_info, sys};
+use crate::{log_debug, log_info, per_thread, sys};
 
 /// A preference the library gave: the scope's lease, the thread, the node.
 pub(super) struct Preference {
@@ -20,6 +28,49 @@ pub(super) struct Preference {
 
 /// The preferences given and not yet taken back.
 pub(super) static PREFERRED: EngineLock<Vec<Preference>> = EngineLock::new(Vec::new());
+
+/// Notes that this thread's policy is now `MPOL_PREFERRED` on `node`, set by the library: in the
+/// thread's own block ([`per_thread`]), which a `vfork` child shares with its parent thread,
+/// whose policy it inherited.
+pub(super) fn note_held(node: usize) {
+    per_thread::with(|me| me.preferred_node.set(node + 1));
+}
+
+/// Notes that this thread's policy is no longer one the library set.
+pub(super) fn note_released() {
+    per_thread::with(|me| me.preferred_node.set(0));
+}
+
+/// The node this thread prefers because the library set it.
+fn held() -> Option<usize> {
+    per_thread::with(|me| me.preferred_node.get().checked_sub(1))
+}
+
+/// Before a call that starts a process from this thread (`posix_spawn`, an exec in a `vfork`
+/// child or in this thread): the library's preference, if this thread holds one, is dropped so
+/// that the child starts with the default policy this thread had before. Returns the node to
+/// give back with [`after_starting_a_child`]. A system call and a thread-local read: safe in a
+/// `vfork` child, allocation-free.
+pub(super) fn before_starting_a_child() -> Option<usize> {
+    let node = held()?;
+    sys::set_memory_policy(None).ok().map(|()| node)
+}
+
+/// After the call [`before_starting_a_child`] prepared returned (the child runs, or an exec
+/// failed): this thread prefers `node` again.
+pub(super) fn after_starting_a_child(node: Option<usize>) {
+    if let Some(node) = node {
+        let _ = sys::set_memory_policy(Some(node));
+    }
+}
+
+/// In a fork child, on the forking thread: a preference the library gave that thread is not the
+/// child's. Its policy goes back to the default it had before.
+pub(super) fn clear_in_fork_child() {
+    if held().is_some() && sys::set_memory_policy(None).is_ok() {
+        note_released();
+    }
+}
 
 /// Called on the thread that opened the scope `lease`, whose workers get `worker_mask`.
 pub(super) fn prefer_while_open(
@@ -49,6 +100,7 @@ pub(super) fn prefer_while_open(
             log_info!(
                 "worker scope on thread {tid}: what it allocates prefers NUMA node {node}, the workers' node, until the scope ends"
             );
+            note_held(node);
             PREFERRED.lock().push(Preference { lease, tid, node });
         }
         // A node the kernel does not have (a simulated topology's): nothing to prefer.
@@ -79,14 +131,18 @@ pub(super) fn restore_after_scope(lease: i64) {
     match sys::memory_policy() {
         Ok((sys::MPOL_PREFERRED, nodes)) if nodes == [node] => {
             if sys::set_memory_policy(None).is_ok() {
+                note_released();
                 log_info!(
                     "worker scope on thread {tid} ended: its memory policy is the default again"
                 );
             }
         }
-        _ => log_debug!(
-            "worker scope on thread {tid} ended: its memory policy was changed since; left as it is"
-        ),
+        _ => {
+            note_released();
+            log_debug!(
+                "worker scope on thread {tid} ended: its memory policy was changed since; left as it is"
+            )
+        }
     }
 }
 

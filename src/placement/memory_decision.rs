@@ -372,6 +372,12 @@ pub mod pagemap {
     pub fn movable(entry: u64) -> bool {
         entry & (PRESENT | FILE_OR_SHARED | EXCLUSIVE) == PRESENT | EXCLUSIVE
     }
+
+    /// A private anonymous page present but mapped by another process too: a fork child's
+    /// copy-on-write, until the child execs or exits (or for good, a child that lives on).
+    pub fn shared_for_now(entry: u64) -> bool {
+        entry & (PRESENT | FILE_OR_SHARED | EXCLUSIVE) == PRESENT
+    }
 }
 
 /// The pages of a batch to move: the indices whose queried node (`status`, `move_pages` with no
@@ -492,6 +498,137 @@ pub fn free_blocks_of_order(buddyinfo: &str, node: usize, order: u32) -> u64 {
                 .sum::<u64>()
         })
         .sum()
+}
+
+/// One page's fate once a round of `move_pages` to the target is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterMove {
+    /// On the target.
+    Landed,
+    /// Still on a source with no reason told: the kernel gave up on its group at another page
+    /// (a pinned one) or never reached it. Moved again in the next round.
+    TryAgain,
+    /// `move_pages` cannot see it: a NUMA balancing hinting fault is pending (`-ENOENT`,
+    /// `-EFAULT`).
+    Hidden,
+    /// Another process maps it too (`-EACCES`): a fork child's copy-on-write, for now.
+    Shared,
+    /// It would not migrate: long-term pinned, locked meanwhile, busy (`-EBUSY`, `-EAGAIN`,
+    /// `-ENOMEM`, or still on a source after every round).
+    Busy,
+    /// On another node than a source or the target, or no page.
+    Elsewhere,
+}
+
+/// What a page's answers say after a round: `written` is the status `move_pages` to the target
+/// wrote ([`crate::sys::NO_STATUS`] where it wrote none), `now` where the page lies, asked again
+/// after the call returned a positive count of pages it did not move or left a status unwritten
+/// (`None`: not asked, the call answered for every page). A status the kernel never wrote is
+/// never read as a node; a page counts as landed only where it lies on the target.
+pub fn after_move(written: i32, now: Option<i32>, to: usize, from: &[usize]) -> AfterMove {
+    let on_source = |s: i32| s >= 0 && from.contains(&(s as usize));
+    let refused = |s: i32| match -s {
+        libc::ENOENT | libc::EFAULT => AfterMove::Hidden,
+        libc::EACCES => AfterMove::Shared,
+        libc::EBUSY | libc::EAGAIN | libc::ENOMEM => AfterMove::Busy,
+        _ => AfterMove::Elsewhere,
+    };
+    let written_reason =
+        (written < 0 && written != crate::sys::NO_STATUS).then(|| refused(written));
+    match now {
+        Some(n) if n == to as i32 => AfterMove::Landed,
+        // Visible on a source now: the reason the call gave, if it gave one that still holds.
+        Some(n) if on_source(n) => match written_reason {
+            Some(why @ (AfterMove::Shared | AfterMove::Busy)) => why,
+            _ => AfterMove::TryAgain,
+        },
+        Some(n) if n < 0 => refused(n),
+        Some(_) => AfterMove::Elsewhere,
+        None if written == to as i32 => AfterMove::Landed,
+        None if written == crate::sys::NO_STATUS || on_source(written) => AfterMove::TryAgain,
+        None => written_reason.unwrap_or(AfterMove::Elsewhere),
+    }
+}
+
+/// Whether a round of `move_pages` must be followed by asking where its pages lie: the call
+/// said it left pages unmoved (`not_moved`, its positive return), or left a status unwritten.
+pub fn ask_after_move(not_moved: usize, written: &[i32]) -> bool {
+    not_moved > 0 || written.contains(&crate::sys::NO_STATUS)
+}
+
+/// The most rounds of `move_pages` one batch takes: the first, one for the pages a refused page
+/// kept from being tried, and one more for pages a hinting fault hid meanwhile. A round in which
+/// no page landed ends them: what is left is counted busy.
+pub const MOVE_ROUNDS: usize = 3;
+
+/// The waits before walking the mappings again when pages another process mapped were seen
+/// (refused as shared, or not this process's alone by `pagemap`): between a `fork` and the
+/// child's `exec` or exit every private page is mapped twice, for an instant. A child that
+/// lives on (a pool worker) keeps them shared, and the walks after these waits, which skip such
+/// pages on `pagemap` alone, cost little. 140 ms at most.
+pub const WALK_AGAIN_AFTER: [std::time::Duration; 3] = [
+    std::time::Duration::from_millis(10),
+    std::time::Duration::from_millis(30),
+    std::time::Duration::from_millis(100),
+];
+
+/// The wait before walk `round` (1 for the first walk again) when the walk before it saw
+/// pages another process mapped (`shared_seen`: `move_pages` refused some as shared, or `pagemap`
+/// showed some not this process's alone while it has a child process) and did not stop short
+/// (`stopped`: budget, a full node; walking again would not move more); `None`: no walk again.
+pub fn walk_again_after(
+    round: usize,
+    shared_seen: bool,
+    stopped: bool,
+) -> Option<std::time::Duration> {
+    if !shared_seen || stopped {
+        return None;
+    }
+    WALK_AGAIN_AFTER.get(round.checked_sub(1)?).copied()
+}
+
+/// `CAP_SYS_NICE` in the effective set of `/proc/self/status`' `CapEff:` line: with it,
+/// `migrate_pages(2)` moves the pages other processes map too (`MPOL_MF_MOVE_ALL`). A status
+/// without the line reads as having it: the sweep is then not used.
+pub fn has_cap_sys_nice(proc_status: &str) -> bool {
+    const CAP_SYS_NICE: u32 = 23;
+    proc_status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_none_or(|caps| caps & (1 << CAP_SYS_NICE) != 0)
+}
+
+/// What the sweep by `migrate_pages(2)` after the walk needs to know.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepInput {
+    /// The walk stopped short (budget, a full node, a refusal).
+    pub stopped: bool,
+    /// Pages `move_pages` could not see even after the read.
+    pub hidden: u64,
+    /// Bytes on the sources in mappings never walked: locked, shared, a device's, file pages.
+    pub kept: u64,
+    /// Bytes under a policy of their own.
+    pub bound: u64,
+    /// The budget and the target's headroom take every byte left.
+    pub fits: bool,
+    /// The process has `CAP_SYS_NICE` ([`has_cap_sys_nice`]).
+    pub cap_sys_nice: bool,
+}
+
+/// Whether the walk's leftovers are swept with `migrate_pages(2)`, which walks the page tables
+/// itself and moves every page of the process on the sources: only where that is exactly the
+/// walk's own pages. Never with `CAP_SYS_NICE`, which makes it move pages other processes map
+/// (shared libraries' and model files' page cache in private file mappings, a fork child's
+/// copy-on-write pages); never where anything locked, shared, a device's, a file's or bound lies
+/// on a source; never past the budget.
+pub fn may_sweep(input: &SweepInput) -> bool {
+    !input.stopped
+        && input.hidden > 0
+        && input.kept == 0
+        && input.bound == 0
+        && input.fits
+        && !input.cap_sys_nice
 }
 
 /// Why a move stopped before every movable page had moved.
@@ -1049,5 +1186,121 @@ VmFlags: ex
             &from
         ));
         assert!(!moves_by_its_first_page(-libc::EFAULT, 0, &from));
+    }
+
+    const FROM: [usize; 1] = [0];
+    const NONE_WRITTEN: i32 = crate::sys::NO_STATUS;
+
+    #[test]
+    fn an_unwritten_status_is_never_a_node_and_a_page_lands_only_on_the_target() {
+        // The call answered for every page.
+        assert_eq!(after_move(1, None, 1, &FROM), AfterMove::Landed);
+        assert_eq!(
+            after_move(NONE_WRITTEN, None, 1, &FROM),
+            AfterMove::TryAgain
+        );
+        assert_eq!(after_move(0, None, 1, &FROM), AfterMove::TryAgain);
+        assert_eq!(after_move(-libc::EBUSY, None, 1, &FROM), AfterMove::Busy);
+        assert_eq!(after_move(-libc::EAGAIN, None, 1, &FROM), AfterMove::Busy);
+        assert_eq!(after_move(-libc::EACCES, None, 1, &FROM), AfterMove::Shared);
+        assert_eq!(after_move(-libc::ENOENT, None, 1, &FROM), AfterMove::Hidden);
+        assert_eq!(after_move(-libc::EFAULT, None, 1, &FROM), AfterMove::Hidden);
+        assert_eq!(after_move(2, None, 1, &FROM), AfterMove::Elsewhere);
+        // Asked again after a positive return: where the page lies decides, the reason written
+        // says why it stayed, no reason means it was not tried.
+        assert_eq!(
+            after_move(NONE_WRITTEN, Some(1), 1, &FROM),
+            AfterMove::Landed
+        );
+        assert_eq!(
+            after_move(NONE_WRITTEN, Some(0), 1, &FROM),
+            AfterMove::TryAgain
+        );
+        assert_eq!(after_move(-libc::EBUSY, Some(0), 1, &FROM), AfterMove::Busy);
+        assert_eq!(
+            after_move(-libc::EACCES, Some(0), 1, &FROM),
+            AfterMove::Shared
+        );
+        assert_eq!(
+            after_move(-libc::ENOENT, Some(0), 1, &FROM),
+            AfterMove::TryAgain
+        );
+        assert_eq!(
+            after_move(-libc::EBUSY, Some(1), 1, &FROM),
+            AfterMove::Landed
+        );
+        assert_eq!(
+            after_move(NONE_WRITTEN, Some(-libc::ENOENT), 1, &FROM),
+            AfterMove::Hidden
+        );
+        assert_eq!(
+            after_move(NONE_WRITTEN, Some(2), 1, &FROM),
+            AfterMove::Elsewhere
+        );
+        // Node 0 written by the kernel is node 0, not the zero of a status never written.
+        assert_eq!(after_move(0, None, 0, &[1]), AfterMove::Landed);
+    }
+
+    #[test]
+    fn pages_are_asked_again_after_a_positive_return_or_a_missing_status() {
+        assert!(!ask_after_move(0, &[1, 1, -libc::EBUSY]));
+        assert!(ask_after_move(3, &[1, 1, 1]));
+        assert!(ask_after_move(0, &[1, NONE_WRITTEN]));
+        assert!(!ask_after_move(0, &[]));
+    }
+
+    #[test]
+    fn shared_pages_are_walked_again_after_short_bounded_waits() {
+        assert_eq!(walk_again_after(1, false, false), None);
+        assert_eq!(walk_again_after(1, true, true), None);
+        assert_eq!(walk_again_after(0, true, false), None);
+        let waits: Vec<_> = (1..10)
+            .map_while(|r| walk_again_after(r, true, false))
+            .collect();
+        assert_eq!(waits, WALK_AGAIN_AFTER);
+        let total: std::time::Duration = waits.iter().sum();
+        assert!(total <= std::time::Duration::from_millis(200), "{total:?}");
+    }
+
+    #[test]
+    fn cap_sys_nice_is_read_from_the_effective_set() {
+        let status = |eff: &str| {
+            format!(
+                "Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t{eff}\n"
+            )
+        };
+        assert!(has_cap_sys_nice(&status("000001ffffffffff")));
+        assert!(has_cap_sys_nice(&status("0000000000800000")));
+        assert!(!has_cap_sys_nice(&status("0000000000000000")));
+        // A container runtime's default set, without it.
+        assert!(!has_cap_sys_nice(&status("00000000a80425fb")));
+        // Unreadable: taken as having it, so the sweep stays off.
+        assert!(has_cap_sys_nice("Name:\tx\n"));
+        assert!(has_cap_sys_nice("CapEff:\tnot hex\n"));
+    }
+
+    #[test]
+    fn the_sweep_runs_only_where_it_moves_exactly_the_walks_own_pages() {
+        let ok = SweepInput {
+            stopped: false,
+            hidden: 3,
+            kept: 0,
+            bound: 0,
+            fits: true,
+            cap_sys_nice: false,
+        };
+        assert!(may_sweep(&ok));
+        assert!(!may_sweep(&SweepInput {
+            cap_sys_nice: true,
+            ..ok
+        }));
+        assert!(!may_sweep(&SweepInput { hidden: 0, ..ok }));
+        assert!(!may_sweep(&SweepInput { kept: 4096, ..ok }));
+        assert!(!may_sweep(&SweepInput { bound: 4096, ..ok }));
+        assert!(!may_sweep(&SweepInput { fits: false, ..ok }));
+        assert!(!may_sweep(&SweepInput {
+            stopped: true,
+            ..ok
+        }));
     }
 }

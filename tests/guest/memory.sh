@@ -21,6 +21,10 @@ scenario move_off run TLLM_AFFINITY_MOVE_MEMORY=0 "$follows" main 1
 scenario membind numactl --membind=0 env MF_NO_BIND=1 LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" main 1
 scenario preferred numactl --preferred=0 env MF_NO_BIND=1 LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" main 1
 scenario mlock run MF_LOCK=1 "$follows" main 1
+# Children a worker scope's caller starts (subprocess, posix_spawn, a bare fork, a dedicated
+# worker on node 0's CPUs that touches its memory, then configures for GPU 1) start clean.
+scenario children run "$python" "$programs/memory_children.py" 1 \
+  "taskset -c 0-1 env MF_NO_BIND=1 TLLM_NUMA_AWARE_WORKER_AFFINITY=1 $follows main 1"
 # Upstream's entry functions under `tllm-affinity run`, nothing else. under_run NAME COMMAND...
 under_run() {
   name=$1
@@ -44,6 +48,12 @@ under_run worker_main_rank mpirun -np 1 --bind-to none --allow-run-as-root \
 # node another process has nearly filled (it holds node 1 down to 160 MiB free: 32 MiB above
 # the headroom of a 1 GiB node).
 scenario window run MF_WATCH=1 "$follows" main 1
+# Nine more runs of the forking thread beside the move: a fork child maps every private page
+# for an instant, and the move must not give up on them. The forking thread alone: the
+# allocating one fills node 1 when a run is slow (two of ten stopped at its headroom).
+for i in 2 3 4 5 6 7 8 9 10; do
+  scenario window_$i run MF_WATCH=fork "$follows" main 1
+done
 scenario shared_shm run MF_SHM=1 "$follows" main 1
 thp=/sys/kernel/mm/transparent_hugepage
 thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/enabled)
@@ -54,6 +64,13 @@ scenario budget_huge run MF_THP=1 TLLM_AFFINITY_MOVE_MEMORY=16M "$follows" main 
 # free blocks allow, so the base-page budget runs with none.
 echo never >$thp/enabled
 scenario budget run TLLM_AFFINITY_MOVE_MEMORY=16M "$follows" main 1
+# Long-term pinned pages (io_uring fixed buffers) through a 256 MiB buffer, one in every MiB and
+# one in every 8 MiB, under a 64 MiB budget and the default: what moved, counted exactly.
+for every in 1024 8192; do
+  scenario pinned_${every}k_budget run MF_MIB=256 MF_PIN_EVERY_KIB=$every \
+    TLLM_AFFINITY_MOVE_MEMORY=64M "$follows" main 1
+  scenario pinned_${every}k run MF_MIB=256 MF_PIN_EVERY_KIB=$every "$follows" main 1
+done
 echo "$thp_was" >$thp/enabled
 held=$(mktemp)
 "$follows" hold 1 160 >"$held" 2>&1 &

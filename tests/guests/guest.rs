@@ -37,6 +37,10 @@ const BOOT_LIMIT: Duration = Duration::from_secs(200);
 /// The seed deployments' boot: four Python apps under `tllm-affinity run`, each 30–60 s under
 /// TCG on a quiet machine (and up to three times that on a loaded one).
 const DEPLOYMENTS_LIMIT: Duration = Duration::from_secs(540);
+/// The memory machine's boot: the seed deployments' apps, then its scenarios, among them ten
+/// runs of a move beside a forking thread and four moves of 256 MiB (about 460 s with two other
+/// builds on this machine's two cores, before the last ten).
+const MEMORY_LIMIT: Duration = Duration::from_secs(900);
 /// The SMT machine's boot: eight vCPUs, and four Python servers on a tray, then four engines side
 /// by side twice, before its scenarios (about 190 s in all with two other builds on this
 /// machine's two cores before the engines).
@@ -159,7 +163,9 @@ fn booted_once(
 ) -> Result<&'static Booted, String> {
     booted(cell, || {
         let machine = machine();
-        let limit = if machine.deployments {
+        let limit = if machine.script == "memory.sh" {
+            MEMORY_LIMIT
+        } else if machine.deployments {
             DEPLOYMENTS_LIMIT
         } else if machine.script == SMT_SCRIPT {
             SMT_LIMIT
@@ -1036,6 +1042,162 @@ fn move_line(run: &Scenario) -> &str {
         .iter()
         .find(|l| l.contains("dedicated worker: moved"))
         .unwrap_or_else(|| panic!("no line of the move:\n{}", run.stderr()))
+}
+
+/// Children a worker scope's caller starts during the scope start with the default memory
+/// policy, not the caller's preference for the workers' node: `numactl --show` under
+/// `subprocess` and `os.posix_spawn`, `get_mempolicy` in a bare `fork` child, and a dedicated
+/// worker (on node 0's CPUs) whose first-touched memory lies on node 0, then follows it to GPU 1's
+/// node 1 with no "policy of its own". The caller prefers node 1 during the scope, and has the
+/// default policy after it.
+#[test]
+fn children_of_a_scopes_caller_start_with_the_default_policy() {
+    let guest = require!(memory());
+    let run = guest.ok("children");
+    let text = format!("{}\n{}", run.text(), run.stderr());
+    println!("{text}");
+    let words = |prefix: &str| run.lines(prefix).concat().join(" ");
+    // MPOL_PREFERRED (1) on node 1 in the scope; MPOL_DEFAULT (0) after it.
+    assert_eq!(words("CALLER during "), "1 0x2", "{text}");
+    assert_eq!(words("CALLER after "), "0 0x0", "{text}");
+    // numactl --show: `policy: default`, `preferred node: current` and no node after
+    // `preferred:` (a child that inherited the preference says `preferred`, `1` and `1`).
+    for child in ["SUBPROCESS ", "SPAWN "] {
+        let shown: Vec<String> = run.lines(child).into_iter().map(|l| l.join(" ")).collect();
+        for line in ["policy: default", "preferred node: current", "preferred:"] {
+            assert!(shown.contains(&line.to_string()), "{child}{line}: {text}");
+        }
+    }
+    assert_eq!(words("FORK "), "0 0x0", "{text}");
+    let worker: Vec<String> = run
+        .lines("WORKER ")
+        .into_iter()
+        .map(|l| l.join(" "))
+        .collect();
+    assert!(worker.contains(&"exit 0".to_string()), "{text}");
+    assert!(
+        !worker.iter().any(|l| l.contains("policy of its own")),
+        "{text}"
+    );
+    let pages = |phase: &str| -> BTreeMap<usize, usize> {
+        let line = worker
+            .iter()
+            .find(|l| l.starts_with(&format!("PAGES {phase} ")))
+            .unwrap_or_else(|| panic!("no PAGES {phase}: {text}"));
+        line.split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .filter_map(|(n, p)| Some((n.parse().ok()?, p.parse().ok()?)))
+            .collect()
+    };
+    assert!(mostly_on(&pages("before"), 0, BUFFER_PAGES), "{text}");
+    assert!(mostly_on(&pages("after"), 1, BUFFER_PAGES), "{text}");
+}
+
+/// A count of the move's line of refused pages, `move_pages refused <n> pages hidden by a
+/// hinting fault (...), <n> shared, <n> busy; ...`: the number before `what` (` busy`,
+/// ` pages hidden`); `None` without the line.
+fn refused_count(run: &Scenario, what: &str) -> Option<u64> {
+    let line = run.err.iter().find(|l| l.contains("move_pages refused"))?;
+    let before = line.split(what).next()?;
+    before.rsplit(' ').next()?.parse().ok()
+}
+
+/// Long-term pinned pages (io_uring fixed buffers) spread through a 256 MiB buffer on node 0, one
+/// in every MiB and one in every 8 MiB: with a 64 MiB budget, 64 MiB moves (what `numa_maps` shows
+/// of the buffer, and the report's count); with the default budget every page but the pinned ones
+/// moves. The report's count is what moved, and the refused pages are counted busy: the pinned
+/// ones the walk reached.
+#[test]
+fn pinned_pages_neither_spend_the_budget_nor_hide_the_pages_beside_them() {
+    let guest = require!(memory());
+    const PAGE: u64 = 4096;
+    let pages_256 = 256 * 256;
+    let mut failures = Vec::new();
+    for every_kib in [1024u64, 8192] {
+        let pinned_total = 256 * 1024 / every_kib;
+        for budget in [true, false] {
+            let name = format!("pinned_{every_kib}k{}", if budget { "_budget" } else { "" });
+            let run = guest.ok(&name);
+            assert_eq!(
+                run.lines("PINNED ").concat(),
+                [pinned_total.to_string()],
+                "{name}"
+            );
+            let after = buffer_pages(run, "after");
+            let moved_pages = after.get(&1).copied().unwrap_or(0) as u64;
+            let report = &run.report()["memory_moved"];
+            let reported = report["bytes_moved"].as_u64().unwrap_or(0);
+            let busy = refused_count(run, " busy");
+            println!(
+                "{name}: after {after:?}; reported {reported}; busy {busy:?}; {}",
+                move_line(run)
+            );
+            let Some(busy) = busy else {
+                failures.push(format!(
+                    "{name}: no line of refused pages:\n{}",
+                    run.stderr()
+                ));
+                continue;
+            };
+            // The buffer's share of what moved; the process's other private pages (its stack,
+            // heap, libc's data) are a few hundred KiB at most, and a few of them are busy too.
+            let buffer_moved = moved_pages * PAGE;
+            if reported < buffer_moved || reported > buffer_moved + (1 << 20) {
+                failures.push(format!(
+                    "{name}: reported {reported}, the buffer's pages moved {buffer_moved}"
+                ));
+            }
+            let other_busy = 8;
+            if budget {
+                let cap = 64u64 << 20;
+                // Within two pages of numa_maps' count: a page of another mapping may land
+                // or leave meanwhile (a fault, the stack).
+                if reported.abs_diff(cap) > 2 * PAGE {
+                    failures.push(format!("{name}: {reported} moved for a budget of {cap}"));
+                }
+                // The walk went through about as much of the buffer as moved, and each pinned
+                // page in it refused.
+                let reached = buffer_moved / (every_kib << 10);
+                if !(reached.saturating_sub(1)..=reached + other_busy).contains(&busy) {
+                    failures.push(format!(
+                        "{name}: {busy} busy where the walk reached about {reached} pinned pages"
+                    ));
+                }
+            } else {
+                if moved_pages != pages_256 - pinned_total {
+                    failures.push(format!("{name}: {moved_pages} pages moved: {after:?}"));
+                }
+                if !(pinned_total..=pinned_total + other_busy).contains(&busy) {
+                    failures.push(format!(
+                        "{name}: {busy} busy for {pinned_total} pinned pages"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A thread forking short-lived children in a loop while the move runs: every fork maps the
+/// worker's private pages twice for an instant, and the move tries them again, so at least half
+/// of the buffer moves in each of 10 runs.
+#[test]
+fn a_forking_thread_beside_the_move_does_not_keep_the_memory_where_it_was() {
+    let guest = require!(memory());
+    let names: Vec<String> = std::iter::once("window".to_string())
+        .chain((2..=10).map(|i| format!("window_{i}")))
+        .collect();
+    for name in &names {
+        let run = guest.ok(name);
+        let after = buffer_pages(run, "after");
+        println!("{name}: after {after:?}; {}", move_line(run));
+        let on_target = after.get(&1).copied().unwrap_or(0);
+        assert!(
+            on_target * 2 >= BUFFER_PAGES,
+            "{name}: {on_target} of {BUFFER_PAGES} pages moved: {after:?}\n{}",
+            run.stderr()
+        );
+    }
 }
 
 /// No policy window: while the move runs, a thread allocating and touching memory in a loop and

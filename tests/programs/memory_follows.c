@@ -27,6 +27,8 @@
  *               thread forking in a loop, each child counting the mappings of its numa_maps with
  *               a policy: WINDOW <policies seen> <chunks>, FORKS <children with a policy> <forks>,
  *               then POLICIES <numa_maps lines with a policy> after ACTION.
+ *   MF_WATCH=fork  the forking thread alone (the allocating one fills the target node when a
+ *               move runs long).
  *   MF_SHM=1    an 8 MiB shmem object (memfd) mapped shared with a child, which binds its second
  *               half to node 0 (its own shared policy) and touches it all on node 0: after
  *               ACTION the child prints SHM_POLICY <mode of the first half> <mode of the second>
@@ -38,6 +40,9 @@
  *               vmstat's thp_split_page + thp_split_pmd + thp_migration_split>. (A process's
  *               smaps leaves out huge pages NUMA balancing has just marked for a hinting fault,
  *               so only the kernel's own counts say whether any was split.)
+ *   MF_PIN_EVERY_KIB=N  one page in every N KiB of the buffer long-term pinned, registered as an
+ *               io_uring fixed buffer (what cudaHostRegister and RDMA registration do to a worker's
+ *               host buffers): such a page cannot migrate. PINNED <pages> before ACTION.
  *   MF_RUN_MS=N the main thread then runs N ms without touching the buffer, as a worker does
  *               between loading its model and configure: automatic NUMA balancing's scanner,
  *               driven by a task's run time, marks the buffer for hinting faults meanwhile.
@@ -65,6 +70,7 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 
 /* memfd_create(2) through syscall(2): glibc declares it from 2.27 on, and the aarch64 build is
@@ -283,6 +289,35 @@ static long huge_splits(void) {
 
 
 /* hold NODE MIB: bind to NODE and touch until its free memory is down to MIB. */
+/* Registers one page in every `every_kib` KiB of the buffer as an io_uring fixed buffer (the
+ * kernel pins it FOLL_LONGTERM until the ring closes, at exit) and returns how many, or -1. */
+static long pin_every(long every_kib, long page) {
+    struct {
+        uint32_t sq_entries, cq_entries, flags, sq_thread_cpu, sq_thread_idle, features, wq_fd;
+        uint32_t resv[3];
+        uint64_t sq_off[5], cq_off[5];
+    } params;
+    memset(&params, 0, sizeof params);
+    int ring = (int)syscall(SYS_io_uring_setup, 1, &params);
+    if (ring < 0) {
+        perror("io_uring_setup");
+        return -1;
+    }
+    size_t step = (size_t)every_kib << 10, count = size / step;
+    struct iovec *pinned = calloc(count, sizeof *pinned);
+    for (size_t i = 0; i < count; i++) {
+        pinned[i].iov_base = buf + i * step;
+        pinned[i].iov_len = (size_t)page;
+    }
+    if (syscall(SYS_io_uring_register, ring, 0 /* IORING_REGISTER_BUFFERS */, pinned,
+                (unsigned)count) != 0) {
+        perror("io_uring_register");
+        return -1;
+    }
+    free(pinned);
+    return (long)count;
+}
+
 static int hold(int node, long keep_mib) {
     set_policy(2 /* MPOL_BIND */, 1UL << node);
     long page = sysconf(_SC_PAGESIZE);
@@ -395,6 +430,12 @@ int main(int argc, char **argv) {
         }
         printf("LOCKED %lu\n", (unsigned long)(size / 2 / (size_t)page));
     }
+    const char *pin_kib = getenv("MF_PIN_EVERY_KIB");
+    if (pin_kib) {
+        long pinned = pin_every(atol(pin_kib), page);
+        if (pinned < 0) return 2;
+        printf("PINNED %ld\n", pinned);
+    }
     if (thp) printf("HUGE before %ld %ld %ld\n", huge_kb(), host_huge_kb(), huge_splits());
     const char *run_ms = getenv("MF_RUN_MS");
     if (run_ms) {
@@ -403,9 +444,10 @@ int main(int argc, char **argv) {
         printf("MARKED %ld\n", huge_kb());
     }
     pthread_t allocator, forker;
-    int watch = flag("MF_WATCH");
+    int fork_only = getenv("MF_WATCH") && strcmp(getenv("MF_WATCH"), "fork") == 0;
+    int watch = flag("MF_WATCH") || fork_only;
     if (watch) {
-        pthread_create(&allocator, NULL, allocate_in_a_loop, NULL);
+        if (!fork_only) pthread_create(&allocator, NULL, allocate_in_a_loop, NULL);
         pthread_create(&forker, NULL, fork_in_a_loop, NULL);
     }
     pages("before");
@@ -445,7 +487,7 @@ int main(int argc, char **argv) {
     printf("FAULT_MOVES %ld\n", proc_value("/proc/vmstat", "numa_pages_migrated") - fault_moves);
     action_done = 1;
     if (watch) {
-        pthread_join(allocator, NULL);
+        if (!fork_only) pthread_join(allocator, NULL);
         pthread_join(forker, NULL);
         printf("WINDOW %ld %ld\nFORKS %ld %ld\nPOLICIES %d\n", window_seen, window_chunks,
                fork_policies, forks, policies());
