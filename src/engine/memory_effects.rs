@@ -182,6 +182,8 @@ struct Walker<'a> {
     moved: u64,
     huge_pages: u64,
     huge_left: u64,
+    /// Why the first huge pages that stayed did.
+    huge_stay: Option<memory_decision::HugePagesStay>,
     node_meminfo: String,
     /// Pages `move_pages` refused, by why: still hidden by a hinting fault, shared, busy.
     hidden: u64,
@@ -234,6 +236,7 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         moved: 0,
         huge_pages: 0,
         huge_left: 0,
+        huge_stay: None,
         node_meminfo: format!("/sys/devices/system/node/node{to}/meminfo"),
         hidden: 0,
         shared: 0,
@@ -258,9 +261,14 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
     }
     drop(own_faults_stay);
     if walker.huge_left > 0 {
-        log_debug!(
-            "dedicated worker: {} huge pages stay: no free block of their size on NUMA node {to}",
-            walker.huge_left
+        log_info!(
+            "dedicated worker: {} huge pages of {} stay whole where they are: {} (NUMA node {to})",
+            walker.huge_left,
+            mib(walker.huge_bytes),
+            walker
+                .huge_stay
+                .unwrap_or(memory_decision::HugePagesStay::NoFreeBlock)
+                .describe()
         );
     }
     let (mut moved, mut left) = memory_decision::outcome(&plan.walks, &numa_maps()?, from);
@@ -480,6 +488,13 @@ impl Walker<'_> {
             )
         };
         // The blocks past `fit` stay whole.
+        if fit < firsts.len() && self.huge_stay.is_none() {
+            self.huge_stay = Some(memory_decision::why_huge_pages_stay(
+                self.cap.saturating_sub(self.moved),
+                allowed,
+                self.huge_bytes,
+            ));
+        }
         self.huge_left += (firsts.len() - fit) as u64;
         firsts.truncate(fit);
         let huge_allowed = firsts.len() as u64 * self.huge_bytes;
