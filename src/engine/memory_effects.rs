@@ -245,6 +245,11 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         read_refused: 0,
         steps: Steps::default(),
     };
+    // A budget under one huge page moves none of them: said even where the walk stops (the
+    // budget spent on base pages) before it reaches one.
+    if cap < huge_bytes && plan.walks.iter().any(|w| w.huge) {
+        walker.huge_stay = Some(memory_decision::why_huge_pages_stay(cap, cap, huge_bytes));
+    }
     let mut stopped = None;
     // Set once the plan is read: numa_maps shows a mapping without a policy of its own under
     // the policy of the process's first thread, which may be this one.
@@ -260,15 +265,15 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         }
     }
     drop(own_faults_stay);
-    if walker.huge_left > 0 {
+    if let Some(why) = walker.huge_stay {
+        let count = match walker.huge_left {
+            0 => String::new(),
+            n => format!("{n} "),
+        };
         log_info!(
-            "dedicated worker: {} huge pages of {} stay whole where they are: {} (NUMA node {to})",
-            walker.huge_left,
+            "dedicated worker: {count}huge pages of {} stay whole where they are: {} (NUMA node {to})",
             mib(walker.huge_bytes),
-            walker
-                .huge_stay
-                .unwrap_or(memory_decision::HugePagesStay::NoFreeBlock)
-                .describe()
+            why.describe()
         );
     }
     let (mut moved, mut left) = memory_decision::outcome(&plan.walks, &numa_maps()?, from);
