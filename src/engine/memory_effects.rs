@@ -193,6 +193,8 @@ struct Walker<'a> {
     moved: u64,
     huge_pages: u64,
     huge_left: u64,
+    /// Why the first huge pages that stayed did.
+    huge_stay: Option<memory_decision::HugePagesStay>,
     node_meminfo: String,
     /// Pages `move_pages` refused, by why: still hidden by a hinting fault, shared, busy.
     hidden: u64,
@@ -248,6 +250,7 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         moved: 0,
         huge_pages: 0,
         huge_left: 0,
+        huge_stay: None,
         node_meminfo: format!("/sys/devices/system/node/node{to}/meminfo"),
         hidden: 0,
         shared: 0,
@@ -257,6 +260,11 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         read_refused: 0,
         steps: Steps::default(),
     };
+    // A budget under one huge page moves none of them: said even where the walk stops (the
+    // budget spent on base pages) before it reaches one.
+    if cap < huge_bytes && plan.walks.iter().any(|w| w.huge) {
+        walker.huge_stay = Some(memory_decision::why_huge_pages_stay(cap, cap, huge_bytes));
+    }
     let mut stopped = None;
     // Set once the plan is read: numa_maps shows a mapping without a policy of its own under
     // the policy of the process's first thread, which may be this one.
@@ -295,10 +303,15 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
         }
     }
     drop(own_faults_stay);
-    if walker.huge_left > 0 {
-        log_debug!(
-            "dedicated worker: {} huge pages stay: no free block of their size on NUMA node {to}",
-            walker.huge_left
+    if let Some(why) = walker.huge_stay {
+        let count = match walker.huge_left {
+            0 => String::new(),
+            n => format!("{n} "),
+        };
+        log_info!(
+            "dedicated worker: {count}huge pages of {} stay whole where they are: {} (NUMA node {to})",
+            mib(walker.huge_bytes),
+            why.describe()
         );
     }
     let (mut moved, mut left) = memory_decision::outcome(&plan.walks, &numa_maps()?, from);
@@ -543,6 +556,13 @@ impl Walker<'_> {
             )
         };
         // The blocks past `fit` stay whole.
+        if fit < firsts.len() && self.huge_stay.is_none() {
+            self.huge_stay = Some(memory_decision::why_huge_pages_stay(
+                self.cap.saturating_sub(self.moved),
+                allowed,
+                self.huge_bytes,
+            ));
+        }
         self.huge_left += (firsts.len() - fit) as u64;
         firsts.truncate(fit);
         let huge_allowed = firsts.len() as u64 * self.huge_bytes;

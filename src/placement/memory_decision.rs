@@ -430,24 +430,71 @@ pub fn outside_blocks<T: Copy>(pages: &[T], starts: &[usize], per_huge: usize) -
     outside
 }
 
-/// Free blocks of a huge page's size the target keeps after a batch's huge pages: the kernel
-/// splits a huge page it finds no free block of its size for, and a few blocks keep other
-/// allocations above the watermarks meanwhile.
-pub const HUGE_FREE_MARGIN: u64 = 4;
+/// Memory the target keeps free in blocks of a huge page's size after a batch's huge pages:
+/// the kernel splits a huge page it finds no free block of its size for, and a block or more
+/// keeps other allocations above the watermarks meanwhile. In bytes, so that it means the same
+/// whatever the page size: four blocks of 2 MiB (4 KiB pages), one of 32 MiB (16 KiB) or of
+/// 512 MiB (64 KiB, where four blocks would be 2 GiB).
+pub const HUGE_FREE_MARGIN_BYTES: u64 = 8 << 20;
+
+/// [`HUGE_FREE_MARGIN_BYTES`] in free blocks of `huge_bytes`: rounded up, at least one.
+pub fn huge_free_margin_blocks(huge_bytes: u64) -> u64 {
+    HUGE_FREE_MARGIN_BYTES.div_ceil(huge_bytes.max(1)).max(1)
+}
 
 /// How many of a batch's `blocks` whole huge-page blocks move, in address order: each huge page
 /// takes one of the target's `free_blocks` of its size (`/proc/buddyinfo`, read once a batch),
-/// so no more than those less [`HUGE_FREE_MARGIN`], and no more than `allowed` bytes hold.
-/// The rest stay whole.
+/// so no more than those less the margin ([`huge_free_margin_blocks`]), and no more than
+/// `allowed` bytes hold. The rest stay whole.
 pub fn huge_pages_that_fit(
     blocks: usize,
     free_blocks: u64,
     allowed: u64,
     huge_bytes: u64,
 ) -> usize {
-    let room = free_blocks.saturating_sub(HUGE_FREE_MARGIN);
+    let room = free_blocks.saturating_sub(huge_free_margin_blocks(huge_bytes));
     let budget = allowed / huge_bytes.max(1);
     (blocks as u64).min(room).min(budget) as usize
+}
+
+/// Why whole huge pages stayed where [`huge_pages_that_fit`] took fewer than a batch had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugePagesStay {
+    /// Each is larger than what `TLLM_AFFINITY_MOVE_MEMORY`'s budget left (bytes).
+    Budget { left: u64 },
+    /// Each is larger than the target's free memory less its headroom (bytes).
+    Headroom { left: u64 },
+    /// The target had no free block of their size beyond the margin.
+    NoFreeBlock,
+}
+
+/// Which limit held the huge pages back: the budget left (`budget_left`, bytes), the move's
+/// allowance (`allowed`: the budget and the target's headroom), or the target's free blocks.
+pub fn why_huge_pages_stay(budget_left: u64, allowed: u64, huge_bytes: u64) -> HugePagesStay {
+    if budget_left < huge_bytes {
+        HugePagesStay::Budget { left: budget_left }
+    } else if allowed < huge_bytes {
+        HugePagesStay::Headroom { left: allowed }
+    } else {
+        HugePagesStay::NoFreeBlock
+    }
+}
+
+impl HugePagesStay {
+    pub fn describe(&self) -> String {
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20));
+        match self {
+            HugePagesStay::Budget { left } => format!(
+                "each is larger than what TLLM_AFFINITY_MOVE_MEMORY's budget left ({})",
+                mib(*left)
+            ),
+            HugePagesStay::Headroom { left } => format!(
+                "each is larger than the node's free memory less the headroom kept free ({})",
+                mib(*left)
+            ),
+            HugePagesStay::NoFreeBlock => "no free block of their size on the node".to_string(),
+        }
+    }
 }
 
 /// Whether a whole aligned block of a mapping with huge pages moves by its first page alone,
@@ -1154,11 +1201,46 @@ VmFlags: ex
         assert_eq!(huge_pages_that_fit(8, 100, 64 * huge, huge), 8);
         // Ten free blocks: six move, four stay free on the target.
         assert_eq!(huge_pages_that_fit(8, 10, 64 * huge, huge), 6);
-        assert_eq!(huge_pages_that_fit(8, HUGE_FREE_MARGIN, 64 * huge, huge), 0);
+        assert_eq!(huge_pages_that_fit(8, 4, 64 * huge, huge), 0);
         assert_eq!(huge_pages_that_fit(8, 0, 64 * huge, huge), 0);
         // A budget of three and a half huge pages: three.
         assert_eq!(huge_pages_that_fit(8, 100, 3 * huge + huge / 2, huge), 3);
         assert_eq!(huge_pages_that_fit(0, 100, 64 * huge, huge), 0);
+    }
+
+    #[test]
+    fn the_margin_kept_free_on_the_target_is_bytes_not_a_count_of_huge_pages() {
+        // 4 KiB pages, 2 MiB huge pages: 8 MiB kept free is four blocks.
+        assert_eq!(huge_pages_that_fit(8, 10, 64 << 20, 2 << 20), 6);
+        // 64 KiB pages, 512 MiB huge pages: one block kept free, not four (2 GiB); a 3 GiB
+        // node with five free blocks takes both huge pages of a batch.
+        assert_eq!(huge_pages_that_fit(2, 5, 2 << 30, 512 << 20), 2);
+        assert_eq!(huge_pages_that_fit(2, 2, 2 << 30, 512 << 20), 1);
+        assert_eq!(huge_pages_that_fit(2, 1, 2 << 30, 512 << 20), 0);
+        // 16 KiB pages, 32 MiB huge pages: one block.
+        assert_eq!(huge_pages_that_fit(4, 3, 1 << 30, 32 << 20), 2);
+    }
+
+    #[test]
+    fn huge_pages_that_stay_say_which_limit_held_them() {
+        let huge = 512 << 20;
+        // A budget of 256 MiB: no 512 MiB huge page fits it.
+        assert_eq!(
+            why_huge_pages_stay(256 << 20, 256 << 20, huge),
+            HugePagesStay::Budget { left: 256 << 20 }
+        );
+        assert!(why_huge_pages_stay(256 << 20, 256 << 20, huge)
+            .describe()
+            .contains("larger than what TLLM_AFFINITY_MOVE_MEMORY's budget left (256.0 MiB)"));
+        // The budget holds one, the node's headroom does not.
+        assert_eq!(
+            why_huge_pages_stay(16 << 30, 300 << 20, huge),
+            HugePagesStay::Headroom { left: 300 << 20 }
+        );
+        assert_eq!(
+            why_huge_pages_stay(16 << 30, 4 << 30, huge),
+            HugePagesStay::NoFreeBlock
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Several engines on one node, one per GPU (tests/programs/slice_servers.py), on the written tree
-//! of [`two_nodes_two_gpus_each`]: checked in the guest of eight CPUs (tests/guest.rs), where each
+//! of [`two_nodes_two_gpus_each`]: checked in the guest of eight CPUs (tests/guests/guest.rs), where each
 //! GPU's slice has the two cores a slice needs, which this machine's two CPUs cannot give.
 
 use std::path::Path;

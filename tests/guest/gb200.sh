@@ -6,8 +6,9 @@
 # 1 (the device tree's PCI host bridge), which the NVML test double names GPU 0 with node 1's
 # CPUs as its CPU affinity and, in NUMA mode, node 10 as its memory's node
 # (nvmlDeviceGetNumaNodeId; in CDMM mode that query is not supported). Run on the 4 KiB-page
-# kernel (NUMA mode) and on the 16 KiB-page one (CDMM mode). The 4 KiB boot has a second
-# pci-testdev, GPU 1, behind a second PCI host bridge on node 0 (CPUs 0-1), its memory node 2.
+# kernel (NUMA mode), the 16 KiB-page one (CDMM mode) and the 64 KiB-page one (NUMA mode). The
+# 4 KiB boot has a second pci-testdev, GPU 1, behind a second PCI host bridge on node 0 (CPUs
+# 0-1), its memory node 2.
 # Arguments (aarch64 builds): the preload library, the CLI, the double's directory,
 # numa_placement, memory_follows; then the GPU's memory node, or "-" in CDMM mode; then GPU 1's
 # PCI address and memory node, or "- -" without one.
@@ -15,6 +16,12 @@ lib=$1 cli=$2 nvml_dir=$3 placement=$4 follows=$5 gpu_memory_node=$6 second_gpu=
 second_gpu_memory_node=$8
 . "$(dirname "$0")/scenario.sh"
 work=$(mktemp -d)
+thp=/sys/kernel/mm/transparent_hugepage
+# With 64 KiB pages a PMD huge page is 512 MiB, and NVIDIA's Grace kernels give huge pages only
+# to memory that asks (`madvise`): so does this guest. (Under `always` every small buffer of
+# numa_placement lies in a 512 MiB huge page, which NUMA balancing's scan hides from
+# move_pages' query whole.) The THP scenarios below ask for `always` themselves.
+[ "$(cat $thp/hpage_pmd_size)" != 536870912 ] || echo madvise >$thp/enabled
 scenario guest identity
 node=/sys/devices/system/node
 scenario nodes sh -c 'node=$0
@@ -57,13 +64,31 @@ scenario dedicated env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info $bound_to_gpu_me
 scenario shared env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info "$follows" thread 0
 # Transparent huge pages (`always`): a buffer half a huge page past a huge page boundary, moved
 # by a dedicated worker's configure: 68 MiB with 2 MiB huge pages (as tests/guests/guest.rs's), three
-# huge pages and 4 MiB with bigger ones (100 MiB with the 32 MiB of 16 KiB pages).
-thp=/sys/kernel/mm/transparent_hugepage
+# huge pages and 4 MiB with bigger ones (100 MiB with the 32 MiB of 16 KiB pages, 1540 MiB with
+# the 512 MiB of 64 KiB pages).
 thp_was=$(sed 's/.*\[\(.*\)\].*/\1/' $thp/enabled)
 thp_mib=$(($(cat $thp/hpage_pmd_size) * 3 / 1048576 + 4))
 [ $thp_mib -ge 68 ] || thp_mib=68
 echo always >$thp/enabled
+# Free blocks of a huge page's size on node 0 for the buffer: the page cache dropped and memory
+# compacted first (at 64 KiB pages a huge page is a whole 512 MiB page block).
+free_huge_blocks() { sync; echo 3 >/proc/sys/vm/drop_caches; echo 1 >/proc/sys/vm/compact_memory; }
+free_huge_blocks
 scenario thp env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info MF_THP=1 MF_MIB=$thp_mib "$follows" main 0
+# NUMA balancing off, as NVIDIA recommends for Grace: the same moves, with no hinting fault to
+# lean on. Then a budget of half a huge page (TLLM_AFFINITY_MOVE_MEMORY): no huge page fits it.
+balancing=/proc/sys/kernel/numa_balancing
+balancing_was=$(cat $balancing)
+echo 0 >$balancing
+scenario balancing_off cat $balancing
+scenario dedicated_balancing_off env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info $bound_to_gpu_memory "$follows" main 0
+free_huge_blocks
+scenario thp_balancing_off env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info MF_THP=1 MF_MIB=$thp_mib "$follows" main 0
+half_huge_kib=$(($(cat $thp/hpage_pmd_size) / 2048))
+free_huge_blocks
+scenario thp_budget env LD_PRELOAD="$lib" TLLM_AFFINITY_LOG=info \
+  TLLM_AFFINITY_MOVE_MEMORY=${half_huge_kib}K MF_THP=1 MF_MIB=$thp_mib "$follows" main 0
+echo "$balancing_was" >$balancing
 echo "$thp_was" >$thp/enabled
 # `tllm-affinity ps` of a live configured process: its memory per node, from numa_maps.
 held ps_numa_maps ""

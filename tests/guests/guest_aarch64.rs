@@ -10,13 +10,20 @@
 //! in /var/cache/tllm-affinity. This checkout and its target directory are bound read-only at
 //! their own paths inside, so the script and the programs are where they are here.
 //!
-//! Two kernels: Debian's arm64 kernel with 4 KiB pages (bookworm, 6.1) and its kernel with
-//! 16 KiB pages (`linux-image-arm64-16k`, 6.12 from bookworm-backports; QEMU's
-//! `-cpu neoverse-n1`, since vng's default Cortex-A57 has no 16 KiB granule). Both boot over the
-//! same root filesystem, which holds both kernels' modules. The 4 KiB kernel boots the tray in
-//! NUMA mode (the GPU's memory a node of its own); the 16 KiB kernel boots it in CDMM mode (no
-//! GPU-memory node, NVML's NUMA-node query not supported): the same scenarios
-//! (tests/guest/gb200.sh) and the same checks, each test run on both boots.
+//! Three kernels: Debian's arm64 kernel with 4 KiB pages (bookworm, 6.1), its kernel with
+//! 16 KiB pages (`linux-image-arm64-16k`, 6.12 from bookworm-backports) and a kernel with 64 KiB
+//! pages, as NVIDIA ships Grace kernels (512 MiB transparent huge pages): Debian packages none,
+//! so the test cross-builds one from Debian's `linux-source-6.1` with `gcc-aarch64-linux-gnu`
+//! (tests/guest/arm64_64k_kernel.sh, the symbols of tests/guest/arm64_64k.config, everything
+//! built in), once, cached in /var/cache/tllm-affinity under the hash of its configuration. The
+//! 16 KiB and 64 KiB kernels run on QEMU's `-cpu neoverse-n1`, since vng's default Cortex-A57
+//! has no 16 KiB granule. All boot over the same root filesystem, which holds the packaged
+//! kernels' modules. The 4 KiB kernel boots the tray in NUMA mode (the GPU's memory a node of
+//! its own); the 16 KiB kernel boots it in CDMM mode (no GPU-memory node, NVML's NUMA-node query
+//! not supported); the 64 KiB kernel in NUMA mode with Grace nodes large enough for 512 MiB huge
+//! pages: the same scenarios (tests/guest/gb200.sh) and the same checks, each test run on every
+//! boot. Each boot also runs the memory moves with NUMA balancing off (Grace's recommended
+//! setting), so no check leans on its hinting faults.
 //!
 //! Under device-tree boot QEMU's `virt` gives its PCI devices no NUMA node. For the GPU on a
 //! Grace node the test dumps the machine's device tree, gives the PCI host bridge a
@@ -58,6 +65,10 @@ const BOOT_LIMIT: Duration = Duration::from_secs(480);
 /// 4 KiB-page kernel and the 16 KiB-page one.
 const ARM64_KERNEL: &str = "/var/cache/tllm-affinity/arm64-kernel";
 const ARM64_16K_KERNEL: &str = "/var/cache/tllm-affinity/arm64-16k-kernel";
+/// The 64 KiB-page kernel's source (Debian's `linux-source-6.1`, which scripts/setup installs)
+/// and the cross-compiler it is built with (`gcc-aarch64-linux-gnu`).
+const LINUX_SOURCE: &str = "/usr/src/linux-source-6.1.tar.xz";
+const CROSS_GCC: &str = "aarch64-linux-gnu-gcc";
 
 /// The GPU's PCI address in the guest: `pci-testdev` at slot 2 of the root bus.
 const GUEST_GPU: &str = "0000:00:02.0";
@@ -85,35 +96,35 @@ const ALL4: &str = "0-3";
 enum PageSize {
     K4,
     K16,
+    K64,
 }
 
 impl PageSize {
-    fn kernel_dir(self) -> &'static str {
-        match self {
-            PageSize::K4 => ARM64_KERNEL,
-            PageSize::K16 => ARM64_16K_KERNEL,
-        }
-    }
-
-    fn package(self) -> &'static str {
-        match self {
-            PageSize::K4 => "linux-image-arm64",
-            PageSize::K16 => "linux-image-arm64-16k (bookworm-backports)",
-        }
-    }
-
     fn bytes(self) -> usize {
         match self {
             PageSize::K4 => 4096,
             PageSize::K16 => 16384,
+            PageSize::K64 => 65536,
         }
     }
 
-    /// The PMD-sized transparent huge page: 512 base pages of 4 KiB, 2048 of 16 KiB.
+    /// The PMD-sized transparent huge page: 512 base pages of 4 KiB, 2048 of 16 KiB, 8192 of
+    /// 64 KiB.
     fn huge_page_kib(self) -> u64 {
         match self {
             PageSize::K4 => 2 << 10,
             PageSize::K16 => 32 << 10,
+            PageSize::K64 => 512 << 10,
+        }
+    }
+
+    /// Each Grace node's memory: 1 GiB, and 4 GiB under 64 KiB pages, where a huge page is
+    /// 512 MiB, a whole page block (the THP scenario's buffer holds two on node 0, and the
+    /// target keeps a free block of that size beside them).
+    fn grace_node_mib(self) -> u64 {
+        match self {
+            PageSize::K64 => 4 << 10,
+            _ => 1 << 10,
         }
     }
 
@@ -123,7 +134,7 @@ impl PageSize {
     fn qemu_cpu(self) -> &'static str {
         match self {
             PageSize::K4 => "",
-            PageSize::K16 => "-cpu neoverse-n1 ",
+            PageSize::K16 | PageSize::K64 => "-cpu neoverse-n1 ",
         }
     }
 }
@@ -170,6 +181,13 @@ const CDMM_16K: Shape = Shape {
     two_gpus: false,
     script: "gb200.sh",
 };
+const NUMA_64K: Shape = Shape {
+    page: PageSize::K64,
+    gpu_memory: GpuMemory::Numa,
+    device_node: DeviceNode::Grace,
+    two_gpus: false,
+    script: "gb200.sh",
+};
 
 impl Shape {
     /// The GPU's memory node, in NUMA mode.
@@ -193,6 +211,9 @@ impl Shape {
             (PageSize::K16, GpuMemory::Cdmm, DeviceNode::Grace) => {
                 "GB200-like aarch64 (16 KiB pages, CDMM mode), the GPU on Grace node 1"
             }
+            (PageSize::K64, GpuMemory::Numa, DeviceNode::Grace) => {
+                "GB200-like aarch64 (64 KiB pages, NUMA mode), the GPU on Grace node 1"
+            }
             _ => "GB200-like aarch64",
         }
     }
@@ -207,7 +228,8 @@ impl Shape {
     }
 }
 
-/// The guest machine: node 0 = CPUs 0-1, node 1 = CPUs 2-3 (1 GiB each), node 10 = 512 MiB and
+/// The guest machine: node 0 = CPUs 0-1, node 1 = CPUs 2-3 (1 GiB each, 4 GiB under 64 KiB
+/// pages: [`PageSize::grace_node_mib`]), node 10 = 512 MiB and
 /// no CPU in NUMA mode (an empty placeholder in CDMM mode), and with two GPUs in NUMA mode node 2
 /// = 256 MiB and no CPU (GPU 1's memory); distances of a tray: 40 between the Grace nodes, 80
 /// from a Grace node to the memory of its own GPU, 120 to another's (and to the placeholders).
@@ -226,11 +248,13 @@ fn gb200_machine(shape: Shape, qemu_opts: String) -> Machine {
             distances.push(format!("{a},{b}={d}"));
         }
     }
-    let (gpu_memory_node, memory) = match (shape.gpu_memory, second_gpu_memory) {
-        (GpuMemory::Numa, true) => ("512M,nodeid=10", "2816M"),
-        (GpuMemory::Numa, false) => ("512M,nodeid=10", "2560M"),
-        (GpuMemory::Cdmm, _) => ("0,nodeid=10", "2048M"),
+    let grace_mib = shape.page.grace_node_mib();
+    let (gpu_memory_node, gpu_mib) = match (shape.gpu_memory, second_gpu_memory) {
+        (GpuMemory::Numa, true) => ("512M,nodeid=10", 768),
+        (GpuMemory::Numa, false) => ("512M,nodeid=10", 512),
+        (GpuMemory::Cdmm, _) => ("0,nodeid=10", 0),
     };
+    let memory = format!("{}M", 2 * grace_mib + gpu_mib);
     let node2 = if second_gpu_memory {
         "256M,nodeid=2"
     } else {
@@ -250,9 +274,12 @@ fn gb200_machine(shape: Shape, qemu_opts: String) -> Machine {
     } else {
         String::new()
     };
+    // Machine holds 'static strings: a few bytes per boot.
+    let node0: &'static str = format!("{grace_mib}M,cpus=0-1").leak();
+    let node1: &'static str = format!("{grace_mib}M,cpus=2-3").leak();
     let numa: Vec<&'static str> = [
-        "1G,cpus=0-1",
-        "1G,cpus=2-3",
+        node0,
+        node1,
         node2,
         "0,nodeid=3",
         "0,nodeid=4",
@@ -267,7 +294,7 @@ fn gb200_machine(shape: Shape, qemu_opts: String) -> Machine {
     Machine {
         name: shape.name(),
         cpus: 4,
-        memory,
+        memory: memory.leak(),
         // Machine holds 'static lists: a few bytes per boot.
         numa: numa.leak(),
         qemu_opts: format!(
@@ -290,7 +317,8 @@ struct Tools {
 }
 
 /// What a boot on the kernel with `page`-sized pages needs. The root filesystem is the 4 KiB
-/// kernel's (made with its modules), with the 16 KiB kernel's modules added.
+/// kernel's (made with its modules), with the 16 KiB kernel's modules added; the 64 KiB kernel
+/// has none (everything it needs is built in).
 fn tools(page: PageSize) -> Result<Tools, String> {
     if !root() {
         return Err(
@@ -308,22 +336,25 @@ fn tools(page: PageSize) -> Result<Tools, String> {
         }
     }
     let vng = vng()?;
-    let unpacked = |page: PageSize| {
-        let dir = page.kernel_dir();
+    let unpacked = |dir: &str, package: &str| {
         newest_kernel(&Path::new(dir).join("boot")).ok_or(format!(
-            "the arm64 kernel: no {dir}/boot/vmlinuz-* (scripts/setup unpacks Debian's {} there)",
-            page.package()
+            "the arm64 kernel: no {dir}/boot/vmlinuz-* (scripts/setup unpacks Debian's {package} \
+             there)"
         ))
     };
-    let base = unpacked(PageSize::K4)?;
+    let base = unpacked(ARM64_KERNEL, "linux-image-arm64")?;
     let rootfs = guest_rootfs(&base)?;
     let kernel = match page {
         PageSize::K4 => base,
-        _ => {
-            let kernel = unpacked(page)?;
-            with_modules_of(&rootfs, &kernel, page.kernel_dir())?;
+        PageSize::K16 => {
+            let kernel = unpacked(
+                ARM64_16K_KERNEL,
+                "linux-image-arm64-16k (bookworm-backports)",
+            )?;
+            with_modules_of(&rootfs, &kernel, ARM64_16K_KERNEL)?;
             kernel
         }
+        PageSize::K64 => kernel_with_64k_pages()?,
     };
     Ok(Tools {
         vng,
@@ -369,6 +400,86 @@ fn guest_rootfs(kernel: &Kernel) -> Result<PathBuf, String> {
         },
     )?;
     Ok(rootfs)
+}
+
+/// The 64 KiB-page kernel, built once per configuration: tests/guest/arm64_64k_kernel.sh with
+/// the symbols of tests/guest/arm64_64k.config, into
+/// `/var/cache/tllm-affinity/arm64-64k-kernel-<hash>`, the hash taken over that file, the
+/// script and the source package's version, so that a change to any of them builds anew. The
+/// build (minutes) runs under a lock, in a directory of its own renamed into place when done.
+fn kernel_with_64k_pages() -> Result<Kernel, String> {
+    use std::os::fd::AsRawFd;
+    for (tool, package) in [
+        (CROSS_GCC, "gcc-aarch64-linux-gnu"),
+        ("flex", "flex"),
+        ("bison", "bison"),
+        ("bc", "bc"),
+        ("sha256sum", "coreutils"),
+    ] {
+        if !on_path(tool) {
+            return Err(format!("`{tool}` ({package}; scripts/setup installs it)"));
+        }
+    }
+    if !Path::new(LINUX_SOURCE).is_file() {
+        return Err(format!(
+            "{LINUX_SOURCE} (linux-source-6.1; scripts/setup installs it)"
+        ));
+    }
+    let fragment = repo().join("tests/guest/arm64_64k.config");
+    let script = repo().join("tests/guest/arm64_64k_kernel.sh");
+    let version =
+        succeeded(Command::new("dpkg-query").args(["-W", "-f=${Version}", "linux-source-6.1"]))
+            .stdout;
+    let hashed = succeeded(
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#"{ cat "$1" "$2"; echo "$3"; } | sha256sum"#)
+            .arg("sh")
+            .arg(&fragment)
+            .arg(&script)
+            .arg(String::from_utf8_lossy(&version).trim()),
+    )
+    .stdout;
+    let key = String::from_utf8_lossy(&hashed[..16]).to_string();
+    let cache = Path::new(ROOTFS_CACHE);
+    let dir = cache.join(format!("arm64-64k-kernel-{key}"));
+    std::fs::create_dir_all(cache).unwrap();
+    let lock = std::fs::File::create(format!("{}.lock", dir.display())).unwrap();
+    // SAFETY: flock on a descriptor this function owns; closing it releases the lock.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    if let Some(kernel) = newest_kernel(&dir.join("boot")) {
+        return Ok(kernel);
+    }
+    let partial = cache.join(format!(
+        "arm64-64k-kernel-{key}.partial.{}",
+        std::process::id()
+    ));
+    let started = std::time::Instant::now();
+    let out = Command::new("sh")
+        .arg(&script)
+        .arg(LINUX_SOURCE)
+        .arg(&fragment)
+        .arg(&partial)
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&partial);
+        let log = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+        return Err(format!(
+            "the 64 KiB-page kernel did not build: {}",
+            tail.join(" | ")
+        ));
+    }
+    println!(
+        "built the 64 KiB-page arm64 kernel in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    std::fs::rename(&partial, &dir).unwrap();
+    newest_kernel(&dir.join("boot")).ok_or(format!(
+        "tests/guest/arm64_64k_kernel.sh left no {}/boot/vmlinuz-*",
+        dir.display()
+    ))
 }
 
 /// `kernel`'s modules (from `kernel_dir`, where scripts/setup unpacked its package) added to the
@@ -672,11 +783,18 @@ fn no_node() -> Result<&'static Booted, String> {
     booted(&BOOT, || boot_gb200(NO_NODE_4K))
 }
 
-/// The boot of gb200.sh's `shape` (NUMA_4K or CDMM_16K).
+/// The same scenarios in NUMA mode on the 64 KiB kernel.
+fn numa_64k() -> Result<&'static Booted, String> {
+    static BOOT: OnceLock<Result<Booted, NoBoot>> = OnceLock::new();
+    booted(&BOOT, || boot_gb200(NUMA_64K))
+}
+
+/// The boot of gb200.sh's `shape` (NUMA_4K, CDMM_16K or NUMA_64K).
 fn gb200(shape: &Shape) -> Result<&'static Booted, String> {
     match shape.page {
         PageSize::K4 => numa_4k(),
         PageSize::K16 => cdmm_16k(),
+        PageSize::K64 => numa_64k(),
     }
 }
 
@@ -707,6 +825,9 @@ table_tests! {
     /// 16 KiB pages (32 MiB huge pages), CDMM mode: the Grace nodes, placeholders 2-10 and no
     /// node with memory but the Grace nodes.
     the_guest_is_aarch64_with_16k_pages_two_grace_nodes_and_no_gpu_memory_node: CDMM_16K;
+    /// 64 KiB pages as NVIDIA ships Grace kernels (`getconf PAGESIZE` 65536, 512 MiB huge
+    /// pages), NUMA mode: the Grace nodes, placeholders 2-9, node 10 the GPU's memory.
+    the_guest_is_aarch64_with_64k_pages_two_grace_nodes_and_a_gpu_memory_node: NUMA_64K;
 }
 
 fn check_the_guests_shape(shape: &Shape) {
@@ -753,7 +874,7 @@ fn check_the_guests_shape(shape: &Shape) {
     // Linux 6.1 keeps the device tree's distances to every node; 6.12 keeps them only between
     // nodes with memory and gives the others its default remote distance, 20.
     let node1_distance = match shape.page {
-        PageSize::K4 => "40 10 120 120 120 120 120 120 120 120 80",
+        PageSize::K4 | PageSize::K64 => "40 10 120 120 120 120 120 120 120 120 80",
         PageSize::K16 => "40 10 20 20 20 20 20 20 20 20 20",
     };
     assert_eq!(nodes["node1_distance"], node1_distance, "{nodes:?}");
@@ -773,6 +894,8 @@ table_tests! {
     workers_go_to_the_gpus_grace_node_and_release_restores_4k_numa: NUMA_4K;
     /// The same on 16 KiB pages in CDMM mode, where NVML names no memory node.
     workers_go_to_the_gpus_grace_node_and_release_restores_16k_cdmm: CDMM_16K;
+    /// The same on 64 KiB pages in NUMA mode.
+    workers_go_to_the_gpus_grace_node_and_release_restores_64k_numa: NUMA_64K;
 }
 
 fn check_placement(shape: &Shape) {
@@ -790,6 +913,8 @@ table_tests! {
     the_worker_scopes_memory_preference_is_the_grace_node_never_the_gpu_memory_node_4k_numa: NUMA_4K;
     /// The same in CDMM mode on 16 KiB pages.
     the_worker_scopes_memory_preference_is_the_grace_node_16k_cdmm: CDMM_16K;
+    /// The same in NUMA mode on 64 KiB pages.
+    the_worker_scopes_memory_preference_is_the_grace_node_never_the_gpu_memory_node_64k_numa: NUMA_64K;
 }
 
 fn check_the_scopes_memory_preference(shape: &Shape) {
@@ -821,11 +946,25 @@ table_tests! {
     /// The same on 16 KiB pages (numa_maps counts pages of 16 KiB) in CDMM mode, where there is
     /// no GPU-memory node to bind to.
     a_dedicated_workers_memory_goes_to_the_grace_node_16k_cdmm: CDMM_16K;
+    /// The same on 64 KiB pages (the 64 MiB buffer is 1024 pages) in NUMA mode, the bound
+    /// buffer on node 10.
+    a_dedicated_workers_memory_goes_to_the_grace_node_and_gpu_memory_stays_64k_numa: NUMA_64K;
 }
 
 fn check_the_dedicated_workers_memory_move(shape: &Shape) {
     let guest = require!(gb200(shape));
-    let run = guest.ok("dedicated");
+    dedicated_workers_memory_moved(shape, guest.ok("dedicated"));
+    let shared = guest.ok("shared");
+    let (before, after) = (shared.pages("before").0, shared.pages("after").0);
+    println!("shared process: before {before:?}, after {after:?}");
+    assert!(mostly_on(&before, 0, BUFFER_PAGES), "before {before:?}");
+    assert_eq!(after, before, "{}", shared.stderr());
+    assert_eq!(shared.report()["worker_mask"], GRACE_CPUS);
+}
+
+/// memory_follows' dedicated worker (`run`): its 64 MiB went from node 0 to the Grace node, none
+/// to the GPU's memory node, and its buffer bound to that node (NUMA mode) stayed there.
+fn dedicated_workers_memory_moved(shape: &Shape, run: &Scenario) {
     let pages = |phase: &str| {
         let (nodes, failed) = run.pages(phase);
         assert_eq!(failed, 0, "{phase}:\n{}", run.text());
@@ -863,13 +1002,6 @@ fn check_the_dedicated_workers_memory_move(shape: &Shape) {
     }
     let moved = &run.report()["memory_moved"];
     assert_eq!(moved["node"], GRACE_NODE, "{moved}");
-
-    let shared = guest.ok("shared");
-    let (before, after) = (shared.pages("before").0, shared.pages("after").0);
-    println!("shared process: before {before:?}, after {after:?}");
-    assert!(mostly_on(&before, 0, BUFFER_PAGES), "before {before:?}");
-    assert_eq!(after, before, "{}", shared.stderr());
-    assert_eq!(shared.report()["worker_mask"], GRACE_CPUS);
 }
 
 /// numa_maps gave memory_follows' buffer in pages of the kernel's size, before and after.
@@ -893,11 +1025,19 @@ table_tests! {
     /// The same with the 32 MiB huge pages of 16 KiB pages (a 100 MiB buffer 16 MiB past a
     /// boundary).
     transparent_huge_pages_move_whole_to_the_grace_node_16k_cdmm: CDMM_16K;
+    /// The same with the 512 MiB huge pages of 64 KiB pages (a 1540 MiB buffer 256 MiB past a
+    /// boundary, two whole huge pages), on Grace nodes of 4 GiB.
+    transparent_huge_pages_move_whole_to_the_grace_node_64k_numa: NUMA_64K;
 }
 
 fn check_transparent_huge_pages(shape: &Shape) {
     let guest = require!(gb200(shape));
-    let run = guest.ok("thp");
+    huge_pages_moved_whole(shape, guest.ok("thp"));
+}
+
+/// memory_follows' THP scenario (`run`): no huge page split, the buffer on the Grace node after,
+/// and every huge page it had counted as moved, once.
+fn huge_pages_moved_whole(shape: &Shape, run: &Scenario) {
     check_numa_maps_page_size(run, shape.page);
     let before = huge_pages_stay_whole(run);
     let buffer_pages: usize = run.pages("before").0.values().sum();
@@ -935,6 +1075,8 @@ table_tests! {
     ps_shows_the_workers_memory_on_the_grace_node_4k_numa: NUMA_4K;
     /// The same where numa_maps counts pages of 16 KiB.
     ps_shows_the_workers_memory_on_the_grace_node_16k_cdmm: CDMM_16K;
+    /// The same where numa_maps counts pages of 64 KiB.
+    ps_shows_the_workers_memory_on_the_grace_node_64k_numa: NUMA_64K;
 }
 
 fn check_ps_memory_per_node(shape: &Shape) {
@@ -975,6 +1117,8 @@ table_tests! {
     /// CDMM mode: topo names it and no memory node for the GPU; workers still go to the Grace
     /// node, from the PCI bridge's node and NVML's CPU affinity.
     topo_plan_and_configure_agree_on_the_grace_node_16k_cdmm: CDMM_16K;
+    /// NUMA mode on 64 KiB pages: as on 4 KiB pages.
+    topo_plan_and_configure_agree_on_the_grace_node_64k_numa: NUMA_64K;
 }
 
 fn check_topo_plan_and_configure(shape: &Shape) {
@@ -1029,6 +1173,83 @@ fn check_topo_plan_and_configure(shape: &Shape) {
         }
     }
     topo_plan_and_configure_agree(device, &plan, &configured, GRACE_CPUS);
+}
+
+table_tests! {
+    check_the_move_with_numa_balancing_off;
+    /// With NUMA balancing off (`kernel.numa_balancing` 0, Grace's recommended setting) the
+    /// dedicated worker's move and the huge pages' hold as with it on, and the kernel's
+    /// hinting-fault path moved no page meanwhile (4 KiB pages).
+    the_move_holds_with_numa_balancing_off_4k_numa: NUMA_4K;
+    /// The same on 16 KiB pages.
+    the_move_holds_with_numa_balancing_off_16k_cdmm: CDMM_16K;
+    /// The same on 64 KiB pages, the 512 MiB huge pages moved whole.
+    the_move_holds_with_numa_balancing_off_64k_numa: NUMA_64K;
+}
+
+fn check_the_move_with_numa_balancing_off(shape: &Shape) {
+    let guest = require!(gb200(shape));
+    assert_eq!(
+        guest.ok("balancing_off").out,
+        ["0"],
+        "kernel.numa_balancing"
+    );
+    for name in ["dedicated_balancing_off", "thp_balancing_off"] {
+        let run = guest.ok(name);
+        let fault_moves = run
+            .lines("FAULT_MOVES ")
+            .first()
+            .map(|w| w[0].clone())
+            .unwrap_or_else(|| panic!("no FAULT_MOVES:\n{}", run.text()));
+        assert_eq!(fault_moves, "0", "{name}: hinting faults moved pages");
+    }
+    dedicated_workers_memory_moved(shape, guest.ok("dedicated_balancing_off"));
+    huge_pages_moved_whole(shape, guest.ok("thp_balancing_off"));
+}
+
+table_tests! {
+    check_a_budget_smaller_than_a_huge_page;
+    /// `TLLM_AFFINITY_MOVE_MEMORY` of half a huge page (1 MiB): no huge page moves, none is
+    /// split, the move stays within the budget, and the log says the huge pages stay because
+    /// each is larger than what the budget left (4 KiB pages).
+    a_budget_smaller_than_a_huge_page_moves_none_and_says_so_4k_numa: NUMA_4K;
+    /// The same with 32 MiB huge pages and a 16 MiB budget.
+    a_budget_smaller_than_a_huge_page_moves_none_and_says_so_16k_cdmm: CDMM_16K;
+    /// The same with 512 MiB huge pages and a 256 MiB budget.
+    a_budget_smaller_than_a_huge_page_moves_none_and_says_so_64k_numa: NUMA_64K;
+}
+
+fn check_a_budget_smaller_than_a_huge_page(shape: &Shape) {
+    let guest = require!(gb200(shape));
+    let run = guest.ok("thp_budget");
+    let budget = shape.page.huge_page_kib() * 1024 / 2;
+    let before = huge_pages_stay_whole(run);
+    let report = run.report();
+    let moved = &report["memory_moved"];
+    println!(
+        "budget {budget} B: AnonHugePages {before} kB before; moved {moved}\n{}",
+        run.stderr()
+    );
+    assert!(
+        before >= 2 * shape.page.huge_page_kib(),
+        "two huge pages before: {before} kB\n{}",
+        run.text()
+    );
+    assert_eq!(moved["huge_pages_moved"], 0, "{moved}");
+    let bytes = moved["bytes_moved"].as_u64().unwrap_or(0);
+    assert!(
+        bytes <= budget,
+        "{bytes} B moved over the {budget} B budget"
+    );
+    let said = run
+        .err
+        .iter()
+        .find(|l| l.contains("huge pages of") && l.contains("stay whole"));
+    assert!(
+        said.is_some_and(|l| l.contains("larger than what TLLM_AFFINITY_MOVE_MEMORY's budget")),
+        "no line saying the huge pages stay for the budget:\n{}",
+        run.stderr()
+    );
 }
 
 /// GPU 1 of the 4 KiB NUMA-mode boot, behind a host bridge of its own (the device tree's second

@@ -1,4 +1,4 @@
-"""Children started while a worker scope is open on the main thread (tests/guest.rs runs it
+"""Children started while a worker scope is open on the main thread (tests/guests/guest.rs runs it
 inside the two-node guest, preloaded): which memory policy does each start with?
 
 Usage: memory_children.py DEVICE WORKER
