@@ -3,8 +3,8 @@
 //! the host fits, else whole cores of one node a column), the header over the columns, and prose
 //! wrapped between words. Nothing here is cut: a number, a range or a word stays whole.
 
-use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::host::topology::Topology;
+use tllm_affinity_core::mask::CpuMask;
 
 /// The width used when neither `COLUMNS` nor a terminal gives one.
 pub const DEFAULT_WIDTH: usize = 120;

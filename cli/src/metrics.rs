@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::host::topology::SysfsRoot;
+use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::table::untrusted::{self, Dir};
 
 use crate::host::{self, Entry, HostView, Kind};

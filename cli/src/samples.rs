@@ -23,12 +23,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use tllm_affinity_core::host::simulated::{self, GpuMemoryMode, SimulatedHost};
+use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::placement::plan;
 use tllm_affinity_core::registry::{Placement, Role};
-use tllm_affinity_core::host::simulated::{self, GpuMemoryMode, SimulatedHost};
 use tllm_affinity_core::table::threadtable::LeaseLine;
-use tllm_affinity_core::host::topology::{SysfsRoot, Topology};
 
 use crate::host::{self, Entry, HostView, Kind, ProcessRow};
 use crate::memory_reading::NodeMemory;
@@ -68,6 +68,7 @@ fn placed(t: &Topology, gpu: usize) -> (LeaseLine, CpuMask, CpuMask, CpuMask) {
         id: 1,
         gpu_index: Some(gpu),
         device: g.address.clone(),
+        slice: None,
     };
     let workers = t.gpu_local_cpus(g).cpus;
     let auto = plan::auto_placement(t, &t.online);

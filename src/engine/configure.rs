@@ -8,16 +8,16 @@ use super::kernel::Kernel;
 use super::memory_effects::{self, Configured};
 use super::memory_preference;
 use super::state::{load_facts, lock_registry};
-use crate::placement::device::{resolve_device_on, DeviceEnv};
+use crate::host::topology::{LocalCpuSource, SysfsRoot, Topology};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
+use crate::placement::device::{resolve_device_on, DeviceEnv};
 use crate::placement::plan;
 use crate::placement::policy::{self, Rule};
-use crate::registry::{LeaseKind, LeaseSlice, Slot};
 use crate::placement::settings::{PolicyChoice, SliceMode};
 use crate::placement::slice;
+use crate::registry::{LeaseKind, LeaseSlice, Slot};
 use crate::sys;
-use crate::host::topology::{LocalCpuSource, SysfsRoot, Topology};
 use crate::{log_debug, log_error, log_info, log_warn};
 
 /// The worker CPU set for `device_id`, with a key naming the device and words saying where the

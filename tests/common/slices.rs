@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use serde_json::Value;
-use tllm_affinity_core::mask::CpuMask;
 use tllm_affinity_core::host::simulated::SimulatedHost;
+use tllm_affinity_core::mask::CpuMask;
 
 use super::mask;
 

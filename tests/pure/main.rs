@@ -4,7 +4,6 @@
 //! Each module is one of the tier's files; `scripts/test` runs them one module at a time
 //! (`cargo test --test pure -- <module>::`), as separate binaries ran before.
 
-
 mod layers;
 mod parsers_proptest;
 mod readers_proptest;
