@@ -9,6 +9,7 @@ use tllm_affinity_core::host::simulated::SimulatedHost;
 use tllm_affinity_core::mask::CpuMask;
 
 use super::mask;
+use super::tray::pids_of;
 
 /// Two nodes over `cpus` (the lower half and the rest), each CPU its own core, each node two
 /// last-level-cache domains (its halves), two GPUs per node.
@@ -43,15 +44,6 @@ pub const SLICE_GPUS: usize = 4;
 /// The tree of [`two_nodes_two_gpus_each`] over `cpus`, written under `dir`.
 pub fn write_slice_tree(dir: &Path, cpus: &[usize]) {
     two_nodes_two_gpus_each(cpus).0.write(dir).unwrap();
-}
-
-fn pids_of(flag: &Value) -> Vec<u64> {
-    flag["pids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p.as_u64().unwrap())
-        .collect()
 }
 
 fn kernel(server: &Value, thread: &str) -> CpuMask {

@@ -19,7 +19,8 @@ pub fn write_tray(dir: &Path, node0: &CpuMask, node1: &CpuMask) {
     std::fs::write(dir.join("nvml"), grace_nvml(&shape)).unwrap();
 }
 
-fn pids_of(flag: &Value) -> Vec<u64> {
+/// The pids a host-view flag (`ps --json`'s `flags[]`) names.
+pub(crate) fn pids_of(flag: &Value) -> Vec<u64> {
     flag["pids"]
         .as_array()
         .unwrap()
