@@ -811,6 +811,12 @@ pub(super) mod tests {
         (cores, vec![(0, m("0-7")), (1, m("8-15"))])
     }
 
+    /// The flags of `rows` on [`host`], with no GPU-local CPUs or slices known.
+    fn flags_on_host(rows: &[&ProcessRow]) -> Vec<Flag> {
+        let (cores, nodes) = host();
+        flags(rows, &cores, &nodes, &BTreeMap::new(), &BTreeMap::new())
+    }
+
     pub(crate) fn kinds(flags: &[Flag]) -> Vec<(&'static str, Vec<u32>, String)> {
         flags
             .iter()
@@ -820,18 +826,11 @@ pub(super) mod tests {
 
     #[test]
     fn workers_of_two_gpus_on_shared_cpus_are_flagged_and_one_gpus_are_not() {
-        let (cores, nodes) = host();
         let a = row(1, &[GPU0], &[(Kind::Worker, "8-15")], &[]);
         let b = row(2, &[GPU1], &[(Kind::Worker, "12-15")], &[]);
         let same_gpu = row(3, &[GPU0], &[(Kind::Worker, "8-15")], &[]);
         let host_only = row(4, &[], &[(Kind::Host, "0-15")], &[]);
-        let f = flags(
-            &[&a, &b, &same_gpu, &host_only],
-            &cores,
-            &nodes,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-        );
+        let f = flags_on_host(&[&a, &b, &same_gpu, &host_only]);
         assert_eq!(
             kinds(&f),
             [
@@ -872,13 +871,7 @@ pub(super) mod tests {
             ]
         );
         // Without the tree's GPUs, every shared CPU is flagged.
-        let f = flags(
-            &[&a, &b],
-            &cores,
-            &nodes,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-        );
+        let f = flags_on_host(&[&a, &b]);
         assert_eq!(
             kinds(&f),
             [("workers-share-cpus", vec![1, 2], "0-7".to_string())]
@@ -887,7 +880,6 @@ pub(super) mod tests {
 
     #[test]
     fn a_step_thread_sharing_a_core_with_another_processs_step_or_result_is_flagged() {
-        let (cores, nodes) = host();
         // Siblings 1 and 5 are one core: two CPUs, one core.
         let a = row(1, &[GPU0], &[(Kind::Step, "1")], &[]);
         let b = row(2, &[GPU1], &[(Kind::Step, "5")], &[]);
@@ -896,13 +888,7 @@ pub(super) mod tests {
         // Results alone on one core: not a step collision.
         let e = row(5, &[GPU0], &[(Kind::Result, "3")], &[]);
         let f5 = row(6, &[GPU1], &[(Kind::Result, "7")], &[]);
-        let f = flags(
-            &[&a, &b, &c, &d, &e, &f5],
-            &cores,
-            &nodes,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-        );
+        let f = flags_on_host(&[&a, &b, &c, &d, &e, &f5]);
         assert_eq!(
             kinds(&f),
             [
@@ -951,7 +937,6 @@ pub(super) mod tests {
 
     #[test]
     fn memory_mostly_off_the_workers_node_is_flagged_and_a_cpuless_node_does_not_count() {
-        let (cores, nodes) = host();
         let gib = 1 << 30;
         let off = row(
             1,
@@ -969,13 +954,7 @@ pub(super) mod tests {
         );
         // Workers on both nodes: no one node their memory belongs on.
         let spread = row(4, &[GPU0], &[(Kind::Worker, "0-15")], &[(0, 9 * gib)]);
-        let f = flags(
-            &[&off, &half, &gpu_memory, &spread],
-            &cores,
-            &nodes,
-            &BTreeMap::new(),
-            &BTreeMap::new(),
-        );
+        let f = flags_on_host(&[&off, &half, &gpu_memory, &spread]);
         let memory: Vec<_> = kinds(&f)
             .into_iter()
             .filter(|k| k.0 == "memory-off-node")
