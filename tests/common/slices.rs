@@ -9,7 +9,7 @@ use tllm_affinity_core::host::simulated::SimulatedHost;
 use tllm_affinity_core::mask::CpuMask;
 
 use super::mask;
-use super::tray::pids_of;
+use super::tray::{pids_of, ps_row};
 
 /// Two nodes over `cpus` (the lower half and the rest), each CPU its own core, each node two
 /// last-level-cache domains (its halves), two GPUs per node.
@@ -122,12 +122,7 @@ pub fn check_slice_servers(stdout: &str, cpus: &[usize]) {
                 assert_eq!(loop_mask, asked, "GPU {g}: upstream's own pin: {stderr}");
                 assert!(!stderr.contains("executor loop of GPU"), "{stderr}");
             }
-            let row = phase["ps"]["processes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["pid"] == s["pid"])
-                .unwrap_or_else(|| panic!("{what}: no row for {s}"));
+            let row = ps_row(phase, s, what);
             let lease = &row["leases"][0];
             let series = format!(
                 "tllm_affinity_lease_slice_cpus{{pid=\"{}\",",

@@ -19,6 +19,20 @@ pub fn write_tray(dir: &Path, node0: &CpuMask, node1: &CpuMask) {
     std::fs::write(dir.join("nvml"), grace_nvml(&shape)).unwrap();
 }
 
+/// `ps --json`'s row of `server` (a line the servers' script printed, with its `pid`) in `phase`.
+pub(crate) fn ps_row<'a>(
+    phase: &'a Value,
+    server: &Value,
+    what: impl std::fmt::Display,
+) -> &'a Value {
+    phase["ps"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == server["pid"])
+        .unwrap_or_else(|| panic!("{what}: no row for {server}"))
+}
+
 /// The pids a host-view flag (`ps --json`'s `flags[]`) names.
 pub(crate) fn pids_of(flag: &Value) -> Vec<u64> {
     flag["pids"]
@@ -58,12 +72,7 @@ pub fn check_tray_servers(stdout: &str, node0: &CpuMask, node1: &CpuMask) -> boo
                 *node,
                 "{what}: {s}"
             );
-            let row = phase["ps"]["processes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["pid"] == s["pid"])
-                .unwrap_or_else(|| panic!("{what}: no row for {s}"));
+            let row = ps_row(phase, s, what);
             assert_eq!(row["leases"][0]["gpu"], gpu, "{what}: {row}");
             assert_eq!(row["worker_cpus"], node.to_list(), "{what}: {row}");
             if what != "auto" {
