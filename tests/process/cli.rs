@@ -739,13 +739,16 @@ fn cpus_outside_the_allowed_cpus_are_called_by_their_name() {
 fn the_report_at_exit_records_what_the_process_did() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report.json");
-    let code = "import threading, time, tllm_affinity\n\
+    // Python's join returns before the OS thread has finished exiting (and before the library's
+    // exit bookkeeping ran in it): wait until the kernel lists the main thread alone.
+    let code = "import os, threading, time, tllm_affinity\n\
         def pool():\n    time.sleep(0.05)\n\
         def w():\n    \
             with tllm_affinity.worker(0):\n        \
                 ts = [threading.Thread(target=pool) for _ in range(3)]\n        \
                 [t.start() for t in ts]; [t.join() for t in ts]\n\
-        t = threading.Thread(target=w); t.start(); t.join()";
+        t = threading.Thread(target=w); t.start(); t.join()\n\
+        while len(os.listdir('/proc/self/task')) > 1: time.sleep(0.01)";
     let python = python().to_str().unwrap().to_string();
     let out = tllm_affinity(&[
         "run",
