@@ -283,7 +283,10 @@ impl SimulatedHost {
             put(&topo.join("thread_siblings_list"), &list(&cpu.siblings))?;
             if let Some(midr) = self.midr {
                 let identification = cpu_dir.join(format!("cpu{id}/regs/identification"));
-                put(&identification.join("midr_el1"), &format!("0x{midr:016x}\n"))?;
+                put(
+                    &identification.join("midr_el1"),
+                    &format!("0x{midr:016x}\n"),
+                )?;
             }
             if let Some(domain) = self.llc_domains.iter().find(|d| d.contains(id)) {
                 let cache = cpu_dir.join(format!("cpu{id}/cache"));
@@ -717,7 +720,14 @@ pub fn gb200_tray(mode: GpuMemoryMode) -> GraceHost {
         GpuMemoryMode::Cdmm => "GB200 tray, CDMM mode",
     };
     let sockets = [grace_socket_cpus(0), grace_socket_cpus(1)];
-    grace_host(name, &sockets, (2, GpuNodes::EightPerGpu), &TRAY_GPUS, |g| g / 2, mode)
+    grace_host(
+        name,
+        &sockets,
+        (2, GpuNodes::EightPerGpu),
+        &TRAY_GPUS,
+        |g| g / 2,
+        mode,
+    )
 }
 
 /// A GB200 tray in CDMM mode whose kernel shows only Grace nodes 0 (CPUs 0-71) and 1 (72-143):
