@@ -32,7 +32,9 @@ pub fn run(args: &TopoArgs) -> Result<(), String> {
     topology.read_llc_domains(&root);
     let view = tllm_affinity_core::host::gpus::current_view(&root, &mut topology, true);
     let memory_nodes = tllm_affinity_core::host::gpus::memory_nodes(&topology, &view);
-    let mode = tllm_affinity_core::host::gpus::memory_mode(&topology, &memory_nodes);
+    let grace_cpus = tllm_affinity_core::host::gpus::cpus_are_grace(&root);
+    let mode =
+        tllm_affinity_core::host::gpus::memory_mode(&topology, &view, &memory_nodes, grace_cpus);
     let real = root.root() == Path::new("/");
     let limits = cgroup::read_limits();
     // Slices divide the cpuset's online CPUs, as configure divides them; a simulated tree has
@@ -535,7 +537,12 @@ mod tests {
         let memory_nodes = tllm_affinity_core::host::gpus::memory_nodes(&t, &view);
         let host = Host {
             slices: slice::slices(&t, &t.online),
-            mode: tllm_affinity_core::host::gpus::memory_mode(&t, &memory_nodes),
+            mode: tllm_affinity_core::host::gpus::memory_mode(
+                &t,
+                &view,
+                &memory_nodes,
+                tllm_affinity_core::host::gpus::cpus_are_grace(&root),
+            ),
             memory_nodes,
             view: &view,
             env: DeviceEnv::default(),

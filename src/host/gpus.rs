@@ -18,7 +18,7 @@
 #![forbid(unsafe_code)]
 
 use crate::host::kernel_text::{hex_number, keyed_value, number_or_unknown};
-use crate::host::nvml::NvmlGpu;
+use crate::host::nvml::{NvmlGpu, NvmlMemoryNode};
 use crate::host::topology::{normalize_pci_address, LocalCpus, PciGpu, SysfsRoot, Topology};
 use crate::lock::EngineLock;
 use crate::mask::CpuMask;
@@ -54,8 +54,8 @@ pub struct HostGpu {
     pub migs: Vec<String>,
     /// NVML's CPU affinity for it.
     pub nvml_cpus: Option<CpuMask>,
-    /// The NUMA node NVML says holds its memory (`nvmlDeviceGetNumaNodeId`).
-    pub nvml_memory_node: Option<usize>,
+    /// What NVML says of the NUMA node holding its memory (`nvmlDeviceGetNumaNodeId`).
+    pub nvml_memory_node: NvmlMemoryNode,
 }
 
 impl HostGpu {
@@ -65,7 +65,7 @@ impl HostGpu {
             uuid: None,
             migs: Vec::new(),
             nvml_cpus: None,
-            nvml_memory_node: None,
+            nvml_memory_node: NvmlMemoryNode::Unknown,
         }
     }
 }
@@ -201,7 +201,7 @@ pub fn view(
                 uuid: g.uuid.clone(),
                 migs: Vec::new(),
                 nvml_cpus: None,
-                nvml_memory_node: None,
+                nvml_memory_node: NvmlMemoryNode::Unknown,
             })
             .collect::<Vec<_>>()
     });
@@ -391,7 +391,7 @@ pub fn memory_nodes(topology: &Topology, view: &GpuView) -> Vec<Option<GpuMemory
                 .gpus
                 .iter()
                 .find(|g| g.address == pci.address)
-                .and_then(|g| g.nvml_memory_node);
+                .and_then(|g| g.nvml_memory_node.node());
             let from_nvml = nvml.filter(|&n| {
                 let counts = cpu_less(n);
                 if !counts {
@@ -460,18 +460,48 @@ impl std::fmt::Display for GpuMemoryMode {
     }
 }
 
+/// Where sysfs shows the MIDR of the first CPU (arm64 only).
+const CPU0_MIDR: &str = "sys/devices/system/cpu/cpu0/regs/identification/midr_el1";
+
+/// `midr_el1` names an Arm Neoverse V2 (implementer 0x41, part 0xd4f): Grace's core. GB10's
+/// Cortex-X925/A725 and every x86 CPU (which has no such file) are not.
+pub fn midr_is_grace(text: &str) -> bool {
+    let Some(midr) = hex_number(text.trim()) else {
+        return false;
+    };
+    let implementer = (midr >> 24) & 0xff;
+    let part = (midr >> 4) & 0xfff;
+    implementer == 0x41 && part == 0xd4f
+}
+
+/// The host's CPUs are Grace's, by cpu0's MIDR under `root`.
+pub fn cpus_are_grace(root: &SysfsRoot) -> bool {
+    fs::read_to_string(root.path(CPU0_MIDR)).is_ok_and(|text| midr_is_grace(&text))
+}
+
 /// The mode of a host whose GPUs' memory may be NUMA nodes, from `memory_nodes` (what
-/// [`memory_nodes`] found) and the kernel's nodes: NUMA mode when a GPU's memory node is known,
-/// or when nodes with neither CPUs nor memory (the per-GPU placeholders a Grace host shows) sit
-/// beside a CPU-less node with memory; CDMM when such placeholders exist and no CPU-less node
-/// has memory. `None` on a host without placeholder nodes (an x86 or a GB10 host): there GPU
-/// memory is no NUMA node by design, and neither mode applies.
+/// [`memory_nodes`] found), what NVML said of each GPU's memory node (in `view`), whether the
+/// CPUs are Grace's (`grace_cpus`, see [`cpus_are_grace`]) and the kernel's nodes:
+///
+/// - NUMA mode when a GPU's memory node is known, or when nodes with neither CPUs nor memory
+///   (the per-GPU placeholders a Grace host shows) sit beside a CPU-less node with memory;
+/// - CDMM when such placeholders exist and no CPU-less node has memory, or, without
+///   placeholders, on Grace CPUs where NVML answers NOT_SUPPORTED for every GPU's memory node
+///   and the driver's `numa_status` names none (whether CDMM trays keep the placeholders is
+///   not settled, so both signs count);
+/// - `None` elsewhere (an x86 or a GB10 host, whose NVML also answers NOT_SUPPORTED): there GPU
+///   memory is no NUMA node by design, and neither mode applies.
 pub fn memory_mode(
     topology: &Topology,
+    view: &GpuView,
     memory_nodes: &[Option<GpuMemoryNode>],
+    grace_cpus: bool,
 ) -> Option<GpuMemoryMode> {
     if memory_nodes.iter().any(Option::is_some) {
         return Some(GpuMemoryMode::Numa);
+    }
+    if topology.gpus.is_empty() {
+        return None;
     }
     let cpu_less =
         |n: &&crate::host::topology::NumaNode| n.cpus.intersection(&topology.online).is_empty();
@@ -480,8 +510,13 @@ pub fn memory_mode(
         .iter()
         .filter(cpu_less)
         .any(|n| !n.has_memory);
-    if !placeholders || topology.gpus.is_empty() {
-        return None;
+    if !placeholders {
+        let nvml_says_no_node = topology.gpus.iter().all(|pci| {
+            view.gpus.iter().any(|g| {
+                g.address == pci.address && g.nvml_memory_node == NvmlMemoryNode::NotSupported
+            })
+        });
+        return (grace_cpus && nvml_says_no_node).then_some(GpuMemoryMode::Cdmm);
     }
     let memory_without_cpus = topology.nodes.iter().filter(cpu_less).any(|n| n.has_memory);
     Some(if memory_without_cpus {
@@ -502,7 +537,7 @@ mod tests {
             uuid: uuid.to_string(),
             migs: Vec::new(),
             cpus: None,
-            numa_node: None,
+            numa_node: NvmlMemoryNode::Unknown,
         }
     }
 
@@ -553,7 +588,7 @@ mod tests {
                 uuid: None,
                 migs: vec![],
                 nvml_cpus: None,
-                nvml_memory_node: None,
+                nvml_memory_node: NvmlMemoryNode::Unknown,
             }],
             sysfs_count: 8,
             driver: None,
@@ -644,7 +679,7 @@ mod tests {
             uuid: None,
             migs: vec![],
             nvml_cpus: Some(CpuMask::from_cpus([1, 2])),
-            nvml_memory_node: None,
+            nvml_memory_node: NvmlMemoryNode::Unknown,
         };
         // sysfs knows the GPU: its local_cpulist wins.
         assert_eq!(local_cpus(&t, &gpu).source, LocalCpuSource::PciLocalCpulist);
@@ -725,7 +760,7 @@ mod tests {
                 .iter()
                 .zip(nodes)
                 .map(|(address, node)| NvmlGpu {
-                    numa_node: node,
+                    numa_node: node.map_or(NvmlMemoryNode::NotSupported, NvmlMemoryNode::Node),
                     ..nv(&format!("0000{address}"), "GPU-x")
                 })
                 .collect();
@@ -745,16 +780,41 @@ mod tests {
         assert_eq!(v.driver.as_ref().unwrap()[1].memory_node, Some(1));
     }
 
+    /// A view of `t`'s GPUs as NVML lists them, each memory node answered by `answer`.
+    fn nvml_answering(t: &Topology, answer: NvmlMemoryNode) -> GpuView {
+        GpuView {
+            source: GpuSource::Nvml,
+            gpus: t
+                .gpus
+                .iter()
+                .map(|pci| HostGpu {
+                    nvml_memory_node: answer,
+                    ..HostGpu::from_pci(pci)
+                })
+                .collect(),
+            sysfs_count: t.gpus.len(),
+            driver: None,
+            nvml_error: None,
+            nvml_tried: true,
+        }
+    }
+
     /// NUMA mode from named memory nodes, or from a CPU-less node with memory beside
-    /// placeholders; CDMM from placeholders alone; no mode without placeholders.
+    /// placeholders; CDMM from placeholders alone, or without them on Grace CPUs whose NVML
+    /// answers NOT_SUPPORTED for every GPU; no mode on other hosts.
     #[test]
     fn the_memory_mode_of_grace_hosts_and_of_others() {
         use crate::host::simulated::{
-            dgx_h100_like, dgx_spark, gb200_like, gb200_tray, GpuMemoryMode,
+            dgx_h100_like, dgx_spark, gb200_like, gb200_tray, gb200_tray_cdmm_without_placeholders,
+            GpuMemoryMode,
         };
+        use NvmlMemoryNode::{NotSupported, Unknown};
         let unnamed = |t: &Topology| vec![None; t.gpus.len()];
+        let mode = |t: &Topology, nvml, grace| {
+            memory_mode(t, &nvml_answering(t, nvml), &unnamed(t), grace)
+        };
         let t = gb200_like(&CpuMask::from_cpus([0]), &CpuMask::from_cpus([1])).topology();
-        assert_eq!(memory_mode(&t, &unnamed(&t)), Some(GpuMemoryMode::Numa));
+        assert_eq!(mode(&t, Unknown, true), Some(GpuMemoryMode::Numa));
         let named = [
             Some(GpuMemoryNode {
                 node: 2,
@@ -762,13 +822,35 @@ mod tests {
             }),
             None,
         ];
-        assert_eq!(memory_mode(&t, &named), Some(GpuMemoryMode::Numa));
+        let v = nvml_answering(&t, Unknown);
+        assert_eq!(memory_mode(&t, &v, &named, true), Some(GpuMemoryMode::Numa));
         let t = gb200_tray(GpuMemoryMode::Cdmm).host.topology();
-        assert_eq!(memory_mode(&t, &unnamed(&t)), Some(GpuMemoryMode::Cdmm));
+        assert_eq!(mode(&t, Unknown, false), Some(GpuMemoryMode::Cdmm));
         let t = gb200_tray(GpuMemoryMode::Numa).host.topology();
-        assert_eq!(memory_mode(&t, &unnamed(&t)), Some(GpuMemoryMode::Numa));
+        assert_eq!(mode(&t, Unknown, false), Some(GpuMemoryMode::Numa));
+        // Only the Grace nodes: CDMM on Grace CPUs whose NVML says NOT_SUPPORTED, else no mode.
+        let t = gb200_tray_cdmm_without_placeholders().host.topology();
+        assert_eq!(mode(&t, NotSupported, true), Some(GpuMemoryMode::Cdmm));
+        assert_eq!(mode(&t, NotSupported, false), None, "not Grace");
+        assert_eq!(mode(&t, Unknown, true), None, "NVML said nothing");
         for t in [dgx_h100_like().topology(), dgx_spark().host.topology()] {
-            assert_eq!(memory_mode(&t, &unnamed(&t)), None);
+            assert_eq!(mode(&t, NotSupported, false), None);
+            assert_eq!(mode(&t, Unknown, false), None);
+        }
+    }
+
+    #[test]
+    fn grace_is_told_by_its_midr() {
+        assert!(midr_is_grace("0x00000000410fd4f0\n"));
+        assert!(midr_is_grace("0x00000000411fd4f1"), "another revision");
+        for other in [
+            "0x00000000410fd850\n", // Cortex-X925 (GB10)
+            "0x00000000410fd0c1\n", // Neoverse N1
+            "0x00000000000fd4f0\n", // part 0xd4f of another implementer
+            "",
+            "garbage",
+        ] {
+            assert!(!midr_is_grace(other), "{other:?}");
         }
     }
 }

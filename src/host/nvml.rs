@@ -24,8 +24,31 @@ pub struct NvmlGpu {
     /// answers.
     pub cpus: Option<CpuMask>,
     /// `nvmlDeviceGetNumaNodeId`: the NUMA node holding the GPU's memory (a CPU-less node on
-    /// GB200, GB300 and GH200 in NUMA mode), when the driver has the call and answers.
-    pub numa_node: Option<usize>,
+    /// GB200, GB300 and GH200 in NUMA mode), or that the driver onlines none.
+    pub numa_node: NvmlMemoryNode,
+}
+
+/// What `nvmlDeviceGetNumaNodeId` said of a GPU's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NvmlMemoryNode {
+    /// This NUMA node holds it.
+    Node(usize),
+    /// NOT_SUPPORTED: the driver onlines no NUMA node for it (CDMM mode, or a GPU whose memory
+    /// never is a node, as on x86).
+    NotSupported,
+    /// Not asked, the call is missing, or it failed otherwise.
+    #[default]
+    Unknown,
+}
+
+impl NvmlMemoryNode {
+    /// The node, when NVML named one.
+    pub fn node(self) -> Option<usize> {
+        match self {
+            NvmlMemoryNode::Node(n) => Some(n),
+            NvmlMemoryNode::NotSupported | NvmlMemoryNode::Unknown => None,
+        }
+    }
 }
 
 /// The library name the CUDA runtime and pynvml load.
@@ -33,6 +56,7 @@ pub const LIBRARY: &str = "libnvidia-ml.so.1";
 
 // Return codes and sizes from nvml.h.
 const NVML_SUCCESS: c_int = 0;
+const NVML_ERROR_NOT_SUPPORTED: c_int = 3;
 const NVML_AFFINITY_SCOPE_NODE: c_uint = 0;
 const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
 const NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE: usize = 32;
@@ -257,15 +281,23 @@ impl Api {
         })
     }
 
-    /// The node holding the GPU's memory; `None` where the call is missing or fails (the driver
-    /// answers NOT_SUPPORTED on a host whose GPU memory is not a NUMA node).
-    fn numa_node(&self, device: Device) -> Option<usize> {
-        let f = self.numa_node?;
+    /// The node holding the GPU's memory, NOT_SUPPORTED where the driver onlines none, else
+    /// unknown (the call missing or failing otherwise).
+    fn numa_node(&self, device: Device) -> NvmlMemoryNode {
+        let Some(f) = self.numa_node else {
+            return NvmlMemoryNode::Unknown;
+        };
         let mut node: c_uint = 0;
         // SAFETY: a non-NULL handle and an out-pointer to a local.
         let rc = unsafe { f(device, &mut node) };
-        // No kernel numbers a node past MAX_CPU; a larger value is no node (e.g. an all-ones -1).
-        (rc == NVML_SUCCESS && node as usize <= crate::mask::MAX_CPU).then_some(node as usize)
+        match rc {
+            // No kernel numbers a node past MAX_CPU; a larger value is no node (an all-ones -1).
+            NVML_SUCCESS if node as usize <= crate::mask::MAX_CPU => {
+                NvmlMemoryNode::Node(node as usize)
+            }
+            NVML_ERROR_NOT_SUPPORTED => NvmlMemoryNode::NotSupported,
+            _ => NvmlMemoryNode::Unknown,
+        }
     }
 
     /// NVML's CPU affinity: the node scope where the driver has it, as SPEC §4 asks.

@@ -54,6 +54,9 @@ pub struct SimulatedHost {
     /// Last-level-cache domains ([`SimulatedHost::llc_domain`]); a host with none writes no
     /// cache directories.
     llc_domains: Vec<CpuMask>,
+    /// Every CPU's `regs/identification/midr_el1` ([`SimulatedHost::midr`]); `None` writes
+    /// none, as on x86.
+    midr: Option<u64>,
 }
 
 /// An entry of the driver's list (`/proc/driver/nvidia/gpus`), and whether its device node is
@@ -194,6 +197,14 @@ impl SimulatedHost {
         self
     }
 
+    /// The MIDR every CPU's `regs/identification/midr_el1` shows (an arm64 kernel's), or none
+    /// (an x86 host's).
+    #[must_use]
+    pub fn midr(mut self, midr: Option<u64>) -> Self {
+        self.midr = midr;
+        self
+    }
+
     /// A cpuidle state of CPU 0, in the order they are added.
     #[must_use]
     pub fn idle_state(mut self, name: &str, latency_us: u64) -> Self {
@@ -270,6 +281,13 @@ impl SimulatedHost {
                 &format!("{}\n", cpu.package_id),
             )?;
             put(&topo.join("thread_siblings_list"), &list(&cpu.siblings))?;
+            if let Some(midr) = self.midr {
+                let identification = cpu_dir.join(format!("cpu{id}/regs/identification"));
+                put(
+                    &identification.join("midr_el1"),
+                    &format!("0x{midr:016x}\n"),
+                )?;
+            }
             if let Some(domain) = self.llc_domains.iter().find(|d| d.contains(id)) {
                 let cache = cpu_dir.join(format!("cpu{id}/cache"));
                 let entries = [
@@ -576,6 +594,20 @@ pub const GB200_GPUS: [&str; 2] = ["0008:06:00.0", "0009:06:00.0"];
 
 pub use crate::host::gpus::GpuMemoryMode;
 
+/// Grace's MIDR: Arm (0x41), Neoverse V2 (part 0xd4f), r0p0.
+pub const GRACE_MIDR: u64 = 0x410f_d4f0;
+/// GB10's first cores' MIDR: Arm, Cortex-X925 (part 0xd85), r0p0.
+pub const GB10_MIDR: u64 = 0x410f_d850;
+
+/// Which CPU-less nodes a [`grace_host`] shows for its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GpuNodes {
+    /// Eight per GPU: its memory node (an empty placeholder in CDMM) and seven placeholders.
+    EightPerGpu,
+    /// None: only the Grace nodes (a CDMM tray whose kernel shows no placeholders).
+    None,
+}
+
 /// One GPU of a [`GraceHost`], as the driver and NVML describe it.
 #[derive(Debug, Clone)]
 pub struct GraceGpu {
@@ -612,18 +644,19 @@ pub fn grace_socket_cpus(socket: usize) -> CpuMask {
     CpuMask::from_cpus(socket * GRACE_CPUS..(socket + 1) * GRACE_CPUS)
 }
 
-/// Grace nodes 0, 1, ... on `sockets`' CPUs, then for each GPU eight CPU-less nodes from
-/// `first_gpu_node`: the first holds its memory in NUMA mode (an empty placeholder in CDMM), the
-/// other seven are placeholders. GPU `g` (of `addresses`) hangs off socket `socket_of(g)`.
+/// Grace nodes 0, 1, ... on `sockets`' CPUs (Grace's MIDR), then with [`GpuNodes::EightPerGpu`]
+/// for each GPU eight CPU-less nodes from `first_gpu_node`: the first holds its memory in NUMA
+/// mode (an empty placeholder in CDMM), the other seven are placeholders. GPU `g` (of
+/// `addresses`) hangs off socket `socket_of(g)`.
 fn grace_host(
     name: &'static str,
     sockets: &[CpuMask],
-    first_gpu_node: usize,
+    (first_gpu_node, gpu_nodes): (usize, GpuNodes),
     addresses: &[&str],
     socket_of: impl Fn(usize) -> usize,
     mode: GpuMemoryMode,
 ) -> GraceHost {
-    let mut host = SimulatedHost::new();
+    let mut host = SimulatedHost::new().midr(Some(GRACE_MIDR));
     // One L3 (the SCF cache) per Grace socket.
     for (socket, cpus) in sockets.iter().enumerate() {
         host = host.node(socket, cpus).llc_domain(cpus);
@@ -631,21 +664,28 @@ fn grace_host(
     let mut gpus = Vec::new();
     for (g, address) in addresses.iter().enumerate() {
         let memory = first_gpu_node + 8 * g;
-        host = match mode {
-            GpuMemoryMode::Numa => host.node(memory, &CpuMask::new()),
-            GpuMemoryMode::Cdmm => host.placeholder_node(memory),
-        };
-        for placeholder in memory + 1..memory + 8 {
-            host = host.placeholder_node(placeholder);
+        if gpu_nodes == GpuNodes::EightPerGpu {
+            host = match mode {
+                GpuMemoryMode::Numa => host.node(memory, &CpuMask::new()),
+                GpuMemoryMode::Cdmm => host.placeholder_node(memory),
+            };
+            for placeholder in memory + 1..memory + 8 {
+                host = host.placeholder_node(placeholder);
+            }
         }
         let socket = socket_of(g);
         let uuid = format!("GPU-9a{g:06x}-0000-0000-0000-{:012x}", sockets.len());
         host = host
             .gpu(address, Some(socket), None)
             .driver_gpu(address, &uuid, g as u32, true);
-        if mode == GpuMemoryMode::Numa {
-            host = host.driver_numa_status(address, memory as i64);
-        }
+        // In CDMM mode the driver's numa_status names no node.
+        host = host.driver_numa_status(
+            address,
+            match mode {
+                GpuMemoryMode::Numa => memory as i64,
+                GpuMemoryMode::Cdmm => -1,
+            },
+        );
         gpus.push(GraceGpu {
             address: address.to_string(),
             uuid,
@@ -680,7 +720,29 @@ pub fn gb200_tray(mode: GpuMemoryMode) -> GraceHost {
         GpuMemoryMode::Cdmm => "GB200 tray, CDMM mode",
     };
     let sockets = [grace_socket_cpus(0), grace_socket_cpus(1)];
-    grace_host(name, &sockets, 2, &TRAY_GPUS, |g| g / 2, mode)
+    grace_host(
+        name,
+        &sockets,
+        (2, GpuNodes::EightPerGpu),
+        &TRAY_GPUS,
+        |g| g / 2,
+        mode,
+    )
+}
+
+/// A GB200 tray in CDMM mode whose kernel shows only Grace nodes 0 (CPUs 0-71) and 1 (72-143):
+/// no placeholder nodes, NVML's NUMA-node query unsupported and the driver's `numa_status`
+/// naming no node; only Grace's MIDR tells it from an x86 host of the same layout.
+pub fn gb200_tray_cdmm_without_placeholders() -> GraceHost {
+    let sockets = [grace_socket_cpus(0), grace_socket_cpus(1)];
+    grace_host(
+        "GB200 tray, CDMM mode, no placeholder nodes",
+        &sockets,
+        (2, GpuNodes::None),
+        &TRAY_GPUS,
+        |g| g / 2,
+        GpuMemoryMode::Cdmm,
+    )
 }
 
 /// A GB200 tray in NUMA mode (34 nodes, four GPUs) whose Grace nodes hold `node0` and `node1`:
@@ -691,7 +753,7 @@ pub fn gb200_tray_over(node0: &CpuMask, node1: &CpuMask) -> GraceHost {
     grace_host(
         name,
         &sockets,
-        2,
+        (2, GpuNodes::EightPerGpu),
         &TRAY_GPUS,
         |g| g / 2,
         GpuMemoryMode::Numa,
@@ -702,7 +764,14 @@ pub fn gb200_tray_over(node0: &CpuMask, node1: &CpuMask) -> GraceHost {
 pub fn gb300_tray() -> GraceHost {
     let sockets = [grace_socket_cpus(0), grace_socket_cpus(1)];
     let numa = GpuMemoryMode::Numa;
-    grace_host("GB300 tray", &sockets, 2, &TRAY_GPUS, |g| g / 2, numa)
+    grace_host(
+        "GB300 tray",
+        &sockets,
+        (2, GpuNodes::EightPerGpu),
+        &TRAY_GPUS,
+        |g| g / 2,
+        numa,
+    )
 }
 
 /// One GH200 superchip in NUMA mode: node 0 holds CPUs 0-71, node 1 the GPU's memory, nodes 2-8
@@ -711,7 +780,7 @@ pub fn gh200() -> GraceHost {
     grace_host(
         "GH200",
         &[grace_socket_cpus(0)],
-        1,
+        (1, GpuNodes::EightPerGpu),
         &["0009:01:00.0"],
         |_| 0,
         GpuMemoryMode::Numa,
@@ -726,7 +795,7 @@ pub fn quad_gh200() -> GraceHost {
     grace_host(
         "quad GH200",
         &sockets,
-        4,
+        (4, GpuNodes::EightPerGpu),
         &[
             "0009:01:00.0",
             "0019:01:00.0",
@@ -747,6 +816,7 @@ pub fn dgx_spark() -> GraceHost {
     GraceHost {
         name: "DGX Spark (GB10)",
         host: SimulatedHost::new()
+            .midr(Some(GB10_MIDR))
             .node(0, &cpus)
             .gpu(address, None, None)
             .driver_gpu(address, uuid, 0, true),
@@ -766,6 +836,7 @@ pub fn grace_hosts() -> Vec<GraceHost> {
     vec![
         gb200_tray(GpuMemoryMode::Numa),
         gb200_tray(GpuMemoryMode::Cdmm),
+        gb200_tray_cdmm_without_placeholders(),
         gb300_tray(),
         gh200(),
         quad_gh200(),
@@ -987,6 +1058,7 @@ mod tests {
             [
                 (34, 2, 6),
                 (34, 2, 2),
+                (2, 2, 2),
                 (34, 2, 6),
                 (9, 1, 2),
                 (36, 4, 8),

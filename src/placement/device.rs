@@ -629,7 +629,7 @@ mod tests {
             uuid: Some(uuid.to_string()),
             migs: migs.iter().map(|m| m.to_string()).collect(),
             nvml_cpus: None,
-            nvml_memory_node: None,
+            nvml_memory_node: crate::host::nvml::NvmlMemoryNode::Unknown,
         };
         GpuView {
             source,

@@ -461,6 +461,9 @@ table_tests! { check;
     gb200_tray_in_numa_mode: gb200_numa as fn() -> GraceHost;
     /// The same 34 nodes, no GPU memory node, NVML's NUMA-node query unsupported.
     gb200_tray_in_cdmm_mode: gb200_cdmm as fn() -> GraceHost;
+    /// Only the two Grace nodes, NVML's NUMA-node query unsupported, Grace's MIDR: CDMM.
+    gb200_tray_in_cdmm_mode_without_placeholder_nodes:
+        simulated::gb200_tray_cdmm_without_placeholders as fn() -> GraceHost;
     /// GB300's bus ids 0008/0009 on node 0, 0018/0019 on node 1.
     gb300_tray: simulated::gb300_tray as fn() -> GraceHost;
     /// One Grace node, the GPU's memory node 1, nodes 2-8 empty.
@@ -469,6 +472,21 @@ table_tests! { check;
     quad_gh200: simulated::quad_gh200 as fn() -> GraceHost;
     /// One node, the GPU's numa_node -1.
     dgx_spark: simulated::dgx_spark as fn() -> GraceHost;
+}
+
+/// The CDMM tray without placeholder nodes, its CPUs an x86 host's (no MIDR): the same two
+/// nodes and NVML's same NOT_SUPPORTED, which every x86 host's NVML answers, name no mode.
+#[test]
+fn the_same_layout_on_x86_cpus_is_not_cdmm() {
+    let mut shape = simulated::gb200_tray_cdmm_without_placeholders();
+    shape.host = shape.host.midr(None);
+    let w = Written::new(shape);
+    let v = w.cli_json(&["topo", "--json"], &[]);
+    assert_eq!(v["visible"]["source"], "nvml", "{}", v["visible"]);
+    assert_eq!(v["gpu_memory_mode"], Value::Null, "{v}");
+    let out = succeeded(w.command(cli()).arg("topo"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    never_says(&text, &["GPU memory:", "its memory"]);
 }
 
 /// Every written shape is in docs/grace.md's table and every table row is a written shape.
