@@ -488,6 +488,16 @@ fn with_siblings(range: std::ops::Range<usize>, cores: usize) -> CpuMask {
     CpuMask::from_cpus(range.clone().chain(range.map(|c| c + cores)))
 }
 
+/// `host` with the GPUs `gpus_by_node[n]` (PCI addresses) on NUMA node `n`.
+fn with_gpus_by_node(mut host: SimulatedHost, gpus_by_node: [[&str; 4]; 2]) -> SimulatedHost {
+    for (node, addrs) in gpus_by_node.into_iter().enumerate() {
+        for addr in addrs {
+            host = host.gpu(addr, Some(node), None);
+        }
+    }
+    host
+}
+
 /// A DGX H100-like host: 2 sockets × 56 cores × 2 threads (224 CPUs, Linux-on-Intel numbering:
 /// CPU `c` and `c + 112` share a core), one NUMA node per socket, 4 GPUs per node, an ASPEED BMC
 /// VGA and an NVSwitch-like NVIDIA bridge (neither is a GPU), and the usual Intel idle states.
@@ -518,11 +528,7 @@ pub fn dgx_h100_like() -> SimulatedHost {
             "0000:db:00.0",
         ],
     ];
-    for (node, addrs) in gpus_by_node.into_iter().enumerate() {
-        for addr in addrs {
-            host = host.gpu(addr, Some(node), None);
-        }
-    }
+    host = with_gpus_by_node(host, gpus_by_node);
     host.pci_device("0000:03:00.0", 0x1a03, 0x030000)
         .pci_device("0000:05:00.0", NVIDIA_VENDOR, 0x068000)
         .idle_state("POLL", 0)
@@ -563,11 +569,7 @@ pub fn amd_epyc_like() -> SimulatedHost {
             "0000:f5:00.0",
         ],
     ];
-    for (node, addrs) in gpus_by_node.into_iter().enumerate() {
-        for addr in addrs {
-            host = host.gpu(addr, Some(node), None);
-        }
-    }
+    host = with_gpus_by_node(host, gpus_by_node);
     host
 }
 
