@@ -569,8 +569,7 @@ pub fn amd_epyc_like() -> SimulatedHost {
             "0000:f5:00.0",
         ],
     ];
-    host = with_gpus_by_node(host, gpus_by_node);
-    host
+    with_gpus_by_node(host, gpus_by_node)
 }
 
 /// Half a GB200 tray in NUMA mode: Grace nodes 0 and 1 on `node0` and `node1`, GPUs
