@@ -104,6 +104,7 @@ pub(super) fn register_fork_handlers() {
     extern "C" fn prepare() {
         // First, holding nothing: a walk of the memory move may hold it for a bounded while.
         memory_effects::FORK_GATE.hold_for_fork();
+        memory_effects::FORKS.fetch_add(1, Ordering::Relaxed);
         IN_PROGRESS.store(true, Ordering::Release);
         objects::PUBLISHED.hold_for_fork();
         timer_calls::CONTEXTS.hold_for_fork();

@@ -37,6 +37,9 @@ static MOVING: AtomicBool = AtomicBool::new(false);
 /// or exec, after which the pages are this process's alone. A fork child maps every private page
 /// of its parent; a thread forking in a loop keeps one such child alive nearly all the time.
 pub(super) static FORK_GATE: EngineLock<()> = EngineLock::new(());
+/// Forks of this process so far (the fork prepare handler counts them): a walk that saw one
+/// walks again, since the pages it refused were mapped twice only for the child's while.
+pub(super) static FORKS: AtomicU64 = AtomicU64::new(0);
 /// How long a walk again, forks held off, waits for the children forked before it to be gone.
 const CHILDREN_GONE_WITHIN: Duration = Duration::from_millis(100);
 static MOVES: AtomicU64 = AtomicU64::new(0);
@@ -269,11 +272,18 @@ fn move_to(from: &[usize], to: usize, cap: u64, started: Instant) -> Result<Done
     // Set once the plan is read: numa_maps shows a mapping without a policy of its own under
     // the policy of the process's first thread, which may be this one.
     let own_faults_stay = OwnFaultsMoveNothing::set(to);
+    let mut forks_at_walk = FORKS.load(Ordering::Relaxed);
     for round in 0.. {
         if round > 0 {
             // Pages not this process's alone count only while it has a child: the zero page,
-            // which every process may map, is never its alone either.
-            let shared_seen = walker.shared > 0 || (walker.not_alone > 0 && has_child_processes());
+            // which every process may map, is never its alone either. A fork during the walk
+            // counts too, though its child may be gone by now: its pages were refused for it.
+            let forked = FORKS.load(Ordering::Relaxed) != forks_at_walk;
+            let refused = walker.shared + walker.busy + walker.not_alone > 0;
+            let shared_seen = walker.shared > 0
+                || (walker.not_alone > 0 && has_child_processes())
+                || (forked && refused);
+            forks_at_walk = FORKS.load(Ordering::Relaxed);
             let Some(wait) =
                 memory_decision::walk_again_after(round, shared_seen, stopped.is_some())
             else {
