@@ -21,6 +21,9 @@ pub struct PerThread {
     /// The NUMA node this thread prefers because the library set its memory policy, plus one; 0:
     /// its policy is not the library's (see `engine::memory_preference`).
     pub preferred_node: Cell<usize>,
+    /// This thread's fork in progress took none of the engine's locks: it forked from a signal
+    /// handler that interrupted the library on this thread (see `engine::fork`).
+    pub fork_took_no_locks: Cell<bool>,
 }
 
 thread_local! {
@@ -29,6 +32,7 @@ thread_local! {
             locks_held: Cell::new(0),
             registry_word: Cell::new(0),
             preferred_node: Cell::new(0),
+            fork_took_no_locks: Cell::new(false),
         }
     };
 }

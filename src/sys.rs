@@ -126,6 +126,25 @@ const NODE_MASK_WORDS: usize = 1024 / 64;
 
 /// The calling thread's memory policy: its mode and its nodes; errors are positive errno values.
 pub fn memory_policy() -> Result<(i32, Vec<usize>), i32> {
+    let (mode, words) = memory_policy_words()?;
+    let nodes = (0..NODE_MASK_WORDS * 64)
+        .filter(|&n| words[n / 64] & (1 << (n % 64)) != 0)
+        .collect();
+    Ok((mode, nodes))
+}
+
+/// Whether the calling thread's memory policy is `MPOL_PREFERRED` on `node` alone. No
+/// allocation: a `vfork` child and a fork child's handler may ask.
+pub fn prefers_only(node: usize) -> bool {
+    let Ok((mode, words)) = memory_policy_words() else {
+        return false;
+    };
+    let only = |i: usize, w: u64| w == if i == node / 64 { 1 << (node % 64) } else { 0 };
+    mode == MPOL_PREFERRED && words.iter().enumerate().all(|(i, &w)| only(i, w))
+}
+
+/// [`memory_policy`] as the kernel writes it: the mode and the node mask's words.
+fn memory_policy_words() -> Result<(i32, [u64; NODE_MASK_WORDS]), i32> {
     let mut mode: libc::c_int = -1;
     let mut words = [0u64; NODE_MASK_WORDS];
     // SAFETY: the kernel writes one int to `mode` and at most `maxnode` bits into `words`, which
@@ -143,10 +162,7 @@ pub fn memory_policy() -> Result<(i32, Vec<usize>), i32> {
     if rc < 0 {
         return Err(errno());
     }
-    let nodes = (0..NODE_MASK_WORDS * 64)
-        .filter(|&n| words[n / 64] & (1 << (n % 64)) != 0)
-        .collect();
-    Ok((mode, nodes))
+    Ok((mode, words))
 }
 
 /// Sets the calling thread's memory policy: `MPOL_PREFERRED` on `node`, or `MPOL_DEFAULT`.

@@ -129,6 +129,13 @@ forward! {
         argv: Argv, envp: Argv,
     ) -> c_int = exec::posix_spawn(true, pid, file, actions, attr, argv, envp);
     /// # Safety
+    /// Called by the program as `system(3)`.
+    fn system(command: *const c_char) -> c_int = exec::system(command);
+    /// # Safety
+    /// Called by the program as `popen(3)`.
+    fn popen(command: *const c_char, mode: *const c_char)
+        -> *mut libc::FILE = exec::popen(command, mode);
+    /// # Safety
     /// Called by the program as `setenv(3)`.
     fn setenv(name: *const c_char, value: *const c_char, overwrite: c_int)
         -> c_int = environ::setenv(name, value, overwrite);

@@ -69,7 +69,9 @@ pub unsafe fn pthread_create(
         // SAFETY: the calling thread's own block, which lives as long as the thread.
         let me = unsafe { &*per_thread::current() };
         catch_unwind(AssertUnwindSafe(|| {
-            packets::hand_over(start, arg, || plan_child(me, attr, start))
+            packets::hand_over(start, arg, me.preferred_node.get(), || {
+                plan_child(me, attr, start)
+            })
         }))
         .ok()
     } else {
@@ -158,6 +160,10 @@ extern "C-unwind" fn trampoline(raw: *mut c_void) -> *mut c_void {
     let packet = unsafe { packets::open(raw) };
     // This thread's block, looked up once for the registration, both locks and the exit.
     let me = per_thread::current();
+    if packet.preferred_node != 0 {
+        // SAFETY: this thread's own block, which lives as long as the thread.
+        unsafe { &*me }.preferred_node.set(packet.preferred_node);
+    }
     register_failing_open(me, &mut packet.plan);
     let (start, arg) = (packet.start, packet.arg);
     // SAFETY: opened above; nothing of the packet is used after this.

@@ -306,6 +306,42 @@ pub unsafe fn posix_spawn(
     unsafe { with_handover(envp, |e| real(pid, path, actions, attr, argv, e)) }
 }
 
+/// `system(3)` and `popen(3)`: glibc starts their shell through its own internal `posix_spawn`,
+/// which no shim sees, so the library's memory policy (if this thread holds one) is dropped
+/// around the real call here. The launch variable needs nothing: it is in the environment
+/// already.
+///
+/// # Safety
+/// The argument is that of `system(3)`.
+pub unsafe fn system(command: *const c_char) -> c_int {
+    let Some(real) = real::system() else {
+        return real::not_found();
+    };
+    let preferred = memory_preference::before_starting_a_child();
+    // SAFETY: the caller's argument, that of the real `system`.
+    let status = unsafe { real(command) };
+    let errno = crate::sys::errno();
+    memory_preference::after_starting_a_child(preferred);
+    crate::sys::set_errno(errno);
+    status
+}
+
+/// # Safety
+/// The arguments are those of `popen(3)` (see [`system`]).
+pub unsafe fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    let Some(real) = real::popen() else {
+        crate::sys::set_errno(libc::ENOSYS);
+        return std::ptr::null_mut();
+    };
+    let preferred = memory_preference::before_starting_a_child();
+    // SAFETY: the caller's arguments, those of the real `popen`.
+    let stream = unsafe { real(command, mode) };
+    let errno = crate::sys::errno();
+    memory_preference::after_starting_a_child(preferred);
+    crate::sys::set_errno(errno);
+    stream
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

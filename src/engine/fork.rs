@@ -13,7 +13,7 @@ use super::{
     timer_calls,
 };
 
-use crate::sys;
+use crate::{per_thread, sys};
 
 /// The fork mark: a word set to 1 in the process the registry describes (at load, and in a fork
 /// child once it started as one), which the kernel zeroes in every fork child
@@ -102,9 +102,17 @@ pub(super) fn register_fork_handlers() {
     // would spin forever on a lock its holder is not there to release. No code path holds two
     // of them at once, so the order here cannot deadlock.
     extern "C" fn prepare() {
+        memory_effects::FORKS.fetch_add(1, Ordering::Relaxed);
+        // A signal handler forking on a thread the library was running on, holding one of its
+        // locks (the memory move's walk holds FORK_GATE for up to a few hundred ms): waiting for
+        // that lock would wait for this very thread. Such a fork takes no lock; its child
+        // starts as one on the first path that needs it, as a `_Fork` child does.
+        if crate::lock::held_by_this_thread() {
+            per_thread::with(|me| me.fork_took_no_locks.set(true));
+            return;
+        }
         // First, holding nothing: a walk of the memory move may hold it for a bounded while.
         memory_effects::FORK_GATE.hold_for_fork();
-        memory_effects::FORKS.fetch_add(1, Ordering::Relaxed);
         IN_PROGRESS.store(true, Ordering::Release);
         objects::PUBLISHED.hold_for_fork();
         timer_calls::CONTEXTS.hold_for_fork();
@@ -135,11 +143,23 @@ pub(super) fn register_fork_handlers() {
             memory_effects::FORK_GATE.force_unlock();
         }
     }
+    /// Whether this thread's `prepare` of this fork took no lock (and clears the note).
+    fn took_no_locks() -> bool {
+        per_thread::with(|me| me.fork_took_no_locks.replace(false))
+    }
     extern "C" fn parent() {
+        if took_no_locks() {
+            return;
+        }
         unlock_all();
         IN_PROGRESS.store(false, Ordering::Release);
     }
     extern "C" fn child() {
+        if took_no_locks() {
+            // Lock-free, and the child's alone: it must not run under the library's preference.
+            memory_preference::clear_in_fork_child();
+            return;
+        }
         unlock_all();
         IN_PROGRESS.store(false, Ordering::Release);
         start_as_fork_child();

@@ -41,15 +41,22 @@ pub(super) fn note_released() {
     per_thread::with(|me| me.preferred_node.set(0));
 }
 
-/// The node this thread prefers because the library set it.
+/// The node this thread prefers because the library set it: marked, and its policy still the
+/// one the library set (the thread may have set one of its own since, which is then left alone
+/// and forgotten). Allocation-free.
 fn held() -> Option<usize> {
-    per_thread::with(|me| me.preferred_node.get().checked_sub(1))
+    let node = per_thread::with(|me| me.preferred_node.get().checked_sub(1))?;
+    if sys::prefers_only(node) {
+        return Some(node);
+    }
+    note_released();
+    None
 }
 
 /// Before a call that starts a process from this thread (`posix_spawn`, an exec in a `vfork`
 /// child or in this thread): the library's preference, if this thread holds one, is dropped so
 /// that the child starts with the default policy this thread had before. Returns the node to
-/// give back with [`after_starting_a_child`]. A system call and a thread-local read: safe in a
+/// give back with [`after_starting_a_child`]. Two system calls and a thread-local: safe in a
 /// `vfork` child, allocation-free.
 pub(super) fn before_starting_a_child() -> Option<usize> {
     let node = held()?;

@@ -21,24 +21,29 @@ pub struct StartPacket {
     pub start: StartRoutine,
     pub arg: *mut c_void,
     pub plan: ChildPlan,
+    /// The creator's mark of a memory policy the library set (`PerThread::preferred_node`): the
+    /// kernel copies the policy into the new thread, so the mark goes with it.
+    pub preferred_node: usize,
 }
 
 /// The library's start packets.
 static PACKETS: RecycledCells<StartPacket> = RecycledCells::new();
 
-/// Creator side: a cell holding `start`, `arg` and the plan `plan` makes, as the pointer the
+/// Creator side: a cell holding `start`, `arg`, the creator's policy mark and the plan `plan` makes, as the pointer the
 /// trampoline receives. The plan is made into the cell, not moved there. A panic in `plan`
 /// leaves the cell to the allocator (a bug's path; the hook then fails open).
 #[inline(always)]
 pub fn hand_over(
     start: StartRoutine,
     arg: *mut c_void,
+    preferred_node: usize,
     plan: impl FnOnce() -> ChildPlan,
 ) -> *mut c_void {
     PACKETS.hand_over(|| StartPacket {
         start,
         arg,
         plan: plan(),
+        preferred_node,
     })
 }
 
@@ -211,7 +216,7 @@ mod tests {
     }
 
     fn packet(arg: usize) -> *mut c_void {
-        hand_over(routine, arg as *mut c_void, || {
+        hand_over(routine, arg as *mut c_void, arg + 1, || {
             Registry::default().plan_child(None, false, None)
         })
     }
@@ -220,7 +225,8 @@ mod tests {
     fn cells_are_reused_and_packets_survive_the_trip() {
         let first = packet(1);
         // SAFETY: handed over above, opened once.
-        assert_eq!(unsafe { open(first) }.arg as usize, 1);
+        let opened = unsafe { open(first) };
+        assert_eq!((opened.arg as usize, opened.preferred_node), (1, 2));
         // SAFETY: opened above, retired once.
         unsafe { retire(first) };
         let second = packet(2);

@@ -1046,7 +1046,9 @@ fn move_line(run: &Scenario) -> &str {
 
 /// Children a worker scope's caller starts during the scope start with the default memory
 /// policy, not the caller's preference for the workers' node: `numactl --show` under
-/// `subprocess` and `os.posix_spawn`, `get_mempolicy` in a bare `fork` child, and a dedicated
+/// `subprocess`, `os.posix_spawn`, libc's `system` and `popen`, `get_mempolicy` in a bare `fork`
+/// child, the same from a thread the caller created in the scope (which itself prefers the
+/// node, as the kernel gave it its creator's policy), and a dedicated
 /// worker (on node 0's CPUs) whose first-touched memory lies on node 0, then follows it to GPU 1's
 /// node 1 with no "policy of its own". The caller prefers node 1 during the scope, and has the
 /// default policy after it.
@@ -1062,13 +1064,23 @@ fn children_of_a_scopes_caller_start_with_the_default_policy() {
     assert_eq!(words("CALLER after "), "0 0x0", "{text}");
     // numactl --show: `policy: default`, `preferred node: current` and no node after
     // `preferred:` (a child that inherited the preference says `preferred`, `1` and `1`).
-    for child in ["SUBPROCESS ", "SPAWN "] {
+    for child in [
+        "SUBPROCESS ",
+        "SPAWN ",
+        "SYSTEM ",
+        "POPEN ",
+        "THREAD_SUBPROCESS ",
+    ] {
         let shown: Vec<String> = run.lines(child).into_iter().map(|l| l.join(" ")).collect();
         for line in ["policy: default", "preferred node: current", "preferred:"] {
             assert!(shown.contains(&line.to_string()), "{child}{line}: {text}");
         }
     }
     assert_eq!(words("FORK "), "0 0x0", "{text}");
+    // A thread created in the scope prefers the workers' node (the kernel copied the policy),
+    // and what it starts does not.
+    assert_eq!(words("THREAD self "), "1 0x2", "{text}");
+    assert_eq!(words("THREAD_FORK "), "0 0x0", "{text}");
     let worker: Vec<String> = run
         .lines("WORKER ")
         .into_iter()

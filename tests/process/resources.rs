@@ -251,7 +251,7 @@ os.O_CREAT | os.O_WRONLY, 0o644)) for i in range(300000)]' &&"
 
 /// The functions the library interposes: each must reach the real libc function, so it is not
 /// wrapped whole; the engine fails open inside each (the real call always runs).
-const INTERPOSED: [&str; 19] = [
+const INTERPOSED: [&str; 21] = [
     "__cxa_thread_atexit_impl",
     "clearenv",
     "dlclose",
@@ -260,6 +260,7 @@ const INTERPOSED: [&str; 19] = [
     "execvp",
     "execvpe",
     "fexecve",
+    "popen",
     "posix_spawn",
     "posix_spawnp",
     "pthread_create",
@@ -268,6 +269,7 @@ const INTERPOSED: [&str; 19] = [
     "putenv",
     "sched_setaffinity",
     "setenv",
+    "system",
     "timer_create",
     "timer_delete",
     "unsetenv",
