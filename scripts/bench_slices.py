@@ -1,8 +1,9 @@
 """`scripts/bench --slices`: several engines side by side on one node, each for its own GPU,
 with every worker on the whole node (TLLM_AFFINITY_SLICE off, as TensorRT-LLM places them)
 against each GPU's workers on its own slice (TLLM_AFFINITY_SLICE=gpu). Imported by scripts/bench;
-also run alone (`python3 scripts/bench_slices.py LIB ENGINE_SO [--quick]`, which is how
-scripts/device-check runs it on a GPU host). See docs/benchmarks.md.
+also run alone (`python3 scripts/bench_slices.py LIB ENGINE_SO [--quick] [--rounds N]`, which is
+how scripts/device-check runs it on a GPU host, and tests/guests/guest.rs in the guest of eight
+CPUs). See docs/benchmarks.md.
 
 The host is written: one NUMA node over this machine's allowed CPUs, each CPU a core of its own,
 and GPUS GPUs on it (half the CPU count, so that each slice has the two cores a slice needs; at
@@ -144,8 +145,9 @@ COLUMNS = [("steps_s", "steps/s, all engines", "{:.0f}"),
            ("migrations", "migrations/thread/s", "{:.1f}")]
 
 
-def run(lib, engine_so, quick):
-    """The --slices section: prints its table and what the two modes' ratios are."""
+def run(lib, engine_so, quick, rounds=None):
+    """The --slices section: prints its table and what the two modes' ratios are. `rounds`
+    overrides the rounds `quick` chooses."""
     cpus = sorted(os.sched_getaffinity(0))
     gpus = max(2, len(cpus) // 2)
     tmp = tempfile.mkdtemp(prefix="tllm-bench-slices-")
@@ -154,7 +156,7 @@ def run(lib, engine_so, quick):
         write_host(root, cpus, gpus)
         share = max(1, len(cpus) // gpus)
         copies = share + 1
-        rounds = 3 if quick else 7
+        rounds = rounds or (3 if quick else 7)
         seconds = 1.0 if quick else 2.0
         modes = {"node masks (TLLM_AFFINITY_SLICE off)": False,
                  "slices (TLLM_AFFINITY_SLICE=gpu)": True}
@@ -191,4 +193,5 @@ def run(lib, engine_so, quick):
 
 
 if __name__ == "__main__":
-    run(os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), "--quick" in sys.argv)
+    asked = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else None
+    run(os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), "--quick" in sys.argv, asked)

@@ -136,6 +136,19 @@ fn script_extra_args(machine: &Machine) -> Vec<std::path::PathBuf> {
             slice_tree_over_the_smt_sockets(),
         ];
     }
+    if machine.script == SLICES_BENCH_SCRIPT {
+        let engine = Program::c("../../benches/programs/engine_step")
+            .shared()
+            .named("libengine_step.so")
+            .build();
+        let (rounds, _) = bench_rounds_and_against();
+        return vec![
+            python(),
+            repo().join("scripts/bench_slices.py"),
+            engine,
+            rounds.to_string().into(),
+        ];
+    }
     if machine.script == MEMORY_BENCH_SCRIPT {
         let (rounds, against) = bench_rounds_and_against();
         return std::iter::once(rounds.to_string())
@@ -167,7 +180,7 @@ fn booted_once(
             MEMORY_LIMIT
         } else if machine.deployments {
             DEPLOYMENTS_LIMIT
-        } else if machine.script == SMT_SCRIPT {
+        } else if machine.script == SMT_SCRIPT || machine.script == SLICES_BENCH_SCRIPT {
             SMT_LIMIT
         } else {
             BOOT_LIMIT
@@ -659,6 +672,50 @@ fn engines_side_by_side_get_disjoint_slices_and_keep_the_loop_pin_inside() {
     let guest = require!(smt());
     let run = guest.ok("slices");
     slices::check_slice_servers(&run.text(), &SLICE_CPUS);
+}
+
+/// Eight CPUs for `scripts/bench --slices` (its host is written: one node over them all, four
+/// GPUs): the real kernel's scheduler places the four engines' busy workers.
+fn slices_bench_machine() -> Machine {
+    Machine {
+        name: "eight CPUs, four engines side by side",
+        cpus: 8,
+        memory: "1G",
+        numa: &["512M,cpus=0-3", "512M,cpus=4-7"],
+        script: SLICES_BENCH_SCRIPT,
+        ..two_nodes_machine()
+    }
+}
+
+const SLICES_BENCH_SCRIPT: &str = "slices_bench.sh";
+
+booted_once!(slices_bench, slices_bench_machine);
+
+/// `scripts/bench --slices` in the guest of eight CPUs (`GUEST_BENCH_ROUNDS` interleaved rounds,
+/// default 3): four engines of three busy workers each, side by side, every worker on the whole
+/// node (each engine's mask 0-7) against each GPU's workers on its own slice (0-1, 2-3, 4-5,
+/// 6-7), the masks read from the real kernel. The figures are printed, not judged: QEMU's TCG
+/// runs the eight CPUs on this machine's two, and emulates no cache.
+#[test]
+fn engines_on_their_slices_and_on_the_whole_node_are_measured_side_by_side() {
+    let guest = require!(slices_bench());
+    let run = guest.ok("bench");
+    let text = run.text();
+    println!("{text}");
+    let row = |mode: &str| {
+        run.out
+            .iter()
+            .find(|l| l.starts_with(&format!("| {mode}")))
+            .unwrap_or_else(|| panic!("no row for {mode}:\n{text}"))
+    };
+    assert!(
+        row("node masks").contains("| 0:[0-7] 1:[0-7] 2:[0-7] 3:[0-7] |"),
+        "{text}"
+    );
+    assert!(
+        row("slices").contains("| 0:[0-1] 1:[2-3] 2:[4-5] 3:[6-7] |"),
+        "{text}"
+    );
 }
 
 #[test]
