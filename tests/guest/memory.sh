@@ -72,6 +72,20 @@ for every in 1024 8192; do
   scenario pinned_${every}k run MF_MIB=256 MF_PIN_EVERY_KIB=$every "$follows" main 1
 done
 echo "$thp_was" >$thp/enabled
+# As root (CAP_SYS_NICE, which lets migrate_pages move pages other processes map): a file whose
+# page cache is on node 0, mapped MAP_PRIVATE by another process and by the worker, beside a
+# PROT_NONE region of the worker's.
+shared_file=/dev/shm/memory_follows_shared
+numactl --membind=0 dd if=/dev/zero of=$shared_file bs=1M count=8 status=none
+mapped=$(mktemp)
+"$follows" mapfile $shared_file >"$mapped" 2>&1 &
+mapper=$!
+for _ in $(seq 600); do grep -q MAPPED "$mapped" && break; sleep 0.1; done
+scenario file_shared run MF_FILE=$shared_file MF_PROT_NONE=1 "$follows" main 1
+kill $mapper
+wait $mapper 2>/dev/null
+emit mapper "$mapped" /dev/null 0
+rm -f "$mapped" $shared_file
 held=$(mktemp)
 "$follows" hold 1 160 >"$held" 2>&1 &
 holder=$!

@@ -1247,6 +1247,31 @@ fn pinned_pages_neither_spend_the_budget_nor_hide_the_pages_beside_them() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// As root (`CAP_SYS_NICE`, with which `migrate_pages(2)` moves pages other processes map), a
+/// file's page cache on node 0 that another process maps `MAP_PRIVATE` and the worker maps too
+/// stays on node 0 while the worker's own memory moves to node 1, beside a `PROT_NONE` region of
+/// the worker's (present pages no read reaches, which stay too).
+#[test]
+fn as_root_a_file_another_process_maps_stays_while_the_workers_memory_moves() {
+    let guest = require!(memory());
+    let mapper = guest.ok("mapper");
+    assert_eq!(mapper.lines("MAPPED "), [["2048"]], "{}", mapper.text());
+    let run = guest.ok("file_shared");
+    let text = format!("{}\n{}", run.text(), run.stderr());
+    println!("{text}");
+    let file_before = buffer_pages(run, "file_before");
+    assert!(mostly_on(&file_before, 0, 2048), "{text}");
+    assert_eq!(
+        buffer_pages(run, "file_after"),
+        file_before,
+        "the shared file's pages stayed: {text}"
+    );
+    assert!(
+        mostly_on(&buffer_pages(run, "after"), 1, BUFFER_PAGES),
+        "{text}"
+    );
+}
+
 /// A thread forking short-lived children in a loop while the move runs: every fork maps the
 /// worker's private pages twice for an instant, and the move tries them again, so at least half
 /// of the buffer moves in each of 10 runs.

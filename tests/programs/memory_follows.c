@@ -16,6 +16,9 @@
  *                     pages meanwhile: numactl's migratepages, the bench's comparison)
  *   hold NODE MIB     takes node NODE's free memory down to MIB (bound there), prints HELD and
  *                     sleeps until killed: another tenant filling the target node
+ *   mapfile PATH      maps PATH MAP_PRIVATE, reads every page, prints MAPPED <pages> and sleeps
+ *                     until killed: another process sharing a file's page cache (a model file, a
+ *                     library) with the worker
  *
  * MF_MIB sets the buffer's size (default 64). With MF_GPU_NODE=N the main thread also maps a
  * second buffer of 16 MiB bound to node N for good (mbind MPOL_BIND: what a program that puts
@@ -43,6 +46,10 @@
  *   MF_PIN_EVERY_KIB=N  one page in every N KiB of the buffer long-term pinned, registered as an
  *               io_uring fixed buffer (what cudaHostRegister and RDMA registration do to a worker's
  *               host buffers): such a page cannot migrate. PINNED <pages> before ACTION.
+ *   MF_FILE=PATH  PATH mapped MAP_PRIVATE and every page read before ACTION (another process
+ *               maps it too: `mapfile`): PAGES file_before|file_after <node>=<pages> ...
+ *   MF_PROT_NONE=1  4 MiB more first-touched on node 0, then made PROT_NONE (a guard region, a
+ *               JIT's or an allocator's reserve): pages present that no read can reach.
  *   MF_RUN_MS=N the main thread then runs N ms without touching the buffer, as a worker does
  *               between loading its model and configure: automatic NUMA balancing's scanner,
  *               driven by a task's run time, marks the buffer for hinting faults meanwhile.
@@ -318,6 +325,34 @@ static long pin_every(long every_kib, long page) {
     return (long)count;
 }
 
+/* PATH mapped MAP_PRIVATE, every page read: its pages in this process's page tables. */
+static char *map_file(const char *path, size_t *length) {
+    FILE *f = fopen(path, "r");
+    if (!f || fseek(f, 0, SEEK_END) != 0) {
+        perror(path);
+        exit(2);
+    }
+    *length = (size_t)ftell(f);
+    char *at = mmap(NULL, *length, PROT_READ, MAP_PRIVATE, fileno(f), 0);
+    fclose(f);
+    if (at == MAP_FAILED) {
+        perror("mmap file");
+        exit(2);
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < *length; i += (size_t)page) (void)*(volatile char *)(at + i);
+    return at;
+}
+
+static int map_file_and_wait(const char *path) {
+    size_t length;
+    map_file(path, &length);
+    printf("MAPPED %lu\n", (unsigned long)(length / (size_t)sysconf(_SC_PAGESIZE)));
+    fflush(stdout);
+    while (1) pause();
+    return 0;
+}
+
 static int hold(int node, long keep_mib) {
     set_policy(2 /* MPOL_BIND */, 1UL << node);
     long page = sysconf(_SC_PAGESIZE);
@@ -343,6 +378,7 @@ int main(int argc, char **argv) {
     const char *action = argv[1];
     if (strcmp(action, "hold") == 0)
         return hold(argc > 2 ? atoi(argv[2]) : 1, argc > 3 ? atol(argv[3]) : 0);
+    if (strcmp(action, "mapfile") == 0 && argc > 2) return map_file_and_wait(argv[2]);
     const char *mib = getenv("MF_MIB");
     size = (size_t)(mib ? atol(mib) : 64) << 20;
     long page = sysconf(_SC_PAGESIZE);
@@ -413,7 +449,25 @@ int main(int argc, char **argv) {
     int bind = !(getenv("MF_NO_BIND") && strcmp(getenv("MF_NO_BIND"), "1") == 0);
     if (bind) set_policy(2 /* MPOL_BIND */, 1UL /* node 0 */);
     for (size_t i = 0; i < size; i += (size_t)page) buf[i] = 1;
+    if (flag("MF_PROT_NONE")) {
+        const size_t guard_size = 4u << 20;
+        char *guard = mmap(NULL, guard_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                           -1, 0);
+        if (guard == MAP_FAILED) {
+            perror("mmap guard");
+            return 2;
+        }
+        for (size_t i = 0; i < guard_size; i += (size_t)page) guard[i] = 1;
+        if (mprotect(guard, guard_size, PROT_NONE) != 0) {
+            perror("mprotect");
+            return 2;
+        }
+    }
     if (bind) set_policy(0 /* MPOL_DEFAULT */, 0);
+    const char *file_path = getenv("MF_FILE");
+    size_t file_size = 0;
+    char *file_map = file_path ? map_file(file_path, &file_size) : NULL;
+    if (file_map) pages_of("file_before", file_map, file_size);
     const char *gpu_node = getenv("MF_GPU_NODE");
     if (gpu_node) {
         int node = atoi(gpu_node);
@@ -502,6 +556,7 @@ int main(int argc, char **argv) {
             printf("SHM_CHILD failed %d\n", status);
     }
     pages("after");
+    if (file_map) pages_of("file_after", file_map, file_size);
     if (tllm_report) {
         static char json[1 << 16];
         int64_t need = tllm_report(json, sizeof json);
