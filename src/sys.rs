@@ -133,14 +133,12 @@ pub fn memory_policy() -> Result<(i32, Vec<usize>), i32> {
     Ok((mode, nodes))
 }
 
-/// Whether the calling thread's memory policy is `MPOL_PREFERRED` on `node` alone. No
-/// allocation: a `vfork` child and a fork child's handler may ask.
-pub fn prefers_only(node: usize) -> bool {
-    let Ok((mode, words)) = memory_policy_words() else {
-        return false;
-    };
+/// Whether the calling thread's memory policy is `MPOL_PREFERRED` on `node` alone; errors are
+/// positive errno values. No allocation: a `vfork` child and a fork child's handler may ask.
+pub fn prefers_only(node: usize) -> Result<bool, i32> {
+    let (mode, words) = memory_policy_words()?;
     let only = |i: usize, w: u64| w == if i == node / 64 { 1 << (node % 64) } else { 0 };
-    mode == MPOL_PREFERRED && words.iter().enumerate().all(|(i, &w)| only(i, w))
+    Ok(mode == MPOL_PREFERRED && words.iter().enumerate().all(|(i, &w)| only(i, w)))
 }
 
 /// [`memory_policy`] as the kernel writes it: the mode and the node mask's words.

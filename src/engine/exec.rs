@@ -108,11 +108,8 @@ unsafe fn with_handover<R>(
     envp: *const *const c_char,
     exec: impl FnOnce(*const *const c_char) -> R,
 ) -> R {
-    let preferred = memory_preference::before_starting_a_child();
     // SAFETY: the caller's contract on `envp`, passed on.
-    let returned = unsafe { with_handover_env(envp, exec) };
-    memory_preference::after_starting_a_child(preferred);
-    returned
+    memory_preference::while_starting_a_child(|| unsafe { with_handover_env(envp, exec) })
 }
 
 /// [`with_handover`]'s environment.
@@ -317,13 +314,8 @@ pub unsafe fn system(command: *const c_char) -> c_int {
     let Some(real) = real::system() else {
         return real::not_found();
     };
-    let preferred = memory_preference::before_starting_a_child();
     // SAFETY: the caller's argument, that of the real `system`.
-    let status = unsafe { real(command) };
-    let errno = crate::sys::errno();
-    memory_preference::after_starting_a_child(preferred);
-    crate::sys::set_errno(errno);
-    status
+    memory_preference::while_starting_a_child(|| unsafe { real(command) })
 }
 
 /// # Safety
@@ -333,13 +325,8 @@ pub unsafe fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::F
         crate::sys::set_errno(libc::ENOSYS);
         return std::ptr::null_mut();
     };
-    let preferred = memory_preference::before_starting_a_child();
     // SAFETY: the caller's arguments, those of the real `popen`.
-    let stream = unsafe { real(command, mode) };
-    let errno = crate::sys::errno();
-    memory_preference::after_starting_a_child(preferred);
-    crate::sys::set_errno(errno);
-    stream
+    memory_preference::while_starting_a_child(|| unsafe { real(command, mode) })
 }
 
 #[cfg(test)]

@@ -43,32 +43,34 @@ pub(super) fn note_released() {
 
 /// The node this thread prefers because the library set it: marked, and its policy still the
 /// one the library set (the thread may have set one of its own since, which is then left alone
-/// and forgotten). Allocation-free.
+/// and forgotten; a policy that cannot be read is taken to be still ours). Allocation-free.
 fn held() -> Option<usize> {
     let node = per_thread::with(|me| me.preferred_node.get().checked_sub(1))?;
-    if sys::prefers_only(node) {
-        return Some(node);
+    if sys::prefers_only(node) == Ok(false) {
+        note_released();
+        return None;
     }
-    note_released();
-    None
+    Some(node)
 }
 
-/// Before a call that starts a process from this thread (`posix_spawn`, an exec in a `vfork`
-/// child or in this thread): the library's preference, if this thread holds one, is dropped so
-/// that the child starts with the default policy this thread had before. Returns the node to
-/// give back with [`after_starting_a_child`]. Two system calls and a thread-local: safe in a
-/// `vfork` child, allocation-free.
-pub(super) fn before_starting_a_child() -> Option<usize> {
-    let node = held()?;
-    sys::set_memory_policy(None).ok().map(|()| node)
-}
-
-/// After the call [`before_starting_a_child`] prepared returned (the child runs, or an exec
-/// failed): this thread prefers `node` again.
-pub(super) fn after_starting_a_child(node: Option<usize>) {
-    if let Some(node) = node {
+/// Runs `start`, a call that starts a process from this thread (`posix_spawn`, `system`,
+/// `popen`, an exec in a `vfork` child or in this thread), with the library's preference dropped
+/// if this thread holds one, so that the child starts with the default policy this thread had
+/// before; the preference is given back when the call returns (the child runs, or an exec
+/// failed), with `errno` as `start` left it. A thread that holds none pays a thread-local read;
+/// one that does, three system calls. Safe in a `vfork` child, allocation-free.
+pub(super) fn while_starting_a_child<R>(start: impl FnOnce() -> R) -> R {
+    let Some(node) = held() else {
+        return start();
+    };
+    let dropped = sys::set_memory_policy(None).is_ok();
+    let returned = start();
+    if dropped {
+        let errno = sys::errno();
         let _ = sys::set_memory_policy(Some(node));
+        sys::set_errno(errno);
     }
+    returned
 }
 
 /// In a fork child, on the forking thread: a preference the library gave that thread is not the
