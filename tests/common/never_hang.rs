@@ -12,6 +12,9 @@
 //! - `fork_storm storm`: the same, with a thread inside `dl_iterate_phdr`, `vfork`/`_Fork`/
 //!   `posix_spawn` children that only exec or `_exit`, fork children that fork again, signals
 //!   whose handler calls the interposed `sched_setaffinity`, and `exit` with every thread running.
+//! - `handler_fork`: one thread, a `SIGALRM` handler forking every 200 µs while the thread is in
+//!   the library's `sched_setaffinity` shim, holding the registry lock: the fork handlers must not
+//!   wait for a lock the interrupted thread holds.
 //! - `py_fork_storm.py`: the Python form (ctypes loads, extension imports, `os.fork` and
 //!   `multiprocessing`'s fork start method with a thread in each child).
 
@@ -137,4 +140,21 @@ pub fn check_python_fork_children_finish(tier: &dyn Tier) {
         );
         assert_eq!(count(&line, "bad"), 0, "{line}");
     }
+}
+
+/// `handler_fork` once: it finishes, having forked from its handler many times, every fork
+/// answered. Returns its HANDLERFORK line.
+pub fn check_a_handler_forking_inside_the_library_finishes(tier: &dyn Tier) -> String {
+    let sysfs = Sysfs::two_nodes();
+    let program = tier.program("handler_fork");
+    let make = || {
+        let mut cmd = tier.preloaded(&program, &sysfs);
+        cmd.env("TLLM_AFFINITY_LOG", "warn").arg("2000");
+        cmd
+    };
+    let (line, _) =
+        every_run_finishes(make, "HANDLERFORK", 1, tier.limit(Duration::from_secs(60))).remove(0);
+    assert!(count(&line, "forks") > 20, "the handler forked: {line}");
+    assert_eq!(count(&line, "failed"), 0, "{line}");
+    line
 }

@@ -570,6 +570,16 @@ tier_tests! {
     exec_starts_the_new_image_clean: fork_exec::check_exec;
 }
 
+// ---- A fork from a signal handler inside the library (tests/common/never_hang.rs) ----------
+//
+// One thread, so no other emulated thread holds qemu's locks at the fork (see below).
+
+tier_tests! {
+    arm64();
+    a_signal_handler_forking_inside_the_library_never_hangs:
+        never_hang::check_a_handler_forking_inside_the_library_finishes;
+}
+
 // ---- Not in this tier: fork storms --------------------------------------------------------
 //
 // The fork storms of tests/process/never_hang.rs and tests/process/lifecycle.rs (`forkstorm`) fork while other

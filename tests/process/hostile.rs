@@ -63,23 +63,6 @@ fn a_signal_handler_calling_sched_setaffinity_inside_the_library_never_hangs() {
     run.succeed();
 }
 
-/// A `SIGALRM` handler forks (as a crash reporter or a profiler does) every 200 µs, while the
-/// process's one thread is mostly inside the library's `sched_setaffinity` shim, holding the
-/// registry lock: the fork handlers never wait for a lock the interrupted thread holds, so the
-/// program finishes, having forked from the handler many times.
-#[test]
-fn a_signal_handler_forking_inside_the_library_never_hangs() {
-    let sysfs = Sysfs::two_nodes();
-    let mut run = start(&sysfs, &["handlerfork", "2000"], LIMIT);
-    let line = run.line("HANDLERFORK");
-    let forks: u64 = field(&line, "forks").parse().unwrap();
-    assert!(forks > 100, "the handler forked: {line}");
-    assert_eq!(field(&line, "failed"), "0", "{line}");
-    assert_eq!(field(&line, "threads"), "1", "one thread all along: {line}");
-    run.line("DONE");
-    run.succeed();
-}
-
 /// A worker's `vfork` child and `clone(CLONE_VM)` child each pin themselves before exiting: they
 /// share the worker's memory and thread-local state, but the worker stays the library's (placed
 /// `worker`, not `explicit`) and the last release restores it.

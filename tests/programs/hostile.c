@@ -2,9 +2,6 @@
  *
  *   hostile signals <ms>     a signal handler that calls sched_setaffinity interrupts threads that
  *                            are inside the library (its setaffinity shim, thread creation, exit)
- *   hostile handlerfork <ms> single-threaded: a SIGALRM handler that forks (a crash reporter's
- *                            or a profiler's way) interrupts the main thread inside the library's
- *                            setaffinity shim, which holds the registry lock
  *   hostile vfork            a worker's vfork and clone(CLONE_VM) children call sched_setaffinity(0)
  *   hostile chain <n>        threads that start their successor and exit, n generations
  *   hostile glibc            glibc's own helper threads (timer_create SIGEV_THREAD, aio) started
@@ -28,7 +25,6 @@
 #include <semaphore.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 
 static int cpu_arg_local = 1;
@@ -95,49 +91,6 @@ static int mode_signals(int ms) {
     pthread_join(busy_threads[1], &r1);
     lc_say("SIGNALS sent=%ld handled=%d rounds=%ld", sent, (int)handled, (long)r0 + (long)r1);
     agent_do(w, task_release_all, NULL);
-    lc_say("DONE");
-    return 0;
-}
-
-/* ---- a signal handler that forks ---------------------------------------------------------- */
-
-static volatile sig_atomic_t handler_forks, handler_fork_failures;
-
-static void fork_and_go(int sig) {
-    (void)sig;
-    int saved = errno;
-    pid_t child = fork();
-    if (child == 0) _exit(0);
-    if (child > 0)
-        handler_forks++;
-    else
-        handler_fork_failures++;
-    errno = saved;
-}
-
-static int mode_handlerfork(int ms) {
-    /* Children reaped by the kernel: the handler need not wait for them. */
-    signal(SIGCHLD, SIG_IGN);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = fork_and_go;
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGALRM, &sa, NULL);
-    struct itimerval every = {{0, 200}, {0, 200}};
-    setitimer(ITIMER_REAL, &every, NULL);
-    uint64_t until = lc_now_ns() + (uint64_t)ms * 1000000ull;
-    long calls = 0;
-    while (lc_now_ns() < until) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        syscall(SYS_sched_getaffinity, 0, sizeof set, &set);
-        sched_setaffinity(0, sizeof set, &set);
-        calls++;
-    }
-    struct itimerval off = {{0, 0}, {0, 0}};
-    setitimer(ITIMER_REAL, &off, NULL);
-    lc_say("HANDLERFORK forks=%d failed=%d calls=%ld threads=%d", (int)handler_forks,
-           (int)handler_fork_failures, calls, lc_task_count());
     lc_say("DONE");
     return 0;
 }
@@ -556,7 +509,6 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "signals")) return mode_signals(argc > 2 ? atoi(argv[2]) : 2000);
-    if (!strcmp(mode, "handlerfork")) return mode_handlerfork(argc > 2 ? atoi(argv[2]) : 2000);
     if (!strcmp(mode, "vfork")) return mode_vfork();
     if (!strcmp(mode, "chain")) return mode_chain(argc > 2 ? atol(argv[2]) : 20000);
     if (!strcmp(mode, "glibc")) return mode_glibc();
@@ -565,6 +517,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "timers")) return mode_timers();
     if (!strcmp(mode, "launchvar")) return mode_launchvar();
     if (!strcmp(mode, "fifo")) return mode_fifo(argc > 2 ? atoi(argv[2]) : 2000);
-    fprintf(stderr, "usage: hostile signals|handlerfork|vfork|chain|glibc|tsd|tlsdtor|launchvar|fifo\n");
+    fprintf(stderr, "usage: hostile signals|vfork|chain|glibc|tsd|tlsdtor|launchvar|fifo\n");
     return 64;
 }
