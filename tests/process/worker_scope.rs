@@ -146,6 +146,55 @@ fn a_scopes_caller_prefers_the_workers_node_until_the_scope_ends_unless_it_has_a
     assert_eq!((absent.1.as_str(), absent.2.as_str()), ("0 0", "0 0"));
 }
 
+/// A thread created in the scope prefers the workers' node (the kernel copied its creator's
+/// policy), and what it starts does not: a bare `fork` child and a `system` child have the
+/// default. Once the thread sets a policy of its own (`MPOL_BIND` on node 0), that one is left
+/// alone: its children inherit it, and it is still the thread's after they started. Device 1 of
+/// the simulated host is local to node 0, the node this kernel has.
+#[test]
+fn a_thread_created_in_the_scope_keeps_its_preference_from_its_children_and_its_own_policy() {
+    require!(two_cpus("a simulated host of two nodes"));
+    let sysfs = Sysfs::two_nodes();
+    let mut cmd = preloaded(python(), &sysfs);
+    cmd.arg(program("scope_thread_children.py"))
+        .env("TLLM_AFFINITY_POLICY", "numa");
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let policy = |who: &str| {
+        let prefix = format!("{who} ");
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no {who} line in:\n{stdout}"))
+            .to_string()
+    };
+    // `<mode> <node mask>`: MPOL_PREFERRED (1) or MPOL_BIND (2) on node 0, or the default.
+    let expected = [
+        ("CALLER", "1 0x1"),
+        ("THREAD", "1 0x1"),
+        ("THREAD_FORK", "0 0x0"),
+        ("THREAD_SYSTEM", "0 0x0"),
+        ("BOUND", "2 0x1"),
+        ("BOUND_FORK", "2 0x1"),
+        ("BOUND_SYSTEM", "2 0x1"),
+        ("BOUND_AFTER", "2 0x1"),
+    ];
+    let got: Vec<(&str, String)> = expected
+        .iter()
+        .map(|&(who, _)| (who, policy(who)))
+        .collect();
+    let want: Vec<(&str, String)> = expected
+        .iter()
+        .map(|&(who, p)| (who, p.to_string()))
+        .collect();
+    assert_eq!(got, want, "{stdout}");
+}
+
 /// On half a GB200 tray (Grace nodes 0 and 1; GPU 0 on node 0, its memory the CPU-less node 2,
 /// GPU 1's node 10, as the driver's `numa_status` says), the scope's caller for device 0 prefers
 /// node 0, the Grace node its workers run on, never the GPU's memory node: `MPOL_PREFERRED` (1)
